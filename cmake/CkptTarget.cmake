@@ -1,0 +1,9 @@
+# ckpt_set_defaults(TARGET): the project's own compile settings for one target.
+# Warnings are errors in ckpt's own code only; third-party headers come in as SYSTEM.
+function(ckpt_set_defaults target)
+  target_compile_features(${target} PUBLIC cxx_std_17)
+  target_compile_options(${target} PRIVATE -Wall -Wextra -Wno-unused-parameter -Werror)
+  if(CKPT_SANITIZE_FLAGS)
+    target_compile_options(${target} PRIVATE ${CKPT_SANITIZE_FLAGS})
+  endif()
+endfunction()

@@ -1,0 +1,373 @@
+#include "ckpt/format/checkpoint.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <nlohmann/json.hpp>
+
+#include "ckpt/format/checksum.h"
+
+namespace ckpt::format {
+namespace {
+
+using json = nlohmann::json;
+
+constexpr const char* kMetadataKey = "__metadata__";
+
+struct DTypeInfo {
+  DType dtype;
+  const char* name;
+  size_t size;
+};
+constexpr DTypeInfo kDTypes[] = {
+    {DType::kF64, "F64", 8}, {DType::kF32, "F32", 4}, {DType::kF16, "F16", 2},
+    {DType::kBF16, "BF16", 2}, {DType::kI64, "I64", 8}, {DType::kI32, "I32", 4},
+    {DType::kI16, "I16", 2}, {DType::kI8, "I8", 1}, {DType::kU8, "U8", 1},
+    {DType::kBool, "BOOL", 1},
+};
+
+uint64_t LoadLE64(const uint8_t* p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+
+void StoreLE64(uint8_t* p, uint64_t v) {
+  for (int i = 0; i < 8; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
+}
+
+// Parses a decimal unsigned integer that must fill the whole string.
+bool ParseU64(const std::string& s, uint64_t* out) {
+  if (s.empty() || s.size() > 20) return false;
+  uint64_t v = 0;
+  for (char c : s) {
+    if (c < '0' || c > '9') return false;
+    uint64_t d = static_cast<uint64_t>(c - '0');
+    if (v > (std::numeric_limits<uint64_t>::max() - d) / 10) return false;
+    v = v * 10 + d;
+  }
+  *out = v;
+  return true;
+}
+
+bool ParseI64(const std::string& s, int64_t* out) {
+  bool neg = !s.empty() && s[0] == '-';
+  uint64_t v;
+  if (!ParseU64(neg ? s.substr(1) : s, &v)) return false;
+  if (v > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) return false;
+  *out = neg ? -static_cast<int64_t>(v) : static_cast<int64_t>(v);
+  return true;
+}
+
+Status Bad(const std::string& what) { return Status::Corruption("checkpoint: " + what); }
+Status BadTensor(const std::string& name, const std::string& what) {
+  return Status::Corruption("checkpoint: tensor " + name + ": " + what);
+}
+
+// numel of `shape`, or false on a negative dimension or overflow past 2^62.
+bool ShapeNumel(const std::vector<int64_t>& shape, int64_t* numel) {
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (d < 0) return false;
+    if (d != 0 && n > (int64_t{1} << 62) / d) return false;
+    n *= d;
+  }
+  *numel = n;
+  return true;
+}
+
+Status ParseMetadata(const json& meta, CheckpointMeta* out,
+                     std::map<std::string, uint64_t>* checksums) {
+  if (!meta.is_object()) return Bad("__metadata__ is not an object");
+  bool have_version = false;
+  for (auto it = meta.begin(); it != meta.end(); ++it) {
+    const std::string& key = it.key();
+    if (!it.value().is_string()) return Bad("__metadata__ value of " + key + " is not a string");
+    const std::string& v = it.value().get_ref<const std::string&>();
+    if (key == "ckpt.format_version") {
+      int64_t version;
+      if (!ParseI64(v, &version) || version < 1) return Bad("bad ckpt.format_version '" + v + "'");
+      if (version > kFormatVersion) {
+        return Status::InvalidArgument("checkpoint: format version " + v +
+                                       " is newer than this build reads (" +
+                                       std::to_string(kFormatVersion) + ")");
+      }
+      out->format_version = static_cast<int>(version);
+      have_version = true;
+    } else if (key == "ckpt.model_spec") {
+      out->model_spec = v;
+    } else if (key == "ckpt.optimizer") {
+      out->optimizer = v;
+    } else if (key == "ckpt.hparams") {
+      json h = json::parse(v, nullptr, /*allow_exceptions=*/false);
+      if (!h.is_object()) return Bad("ckpt.hparams is not a JSON object");
+      for (auto hi = h.begin(); hi != h.end(); ++hi) {
+        if (!hi.value().is_number()) return Bad("hyperparameter " + hi.key() + " is not a number");
+        out->hparams[hi.key()] = hi.value().get<double>();
+      }
+    } else if (key == "ckpt.step") {
+      if (!ParseI64(v, &out->step)) return Bad("bad ckpt.step '" + v + "'");
+    } else if (key == "ckpt.data_seed") {
+      if (!ParseU64(v, &out->data_seed)) return Bad("bad ckpt.data_seed '" + v + "'");
+    } else if (key == "ckpt.data_cursor") {
+      if (!ParseU64(v, &out->data_cursor)) return Bad("bad ckpt.data_cursor '" + v + "'");
+    } else if (key == "ckpt.checksums") {
+      json c = json::parse(v, nullptr, /*allow_exceptions=*/false);
+      if (!c.is_object()) return Bad("ckpt.checksums is not a JSON object");
+      for (auto ci = c.begin(); ci != c.end(); ++ci) {
+        uint64_t sum;
+        if (!ci.value().is_string() ||
+            !ParseHexU64(ci.value().get_ref<const std::string&>(), &sum)) {
+          return BadTensor(ci.key(), "checksum is not 16 hex digits");
+        }
+        (*checksums)[ci.key()] = sum;
+      }
+    } else {
+      out->extra[key] = v;
+    }
+  }
+  if (!have_version) return Bad("__metadata__ has no ckpt.format_version");
+  return Status::OK();
+}
+
+}  // namespace
+
+std::string_view DTypeName(DType dtype) {
+  for (const auto& d : kDTypes) {
+    if (d.dtype == dtype) return d.name;
+  }
+  return "?";
+}
+
+size_t DTypeSize(DType dtype) {
+  for (const auto& d : kDTypes) {
+    if (d.dtype == dtype) return d.size;
+  }
+  return 0;
+}
+
+StatusOr<DType> ParseDType(std::string_view name) {
+  for (const auto& d : kDTypes) {
+    if (name == d.name) return d.dtype;
+  }
+  return Status::InvalidArgument("unknown dtype '" + std::string(name) + "'");
+}
+
+int64_t TensorView::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+const TensorView* CheckpointView::Find(std::string_view name) const {
+  for (const auto& t : tensors_) {
+    if (t.name == name) return &t;
+  }
+  return nullptr;
+}
+
+StatusOr<CheckpointView> ParseCheckpoint(const void* data, size_t size,
+                                         const ReadOptions& options) {
+  const uint8_t* bytes = static_cast<const uint8_t*>(data);
+  if (size < 8) return Bad("blob of " + std::to_string(size) + " bytes is shorter than 8");
+  const uint64_t n = LoadLE64(bytes);
+  if (n > size - 8) {
+    return Bad("header length " + std::to_string(n) + " beyond the blob of " +
+               std::to_string(size) + " bytes");
+  }
+  if (n > options.max_header_bytes) {
+    return Bad("header length " + std::to_string(n) + " above the cap of " +
+               std::to_string(options.max_header_bytes));
+  }
+  const size_t header_end = 8 + static_cast<size_t>(n);
+  if (header_end % kDataAlignment != 0) {
+    return Bad("data area at offset " + std::to_string(header_end) + " is not 64-byte aligned");
+  }
+  json header = json::parse(bytes + 8, bytes + header_end, nullptr, /*allow_exceptions=*/false);
+  if (header.is_discarded()) return Bad("header is not valid JSON");
+  if (!header.is_object()) return Bad("header is not a JSON object");
+
+  CheckpointView view;
+  view.header_bytes_ = header_end;
+  view.total_bytes_ = size;
+  std::map<std::string, uint64_t> checksums;
+  auto meta_it = header.find(kMetadataKey);
+  if (meta_it == header.end()) return Bad("header has no __metadata__");
+  CKPT_RETURN_IF_ERROR(ParseMetadata(*meta_it, &view.meta_, &checksums));
+
+  const size_t data_size = size - header_end;
+  struct Range {
+    uint64_t begin, end;
+    size_t index;
+  };
+  std::vector<Range> ranges;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    const std::string& name = it.key();
+    if (name == kMetadataKey) continue;
+    const json& t = it.value();
+    if (!t.is_object()) return BadTensor(name, "entry is not an object");
+    auto dt = t.find("dtype");
+    auto sh = t.find("shape");
+    auto off = t.find("data_offsets");
+    if (dt == t.end() || !dt->is_string()) return BadTensor(name, "missing or non-string dtype");
+    if (sh == t.end() || !sh->is_array()) return BadTensor(name, "missing or non-array shape");
+    if (off == t.end() || !off->is_array() || off->size() != 2) {
+      return BadTensor(name, "data_offsets is not a pair");
+    }
+    TensorView tv;
+    tv.name = name;
+    auto dtype = ParseDType(dt->get_ref<const std::string&>());
+    if (!dtype.ok()) return BadTensor(name, dtype.status().message());
+    tv.dtype = *dtype;
+    if (sh->size() > static_cast<size_t>(kMaxRank)) {
+      return BadTensor(name, "rank " + std::to_string(sh->size()) + " above " +
+                                 std::to_string(kMaxRank));
+    }
+    for (const auto& d : *sh) {
+      if (!d.is_number_unsigned()) return BadTensor(name, "shape has a non-natural dimension");
+      uint64_t v = d.get<uint64_t>();
+      if (v > (uint64_t{1} << 62)) return BadTensor(name, "dimension too large");
+      tv.shape.push_back(static_cast<int64_t>(v));
+    }
+    int64_t numel;
+    if (!ShapeNumel(tv.shape, &numel)) return BadTensor(name, "shape product overflows");
+    const auto& b = (*off)[0];
+    const auto& e = (*off)[1];
+    if (!b.is_number_unsigned() || !e.is_number_unsigned()) {
+      return BadTensor(name, "data_offsets are not natural numbers");
+    }
+    uint64_t begin = b.get<uint64_t>(), end = e.get<uint64_t>();
+    if (begin > end || end > data_size) {
+      return BadTensor(name, "data_offsets [" + std::to_string(begin) + ", " +
+                                 std::to_string(end) + "] out of bounds of " +
+                                 std::to_string(data_size) + " data bytes");
+    }
+    const uint64_t esize = DTypeSize(tv.dtype);
+    if (static_cast<uint64_t>(numel) > std::numeric_limits<uint64_t>::max() / esize ||
+        static_cast<uint64_t>(numel) * esize != end - begin) {
+      return BadTensor(name, std::to_string(end - begin) + " bytes do not match " +
+                                 std::string(DTypeName(tv.dtype)) + " x shape");
+    }
+    tv.data = bytes + header_end + begin;
+    tv.nbytes = static_cast<size_t>(end - begin);
+    auto cs = checksums.find(name);
+    if (cs == checksums.end()) return BadTensor(name, "no checksum in __metadata__");
+    tv.checksum = cs->second;
+    checksums.erase(cs);
+    ranges.push_back(Range{begin, end, view.tensors_.size()});
+    view.tensors_.push_back(std::move(tv));
+  }
+  if (!checksums.empty()) {
+    return BadTensor(checksums.begin()->first, "checksum for a tensor that is not in the header");
+  }
+  // Tensors must tile the data area exactly: sorted, no overlap, no hole.
+  std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  uint64_t pos = 0;
+  for (const Range& r : ranges) {
+    const std::string& name = view.tensors_[r.index].name;
+    if (r.begin < pos) return BadTensor(name, "overlaps the previous tensor");
+    if (r.begin > pos) return BadTensor(name, "leaves a hole before it");
+    pos = r.end;
+  }
+  if (pos != data_size) {
+    return Bad(std::to_string(data_size - pos) + " trailing bytes after the last tensor");
+  }
+  if (options.verify_checksums) {
+    for (const auto& t : view.tensors_) {
+      if (Xxh3_64(t.data, t.nbytes) != t.checksum) return BadTensor(t.name, "checksum mismatch");
+    }
+  }
+  // Present tensors in data order (the writer's insertion order).
+  std::vector<TensorView> ordered;
+  ordered.reserve(ranges.size());
+  for (const Range& r : ranges) ordered.push_back(std::move(view.tensors_[r.index]));
+  view.tensors_ = std::move(ordered);
+  return view;
+}
+
+Status CheckpointWriter::AddTensor(std::string name, DType dtype, std::vector<int64_t> shape,
+                                   const void* data, size_t nbytes) {
+  if (name.empty() || name == kMetadataKey) {
+    return Status::InvalidArgument("bad tensor name '" + name + "'");
+  }
+  for (const auto& e : entries_) {
+    if (e.name == name) return Status::InvalidArgument("duplicate tensor " + name);
+  }
+  if (shape.size() > static_cast<size_t>(kMaxRank)) {
+    return Status::InvalidArgument("tensor " + name + ": rank above " + std::to_string(kMaxRank));
+  }
+  int64_t numel;
+  if (!ShapeNumel(shape, &numel)) return Status::InvalidArgument("tensor " + name + ": bad shape");
+  if (static_cast<uint64_t>(numel) * DTypeSize(dtype) != nbytes) {
+    return Status::InvalidArgument("tensor " + name + ": " + std::to_string(nbytes) +
+                                   " bytes do not match dtype x shape");
+  }
+  entries_.push_back(Entry{std::move(name), dtype, std::move(shape), data, nbytes});
+  prepared_ = false;
+  return Status::OK();
+}
+
+void CheckpointWriter::Prepare() {
+  if (prepared_) return;
+  json header = json::object();
+  json sums = json::object();
+  uint64_t offset = 0;
+  for (const auto& e : entries_) {
+    header[e.name] = {{"dtype", DTypeName(e.dtype)},
+                      {"shape", e.shape},
+                      {"data_offsets", {offset, offset + e.nbytes}}};
+    sums[e.name] = HexU64(Xxh3_64(e.data, e.nbytes));
+    offset += e.nbytes;
+  }
+  json hp = json::object();
+  for (const auto& [k, v] : meta_.hparams) hp[k] = v;
+  json meta = json::object();
+  for (const auto& [k, v] : meta_.extra) meta[k] = v;
+  meta["ckpt.format_version"] = std::to_string(meta_.format_version);
+  meta["ckpt.model_spec"] = meta_.model_spec;
+  meta["ckpt.optimizer"] = meta_.optimizer;
+  meta["ckpt.hparams"] = hp.dump();
+  meta["ckpt.step"] = std::to_string(meta_.step);
+  meta["ckpt.data_seed"] = std::to_string(meta_.data_seed);
+  meta["ckpt.data_cursor"] = std::to_string(meta_.data_cursor);
+  meta["ckpt.checksums"] = sums.dump();
+  header[kMetadataKey] = meta;
+  std::string text = header.dump();
+  size_t padded = 8 + text.size();
+  padded = (padded + kDataAlignment - 1) / kDataAlignment * kDataAlignment;
+  header_.assign(padded, ' ');
+  StoreLE64(reinterpret_cast<uint8_t*>(header_.data()), padded - 8);
+  std::memcpy(header_.data() + 8, text.data(), text.size());
+  data_bytes_ = offset;
+  prepared_ = true;
+}
+
+size_t CheckpointWriter::EncodedSize() {
+  Prepare();
+  return header_.size() + data_bytes_;
+}
+
+Status CheckpointWriter::EncodeTo(void* dst, size_t size) {
+  if (size != EncodedSize()) {
+    return Status::InvalidArgument("checkpoint: destination of " + std::to_string(size) +
+                                   " bytes for a blob of " + std::to_string(EncodedSize()));
+  }
+  uint8_t* p = static_cast<uint8_t*>(dst);
+  std::memcpy(p, header_.data(), header_.size());
+  p += header_.size();
+  for (const auto& e : entries_) {
+    if (e.nbytes) std::memcpy(p, e.data, e.nbytes);
+    p += e.nbytes;
+  }
+  return Status::OK();
+}
+
+std::string CheckpointWriter::Encode() {
+  std::string out(EncodedSize(), '\0');
+  CKPT_CHECK_OK(EncodeTo(out.data(), out.size()));
+  return out;
+}
+
+}  // namespace ckpt::format

@@ -1,0 +1,162 @@
+// The messages exchanged between the scheduler and a worker, and their payload
+// encodings.
+//
+// Payload layout of every message:
+//
+//   offset 0   u32 LE  J = length of the JSON header
+//   offset 4   J       JSON object (the message's fields below)
+//   ...        pad     zero bytes up to the next multiple of 64 (from payload start)
+//   offset S   ...     state bytes (a checkpoint blob, ckpt/format/checkpoint.h),
+//                      present for TRAIN and RESULT only; S is stored in the JSON
+//                      as "state_offset" and the length as "state_bytes"
+//
+// A decoder treats the payload as untrusted: bounded lengths, JSON fields of
+// the right types, offsets inside the payload; any failure is Corruption naming
+// the message type and field. Decoded state spans point into the payload.
+//
+// Thread-safety: pure functions.
+#ifndef CKPT_IPC_MESSAGES_H_
+#define CKPT_IPC_MESSAGES_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "ckpt/format/status.h"
+
+namespace ckpt::ipc {
+
+enum class RecordType : uint16_t {
+  kPadding = 0,  // ring-internal: fills the end before a wrap; never delivered
+  kFragment = 1, // ring-internal: part of a large record; never delivered as such
+  kHello = 2,
+  kConfigure = 3,
+  kTrain = 4,
+  kResult = 5,
+  kFailed = 6,
+  kStats = 7,
+  kShutdown = 8,
+};
+const char* RecordTypeName(RecordType type);
+
+// Bytes that live elsewhere (in the ring, or a store value).
+struct ByteSpan {
+  const uint8_t* data = nullptr;
+  size_t size = 0;
+};
+
+// worker -> scheduler, once after Open.
+struct Hello {
+  std::string device;             // "cpu", "cuda:0"
+  int64_t memory_bytes = 0;       // device memory (CPU: physical RAM)
+  int32_t slots = 1;              // concurrent members it trains
+  bool fusion = false;            // supports fused training
+  std::string mode;               // "plain" | "fused" (after CONFIGURE), "" before
+  int64_t pid = 0;
+  std::string version;
+};
+
+// scheduler -> worker: the experiment's fixed settings. Sent before any TRAIN.
+struct Configure {
+  std::string experiment;
+  std::string model_spec = "lenet5";   // name or JSON list of layers, or "torchscript:PATH"
+  std::string dataset = "fashion-mnist";
+  std::string dataset_path;            // directory with the IDX files; "" = default
+  std::string optimizer = "sgd";       // "sgd" | "adam" | "adamw"
+  int32_t batch_size = 64;
+  int32_t eval_size = 10000;           // validation samples per evaluation
+  int32_t slots = 0;                   // 0 = worker's default
+  int32_t intra_op_threads = 1;
+  std::string fusion = "auto";         // "auto" | "plain" | "fused"
+  int32_t fusion_width = 8;            // K when fused
+  uint64_t seed = 0;
+};
+
+// scheduler -> worker: train one member for `steps` steps from `state`.
+// An empty state means: initialise the member from `init_seed`.
+struct Train {
+  uint64_t task_id = 0;                // echoed in RESULT/FAILED
+  std::string member;                  // "exp/member" or the member's name
+  int64_t version = 0;                 // head version the state came from
+  int64_t steps = 0;
+  bool eval_test = false;              // also evaluate on the test split
+  uint64_t init_seed = 0;
+  std::map<std::string, double> hparams;  // authoritative (the blob's may be stale)
+  ByteSpan state;
+};
+
+// worker -> scheduler.
+struct Result {
+  uint64_t task_id = 0;
+  std::string member;
+  int64_t step = 0;             // training step after this interval
+  double train_loss = 0;
+  double val_acc = 0;
+  double test_acc = -1;         // -1 when not evaluated
+  int64_t samples = 0;          // training samples this interval
+  double compute_s = 0;
+  ByteSpan state;
+};
+
+// worker -> scheduler: the member could not be trained.
+struct Failed {
+  uint64_t task_id = 0;
+  std::string member;
+  std::string code;    // "non-finite" | "out-of-memory" | "bad-state" | "bad-request" | "internal"
+  std::string reason;  // human-readable, names the tensor/step
+};
+
+// worker -> scheduler, about every second.
+struct Stats {
+  double samples_per_s = 0;
+  uint64_t samples_total = 0;
+  int32_t slots = 0;
+  int32_t slots_busy = 0;
+  std::string mode;               // "plain" | "fused"
+  int64_t allocator_bytes = 0;    // device allocator memory in use
+  int64_t rss_bytes = 0;
+};
+
+struct Shutdown {
+  std::string reason;
+};
+
+// Encoded payload sizes, and encoders writing into [dst, dst + size).
+// EncodeX returns InvalidArgument when size != EncodedSizeX.
+size_t EncodedSize(const Hello& m);
+size_t EncodedSize(const Configure& m);
+size_t EncodedSize(const Train& m);
+size_t EncodedSize(const Result& m);
+size_t EncodedSize(const Failed& m);
+size_t EncodedSize(const Stats& m);
+size_t EncodedSize(const Shutdown& m);
+Status Encode(const Hello& m, uint8_t* dst, size_t size);
+Status Encode(const Configure& m, uint8_t* dst, size_t size);
+Status Encode(const Train& m, uint8_t* dst, size_t size);
+Status Encode(const Result& m, uint8_t* dst, size_t size);
+Status Encode(const Failed& m, uint8_t* dst, size_t size);
+Status Encode(const Stats& m, uint8_t* dst, size_t size);
+Status Encode(const Shutdown& m, uint8_t* dst, size_t size);
+
+// For a TRAIN/RESULT written in place: encodes the message with
+// state.data == nullptr and state.size = the state's length, and returns the
+// offset at which the caller writes the state bytes. REQUIRES: size == EncodedSize(m).
+StatusOr<size_t> EncodeHeaderOnly(const Train& m, uint8_t* dst, size_t size);
+StatusOr<size_t> EncodeHeaderOnly(const Result& m, uint8_t* dst, size_t size);
+
+StatusOr<Hello> DecodeHello(const uint8_t* p, size_t n);
+StatusOr<Configure> DecodeConfigure(const uint8_t* p, size_t n);
+StatusOr<Train> DecodeTrain(const uint8_t* p, size_t n);
+StatusOr<Result> DecodeResult(const uint8_t* p, size_t n);
+StatusOr<Failed> DecodeFailed(const uint8_t* p, size_t n);
+StatusOr<Stats> DecodeStats(const uint8_t* p, size_t n);
+StatusOr<Shutdown> DecodeShutdown(const uint8_t* p, size_t n);
+
+// Payload-size cap a decoder accepts for the JSON header. 1 MiB.
+inline constexpr size_t kMaxMessageJsonBytes = size_t{1} << 20;
+
+}  // namespace ckpt::ipc
+
+#endif  // CKPT_IPC_MESSAGES_H_
