@@ -13,6 +13,10 @@ namespace {
 using json = nlohmann::json;
 
 constexpr const char* kMetadataKey = "__metadata__";
+// The header checksum is stored inside the header it covers: it is computed
+// with its own 16 digits set to '0' and then written over them.
+constexpr std::string_view kHeaderSumKey = "\"ckpt.header_xxh3\":\"";
+constexpr std::string_view kZeroSum = "0000000000000000";
 
 struct DTypeInfo {
   DType dtype;
@@ -111,6 +115,8 @@ Status ParseMetadata(const json& meta, CheckpointMeta* out,
       if (!ParseU64(v, &out->data_seed)) return Bad("bad ckpt.data_seed '" + v + "'");
     } else if (key == "ckpt.data_cursor") {
       if (!ParseU64(v, &out->data_cursor)) return Bad("bad ckpt.data_cursor '" + v + "'");
+    } else if (key == "ckpt.header_xxh3") {
+      // Verified over the raw header bytes in ParseCheckpoint.
     } else if (key == "ckpt.checksums") {
       json c = json::parse(v, nullptr, /*allow_exceptions=*/false);
       if (!c.is_object()) return Bad("ckpt.checksums is not a JSON object");
@@ -182,6 +188,23 @@ StatusOr<CheckpointView> ParseCheckpoint(const void* data, size_t size,
   const size_t header_end = 8 + static_cast<size_t>(n);
   if (header_end % kDataAlignment != 0) {
     return Bad("data area at offset " + std::to_string(header_end) + " is not 64-byte aligned");
+  }
+  {
+    // The header checksum covers the length, the JSON and its padding.
+    std::string_view text(reinterpret_cast<const char*>(bytes), header_end);
+    const size_t at = text.find(kHeaderSumKey);
+    if (at == std::string_view::npos || text.find(kHeaderSumKey, at + 1) != std::string_view::npos) {
+      return Bad("header has no single ckpt.header_xxh3");
+    }
+    const size_t digits = at + kHeaderSumKey.size();
+    uint64_t recorded;
+    if (digits + kZeroSum.size() > header_end ||
+        !ParseHexU64(text.substr(digits, kZeroSum.size()), &recorded)) {
+      return Bad("ckpt.header_xxh3 is not 16 hex digits");
+    }
+    std::string copy(text);
+    copy.replace(digits, kZeroSum.size(), kZeroSum);
+    if (Xxh3_64(copy.data(), copy.size()) != recorded) return Bad("header checksum mismatch");
   }
   json header = json::parse(bytes + 8, bytes + header_end, nullptr, /*allow_exceptions=*/false);
   if (header.is_discarded()) return Bad("header is not valid JSON");
@@ -333,6 +356,7 @@ void CheckpointWriter::Prepare() {
   meta["ckpt.data_seed"] = std::to_string(meta_.data_seed);
   meta["ckpt.data_cursor"] = std::to_string(meta_.data_cursor);
   meta["ckpt.checksums"] = sums.dump();
+  meta["ckpt.header_xxh3"] = std::string(kZeroSum);
   header[kMetadataKey] = meta;
   std::string text = header.dump();
   size_t padded = 8 + text.size();
@@ -340,6 +364,9 @@ void CheckpointWriter::Prepare() {
   header_.assign(padded, ' ');
   StoreLE64(reinterpret_cast<uint8_t*>(header_.data()), padded - 8);
   std::memcpy(header_.data() + 8, text.data(), text.size());
+  const size_t digits = header_.find(kHeaderSumKey) + kHeaderSumKey.size();
+  const std::string sum = HexU64(Xxh3_64(header_.data(), header_.size()));
+  header_.replace(digits, sum.size(), sum);
   data_bytes_ = offset;
   prepared_ = true;
 }

@@ -26,6 +26,8 @@
 //   "ckpt.data_seed"       decimal seed of the member's data order
 //   "ckpt.data_cursor"     decimal position in that order
 //   "ckpt.checksums"       JSON object of tensor name -> 16 hex digits of XXH3-64
+//   "ckpt.header_xxh3"     16 hex digits of XXH3-64 over bytes [0, 8+N) computed with
+//                          these 16 digits set to '0': any flipped header byte is caught
 //   anything else          kept as is in CheckpointMeta::extra
 //
 // A reader treats every blob as untrusted (see ParseCheckpoint).
@@ -117,7 +119,7 @@ class CheckpointView {
 // a bad shape (negative, rank > kMaxRank, product overflow), a byte count that
 // does not match dtype x shape, offsets out of bounds, overlapping or with
 // holes, a data area not 64-byte aligned, a checksum missing or mismatched, a
-// bad metadata value. InvalidArgument for a format version above kFormatVersion.
+// bad metadata value, a header checksum missing or mismatched. InvalidArgument for a format version above kFormatVersion.
 StatusOr<CheckpointView> ParseCheckpoint(const void* data, size_t size,
                                          const ReadOptions& options = ReadOptions());
 
