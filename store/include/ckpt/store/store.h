@@ -1,0 +1,381 @@
+// ckpt::store::Store: the embedded RocksDB checkpoint store of a population.
+//
+// A Store keeps, per experiment, its members, every retained version of every
+// member's state (a manifest pointing at a content-addressed checkpoint blob),
+// the lineage between versions and an audit log of events. No training
+// interval ever round-trips through a checkpoint file: results are committed
+// from memory and blobs are read back in place (PinnedBlob).
+//
+// Column families (DESIGN.md "Store schema"); ids are ASCII [A-Za-z0-9._:-],
+// 1..128 bytes, so the separator 0x00 never appears inside one:
+//   experiments  exp                              -> JSON {config, status, created_unix_ms}
+//   members      exp 0x00 member                  -> JSON head {version, state, last_score, ...}
+//   checkpoints  exp 0x00 member 0x00 u64be(ver)  -> JSON manifest (see Manifest)
+//   blobs        16-byte BlobId (XXH3-128, be)    -> the checkpoint blob (integrated blob files)
+//   refs         16-byte BlobId                   -> i64le reference count (merge operator "ckpt.RefCountAdd")
+//   events       exp 0x00 u64be(seq)              -> JSON event
+//
+// Reference counting: a blob's count is the number of manifests that *hold* it
+// (Manifest::holds_blob). A commit, exploit, restore or import adds one
+// reference in the same WriteBatch as the manifest; retention releasing a
+// manifest's blob, or deleting a manifest that still holds one, removes one.
+// When a count reaches 0 the blob and its ref key are deleted in that same
+// batch. Blob ids are global: identical bytes in two experiments share a blob.
+//
+// Retention runs inside every commit, exploit, restore, import and unpin, in
+// the same WriteBatch. A version keeps its blob while any of these holds:
+//   - it is its member's head;
+//   - it is among the member's last `keep_last_n` versions;
+//   - it is among the experiment's best `keep_best_k` trained versions by score
+//     (metric kScoreMetric, higher is better: a policy minimizing a loss
+//     commits score = -loss);
+//   - it is pinned.
+// Otherwise its blob reference is released. The manifest itself (metadata: step,
+// metrics, hyperparameters, parent) stays while it is the parent of another
+// manifest and `keep_lineage` is on, so Lineage() of every surviving version can
+// be followed back to its start; a manifest with no blob and no child is deleted,
+// which may in turn free its parent.
+//
+// Durability: every write is one atomic WriteBatch. Interval writes (CommitResult,
+// Exploit, SetMemberState, AppendEvent) are unsynced unless
+// StoreOptions::sync_interval_commits: a process crash loses nothing that returned
+// OK (the WAL is in the OS page cache), a power loss may lose the last ones.
+// Control writes (experiments, member creation, Restore, Import, Pin/Unpin,
+// DeleteExperiment) are synced.
+//
+// Thread-safety: every method may be called from any thread. Writes are
+// serialized by one mutex; reads go to RocksDB directly and may run in
+// parallel with a write (they see the state before or after it). One process
+// owns a store directory (RocksDB's LOCK file); other processes inspect it with
+// OpenReadOnly. After a failed write the Store refuses further writes with that
+// error (its in-memory retention index may no longer match the disk): reopen it.
+#ifndef CKPT_STORE_STORE_H_
+#define CKPT_STORE_STORE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ckpt/format/checksum.h"
+#include "ckpt/format/status.h"
+
+namespace ckpt::store {
+
+// The metric CommitRequest::metrics carries the score in; higher is better.
+inline constexpr const char kScoreMetric[] = "score";
+
+// Why a version exists (Manifest::reason).
+inline constexpr const char kReasonTrained[] = "trained";
+inline constexpr const char kReasonExploit[] = "exploit";
+inline constexpr const char kReasonRestore[] = "restore";
+inline constexpr const char kReasonImport[] = "import";
+
+struct StoreOptions {
+  // Directory of the RocksDB database. Required.
+  std::string path;
+  // Create the database (and its column families) when missing. Default: true.
+  bool create_if_missing = true;
+  // fsync the WAL on CommitResult, Exploit, SetMemberState and AppendEvent.
+  // Default: false (a process crash loses nothing; a power loss may lose the
+  // last intervals, which are retrained).
+  bool sync_interval_commits = false;
+  // Largest blob accepted by CommitResult / Import (InvalidArgument above).
+  // Default: 1 GiB.
+  size_t max_blob_bytes = size_t{1} << 30;
+  // Versions per member whose blob is kept, counting the head. Default: 3. REQUIRES: >= 1.
+  int keep_last_n = 3;
+  // Best trained versions per experiment (by kScoreMetric) whose blob is kept. Default: 5.
+  int keep_best_k = 5;
+  // Keep the manifests (not the blobs) that surviving versions descend from, so
+  // Lineage() reaches back to each member's start. Default: true.
+  bool keep_lineage = true;
+  // Test seam: called at named points of a write ("commit.before_write",
+  // "commit.after_write", "exploit.before_write", "retention.release"), e.g. to
+  // raise SIGKILL there in a crash test. Default: none.
+  std::function<void(std::string_view point)> kill_point;
+  // OpenReadOnly only: directory for the secondary instance's own files.
+  // Default: empty = a fresh directory under $TMPDIR (or /tmp), removed on close.
+  std::string secondary_path;
+};
+
+struct ExperimentInfo {
+  std::string id;
+  std::string config_json;  // verbatim, as given to CreateExperiment
+  std::string status;       // "created", "running", "paused", "done", "stopped", ...
+  int64_t created_unix_ms = 0;
+};
+
+// A member's head: its current version and scheduling state.
+struct MemberHead {
+  std::string member;
+  int64_t version = 0;  // 0: created, nothing committed yet
+  std::string state;    // free-form scheduler state; "created" at creation
+  // Score of the version the head holds (trained: its own; exploit/restore:
+  // the parent version's); NaN when none.
+  double last_score = std::numeric_limits<double>::quiet_NaN();
+  std::map<std::string, double> hparams;
+  int64_t step = 0;
+  std::optional<BlobId> blob;  // none while version == 0
+  int64_t updated_unix_ms = 0;
+};
+
+struct VersionRef {
+  std::string member;
+  int64_t version = 0;
+  friend bool operator==(const VersionRef& a, const VersionRef& b) {
+    return a.member == b.member && a.version == b.version;
+  }
+};
+
+// One version of a member.
+struct Manifest {
+  std::string member;
+  int64_t version = 0;
+  BlobId blob;
+  uint64_t bytes = 0;
+  int64_t step = 0;
+  std::map<std::string, double> metrics;  // non-finite values read back as NaN
+  std::map<std::string, double> hparams;
+  // trained: the member's previous version (none for its first); exploit: the
+  // donor's head; restore: the restored version; import: none.
+  std::optional<VersionRef> parent;
+  std::string reason;  // kReasonTrained, kReasonExploit, kReasonRestore, kReasonImport
+  int64_t unix_ms = 0;
+  bool pinned = false;
+  // false once retention released the blob (the manifest is kept for lineage).
+  bool holds_blob = true;
+
+  // metrics[kScoreMetric] or NaN.
+  double score() const;
+};
+
+// An interval result to commit.
+struct CommitRequest {
+  std::string exp;
+  std::string member;
+  // Optimistic concurrency: the head version the result was trained from.
+  // Aborted when the member's head is no longer this version.
+  int64_t expected_head_version = 0;
+  // The checkpoint blob (ckpt::format layout), read in place: not owned, only
+  // needs to live for the duration of the call.
+  const void* blob = nullptr;
+  size_t blob_size = 0;
+  int64_t step = 0;
+  std::map<std::string, double> metrics;  // include kScoreMetric to take part in best-K
+  std::map<std::string, double> hparams;
+  // Event to log with the commit: a JSON object, or empty for a default one.
+  // The store sets "type" (when absent), "exp", "member", "version", "unix_ms".
+  std::string event_json;
+};
+
+// Bytes of a blob pinned in RocksDB (block/memtable/blob buffer): no extra
+// copy. Valid until destroyed; movable, not copyable.
+class PinnedBlob {
+ public:
+  PinnedBlob();
+  ~PinnedBlob();
+  PinnedBlob(PinnedBlob&&) noexcept;
+  PinnedBlob& operator=(PinnedBlob&&) noexcept;
+  PinnedBlob(const PinnedBlob&) = delete;
+  PinnedBlob& operator=(const PinnedBlob&) = delete;
+
+  const uint8_t* data() const;
+  size_t size() const;
+  const BlobId& id() const { return id_; }
+
+  struct Impl;
+
+ private:
+  friend class StoreImpl;
+  std::unique_ptr<Impl> impl_;
+  BlobId id_;
+};
+
+struct Event {
+  uint64_t seq = 0;  // per experiment, from 1, increasing
+  std::string json;
+};
+
+// What Verify found. ok() when `problems` is empty.
+struct VerifyReport {
+  uint64_t blobs_checked = 0;
+  uint64_t bytes_checked = 0;
+  uint64_t manifests_checked = 0;
+  // One line per problem, naming the blob / manifest and what is wrong.
+  std::vector<std::string> problems;
+  bool ok() const { return problems.empty(); }
+};
+
+struct FamilyStats {
+  std::string name;
+  uint64_t keys = 0;
+  uint64_t logical_bytes = 0;  // keys + values as stored (blobs: their sizes)
+  uint64_t sst_bytes = 0;      // "rocksdb.total-sst-files-size"
+  uint64_t blob_file_bytes = 0;  // "rocksdb.total-blob-file-size" (blobs family)
+};
+
+struct StoreStats {
+  std::vector<FamilyStats> families;  // experiments, members, checkpoints, blobs, refs, events
+  uint64_t experiments = 0;
+  uint64_t members = 0;
+  uint64_t manifests = 0;           // every manifest, released or not
+  uint64_t manifests_holding = 0;   // those holding a blob reference
+  uint64_t blobs = 0;
+  uint64_t blob_bytes = 0;  // sum of distinct blob sizes
+  uint64_t events = 0;
+};
+
+// The store. Create with Store::Open or Store::OpenReadOnly.
+class Store {
+ public:
+  virtual ~Store() = default;
+
+  // Opens (creating when options.create_if_missing) the store at options.path
+  // for writing, and sweeps retention once with the given options.
+  // Unavailable, naming the path, when another process holds it;
+  // InvalidArgument for bad options; IOError / Corruption from RocksDB.
+  static StatusOr<std::unique_ptr<Store>> Open(const StoreOptions& options);
+
+  // Opens a read-only view (a RocksDB secondary instance) of the store at
+  // options.path, which another process may be writing. Writes return
+  // FailedPrecondition. The view sees the writer's state as of the open or the
+  // last Refresh(). NotFound when there is no store at the path.
+  static StatusOr<std::unique_ptr<Store>> OpenReadOnly(const StoreOptions& options);
+
+  // Read-only view: catches up with the writer. Writer: OK, nothing to do.
+  virtual Status Refresh() = 0;
+
+  // ---- experiments ----
+
+  // Creates experiment `id` with status "created" (synced). AlreadyExists when
+  // present; InvalidArgument for a bad id or config that is not valid JSON.
+  virtual Status CreateExperiment(const std::string& id, const std::string& config_json) = 0;
+  // NotFound when absent.
+  virtual StatusOr<ExperimentInfo> GetExperiment(const std::string& id) = 0;
+  // Every experiment, by id.
+  virtual StatusOr<std::vector<ExperimentInfo>> ListExperiments() = 0;
+  // Sets the status string (synced). NotFound when absent.
+  virtual Status SetExperimentStatus(const std::string& id, const std::string& status) = 0;
+  // Deletes the experiment, its members, manifests and events, and releases
+  // their blob references (synced). NotFound when absent.
+  virtual Status DeleteExperiment(const std::string& id) = 0;
+
+  // ---- members ----
+
+  // Creates a member at version 0, state "created", no blob (synced).
+  // NotFound when the experiment is absent; AlreadyExists when the member is present.
+  virtual Status CreateMember(const std::string& exp, const std::string& member,
+                              const std::map<std::string, double>& hparams) = 0;
+  // Creates several members in one synced batch; all or none (AlreadyExists
+  // naming the first present one).
+  virtual Status CreateMembers(const std::string& exp,
+                               const std::map<std::string, std::map<std::string, double>>&
+                                   hparams_by_member) = 0;
+  // NotFound when the experiment or member is absent.
+  virtual StatusOr<MemberHead> GetMember(const std::string& exp, const std::string& member) = 0;
+  // Every member of `exp`, by member id. NotFound when the experiment is absent.
+  virtual StatusOr<std::vector<MemberHead>> ListMembers(const std::string& exp) = 0;
+  // Sets the head's state string (unsynced unless sync_interval_commits). NotFound when absent.
+  virtual Status SetMemberState(const std::string& exp, const std::string& member,
+                                const std::string& state) = 0;
+
+  // ---- versions ----
+
+  // Validates the blob (ckpt::format::ParseCheckpoint with checksums), then in
+  // one WriteBatch: the blob (when new), one reference, manifest (reason
+  // "trained", parent = previous head version), head (version+1, last_score,
+  // hparams, step), the event, and retention. Returns the new version.
+  // Aborted when the head is not expected_head_version; Corruption naming the
+  // member when the blob does not parse; InvalidArgument for an empty blob or
+  // one above max_blob_bytes; NotFound for an unknown experiment/member.
+  virtual StatusOr<int64_t> CommitResult(const CommitRequest& request) = 0;
+
+  // PBT exploit, metadata only: a new version of `dst` pointing at the blob of
+  // `src`'s head (no bytes read or copied), with `hparams`, reason "exploit",
+  // parent = (src, src's head version); logs `event_json` as CommitResult does.
+  // Returns dst's new version. FailedPrecondition when src has no version yet;
+  // InvalidArgument when dst == src; NotFound for unknown ids.
+  virtual StatusOr<int64_t> Exploit(const std::string& exp, const std::string& dst,
+                                    const std::string& src,
+                                    const std::map<std::string, double>& hparams,
+                                    const std::string& event_json) = 0;
+
+  // Makes past `version` of `member` its head again as a new version (same blob,
+  // parent = (member, version), reason "restore"; synced). Returns the new
+  // version. NotFound when the version is absent; FailedPrecondition when
+  // retention released its blob.
+  virtual StatusOr<int64_t> Restore(const std::string& exp, const std::string& member,
+                                    int64_t version) = 0;
+
+  // Imports a blob as `member`'s new head (reason "import", no parent,
+  // hparams as given, step from the blob's metadata; synced). Returns the new
+  // version. Same validation and codes as CommitResult.
+  virtual StatusOr<int64_t> Import(const std::string& exp, const std::string& member,
+                                   const void* blob, size_t blob_size,
+                                   const std::map<std::string, double>& hparams) = 0;
+
+  // Pins / unpins a version so retention keeps its blob (synced). NotFound when
+  // absent; Pin: FailedPrecondition when its blob was already released.
+  virtual Status Pin(const std::string& exp, const std::string& member, int64_t version) = 0;
+  virtual Status Unpin(const std::string& exp, const std::string& member, int64_t version) = 0;
+
+  // NotFound when absent (never existed or deleted by retention).
+  virtual StatusOr<Manifest> GetManifest(const std::string& exp, const std::string& member,
+                                         int64_t version) = 0;
+  // Manifests of `member` still stored, oldest first. NotFound when the member is absent.
+  virtual StatusOr<std::vector<Manifest>> ListVersions(const std::string& exp,
+                                                       const std::string& member) = 0;
+  // The member's head manifest, then its parent, its parent's parent, ...
+  // across members, as far as manifests are stored. Empty when the member
+  // has no version yet. NotFound when the member is absent.
+  virtual StatusOr<std::vector<Manifest>> Lineage(const std::string& exp,
+                                                  const std::string& member) = 0;
+
+  // ---- blobs ----
+
+  // Reads a blob in place. With `verify` (the default) checks that its bytes
+  // hash to `id` and parse as a checkpoint; on failure returns Corruption
+  // naming the blob (and the tensor, where one is at fault). NotFound when absent.
+  virtual StatusOr<PinnedBlob> ReadBlob(const BlobId& id, bool verify = true) = 0;
+  // ReadBlob of the member's head blob. NotFound when the member has no version.
+  virtual StatusOr<PinnedBlob> ReadHeadBlob(const std::string& exp, const std::string& member,
+                                            bool verify = true) = 0;
+
+  // ---- events ----
+
+  // Appends a JSON object to the experiment's event log (unsynced unless
+  // sync_interval_commits); the store sets "exp" and "unix_ms". Returns its
+  // sequence number. InvalidArgument when not a JSON object; NotFound when the
+  // experiment is absent.
+  virtual StatusOr<uint64_t> AppendEvent(const std::string& exp, const std::string& json) = 0;
+  // Events with seq >= from_seq, oldest first, at most `limit`.
+  virtual StatusOr<std::vector<Event>> ListEvents(const std::string& exp, uint64_t from_seq,
+                                                  size_t limit) = 0;
+
+  // ---- maintenance ----
+
+  // Reads every blob and re-checks its content hash and tensor checksums,
+  // checks that every manifest holding a blob finds it, and that every
+  // reference count equals the number of manifests holding the blob. Problems
+  // go into the report; the Status is an error only when the check itself
+  // could not run.
+  virtual StatusOr<VerifyReport> Verify() = 0;
+  // Counts and bytes per column family.
+  virtual StatusOr<StoreStats> Stats() = 0;
+  // Flushes memtables to SST and blob files (writer only; read-only: OK).
+  virtual Status Flush() = 0;
+  // Compacts every family, forcing blob garbage collection, so the space of
+  // deleted blobs is returned to the file system (writer only).
+  virtual Status Compact() = 0;
+};
+
+}  // namespace ckpt::store
+
+#endif  // CKPT_STORE_STORE_H_
