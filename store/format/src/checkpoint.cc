@@ -189,7 +189,7 @@ StatusOr<CheckpointView> ParseCheckpoint(const void* data, size_t size,
   if (header_end % kDataAlignment != 0) {
     return Bad("data area at offset " + std::to_string(header_end) + " is not 64-byte aligned");
   }
-  {
+  if (options.verify_header_checksum) {
     // The header checksum covers the length, the JSON and its padding.
     std::string_view text(reinterpret_cast<const char*>(bytes), header_end);
     const size_t at = text.find(kHeaderSumKey);

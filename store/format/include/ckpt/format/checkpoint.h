@@ -92,6 +92,9 @@ struct ReadOptions {
   size_t max_header_bytes = kDefaultMaxHeaderBytes;
   // Recompute every tensor's XXH3 and compare. Default: true.
   bool verify_checksums = true;
+  // Check ckpt.header_xxh3. Default: true. Off only to fuzz the JSON parsing
+  // behind it, which a checksum would otherwise shield from mutated inputs.
+  bool verify_header_checksum = true;
 };
 
 // A parsed, validated blob. Holds pointers into the bytes it was parsed from:
