@@ -1,0 +1,108 @@
+// ExperimentConfig: one experiment, as written in its TOML file.
+//
+//   name = "fashion-mnist-pbt"
+//   seed = 42
+//   store = "var"                     # embedded store directory
+//   metrics = "127.0.0.1:9464"        # "" = no metrics endpoint
+//   [model]      spec = "lenet5"; optimizer = "sgd"
+//   [data]       dataset = "fashion-mnist"; path = "..."; batch_size = 64; eval_size = 2000
+//   [population] size = 30; steps_per_interval = 200; intervals = 20;
+//                target_metric = 0.92; max_wall_s = 0
+//   [search_space.lr] type = "log_uniform"; min = 1e-3; max = 0.3
+//   [policy]     kind = "pbt"; mode = "sync"; quantile = 0.2; perturb = [0.8, 1.2];
+//                resample_probability = 0.25; ready_intervals = 1; eta = 3
+//   [[devices]]  device = "cpu"; slots = 2; fusion = "auto"; fusion_width = 8;
+//                intra_op_threads = 1; count = 1
+//
+// Every key is checked: an unknown key, a wrong type or a bad value is an
+// InvalidArgument naming the key and its line ("population.size (line 7): must
+// be at least 1"). Thread-safety: a value.
+#ifndef CKPT_SCHEDULER_CONFIG_H_
+#define CKPT_SCHEDULER_CONFIG_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "ckpt/format/status.h"
+
+namespace ckpt::scheduler {
+
+struct SearchDim {
+  enum class Kind { kLogUniform, kUniform, kChoice };
+  Kind kind = Kind::kUniform;
+  double min = 0;
+  double max = 0;
+  std::vector<double> values;  // kChoice
+};
+
+struct PolicyConfig {
+  // "pbt" | "random" | "successive_halving". Default: "pbt".
+  std::string kind = "pbt";
+  // "sync" (generations: every member finishes interval g before decisions)
+  // or "async" (a member decides when its own interval ends). Default: "sync".
+  std::string mode = "sync";
+  // PBT: the bottom `quantile` copies from the top `quantile`. Default: 0.2.
+  double quantile = 0.2;
+  // PBT explore: multiply each hyperparameter by one of these. Default: 0.8, 1.2.
+  std::vector<double> perturb = {0.8, 1.2};
+  // PBT explore: resample from the search space instead. Default: 0.25.
+  double resample_probability = 0.25;
+  // PBT: a member is ready for exploit after this many intervals since its
+  // last exploit. Default: 1.
+  int ready_intervals = 1;
+  // Successive halving: keep the top 1/eta at each rung. Default: 3.
+  int eta = 3;
+  // Successive halving: first rung after this many intervals. Default: 1.
+  int min_intervals = 1;
+};
+
+struct DeviceConfig {
+  // "cpu", "cuda:N" or "auto" (every visible GPU, else the CPU). Default: "cpu".
+  std::string device = "cpu";
+  // Workers for this entry: several "cpu" workers stand in for several GPUs. Default: 1.
+  int count = 1;
+  // Members trained at once per worker. Default: 2.
+  int slots = 2;
+  // "auto" | "plain" | "fused". Default: "auto".
+  std::string fusion = "auto";
+  // K members per fused group. Default: 8.
+  int fusion_width = 8;
+  // Intra-op threads per slot. Default: 1.
+  int intra_op_threads = 1;
+};
+
+struct ExperimentConfig {
+  std::string name;
+  uint64_t seed = 0;
+  std::string store = "var";
+  std::string metrics;  // "" = none
+  std::string model_spec = "lenet5";
+  std::string optimizer = "sgd";
+  std::string dataset = "fashion-mnist";
+  std::string dataset_path = "/usr/share/datasets/fashion-mnist";
+  int batch_size = 64;
+  int eval_size = 2000;
+  int population = 0;
+  int64_t steps_per_interval = 100;
+  int intervals = 10;
+  double target_metric = 0;  // 0 = none: stop when the best val_acc reaches it
+  double max_wall_s = 0;     // 0 = none
+  std::map<std::string, SearchDim> search_space;
+  std::map<std::string, double> fixed_hparams;  // [hparams] constants
+  PolicyConfig policy;
+  std::vector<DeviceConfig> devices;
+  // The file's text, kept in the store with the experiment.
+  std::string source;
+};
+
+// Parses and validates a TOML document. `origin` names it in errors.
+StatusOr<ExperimentConfig> ParseExperimentConfig(const std::string& toml_text,
+                                                 const std::string& origin);
+// Reads and parses a file; NotFound / IOError naming the path.
+StatusOr<ExperimentConfig> LoadExperimentConfig(const std::string& path);
+
+}  // namespace ckpt::scheduler
+
+#endif  // CKPT_SCHEDULER_CONFIG_H_

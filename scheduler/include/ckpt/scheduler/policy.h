@@ -1,0 +1,84 @@
+// Hyperparameter-optimization policies behind one interface: PBT (Jaderberg et
+// al. 2017), random search and successive halving.
+//
+// A policy sees members' progress and scores and answers what each member does
+// next: continue, exploit a donor (copy its weights, metadata only) and explore
+// (new hyperparameters), or stop. Decisions are pure functions of the policy's
+// inputs and the experiment seed, so a resumed or repeated run decides the same.
+//
+// Synchronous policies decide once per generation, when every active member has
+// finished interval g (Decide with every member); asynchronous ones decide for
+// one member when its own interval ends (Decide with that member only).
+//
+// Thread-safety: const methods; one policy may be shared.
+#ifndef CKPT_SCHEDULER_POLICY_H_
+#define CKPT_SCHEDULER_POLICY_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ckpt/scheduler/config.h"
+
+namespace ckpt::scheduler {
+
+using HParams = std::map<std::string, double>;
+
+// What a policy knows of one member.
+struct MemberProgress {
+  std::string member;
+  int index = 0;               // position in the population, for seeding
+  int intervals_done = 0;      // trained intervals
+  int last_exploit = 0;        // intervals_done at its last exploit (0: never)
+  double score = 0;            // latest validation score; NaN when none
+  HParams hparams;
+  bool active = true;          // false once stopped or failed
+};
+
+struct Decision {
+  enum class Kind { kContinue, kExploit, kStop };
+  Kind kind = Kind::kContinue;
+  std::string donor;  // kExploit
+  HParams hparams;    // kExploit: the explored hyperparameters
+  std::string why;    // for the event log
+};
+
+class Policy {
+ public:
+  virtual ~Policy() = default;
+
+  // Builds the policy of `config.policy`. InvalidArgument for an unknown kind.
+  static StatusOr<std::unique_ptr<Policy>> Create(const ExperimentConfig& config);
+
+  virtual bool synchronous() const = 0;
+
+  // Decisions for `members` (sync: every member, all at interval `generation`;
+  // async: the one member whose interval just ended, with `population` its
+  // peers' latest progress). Returns a decision per member name; members not
+  // in the map continue.
+  virtual std::map<std::string, Decision> Decide(int generation,
+                                                 const std::vector<MemberProgress>& members,
+                                                 const std::vector<MemberProgress>& population)
+      const = 0;
+};
+
+// Samples a member's initial hyperparameters from the search space (plus the
+// fixed ones), deterministically from (seed, index).
+HParams SampleInitial(const ExperimentConfig& config, int index);
+
+// Explore step of PBT: each searched hyperparameter is resampled with
+// probability resample_probability, else multiplied by one of the perturb
+// factors (clamped to the space; choice: a neighbouring value).
+HParams Explore(const ExperimentConfig& config, const HParams& from, uint64_t rng_seed);
+
+// 64-bit mix of several values (SplitMix64), for per-decision seeds.
+uint64_t MixSeed(uint64_t a, uint64_t b, uint64_t c = 0);
+
+// Orders members by score, best first; NaN ranks last; ties by member name.
+std::vector<const MemberProgress*> RankByScore(const std::vector<MemberProgress>& members);
+
+}  // namespace ckpt::scheduler
+
+#endif  // CKPT_SCHEDULER_POLICY_H_

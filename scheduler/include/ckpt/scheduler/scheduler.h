@@ -1,0 +1,134 @@
+// Scheduler: runs experiments of a population over per-device workers.
+//
+// It keeps every member in the store, spawns and supervises one ckpt-worker
+// process per configured device, hands member-intervals to workers through
+// their shared-memory rings, commits what comes back, and asks each
+// experiment's policy what a member does next.
+//
+// Threads: one event loop (Boost.Asio io_context, the thread that calls Run)
+// owns all scheduling state; each worker has a sender and a receiver thread
+// that do the store reads and commits (disk work never runs on the loop).
+//
+// Crash safety: every result is committed before the loop hears of it; an
+// experiment's scheduling state (interval counts, exploit marks) is derived
+// at start from its members' heads and manifests, so re-running resumes
+// exactly where the committed state stands. In synchronous mode decisions are
+// pure functions of the committed generation, so an interrupted run ends with
+// the same heads as an uninterrupted one.
+//
+// Thread-safety: Create, Submit and Run from one thread; RequestStop from any
+// thread or a signal handler context of Asio.
+#ifndef CKPT_SCHEDULER_SCHEDULER_H_
+#define CKPT_SCHEDULER_SCHEDULER_H_
+
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ckpt/format/status.h"
+#include "ckpt/scheduler/config.h"
+
+namespace ckpt::store {
+class Store;
+}
+
+namespace ckpt::scheduler {
+
+struct SchedulerOptions {
+  // Store directory. Required.
+  std::string store_path;
+  // Workers to run. Default: one "cpu" worker.
+  std::vector<DeviceConfig> devices = {DeviceConfig{}};
+  // Path of ckpt-worker. Default: "" = $CKPT_WORKER, else ckpt-worker next to
+  // this executable, else ../bin/ckpt-worker from it.
+  std::string worker_binary;
+  // Prefix of the workers' shared-memory segment names. Default: "" =
+  // "ckpt-<hash of the store path>".
+  std::string instance;
+  // Bytes of each ring. Default: 64 MiB.
+  size_t ring_bytes = size_t{64} << 20;
+  // A worker silent this long is declared hung and restarted. Default: 10 s.
+  std::chrono::milliseconds heartbeat_timeout{10000};
+  // Restart backoff: first delay, doubling up to max; reset after `healthy`
+  // of uptime. Defaults: 10 s, 300 s, 600 s.
+  std::chrono::milliseconds restart_backoff{10000};
+  std::chrono::milliseconds max_restart_backoff{300000};
+  std::chrono::milliseconds healthy_reset{600000};
+  // Restarts of one device before giving up on it. Default: 10.
+  int max_restarts = 10;
+  // FAILED results of one member before it is stopped. Default: 3.
+  int max_member_failures = 3;
+  // On stop: wait this long for in-flight intervals, then abandon them (they
+  // rerun from the committed head). Default: 10 s.
+  std::chrono::milliseconds grace{10000};
+  // Members evaluated on the test split when an experiment ends. Default: 5.
+  int final_eval_top = 5;
+  // Progress output (nullptr: none). Lines are rewritten in place on a TTY.
+  // Default: stdout.
+  FILE* progress = stdout;
+  // Sync writes of interval results. Default: false.
+  bool sync_interval_commits = false;
+};
+
+// One member's line in an experiment's summary.
+struct MemberSummary {
+  std::string member;
+  int intervals_done = 0;
+  std::string status;  // "done", "stopped", "failed", "running"
+  double val_acc = 0;
+  double test_acc = -1;  // -1: not evaluated
+  int64_t version = 0;
+  int64_t step = 0;
+  std::map<std::string, double> hparams;
+};
+
+struct ExperimentSummary {
+  std::string id;
+  std::string status;  // "running", "done", "stopped", "failed"
+  int population = 0;
+  int intervals = 0;
+  int generation = 0;             // min intervals done over active members
+  int64_t exploits = 0;
+  int64_t train_samples = 0;      // this run
+  double wall_s = 0;              // this run
+  std::vector<MemberSummary> members;  // best first
+  std::string store_path;
+};
+
+class Scheduler {
+ public:
+  virtual ~Scheduler() = default;
+
+  // Opens the store (Unavailable naming the path when another process holds
+  // it) and prepares the event loop. Workers start in Run.
+  static StatusOr<std::unique_ptr<Scheduler>> Create(const SchedulerOptions& options);
+
+  // Adds an experiment: created in the store when new, resumed from its
+  // committed state when present with the same configuration (a different
+  // configuration under the same name is InvalidArgument). Done experiments are
+  // reported, not rerun.
+  virtual Status Submit(const ExperimentConfig& config) = 0;
+
+  // Runs until every submitted experiment has ended or RequestStop; then
+  // stops the workers and returns. Errors: no worker could be started, or
+  // every device was given up on.
+  virtual Status Run() = 0;
+
+  // Asks Run to stop gracefully (in-flight intervals finish within the grace).
+  virtual void RequestStop() = 0;
+
+  virtual StatusOr<ExperimentSummary> Summary(const std::string& exp) = 0;
+  virtual store::Store* store() = 0;
+};
+
+// Prints the table of best members (hyperparameters, validation and test
+// accuracy) and where the store is.
+void PrintSummary(const ExperimentSummary& summary, FILE* out);
+
+}  // namespace ckpt::scheduler
+
+#endif  // CKPT_SCHEDULER_SCHEDULER_H_

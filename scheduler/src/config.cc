@@ -1,0 +1,301 @@
+#include "ckpt/scheduler/config.h"
+
+#include <sys/stat.h>
+
+#include <cmath>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <toml++/toml.h>
+
+namespace ckpt::scheduler {
+namespace {
+
+// Reads one TOML table, checking types and that every key is known.
+class TableReader {
+ public:
+  TableReader(const toml::table& table, std::string prefix, std::string origin)
+      : table_(table), prefix_(std::move(prefix)), origin_(std::move(origin)) {}
+
+  std::string Where(const std::string& key, const toml::node* node) const {
+    std::string w = prefix_.empty() ? key : prefix_ + "." + key;
+    if (node != nullptr && node->source().begin.line > 0) {
+      w += " (" + origin_ + " line " + std::to_string(node->source().begin.line) + ")";
+    } else {
+      w += " (" + origin_ + ")";
+    }
+    return w;
+  }
+  Status Error(const std::string& key, const std::string& what) const {
+    return Status::InvalidArgument(Where(key, table_.get(key)) + ": " + what);
+  }
+
+  const toml::node* Use(const std::string& key) {
+    known_.insert(key);
+    return table_.get(key);
+  }
+
+  Status String(const std::string& key, std::string* out) {
+    const toml::node* n = Use(key);
+    if (n == nullptr) return Status::OK();
+    if (!n->is_string()) return Error(key, "must be a string");
+    *out = *n->value<std::string>();
+    return Status::OK();
+  }
+  Status Int(const std::string& key, int64_t lo, int64_t hi, int64_t* out) {
+    const toml::node* n = Use(key);
+    if (n == nullptr) return Status::OK();
+    if (!n->is_integer()) return Error(key, "must be an integer");
+    int64_t v = *n->value<int64_t>();
+    if (v < lo || v > hi) {
+      return Error(key, "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                            "], not " + std::to_string(v));
+    }
+    *out = v;
+    return Status::OK();
+  }
+  Status Int(const std::string& key, int64_t lo, int64_t hi, int* out) {
+    int64_t v = *out;
+    CKPT_RETURN_IF_ERROR(Int(key, lo, hi, &v));
+    *out = static_cast<int>(v);
+    return Status::OK();
+  }
+  Status Double(const std::string& key, double lo, double hi, double* out) {
+    const toml::node* n = Use(key);
+    if (n == nullptr) return Status::OK();
+    if (!n->is_number()) return Error(key, "must be a number");
+    double v = *n->value<double>();
+    if (!std::isfinite(v) || v < lo || v > hi) {
+      std::ostringstream os;
+      os << "must be in [" << lo << ", " << hi << "], not " << v;
+      return Error(key, os.str());
+    }
+    *out = v;
+    return Status::OK();
+  }
+  Status Doubles(const std::string& key, std::vector<double>* out) {
+    const toml::node* n = Use(key);
+    if (n == nullptr) return Status::OK();
+    const toml::array* a = n->as_array();
+    if (a == nullptr) return Error(key, "must be an array of numbers");
+    out->clear();
+    for (const auto& e : *a) {
+      if (!e.is_number()) return Error(key, "must be an array of numbers");
+      out->push_back(*e.value<double>());
+    }
+    return Status::OK();
+  }
+  Status OneOf(const std::string& key, const std::set<std::string>& allowed, std::string* out) {
+    CKPT_RETURN_IF_ERROR(String(key, out));
+    if (table_.get(key) != nullptr && allowed.count(*out) == 0) {
+      std::string list;
+      for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
+      return Error(key, "must be one of " + list + ", not '" + *out + "'");
+    }
+    return Status::OK();
+  }
+  // A sub-table, or nullptr when absent; InvalidArgument when not a table.
+  StatusOr<const toml::table*> Table(const std::string& key) {
+    const toml::node* n = Use(key);
+    if (n == nullptr) return static_cast<const toml::table*>(nullptr);
+    if (!n->is_table()) return Error(key, "must be a table");
+    return n->as_table();
+  }
+  // Every key not read is an error.
+  Status CheckNoUnknownKeys() const {
+    for (const auto& [k, v] : table_) {
+      const std::string key(k.str());
+      if (known_.count(key) == 0) {
+        std::string w = prefix_.empty() ? key : prefix_ + "." + key;
+        int line = k.source().begin.line > 0 ? static_cast<int>(k.source().begin.line)
+                                             : static_cast<int>(v.source().begin.line);
+        return Status::InvalidArgument(w + " (" + origin_ + " line " + std::to_string(line) +
+                                       "): unknown key");
+      }
+    }
+    return Status::OK();
+  }
+
+ private:
+  const toml::table& table_;
+  std::string prefix_;
+  std::string origin_;
+  std::set<std::string> known_;
+};
+
+bool FileExists(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0;
+}
+
+Status ParseSearchSpace(const toml::table& space, const std::string& origin,
+                        ExperimentConfig* config) {
+  TableReader top(space, "search_space", origin);
+  for (const auto& [k, v] : space) {
+    const std::string name(k.str());
+    CKPT_ASSIGN_OR_RETURN(const toml::table* t, top.Table(name));
+    TableReader r(*t, "search_space." + name, origin);
+    SearchDim dim;
+    std::string type;
+    CKPT_RETURN_IF_ERROR(r.OneOf("type", {"log_uniform", "uniform", "choice"}, &type));
+    if (type.empty()) return r.Error("type", "is required (log_uniform, uniform or choice)");
+    if (type == "choice") {
+      dim.kind = SearchDim::Kind::kChoice;
+      CKPT_RETURN_IF_ERROR(r.Doubles("values", &dim.values));
+      if (dim.values.empty()) return r.Error("values", "must list at least one value");
+    } else {
+      dim.kind = type == "uniform" ? SearchDim::Kind::kUniform : SearchDim::Kind::kLogUniform;
+      const double lo = dim.kind == SearchDim::Kind::kLogUniform ? 1e-300 : -1e300;
+      if (t->get("min") == nullptr) return r.Error("min", "is required");
+      if (t->get("max") == nullptr) return r.Error("max", "is required");
+      CKPT_RETURN_IF_ERROR(r.Double("min", lo, 1e300, &dim.min));
+      CKPT_RETURN_IF_ERROR(r.Double("max", lo, 1e300, &dim.max));
+      if (!(dim.min <= dim.max)) return r.Error("max", "must not be below min");
+    }
+    CKPT_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
+    config->search_space[name] = dim;
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+StatusOr<ExperimentConfig> ParseExperimentConfig(const std::string& toml_text,
+                                                 const std::string& origin) {
+  toml::table doc;
+  try {
+    doc = toml::parse(toml_text, origin);
+  } catch (const toml::parse_error& e) {
+    return Status::InvalidArgument(origin + " line " + std::to_string(e.source().begin.line) +
+                                   ": " + std::string(e.description()));
+  }
+  ExperimentConfig c;
+  c.source = toml_text;
+  TableReader top(doc, "", origin);
+  CKPT_RETURN_IF_ERROR(top.String("name", &c.name));
+  if (c.name.empty()) return top.Error("name", "is required");
+  for (char ch : c.name) {
+    if (!(std::isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '_' || ch == '.')) {
+      return top.Error("name", "may hold only letters, digits, '-', '_' and '.'");
+    }
+  }
+  int64_t seed = 0;
+  CKPT_RETURN_IF_ERROR(top.Int("seed", 0, INT64_MAX, &seed));
+  c.seed = static_cast<uint64_t>(seed);
+  CKPT_RETURN_IF_ERROR(top.String("store", &c.store));
+  CKPT_RETURN_IF_ERROR(top.String("metrics", &c.metrics));
+
+  CKPT_ASSIGN_OR_RETURN(const toml::table* model, top.Table("model"));
+  if (model != nullptr) {
+    TableReader r(*model, "model", origin);
+    CKPT_RETURN_IF_ERROR(r.String("spec", &c.model_spec));
+    CKPT_RETURN_IF_ERROR(r.OneOf("optimizer", {"sgd", "adam", "adamw"}, &c.optimizer));
+    CKPT_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
+  }
+  CKPT_ASSIGN_OR_RETURN(const toml::table* data, top.Table("data"));
+  if (data != nullptr) {
+    TableReader r(*data, "data", origin);
+    CKPT_RETURN_IF_ERROR(r.OneOf("dataset", {"fashion-mnist", "mnist"}, &c.dataset));
+    CKPT_RETURN_IF_ERROR(r.String("path", &c.dataset_path));
+    CKPT_RETURN_IF_ERROR(r.Int("batch_size", 1, 65536, &c.batch_size));
+    CKPT_RETURN_IF_ERROR(r.Int("eval_size", 1, 10000, &c.eval_size));
+    CKPT_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
+    if (!FileExists(c.dataset_path + "/train-images-idx3-ubyte.gz") &&
+        !FileExists(c.dataset_path + "/train-images-idx3-ubyte")) {
+      return r.Error("path", "no train-images-idx3-ubyte[.gz] in '" + c.dataset_path +
+                                 "' (install dataset-fashion-mnist or fix the path)");
+    }
+  } else if (!FileExists(c.dataset_path + "/train-images-idx3-ubyte.gz")) {
+    return Status::InvalidArgument("data.path (" + origin + "): default dataset " +
+                                   c.dataset_path + " is missing (install dataset-fashion-mnist)");
+  }
+  CKPT_ASSIGN_OR_RETURN(const toml::table* pop, top.Table("population"));
+  if (pop == nullptr) return top.Error("population", "is required ([population] size = N)");
+  {
+    TableReader r(*pop, "population", origin);
+    if (pop->get("size") == nullptr) return r.Error("size", "is required");
+    CKPT_RETURN_IF_ERROR(r.Int("size", 1, 1000000, &c.population));
+    CKPT_RETURN_IF_ERROR(r.Int("steps_per_interval", 0, int64_t{1} << 40, &c.steps_per_interval));
+    CKPT_RETURN_IF_ERROR(r.Int("intervals", 1, 1000000, &c.intervals));
+    CKPT_RETURN_IF_ERROR(r.Double("target_metric", 0, 1, &c.target_metric));
+    CKPT_RETURN_IF_ERROR(r.Double("max_wall_s", 0, 1e9, &c.max_wall_s));
+    CKPT_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
+  }
+  CKPT_ASSIGN_OR_RETURN(const toml::table* space, top.Table("search_space"));
+  if (space != nullptr) CKPT_RETURN_IF_ERROR(ParseSearchSpace(*space, origin, &c));
+  CKPT_ASSIGN_OR_RETURN(const toml::table* fixed, top.Table("hparams"));
+  if (fixed != nullptr) {
+    TableReader r(*fixed, "hparams", origin);
+    for (const auto& [k, v] : *fixed) {
+      double value = 0;
+      CKPT_RETURN_IF_ERROR(r.Double(std::string(k.str()), -1e300, 1e300, &value));
+      c.fixed_hparams[std::string(k.str())] = value;
+    }
+  }
+  if (c.search_space.empty() && c.fixed_hparams.empty()) {
+    return top.Error("search_space", "is empty: give at least one hyperparameter to search");
+  }
+  for (const auto& [name, dim] : c.search_space) {
+    if (c.fixed_hparams.count(name)) {
+      return Status::InvalidArgument("hparams." + name + " (" + origin +
+                                     "): also in search_space; keep one");
+    }
+  }
+  CKPT_ASSIGN_OR_RETURN(const toml::table* policy, top.Table("policy"));
+  if (policy != nullptr) {
+    PolicyConfig& p = c.policy;
+    TableReader r(*policy, "policy", origin);
+    CKPT_RETURN_IF_ERROR(r.OneOf("kind", {"pbt", "random", "successive_halving"}, &p.kind));
+    CKPT_RETURN_IF_ERROR(r.OneOf("mode", {"sync", "async"}, &p.mode));
+    CKPT_RETURN_IF_ERROR(r.Double("quantile", 0, 0.5, &p.quantile));
+    CKPT_RETURN_IF_ERROR(r.Doubles("perturb", &p.perturb));
+    for (double f : p.perturb) {
+      if (!(f > 0) || !std::isfinite(f)) return r.Error("perturb", "factors must be positive");
+    }
+    if (p.perturb.empty()) return r.Error("perturb", "must list at least one factor");
+    CKPT_RETURN_IF_ERROR(r.Double("resample_probability", 0, 1, &p.resample_probability));
+    CKPT_RETURN_IF_ERROR(r.Int("ready_intervals", 1, 1000000, &p.ready_intervals));
+    CKPT_RETURN_IF_ERROR(r.Int("eta", 2, 1000, &p.eta));
+    CKPT_RETURN_IF_ERROR(r.Int("min_intervals", 1, 1000000, &p.min_intervals));
+    CKPT_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
+  }
+  const toml::node* devices = top.Use("devices");
+  if (devices != nullptr) {
+    const toml::array* arr = devices->as_array();
+    if (arr == nullptr) return top.Error("devices", "must be an array of tables ([[devices]])");
+    for (size_t i = 0; i < arr->size(); ++i) {
+      const toml::table* t = (*arr)[i].as_table();
+      const std::string prefix = "devices[" + std::to_string(i) + "]";
+      if (t == nullptr) return top.Error("devices", "entries must be tables");
+      TableReader r(*t, prefix, origin);
+      DeviceConfig d;
+      CKPT_RETURN_IF_ERROR(r.String("device", &d.device));
+      if (!(d.device == "cpu" || d.device == "auto" || d.device.rfind("cuda:", 0) == 0)) {
+        return r.Error("device", "must be cpu, auto or cuda:N, not '" + d.device + "'");
+      }
+      CKPT_RETURN_IF_ERROR(r.Int("count", 1, 64, &d.count));
+      CKPT_RETURN_IF_ERROR(r.Int("slots", 1, 256, &d.slots));
+      CKPT_RETURN_IF_ERROR(r.OneOf("fusion", {"auto", "plain", "fused"}, &d.fusion));
+      CKPT_RETURN_IF_ERROR(r.Int("fusion_width", 1, 1024, &d.fusion_width));
+      CKPT_RETURN_IF_ERROR(r.Int("intra_op_threads", 1, 256, &d.intra_op_threads));
+      CKPT_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
+      c.devices.push_back(d);
+    }
+  }
+  if (c.devices.empty()) c.devices.push_back(DeviceConfig{});
+  CKPT_RETURN_IF_ERROR(top.CheckNoUnknownKeys());
+  return c;
+}
+
+StatusOr<ExperimentConfig> LoadExperimentConfig(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    if (!FileExists(path)) return Status::NotFound("experiment file " + path + " does not exist");
+    return Status::IOError("cannot read experiment file " + path);
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ParseExperimentConfig(ss.str(), path);
+}
+
+}  // namespace ckpt::scheduler

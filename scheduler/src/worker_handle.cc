@@ -1,0 +1,356 @@
+#include "worker_handle.h"
+
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+namespace ckpt::scheduler {
+namespace {
+
+using std::chrono::milliseconds;
+
+std::string StateJson(const Task& task, double score) {
+  nlohmann::json j = {{"interval", task.interval_after},
+                      {"last_exploit", task.last_exploit},
+                      {"score", std::isfinite(score) ? score : -1.0}};
+  return j.dump();
+}
+
+}  // namespace
+
+WorkerHandle::WorkerHandle(const WorkerSpec& spec, store::Store* store,
+                           std::function<StatusOr<ipc::Configure>(const std::string&)> configure,
+                           Callback on_event)
+    : spec_(spec), store_(store), configure_(std::move(configure)), on_event_(std::move(on_event)) {}
+
+StatusOr<std::unique_ptr<WorkerHandle>> WorkerHandle::Start(
+    const WorkerSpec& spec, store::Store* store,
+    std::function<StatusOr<ipc::Configure>(const std::string&)> configure, Callback on_event) {
+  std::unique_ptr<WorkerHandle> h(
+      new WorkerHandle(spec, store, std::move(configure), std::move(on_event)));
+  ipc::ChannelOptions options;
+  options.ring_bytes = spec.ring_bytes;
+  options.heartbeat_timeout = spec.heartbeat_timeout;
+  // The segment name is ours: a previous incarnation's segment is removed.
+  (void)ipc::Channel::Remove(spec.segment);
+  CKPT_ASSIGN_OR_RETURN(h->channel_, ipc::Channel::Create(spec.segment, options));
+  CKPT_RETURN_IF_ERROR(h->Spawn());
+  h->sender_ = std::thread([p = h.get()] { p->SendLoop(); });
+  h->receiver_ = std::thread([p = h.get()] { p->ReceiveLoop(); });
+  return h;
+}
+
+Status WorkerHandle::Spawn() {
+  std::vector<std::string> args = {spec_.binary,
+                                   "--segment", spec_.segment,
+                                   "--device", spec_.device.device,
+                                   "--slots", std::to_string(spec_.device.slots),
+                                   "--fusion", spec_.device.fusion,
+                                   "--fusion-width", std::to_string(spec_.device.fusion_width),
+                                   "--intra-op-threads",
+                                   std::to_string(spec_.device.intra_op_threads)};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  if (access(spec_.binary.c_str(), X_OK) != 0) {
+    return Status::NotFound("worker binary " + spec_.binary + " is not executable: " +
+                            std::strerror(errno));
+  }
+  const pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid < 0) return Status::IOError(std::string("fork: ") + std::strerror(errno));
+  if (pid == 0) {
+    // The worker dies with its scheduler; it also watches the scheduler's
+    // heartbeat, but this needs no polling.
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);
+    setenv("CUDA_MODULE_LOADING", "LAZY", 1);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  pid_ = pid;
+  return Status::OK();
+}
+
+WorkerHandle::~WorkerHandle() { Stop(false, milliseconds(0)); }
+
+void WorkerHandle::Enqueue(Task task) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(std::move(task));
+  }
+  cv_.notify_one();
+}
+
+void WorkerHandle::SendLoop() {
+  while (true) {
+    Task task;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stopping_.load() || !queue_.empty(); });
+      if (stopping_.load()) return;
+      task = queue_.front();
+      queue_.pop_front();
+      in_flight_[task.id] = task;
+    }
+    Status s = SendTask(task);
+    if (!s.ok()) {
+      if (stopping_.load()) return;
+      ReportLost("sending " + task.member + ": " + s.ToString());
+      return;
+    }
+  }
+}
+
+Status WorkerHandle::SendTask(const Task& task) {
+  if (configured_.count(task.exp) == 0) {
+    CKPT_ASSIGN_OR_RETURN(ipc::Configure c, configure_(task.exp));
+    std::vector<uint8_t> buf(ipc::EncodedSize(c));
+    CKPT_RETURN_IF_ERROR(ipc::Encode(c, buf.data(), buf.size()));
+    while (true) {
+      Status s = channel_->Send(ipc::RecordType::kConfigure, buf.data(), buf.size(),
+                                ipc::DeadlineIn(milliseconds(500)));
+      if (s.ok()) break;
+      if (!s.IsResourceExhausted() || stopping_.load()) return s;
+    }
+    configured_.insert(task.exp);
+  }
+  ipc::Train t;
+  t.task_id = task.id;
+  t.member = task.exp + "/" + task.member;
+  t.version = task.head_version;
+  t.steps = task.steps;
+  t.eval_test = task.eval_only;
+  t.init_seed = task.init_seed;
+  t.hparams = task.hparams;
+  store::PinnedBlob blob;
+  if (task.head_version > 0) {
+    // The worker verifies every tensor checksum; the store's read skips it.
+    // Only this task changes the member's head until it is reported back.
+    auto b = store_->ReadHeadBlob(task.exp, task.member, /*verify=*/false);
+    if (!b.ok()) return b.status().WithPrefix("member " + task.member);
+    blob = std::move(*b);
+    t.state.size = blob.size();
+  }
+  const size_t size = ipc::EncodedSize(t);
+  while (true) {
+    auto r = channel_->Reserve(ipc::RecordType::kTrain, size, ipc::DeadlineIn(milliseconds(500)));
+    if (!r.ok()) {
+      if (r.status().IsResourceExhausted() && !stopping_.load()) continue;
+      return r.status();
+    }
+    CKPT_ASSIGN_OR_RETURN(size_t offset, ipc::EncodeHeaderOnly(t, r->data, r->size));
+    if (blob.size() > 0) std::memcpy(r->data + offset, blob.data(), blob.size());
+    while (true) {
+      Status s = channel_->Commit(*r, ipc::DeadlineIn(milliseconds(500)));
+      if (s.ok()) return s;
+      if (!s.IsResourceExhausted() || stopping_.load()) return s;
+    }
+  }
+}
+
+void WorkerHandle::ReceiveLoop() {
+  while (!stopping_.load()) {
+    auto rec = channel_->Receive(ipc::DeadlineIn(milliseconds(200)));
+    if (!rec.ok()) {
+      if (rec.status().IsResourceExhausted()) continue;
+      if (stopping_.load()) return;
+      ReportLost(rec.status().ToString());
+      return;
+    }
+    switch (rec->type) {
+      case ipc::RecordType::kResult:
+        HandleResult(*rec);
+        break;
+      case ipc::RecordType::kFailed: {
+        auto f = ipc::DecodeFailed(rec->payload, rec->size);
+        channel_->Release();
+        if (!f.ok()) {
+          ReportLost("bad FAILED record: " + f.status().ToString());
+          return;
+        }
+        WorkerEvent e;
+        e.kind = WorkerEvent::Kind::kFailed;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          auto it = in_flight_.find(f->task_id);
+          if (it == in_flight_.end()) break;  // not ours (or already requeued)
+          e.task = it->second;
+          in_flight_.erase(it);
+        }
+        e.code = f->code;
+        e.reason = f->reason;
+        on_event_(std::move(e));
+        break;
+      }
+      case ipc::RecordType::kHello: {
+        auto h = ipc::DecodeHello(rec->payload, rec->size);
+        channel_->Release();
+        if (!h.ok()) {
+          ReportLost("bad HELLO record: " + h.status().ToString());
+          return;
+        }
+        WorkerEvent e;
+        e.kind = WorkerEvent::Kind::kHello;
+        e.hello = *h;
+        on_event_(std::move(e));
+        break;
+      }
+      case ipc::RecordType::kStats: {
+        auto st = ipc::DecodeStats(rec->payload, rec->size);
+        channel_->Release();
+        if (st.ok()) {
+          WorkerEvent e;
+          e.kind = WorkerEvent::Kind::kStats;
+          e.stats = *st;
+          on_event_(std::move(e));
+        }
+        break;
+      }
+      default:
+        channel_->Release();
+        break;
+    }
+  }
+}
+
+void WorkerHandle::HandleResult(const ipc::Received& rec) {
+  auto r = ipc::DecodeResult(rec.payload, rec.size);
+  if (!r.ok()) {
+    channel_->Release();
+    ReportLost("bad RESULT record: " + r.status().ToString());
+    return;
+  }
+  WorkerEvent e;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = in_flight_.find(r->task_id);
+    if (it == in_flight_.end()) {
+      channel_->Release();
+      return;
+    }
+    e.task = it->second;
+    in_flight_.erase(it);
+  }
+  e.result = *r;
+  e.result.state = ipc::ByteSpan{};
+  if (e.task.eval_only) {
+    channel_->Release();
+    e.kind = WorkerEvent::Kind::kEvaluated;
+    on_event_(std::move(e));
+    return;
+  }
+  store::CommitRequest c;
+  c.exp = e.task.exp;
+  c.member = e.task.member;
+  c.expected_head_version = e.task.head_version;
+  c.blob = r->state.data;
+  c.blob_size = r->state.size;
+  c.step = r->step;
+  c.metrics = {{store::kScoreMetric, r->val_acc},
+               {"val_acc", r->val_acc},
+               {"train_loss", r->train_loss},
+               {"interval", e.task.interval_after},
+               {"samples", static_cast<double>(r->samples)},
+               {"compute_s", r->compute_s}};
+  c.hparams = e.task.hparams;
+  c.event_json = nlohmann::json{{"type", "trained"},
+                                {"interval", e.task.interval_after},
+                                {"val_acc", r->val_acc},
+                                {"worker", spec_.index}}
+                     .dump();
+  auto version = store_->CommitResult(c);
+  channel_->Release();
+  if (!version.ok()) {
+    e.kind = WorkerEvent::Kind::kCommitError;
+    e.code = std::string(StatusCodeName(version.status().code()));
+    e.reason = version.status().ToString();
+    on_event_(std::move(e));
+    return;
+  }
+  // The head's state record follows the commit; a crash between the two is
+  // reconciled from the head manifest at start-up.
+  (void)store_->SetMemberState(e.task.exp, e.task.member, StateJson(e.task, r->val_acc));
+  e.kind = WorkerEvent::Kind::kCommitted;
+  e.version = *version;
+  on_event_(std::move(e));
+}
+
+void WorkerHandle::ReportLost(const std::string& reason) {
+  if (lost_reported_.exchange(true)) return;
+  WorkerEvent e;
+  e.kind = WorkerEvent::Kind::kLost;
+  e.reason = reason;
+  on_event_(std::move(e));
+}
+
+void WorkerHandle::MarkExited(int wait_status) {
+  exited_.store(true);
+  std::string why;
+  if (WIFSIGNALED(wait_status)) {
+    why = "worker " + std::to_string(spec_.index) + " (pid " + std::to_string(pid_) +
+          ") killed by signal " + std::to_string(WTERMSIG(wait_status));
+  } else {
+    why = "worker " + std::to_string(spec_.index) + " (pid " + std::to_string(pid_) +
+          ") exited with status " + std::to_string(WEXITSTATUS(wait_status));
+  }
+  ReportLost(why);
+}
+
+void WorkerHandle::Stop(bool graceful, std::chrono::milliseconds grace) {
+  if (stopped_) return;
+  stopped_ = true;
+  if (graceful && channel_ && !exited_.load()) {
+    ipc::Shutdown s{"scheduler stopping"};
+    std::vector<uint8_t> buf(ipc::EncodedSize(s));
+    if (ipc::Encode(s, buf.data(), buf.size()).ok()) {
+      (void)channel_->Send(ipc::RecordType::kShutdown, buf.data(), buf.size(),
+                           ipc::DeadlineIn(milliseconds(200)));
+    }
+  }
+  stopping_.store(true);
+  cv_.notify_all();
+  if (channel_) channel_->Close();
+  if (sender_.joinable()) sender_.join();
+  if (receiver_.joinable()) receiver_.join();
+  if (pid_ > 0 && !exited_.load()) {
+    const auto until = std::chrono::steady_clock::now() + (graceful ? grace : milliseconds(0));
+    int status = 0;
+    while (true) {
+      pid_t r = waitpid(pid_, &status, WNOHANG);
+      if (r == pid_ || (r < 0 && errno == ECHILD)) {
+        exited_.store(true);
+        break;
+      }
+      if (std::chrono::steady_clock::now() >= until) {
+        kill(pid_, SIGKILL);
+        if (waitpid(pid_, &status, 0) == pid_ || errno == ECHILD) exited_.store(true);
+        break;
+      }
+      std::this_thread::sleep_for(milliseconds(10));
+    }
+  }
+  if (channel_) (void)ipc::Channel::Remove(spec_.segment);
+}
+
+std::vector<Task> WorkerHandle::TakeUnfinished() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<Task> out;
+  for (auto& [id, t] : in_flight_) out.push_back(std::move(t));
+  for (auto& t : queue_) out.push_back(std::move(t));
+  in_flight_.clear();
+  queue_.clear();
+  return out;
+}
+
+ipc::ChannelStats WorkerHandle::ChannelStats() const {
+  return channel_ ? channel_->Stats() : ipc::ChannelStats{};
+}
+
+}  // namespace ckpt::scheduler

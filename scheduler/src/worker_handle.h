@@ -1,0 +1,135 @@
+// WorkerHandle: one ckpt-worker child process, its shared-memory channel and
+// the two threads that talk to it (private to ckpt::scheduler).
+//
+// The sender thread writes CONFIGURE (once per experiment) and TRAIN records,
+// reading each member's state from the store straight into the request ring.
+// The receiver thread reads RESULT / FAILED / STATS / HELLO records; a RESULT
+// is committed to the store from that thread (disk work off the event loop),
+// the ring space released, and only then is the event loop told (`on_event`).
+//
+// Ownership: the Scheduler owns handles; a handle owns its process until Stop.
+// Thread-safety: Enqueue, TakeUnfinished and Stop may be called from any one
+// thread (the event loop); callbacks run on the handle's own threads.
+#ifndef CKPT_SCHEDULER_WORKER_HANDLE_H_
+#define CKPT_SCHEDULER_WORKER_HANDLE_H_
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+
+#include "ckpt/format/checksum.h"
+#include "ckpt/ipc/channel.h"
+#include "ckpt/ipc/messages.h"
+#include "ckpt/scheduler/policy.h"
+#include "ckpt/store/store.h"
+
+namespace ckpt::scheduler {
+
+// One member-interval sent to a worker.
+struct Task {
+  uint64_t id = 0;
+  std::string exp;
+  std::string member;
+  int64_t head_version = 0;  // state the task trains from (0: initialise)
+  int64_t steps = 0;
+  HParams hparams;
+  uint64_t init_seed = 0;
+  bool eval_only = false;     // steps 0, evaluate validation and test, commit nothing
+  int interval_after = 0;     // the member's interval count once committed
+  int last_exploit = 0;       // carried into the member's state record
+};
+
+// What the receiver reports to the event loop.
+struct WorkerEvent {
+  enum class Kind { kHello, kCommitted, kEvaluated, kFailed, kCommitError, kStats, kLost };
+  Kind kind = Kind::kLost;
+  Task task;                // kCommitted, kEvaluated, kFailed, kCommitError
+  int64_t version = 0;      // kCommitted
+  ipc::Result result;       // kCommitted / kEvaluated (state span not valid)
+  ipc::Hello hello;         // kHello
+  ipc::Stats stats;         // kStats
+  std::string code;         // kFailed: worker's code; kCommitError: status code name
+  std::string reason;       // kFailed / kCommitError / kLost
+};
+
+struct WorkerSpec {
+  int index = 0;               // position in the pool
+  DeviceConfig device;
+  std::string binary;          // path of ckpt-worker
+  std::string segment;         // shm name
+  size_t ring_bytes = size_t{64} << 20;
+  std::chrono::milliseconds heartbeat_timeout{10000};
+};
+
+class WorkerHandle {
+ public:
+  using Callback = std::function<void(WorkerEvent)>;
+
+  // Spawns the worker process on a new segment and starts both threads.
+  // `configure` gives the CONFIGURE of an experiment id (NotFound if unknown).
+  static StatusOr<std::unique_ptr<WorkerHandle>> Start(
+      const WorkerSpec& spec, store::Store* store,
+      std::function<StatusOr<ipc::Configure>(const std::string& exp)> configure,
+      Callback on_event);
+  ~WorkerHandle();
+
+  void Enqueue(Task task);
+  // Closes the channel, kills the process (SIGKILL unless `graceful`, then
+  // SHUTDOWN and a wait of `grace`), joins the threads. Idempotent.
+  void Stop(bool graceful, std::chrono::milliseconds grace);
+  // After Stop: the tasks sent or queued that were not reported back.
+  std::vector<Task> TakeUnfinished();
+
+  pid_t pid() const { return pid_; }
+  const WorkerSpec& spec() const { return spec_; }
+  ipc::ChannelStats ChannelStats() const;
+  // Called by the event loop when waitpid reaped this process.
+  void MarkExited(int wait_status);
+  bool exited() const { return exited_.load(); }
+
+ private:
+  WorkerHandle(const WorkerSpec& spec, store::Store* store,
+               std::function<StatusOr<ipc::Configure>(const std::string&)> configure,
+               Callback on_event);
+  Status Spawn();
+  void SendLoop();
+  void ReceiveLoop();
+  Status SendTask(const Task& task);
+  void HandleResult(const ipc::Received& rec);
+  void ReportLost(const std::string& reason);
+
+  const WorkerSpec spec_;
+  store::Store* const store_;
+  const std::function<StatusOr<ipc::Configure>(const std::string&)> configure_;
+  const Callback on_event_;
+  std::unique_ptr<ipc::Channel> channel_;
+  pid_t pid_ = -1;
+  std::atomic<bool> exited_{false};
+  std::atomic<bool> stopping_{false};
+  std::atomic<bool> lost_reported_{false};
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Task> queue_;              // GUARDED_BY(mu_)
+  std::map<uint64_t, Task> in_flight_;  // GUARDED_BY(mu_): sent, not reported
+  std::set<std::string> configured_;    // sender thread only
+
+  std::thread sender_;
+  std::thread receiver_;
+  bool stopped_ = false;
+};
+
+}  // namespace ckpt::scheduler
+
+#endif  // CKPT_SCHEDULER_WORKER_HANDLE_H_
