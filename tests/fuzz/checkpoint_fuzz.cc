@@ -17,8 +17,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<uint8_t> blob(data, data + size);
   ReadOptions options;
   options.max_header_bytes = 1 << 20;
-  for (bool verify : {false, true}) {
-    options.verify_checksums = verify;
+  for (int mode = 0; mode < 3; ++mode) {
+    options.verify_header_checksum = mode == 2;
+    options.verify_checksums = mode >= 1;
     auto view = ParseCheckpoint(blob.data(), blob.size(), options);
     if (!view.ok()) continue;
     CheckpointWriter writer;
