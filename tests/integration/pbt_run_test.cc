@@ -1,0 +1,259 @@
+// Whole-process tests of `ckpt-scheduler run`: real scheduler and worker
+// processes, a real RocksDB store, real shared-memory rings, Fashion-MNIST.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <set>
+
+#include "ckpt/store/store.h"
+#include "process_util.h"
+
+namespace ckpt {
+namespace {
+
+using testing::Child;
+using testing::ChildrenOf;
+using std::chrono::milliseconds;
+
+std::string Config(const std::string& name, const std::string& mode, int workers,
+                   int population = 6, int intervals = 4) {
+  std::ostringstream os;
+  os << "name = \"" << name << "\"\nseed = 99\n"
+     << "[model]\nspec = \"lenet5\"\noptimizer = \"sgd\"\n"
+     << "[data]\nbatch_size = 16\neval_size = 200\n"
+     << "[population]\nsize = " << population << "\nsteps_per_interval = 6\nintervals = "
+     << intervals << "\n"
+     << "[search_space.lr]\ntype = \"log_uniform\"\nmin = 0.001\nmax = 0.2\n"
+     << "[search_space.momentum]\ntype = \"uniform\"\nmin = 0.5\nmax = 0.95\n"
+     << "[policy]\nkind = \"pbt\"\nmode = \"" << mode << "\"\nquantile = 0.34\nready_intervals = 1\n"
+     << "[[devices]]\ndevice = \"cpu\"\ncount = " << workers
+     << "\nslots = 2\nfusion = \"plain\"\nintra_op_threads = 1\n";
+  return os.str();
+}
+
+class PbtRunTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::TempDir("pbt");
+    ASSERT_FALSE(dir_.empty());
+    scheduler_ = testing::Env("CKPT_SCHEDULER_BIN", CKPT_SCHEDULER_BIN);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::string WriteConfig(const std::string& file, const std::string& text) {
+    std::string path = dir_ + "/" + file;
+    std::ofstream(path) << text;
+    return path;
+  }
+
+  std::vector<std::string> RunArgs(const std::string& config, const std::string& store) {
+    return {scheduler_, "run", config, "--store", store, "--quiet", "--restart-backoff-ms", "100",
+            "--grace-ms", "5000"};
+  }
+
+  // Runs to completion; returns the exit code.
+  int RunToEnd(const std::string& config, const std::string& store, std::string* log = nullptr) {
+    Child c(RunArgs(config, store), dir_ + "/log-" + std::to_string(runs_++));
+    if (!c.WaitFor(milliseconds(300000))) {
+      ADD_FAILURE() << "scheduler did not finish in 300 s:\n" << c.Log();
+      return -1;
+    }
+    if (log) *log = c.Log();
+    int st = c.Wait();
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) ADD_FAILURE() << c.Log();
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  }
+
+  struct Head {
+    int64_t version;
+    int64_t step;
+    std::string blob;
+    std::map<std::string, double> hparams;
+    bool operator==(const Head& o) const {
+      return version == o.version && step == o.step && blob == o.blob && hparams == o.hparams;
+    }
+  };
+  std::map<std::string, Head> Heads(const std::string& store_path, const std::string& exp) {
+    store::StoreOptions o;
+    o.path = store_path;
+    auto s = store::Store::Open(o);
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    std::map<std::string, Head> out;
+    if (!s.ok()) return out;
+    auto members = (*s)->ListMembers(exp);
+    EXPECT_TRUE(members.ok());
+    for (const auto& m : *members) {
+      out[m.member] = Head{m.version, m.step, m.blob ? m.blob->Hex() : "", m.hparams};
+    }
+    auto report = (*s)->Verify();
+    EXPECT_TRUE(report.ok() && report->ok()) << (report.ok() && !report->problems.empty()
+                                                     ? report->problems[0]
+                                                     : std::string("verify failed"));
+    return out;
+  }
+
+  std::string dir_;
+  std::string scheduler_;
+  int runs_ = 0;
+};
+
+TEST_F(PbtRunTest, SmallSyncPbtCompletesWithLineageAndExploits) {
+  const std::string config = WriteConfig("small.toml", Config("small", "sync", 1));
+  std::string log;
+  ASSERT_EQ(RunToEnd(config, dir_ + "/store", &log), 0);
+  EXPECT_NE(log.find("experiment small: done"), std::string::npos) << log;
+  store::StoreOptions o;
+  o.path = dir_ + "/store";
+  auto s = store::Store::Open(o);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  auto exp = (*s)->GetExperiment("small");
+  ASSERT_TRUE(exp.ok());
+  EXPECT_EQ(exp->status, "done");
+  auto members = (*s)->ListMembers("small");
+  ASSERT_TRUE(members.ok());
+  ASSERT_EQ(members->size(), 6u);
+  int exploits = 0;
+  for (const auto& m : *members) {
+    // Every member trained every interval: 4 intervals x 6 steps.
+    EXPECT_EQ(m.step, 24) << m.member;
+    auto versions = (*s)->ListVersions("small", m.member);
+    ASSERT_TRUE(versions.ok());
+    for (size_t i = 0; i < versions->size(); ++i) {
+      const auto& v = (*versions)[i];
+      if (v.reason != store::kReasonExploit) continue;
+      ++exploits;
+      ASSERT_TRUE(v.parent.has_value());
+      // Exploit is metadata only: the donor's blob, not a copy.
+      auto donor = (*s)->GetManifest("small", v.parent->member, v.parent->version);
+      ASSERT_TRUE(donor.ok()) << donor.status().ToString();
+      EXPECT_EQ(v.blob, donor->blob);
+      EXPECT_NE(v.parent->member, m.member);
+      // The member's next interval trained from exactly that state.
+      for (size_t j = i + 1; j < versions->size(); ++j) {
+        if ((*versions)[j].reason != store::kReasonTrained) continue;
+        ASSERT_TRUE((*versions)[j].parent.has_value());
+        EXPECT_EQ((*versions)[j].parent->member, m.member);
+        EXPECT_EQ((*versions)[j].parent->version, v.version);
+        break;
+      }
+    }
+    auto lineage = (*s)->Lineage("small", m.member);
+    ASSERT_TRUE(lineage.ok());
+    EXPECT_GE(lineage->size(), 4u) << m.member;
+  }
+  EXPECT_GE(exploits, 1);
+  // The audit log holds the decisions and the final evaluation.
+  auto events = (*s)->ListEvents("small", 0, 100000);
+  ASSERT_TRUE(events.ok());
+  int exploit_events = 0, final_eval = 0;
+  for (const auto& e : *events) {
+    if (e.json.find("\"type\":\"exploit\"") != std::string::npos) ++exploit_events;
+    if (e.json.find("\"type\":\"final_eval\"") != std::string::npos) ++final_eval;
+  }
+  EXPECT_EQ(exploit_events, exploits);
+  EXPECT_EQ(final_eval, 1);
+}
+
+TEST_F(PbtRunTest, SyncPbtIsDeterministic) {
+  const std::string config = WriteConfig("det.toml", Config("det", "sync", 1));
+  ASSERT_EQ(RunToEnd(config, dir_ + "/a"), 0);
+  ASSERT_EQ(RunToEnd(config, dir_ + "/b"), 0);
+  auto a = Heads(dir_ + "/a", "det");
+  auto b = Heads(dir_ + "/b", "det");
+  ASSERT_EQ(a.size(), 6u);
+  EXPECT_TRUE(a == b);
+}
+
+TEST_F(PbtRunTest, KilledWorkersAreReplacedAndTheRunEndsAsUndisturbed) {
+  const std::string config = WriteConfig("kw.toml", Config("kw", "sync", 2, 6, 6));
+  ASSERT_EQ(RunToEnd(config, dir_ + "/calm"), 0);
+  const auto calm = Heads(dir_ + "/calm", "kw");
+
+  Child c(RunArgs(config, dir_ + "/rough"), dir_ + "/rough.log");
+  std::mt19937 rng(5);
+  int kills = 0;
+  std::set<pid_t> seen;
+  for (int round = 0; round < 200 && kills < 4 && c.Running(); ++round) {
+    std::this_thread::sleep_for(milliseconds(300 + rng() % 400));
+    auto workers = ChildrenOf(c.pid());
+    for (pid_t w : workers) seen.insert(w);
+    if (workers.size() < 2) continue;  // wait until both run (restart backoff)
+    kill(workers[rng() % workers.size()], SIGKILL);
+    ++kills;
+  }
+  ASSERT_TRUE(c.WaitFor(milliseconds(300000))) << c.Log();
+  int st = c.Wait();
+  ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << c.Log();
+  EXPECT_GE(kills, 2) << "the run ended before enough kills; make it longer\n" << c.Log();
+  EXPECT_GE(seen.size(), 3u);  // both workers, and at least one replacement
+  EXPECT_NE(c.Log().find("lost"), std::string::npos) << c.Log();
+  const auto rough = Heads(dir_ + "/rough", "kw");
+  ASSERT_EQ(rough.size(), 6u);
+  for (const auto& [m, h] : rough) EXPECT_EQ(h.step, 36) << m;
+  EXPECT_TRUE(calm == rough);
+}
+
+TEST_F(PbtRunTest, SchedulerKilledAndRerunEndsAsUninterrupted) {
+  const std::string config = WriteConfig("ks.toml", Config("ks", "sync", 1, 6, 6));
+  ASSERT_EQ(RunToEnd(config, dir_ + "/calm"), 0);
+  const auto calm = Heads(dir_ + "/calm", "ks");
+
+  std::mt19937 rng(17);
+  int kills = 0;
+  for (int attempt = 0; attempt < 40 && kills < 10; ++attempt) {
+    Child c(RunArgs(config, dir_ + "/rough"), dir_ + "/ks-" + std::to_string(attempt) + ".log");
+    std::this_thread::sleep_for(milliseconds(400 + rng() % 1500));
+    if (!c.Running()) break;  // finished
+    kill(c.pid(), SIGKILL);
+    c.Wait();
+    ++kills;
+    // The workers die with their scheduler (and notice it if they did not).
+    std::this_thread::sleep_for(milliseconds(100));
+  }
+  EXPECT_GE(kills, 10);
+  ASSERT_EQ(RunToEnd(config, dir_ + "/rough"), 0);
+  const auto rough = Heads(dir_ + "/rough", "ks");
+  ASSERT_EQ(rough.size(), 6u);
+  for (const auto& [m, h] : rough) EXPECT_EQ(h.step, 36) << m;
+  EXPECT_TRUE(calm == rough);
+}
+
+TEST_F(PbtRunTest, BadConfigurationsFailBeforeAnythingStarts) {
+  struct Case {
+    std::string from, to, needle;
+  };
+  const std::string good = Config("bad", "sync", 1);
+  const std::vector<Case> cases = {
+      {"seed = 99", "seed = 99\ncolour = 3", "colour (" },
+      {"size = 6", "size = \"6\"", "population.size ("},
+      {"size = 6", "size = 0", "population.size ("},
+      {"[data]\n", "[data]\npath = \"/nonexistent\"\n", "data.path ("},
+  };
+  for (const auto& c : cases) {
+    std::string text = good;
+    text.replace(text.find(c.from), c.from.size(), c.to);
+    const std::string path = WriteConfig("bad.toml", text);
+    Child child(RunArgs(path, dir_ + "/bad-store"), dir_ + "/bad.log");
+    ASSERT_TRUE(child.WaitFor(milliseconds(30000)));
+    int st = child.Wait();
+    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 2) << child.Log();
+    EXPECT_NE(child.Log().find(c.needle), std::string::npos) << child.Log();
+    EXPECT_NE(child.Log().find("line"), std::string::npos) << child.Log();
+    // Nothing started: no store was created.
+    EXPECT_FALSE(std::filesystem::exists(dir_ + "/bad-store"));
+    std::filesystem::remove(dir_ + "/bad.log");
+  }
+  // An empty search space.
+  std::string text = good;
+  text = text.substr(0, text.find("[search_space.lr]")) + text.substr(text.find("[policy]"));
+  Child child(RunArgs(WriteConfig("empty.toml", text), dir_ + "/bad-store"), dir_ + "/empty.log");
+  child.Wait();
+  EXPECT_NE(child.Log().find("search_space"), std::string::npos) << child.Log();
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/bad-store"));
+}
+
+}  // namespace
+}  // namespace ckpt

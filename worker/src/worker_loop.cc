@@ -1,0 +1,366 @@
+#include "ckpt/worker/worker_loop.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "ckpt/ipc/channel.h"
+#include "ckpt/ipc/messages.h"
+#include "ckpt/worker/trainer.h"
+
+namespace ckpt::worker {
+namespace {
+
+using std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
+
+struct Job {
+  uint64_t task_id = 0;
+  std::string experiment;
+  std::vector<uint8_t> state;  // copied out of the ring, so the ring is released at once
+  model::MemberTask task;
+};
+
+int64_t RssBytes() {
+  std::ifstream in("/proc/self/statm");
+  long long pages_total = 0, pages_rss = 0;
+  in >> pages_total >> pages_rss;
+  return static_cast<int64_t>(pages_rss) * sysconf(_SC_PAGESIZE);
+}
+
+class WorkerLoop {
+ public:
+  WorkerLoop(const WorkerOptions& options, std::unique_ptr<ipc::Channel> channel)
+      : options_(options), channel_(std::move(channel)) {}
+
+  Status Run();
+
+ private:
+  template <typename M>
+  Status SendMessage(ipc::RecordType type, const M& m);
+  Status SendHello(const std::string& mode);
+  void SendFailed(uint64_t task_id, const std::string& member, const std::string& code,
+                  const std::string& reason);
+  void SendOutcome(uint64_t task_id, const model::MemberOutcome& o);
+  Status HandleConfigure(const ipc::Received& rec);
+  void HandleTrain(const ipc::Received& rec);
+  void SlotLoop();
+  void StatsLoop();
+  void StopThreads();
+
+  const WorkerOptions options_;
+  std::unique_ptr<ipc::Channel> channel_;
+  std::mutex send_mu_;  // the result ring has one producer
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job> jobs_;  // GUARDED_BY(mu_)
+  struct Experiment {
+    std::shared_ptr<model::Trainer> trainer;
+    bool fused = false;
+  };
+  std::map<std::string, Experiment> experiments_;  // GUARDED_BY(mu_)
+  std::string mode_ = "plain";                      // GUARDED_BY(mu_): the last CONFIGURE's
+  bool stop_ = false;                               // GUARDED_BY(mu_)
+  std::atomic<bool> cancel_{false};
+  std::atomic<int> busy_{0};
+  std::atomic<uint64_t> samples_{0};
+  std::vector<std::thread> threads_;
+};
+
+template <typename M>
+Status WorkerLoop::SendMessage(ipc::RecordType type, const M& m) {
+  std::vector<uint8_t> buf(ipc::EncodedSize(m));
+  CKPT_RETURN_IF_ERROR(ipc::Encode(m, buf.data(), buf.size()));
+  std::lock_guard<std::mutex> lock(send_mu_);
+  while (true) {
+    Status s = channel_->Send(type, buf.data(), buf.size(), ipc::DeadlineIn(milliseconds(500)));
+    if (!s.IsResourceExhausted()) return s;
+  }
+}
+
+Status WorkerLoop::SendHello(const std::string& mode) {
+  ipc::Hello h;
+  h.device = options_.device;
+  h.pid = getpid();
+  h.fusion = options_.fusion != "plain";
+  h.mode = mode;
+  h.version = "ckpt-worker 0.1";
+  // Capacity: members the scheduler may have outstanding here. A fused slot
+  // takes a group of K.
+  h.slots = options_.slots * (mode == "fused" ? options_.fusion_width : 1);
+  h.memory_bytes = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
+  return SendMessage(ipc::RecordType::kHello, h);
+}
+
+void WorkerLoop::SendFailed(uint64_t task_id, const std::string& member, const std::string& code,
+                            const std::string& reason) {
+  ipc::Failed f;
+  f.task_id = task_id;
+  f.member = member;
+  f.code = code;
+  f.reason = reason;
+  (void)SendMessage(ipc::RecordType::kFailed, f);
+}
+
+void WorkerLoop::SendOutcome(uint64_t task_id, const model::MemberOutcome& o) {
+  if (!o.ok()) {
+    SendFailed(task_id, o.member, o.fail_code.empty() ? "internal" : o.fail_code,
+               o.status.message());
+    return;
+  }
+  ipc::Result r;
+  r.task_id = task_id;
+  r.member = o.member;
+  r.step = o.step;
+  r.train_loss = o.train_loss;
+  r.val_acc = o.val_acc;
+  r.test_acc = o.test_acc;
+  r.samples = o.samples;
+  r.compute_s = o.compute_s;
+  r.state.size = o.state_size();
+  const size_t size = ipc::EncodedSize(r);
+  Status encoded;
+  {
+    std::lock_guard<std::mutex> lock(send_mu_);
+    // The new state is encoded straight into the result ring.
+    StatusOr<ipc::Reservation> res = Status::Unavailable("no reservation");
+    do {
+      res = channel_->Reserve(ipc::RecordType::kResult, size, ipc::DeadlineIn(milliseconds(500)));
+    } while (!res.ok() && res.status().IsResourceExhausted());
+    if (!res.ok()) return;  // the scheduler is gone; the receive loop notices
+    auto offset = ipc::EncodeHeaderOnly(r, res->data, res->size);
+    encoded = offset.ok() ? o.EncodeStateTo(res->data + *offset, r.state.size) : offset.status();
+    if (encoded.ok()) {
+      Status c;
+      do {
+        c = channel_->Commit(*res, ipc::DeadlineIn(milliseconds(500)));
+      } while (c.IsResourceExhausted());
+      return;
+    }
+    channel_->Abandon();
+  }
+  SendFailed(task_id, o.member, "internal", "encoding the new state: " + encoded.ToString());
+}
+
+Status WorkerLoop::HandleConfigure(const ipc::Received& rec) {
+  auto c = ipc::DecodeConfigure(rec.payload, rec.size);
+  channel_->Release();
+  if (!c.ok()) return c.status();
+  model::TrainerOptions t;
+  t.device = options_.device;
+  t.model_spec = c->model_spec;
+  t.optimizer = c->optimizer;
+  t.batch_size = c->batch_size;
+  t.eval_size = c->eval_size;
+  t.dataset = c->dataset;
+  t.dataset_path = c->dataset_path;
+  t.intra_op_threads = options_.intra_op_threads;
+  t.seed = c->seed;
+  t.cancel = &cancel_;
+  auto trainer = model::Trainer::Create(t);
+  if (!trainer.ok()) {
+    std::fprintf(stderr, "ckpt-worker: CONFIGURE %s: %s\n", c->experiment.c_str(),
+                 trainer.status().ToString().c_str());
+    // Every TRAIN of this experiment will fail with the reason.
+    return Status::OK();
+  }
+  std::string mode = options_.fusion == "fused" ? "fused" : "plain";
+  if (options_.fusion == "auto" && (*trainer)->SupportsFusion()) {
+    model::ModeProbe probe;
+    probe.slots = options_.slots;
+    probe.fusion_width = options_.fusion_width;
+    probe.seconds = options_.probe_seconds;
+    auto choice = (*trainer)->ChooseMode(probe);
+    if (choice.ok()) {
+      mode = choice->mode;
+      std::fprintf(stderr, "ckpt-worker %s: %s: plain %.0f samples/s, fused(K=%d) %.0f samples/s -> %s\n",
+                   options_.device.c_str(), c->experiment.c_str(), choice->plain_samples_s,
+                   options_.fusion_width, choice->fused_samples_s, mode.c_str());
+    }
+  }
+  if (!(*trainer)->SupportsFusion()) mode = "plain";
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    experiments_[c->experiment] = Experiment{std::shared_ptr<model::Trainer>(std::move(*trainer)),
+                                             mode == "fused"};
+    mode_ = mode;
+  }
+  return SendHello(mode);
+}
+
+void WorkerLoop::HandleTrain(const ipc::Received& rec) {
+  auto t = ipc::DecodeTrain(rec.payload, rec.size);
+  if (!t.ok()) {
+    channel_->Release();
+    // Without a task id nothing can be answered; the record is counted.
+    std::fprintf(stderr, "ckpt-worker: malformed TRAIN: %s\n", t.status().ToString().c_str());
+    return;
+  }
+  Job job;
+  job.task_id = t->task_id;
+  job.state.assign(t->state.data, t->state.data + t->state.size);
+  channel_->Release();
+  const auto slash = t->member.find('/');
+  job.experiment = slash == std::string::npos ? "" : t->member.substr(0, slash);
+  job.task.member = t->member;
+  job.task.init_seed = t->init_seed;
+  job.task.hparams = t->hparams;
+  job.task.steps = t->steps;
+  job.task.eval_test = t->eval_test;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (experiments_.count(job.experiment) == 0) {
+      SendFailed(job.task_id, t->member, "bad-request",
+                 "no CONFIGURE for experiment '" + job.experiment + "' of member " + t->member);
+      return;
+    }
+    jobs_.push_back(std::move(job));
+  }
+  cv_.notify_one();
+}
+
+void WorkerLoop::SlotLoop() {
+  while (true) {
+    std::vector<Job> group;
+    std::shared_ptr<model::Trainer> trainer;
+    bool fused = false;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
+      if (stop_) return;
+      group.push_back(std::move(jobs_.front()));
+      jobs_.pop_front();
+      const auto& e = experiments_[group[0].experiment];
+      trainer = e.trainer;
+      fused = e.fused;
+      if (fused) {
+        // A fused group: members of the same experiment and step count.
+        for (auto it = jobs_.begin();
+             it != jobs_.end() && static_cast<int>(group.size()) < options_.fusion_width;) {
+          if (it->experiment == group[0].experiment && it->task.steps == group[0].task.steps) {
+            group.push_back(std::move(*it));
+            it = jobs_.erase(it);
+          } else {
+            ++it;
+          }
+        }
+      }
+    }
+    busy_.fetch_add(1);
+    for (auto& j : group) {
+      j.task.state = j.state.data();
+      j.task.state_size = j.state.size();
+    }
+    if (fused && group.size() > 1) {
+      std::vector<model::MemberTask> tasks;
+      for (const auto& j : group) tasks.push_back(j.task);
+      auto outcomes = trainer->TrainFused(tasks);
+      for (size_t i = 0; i < group.size(); ++i) {
+        if (outcomes[i].ok()) samples_.fetch_add(static_cast<uint64_t>(outcomes[i].samples));
+        SendOutcome(group[i].task_id, outcomes[i]);
+      }
+    } else {
+      for (const auto& j : group) {
+        auto o = trainer->TrainPlain(j.task);
+        if (o.ok()) samples_.fetch_add(static_cast<uint64_t>(o.samples));
+        SendOutcome(j.task_id, o);
+      }
+    }
+    busy_.fetch_sub(1);
+  }
+}
+
+void WorkerLoop::StatsLoop() {
+  uint64_t last = 0;
+  auto last_t = Clock::now();
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!cv_.wait_for(lock, milliseconds(1000), [&] { return stop_; })) {
+    ipc::Stats s;
+    s.mode = mode_;
+    std::shared_ptr<model::Trainer> any;
+    if (!experiments_.empty()) any = experiments_.begin()->second.trainer;
+    lock.unlock();
+    const auto now = Clock::now();
+    const uint64_t total = samples_.load();
+    const double dt = std::chrono::duration<double>(now - last_t).count();
+    s.samples_total = total;
+    s.samples_per_s = dt > 0 ? static_cast<double>(total - last) / dt : 0;
+    s.slots = options_.slots;
+    s.slots_busy = busy_.load();
+    s.allocator_bytes = any ? any->GetDeviceMemory().allocated_bytes : 0;
+    s.rss_bytes = RssBytes();
+    last = total;
+    last_t = now;
+    (void)SendMessage(ipc::RecordType::kStats, s);
+    lock.lock();
+  }
+}
+
+void WorkerLoop::StopThreads() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  for (auto& t : threads_) t.join();
+  threads_.clear();
+}
+
+Status WorkerLoop::Run() {
+  CKPT_RETURN_IF_ERROR(SendHello(""));
+  for (int i = 0; i < options_.slots; ++i) threads_.emplace_back([this] { SlotLoop(); });
+  threads_.emplace_back([this] { StatsLoop(); });
+  Status result;
+  while (true) {
+    auto rec = channel_->Receive(ipc::DeadlineIn(milliseconds(500)));
+    if (!rec.ok()) {
+      if (rec.status().IsResourceExhausted()) continue;
+      if (rec.status().IsCorruption()) {
+        std::fprintf(stderr, "ckpt-worker: rejected a record: %s\n", rec.status().ToString().c_str());
+        continue;
+      }
+      result = rec.status();
+      break;
+    }
+    if (rec->type == ipc::RecordType::kTrain) {
+      HandleTrain(*rec);
+    } else if (rec->type == ipc::RecordType::kConfigure) {
+      Status s = HandleConfigure(*rec);
+      if (!s.ok()) std::fprintf(stderr, "ckpt-worker: bad CONFIGURE: %s\n", s.ToString().c_str());
+    } else if (rec->type == ipc::RecordType::kShutdown) {
+      channel_->Release();
+      break;
+    } else {
+      channel_->Release();
+    }
+  }
+  // On shutdown, unfinished members are abandoned: the scheduler reruns them
+  // from their committed heads.
+  cancel_.store(true);
+  StopThreads();
+  channel_->Close();
+  return result;
+}
+
+}  // namespace
+
+Status RunWorker(const WorkerOptions& options) {
+  ipc::ChannelOptions co;
+  co.heartbeat_timeout = options.heartbeat_timeout;
+  CKPT_ASSIGN_OR_RETURN(auto channel, ipc::Channel::Open(options.segment, co));
+  WorkerLoop loop(options, std::move(channel));
+  return loop.Run();
+}
+
+}  // namespace ckpt::worker

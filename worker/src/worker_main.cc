@@ -1,0 +1,30 @@
+// ckpt-worker --segment NAME --device cpu|cuda:N [--slots N] [--fusion auto|plain|fused]
+//             [--fusion-width K] [--intra-op-threads T]
+// Started by ckpt-scheduler, one per device. Thin: flags -> WorkerOptions -> RunWorker.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+
+#include "ckpt/worker/worker_loop.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"ckpt-worker: trains population members for ckpt-scheduler"};
+  ckpt::worker::WorkerOptions o;
+  app.add_option("--segment", o.segment, "shared-memory segment made by the scheduler")->required();
+  app.add_option("--device", o.device, "cpu or cuda:N");
+  app.add_option("--slots", o.slots, "members (or fused groups) trained at once")
+      ->check(CLI::Range(1, 256));
+  app.add_option("--fusion", o.fusion, "auto, plain or fused")
+      ->check(CLI::IsMember({"auto", "plain", "fused"}));
+  app.add_option("--fusion-width", o.fusion_width, "members per fused group")
+      ->check(CLI::Range(1, 1024));
+  app.add_option("--intra-op-threads", o.intra_op_threads, "threads per slot")
+      ->check(CLI::Range(1, 256));
+  app.add_option("--probe-seconds", o.probe_seconds, "plain-vs-fused measurement per mode");
+  CLI11_PARSE(app, argc, argv);
+  ckpt::Status s = ckpt::worker::RunWorker(o);
+  if (!s.ok()) {
+    std::fprintf(stderr, "ckpt-worker %s: %s\n", o.segment.c_str(), s.ToString().c_str());
+    return s.IsUnavailable() ? 3 : 1;
+  }
+  return 0;
+}
