@@ -11,8 +11,22 @@
 // payload XXH3, header checksum) and the payload, 64-byte aligned. Payloads
 // larger than half the ring travel as fragments and are delivered whole.
 //
-// Thread-safety: a Channel may be used by two threads at once, one sending and
-// one receiving; each direction is single-producer, single-consumer.
+// Liveness: each Channel runs a heartbeat thread that bumps this side's counter
+// every heartbeat_interval and checks the peer: its process (pid + start time +
+// boot id, so a recycled pid is not mistaken for it), its heartbeat, and whether
+// it closed. Blocking calls wait on futexes in slices of at most 100 ms, so a
+// dead peer turns them into Unavailable within about heartbeat_interval; no call
+// waits forever.
+//
+// Trust: the receiving side validates every record (see layout.h) and never
+// reads outside the ring. An in-place payload is checked once, when received; a
+// peer that rewrites it afterwards can only confuse the decoders, which check
+// their input again.
+//
+// Thread-safety: a Channel may be used by two threads at once, one sending
+// (Send, Reserve, Commit, Abandon) and one receiving (Receive, Release); each
+// direction is single-producer, single-consumer. PeerAlive, Close, Stats and
+// name may be called from any thread.
 #ifndef CKPT_IPC_CHANNEL_H_
 #define CKPT_IPC_CHANNEL_H_
 
@@ -33,9 +47,19 @@ using Deadline = Clock::time_point;
 inline Deadline DeadlineIn(std::chrono::milliseconds d) { return Clock::now() + d; }
 
 struct ChannelOptions {
-  // Bytes of each ring's data area; rounded up to a power of two.
+  // Bytes of each ring's data area; rounded up to a power of two, at least
+  // 4 KiB, at most 1 TiB. Create only: Open takes the segment's.
   // Default: 64 MiB.
   size_t ring_bytes = size_t{64} << 20;
+  // A received fragmented message larger than this is rejected as Corruption.
+  // Default: 16 GiB.
+  uint64_t max_message_bytes = uint64_t{16} << 30;
+  // How long a blocking call polls before it sleeps on a futex; trades CPU for
+  // latency. Default: 50 us.
+  std::chrono::microseconds spin{50};
+  // Fault in the whole segment at Create rather than on first touch.
+  // Default: false.
+  bool populate = false;
   // A peer whose heartbeat counter has not moved for this long is treated as
   // dead (Unavailable). Default: 10 s.
   std::chrono::milliseconds heartbeat_timeout{10000};
@@ -46,7 +70,7 @@ struct ChannelOptions {
 
 // A received record. `payload` points into the ring (or, for a record that
 // travelled as fragments, into a buffer the channel owns) and stays valid until
-// Release() or the next Receive().
+// Release(), the next Receive(), or the Channel's destruction.
 struct Received {
   RecordType type = RecordType::kPadding;
   uint64_t sequence = 0;
@@ -55,7 +79,9 @@ struct Received {
 };
 
 // Space reserved on the send ring for one record's payload; write `size` bytes
-// at `data`, then Commit. A reservation not committed is abandoned on destruction.
+// at `data`, then Commit. A reservation not committed is abandoned by Abandon(),
+// the next Reserve() or Send(), or the Channel's destruction; nothing of it
+// reaches the peer.
 struct Reservation {
   uint8_t* data = nullptr;
   size_t size = 0;
@@ -67,6 +93,9 @@ struct ChannelStats {
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;
   uint64_t bad_records = 0;  // rejected as corrupt
+  // Partial fragmented messages dropped because the peer started another
+  // (a sender that gave up mid-message, at its deadline or on Close).
+  uint64_t dropped_messages = 0;
   size_t send_ring_used = 0;  // bytes in flight on the send ring
   size_t ring_bytes = 0;
 };
@@ -75,39 +104,59 @@ class Channel {
  public:
   virtual ~Channel() = default;
 
-  // Creates segment `name` (a POSIX shm name without '/', e.g. "ckpt-1234-w0"),
-  // owned by this process. A segment of that name whose owner is dead is
-  // removed first; one whose owner is alive gives AlreadyExists naming it.
+  // Creates segment `name` (a POSIX shm name without '/', e.g. "ckpt-1234-w0":
+  // 1-200 of [A-Za-z0-9._-]), owned by this process. A segment of that name
+  // whose owner is dead (or that is not a valid ckpt segment) is removed first;
+  // one whose owner is alive, this process included, gives AlreadyExists naming
+  // the owner. InvalidArgument for a bad name or options, IOError when the
+  // system refuses. To replace a worker: destroy its Channel, Remove, Create.
   static StatusOr<std::unique_ptr<Channel>> Create(const std::string& name,
                                                    const ChannelOptions& options);
   // Opens segment `name` as the worker side. NotFound when absent; Corruption
   // when the control block is invalid; FailedPrecondition on a layout version
-  // this build does not know.
+  // this build does not know; Unavailable when the owner is dead or still
+  // initialising it; AlreadyExists when a live worker holds it;
+  // FailedPrecondition when another worker held it before (the owner must
+  // recreate the segment: the rings' state is that worker's).
   static StatusOr<std::unique_ptr<Channel>> Open(const std::string& name,
                                                  const ChannelOptions& options);
   // Removes segment `name` if present (owner side, at shutdown).
   static Status Remove(const std::string& name);
 
   // Sends one record. Blocks until there is room or `deadline`; Unavailable
-  // naming the peer when it is dead or stopped heart-beating, Aborted on
-  // Close(), ResourceExhausted at the deadline.
+  // naming the peer when it is dead, closed or stopped heart-beating, Aborted
+  // on Close(), ResourceExhausted at the deadline, InvalidArgument for a type
+  // that is not a message (kPadding, kFragment), Corruption when the peer broke
+  // the ring's positions. A payload larger than half the ring goes as
+  // fragments; if it fails part way, the peer drops the part it got.
   virtual Status Send(RecordType type, const void* payload, size_t size, Deadline deadline) = 0;
 
-  // Reserves `size` payload bytes to write in place (zero-copy). Payloads
-  // larger than half the ring are staged and sent as fragments on Commit.
-  // Errors as Send.
+  // Reserves `size` payload bytes to write in place (zero-copy): the bytes are
+  // in the ring, not yet visible to the peer. Payloads larger than half the
+  // ring are staged in a buffer the channel owns and sent as fragments on
+  // Commit. Abandons a reservation still pending. Errors as Send.
   virtual StatusOr<Reservation> Reserve(RecordType type, size_t size, Deadline deadline) = 0;
+  // Publishes the pending reservation. `deadline` bounds the fragments of a
+  // staged one; an in-place one never waits. InvalidArgument when
+  // `reservation` is not the pending one; otherwise errors as Send.
   virtual Status Commit(const Reservation& reservation, Deadline deadline) = 0;
+  // Drops the pending reservation, if any.
+  virtual void Abandon() = 0;
 
-  // Receives the next record, validated. Unavailable when the peer is dead,
-  // ResourceExhausted at the deadline with nothing to read, Corruption for a
-  // rejected record (counted in bad_records; the ring is resynchronised or the
-  // channel is marked broken, and later calls say so).
+  // Receives the next record, validated; releases the previous one first.
+  // Records the peer published before it died are still delivered; then
+  // Unavailable naming the peer when it is dead, closed or stopped
+  // heart-beating. ResourceExhausted at the deadline with nothing to read,
+  // Aborted after Close(). Corruption for a rejected record: counted in
+  // bad_records and skipped (call again for the next one); or, when the
+  // peer's ring position is impossible, the receive side is broken for good
+  // and every later call says so.
   virtual StatusOr<Received> Receive(Deadline deadline) = 0;
-  // Returns the space of the last received record to the producer.
+  // Returns the space of the last received record to the producer. Idempotent.
   virtual void Release() = 0;
 
-  // True while the peer's process is alive and heart-beating.
+  // True while the peer is attached, its process alive and heart-beating, as
+  // of the last heartbeat check. False before the worker has opened the segment.
   virtual bool PeerAlive() const = 0;
   // Unblocks every waiting call with Aborted; later calls return Aborted.
   virtual void Close() = 0;

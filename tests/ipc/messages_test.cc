@@ -1,0 +1,225 @@
+// Message encodings: round trips, in-place state, and every way a decoder
+// must refuse untrusted bytes.
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "ckpt/ipc/messages.h"
+
+namespace ckpt::ipc {
+namespace {
+
+template <typename M>
+std::vector<uint8_t> EncodeToVector(const M& m) {
+  std::vector<uint8_t> out(EncodedSize(m));
+  EXPECT_TRUE(Encode(m, out.data(), out.size()).ok());
+  return out;
+}
+
+std::vector<uint8_t> WithJson(const std::string& json, size_t pad_to = 0) {
+  std::vector<uint8_t> out(4 + json.size());
+  const auto n = static_cast<uint32_t>(json.size());
+  std::memcpy(out.data(), &n, 4);
+  std::memcpy(out.data() + 4, json.data(), json.size());
+  if (pad_to > out.size()) out.resize(pad_to, 0);
+  return out;
+}
+
+TEST(MessagesTest, HelloConfigureFailedStatsShutdownRoundTrip) {
+  Hello h{"cuda:0", 80LL << 30, 4, true, "fused", 4242, "0.1.0"};
+  auto hb = EncodeToVector(h);
+  auto hd = DecodeHello(hb.data(), hb.size());
+  ASSERT_TRUE(hd.ok()) << hd.status().ToString();
+  EXPECT_EQ(hd->device, "cuda:0");
+  EXPECT_EQ(hd->memory_bytes, 80LL << 30);
+  EXPECT_EQ(hd->slots, 4);
+  EXPECT_TRUE(hd->fusion);
+  EXPECT_EQ(hd->mode, "fused");
+  EXPECT_EQ(hd->pid, 4242);
+
+  Configure c;
+  c.experiment = "exp1";
+  c.model_spec = R"([{"conv2d":[1,6,5]}])";
+  c.batch_size = 128;
+  c.seed = ~uint64_t{0};
+  auto cb = EncodeToVector(c);
+  auto cd = DecodeConfigure(cb.data(), cb.size());
+  ASSERT_TRUE(cd.ok()) << cd.status().ToString();
+  EXPECT_EQ(cd->model_spec, c.model_spec);
+  EXPECT_EQ(cd->batch_size, 128);
+  EXPECT_EQ(cd->seed, ~uint64_t{0});
+  EXPECT_EQ(cd->fusion, "auto");
+
+  Failed f{17, "exp1/m3", "non-finite", "loss is NaN at step 40"};
+  auto fb = EncodeToVector(f);
+  auto fd = DecodeFailed(fb.data(), fb.size());
+  ASSERT_TRUE(fd.ok());
+  EXPECT_EQ(fd->task_id, 17u);
+  EXPECT_EQ(fd->reason, f.reason);
+
+  Stats s{1234.5, 99, 8, 3, "plain", 1 << 20, 2 << 20};
+  auto sb = EncodeToVector(s);
+  auto sd = DecodeStats(sb.data(), sb.size());
+  ASSERT_TRUE(sd.ok());
+  EXPECT_DOUBLE_EQ(sd->samples_per_s, 1234.5);
+  EXPECT_EQ(sd->slots_busy, 3);
+
+  Shutdown d{"bye"};
+  auto db = EncodeToVector(d);
+  auto dd = DecodeShutdown(db.data(), db.size());
+  ASSERT_TRUE(dd.ok());
+  EXPECT_EQ(dd->reason, "bye");
+}
+
+TEST(MessagesTest, TrainAndResultCarryTheirStateAligned) {
+  std::vector<uint8_t> state(1000);
+  for (size_t i = 0; i < state.size(); ++i) state[i] = static_cast<uint8_t>(i * 13);
+  Train t;
+  t.task_id = 5;
+  t.member = "exp/7";
+  t.version = 12;
+  t.steps = 500;
+  t.hparams = {{"lr", 0.01}, {"momentum", 0.9}};
+  t.state = {state.data(), state.size()};
+  auto tb = EncodeToVector(t);
+  auto td = DecodeTrain(tb.data(), tb.size());
+  ASSERT_TRUE(td.ok()) << td.status().ToString();
+  EXPECT_EQ(td->member, "exp/7");
+  EXPECT_EQ(td->steps, 500);
+  EXPECT_DOUBLE_EQ(td->hparams.at("lr"), 0.01);
+  ASSERT_EQ(td->state.size, state.size());
+  EXPECT_EQ((td->state.data - tb.data()) % 64, 0);
+  EXPECT_EQ(std::memcmp(td->state.data, state.data(), state.size()), 0);
+
+  Result r;
+  r.task_id = 5;
+  r.member = "exp/7";
+  r.step = 500;
+  r.train_loss = std::nan("");
+  r.val_acc = 0.875;
+  r.state = {state.data(), state.size()};
+  auto rb = EncodeToVector(r);
+  auto rd = DecodeResult(rb.data(), rb.size());
+  ASSERT_TRUE(rd.ok()) << rd.status().ToString();
+  EXPECT_TRUE(std::isnan(rd->train_loss));  // non-finite travels as null
+  EXPECT_DOUBLE_EQ(rd->val_acc, 0.875);
+  EXPECT_DOUBLE_EQ(rd->test_acc, -1);
+  EXPECT_EQ(std::memcmp(rd->state.data, state.data(), state.size()), 0);
+}
+
+TEST(MessagesTest, EmptyStateRoundTrips) {
+  Train t;
+  t.member = "m";
+  auto tb = EncodeToVector(t);
+  auto td = DecodeTrain(tb.data(), tb.size());
+  ASSERT_TRUE(td.ok()) << td.status().ToString();
+  EXPECT_EQ(td->state.size, 0u);
+}
+
+TEST(MessagesTest, HeaderOnlyEncodingLeavesTheStateToTheCaller) {
+  std::vector<uint8_t> state(4096, 0x5c);
+  Result r;
+  r.member = "exp/1";
+  r.state = {nullptr, state.size()};
+  std::vector<uint8_t> buf(EncodedSize(r));
+  auto offset = EncodeHeaderOnly(r, buf.data(), buf.size());
+  ASSERT_TRUE(offset.ok()) << offset.status().ToString();
+  EXPECT_EQ(*offset % 64, 0u);
+  EXPECT_EQ(*offset + state.size(), buf.size());
+  std::memcpy(buf.data() + *offset, state.data(), state.size());
+  auto rd = DecodeResult(buf.data(), buf.size());
+  ASSERT_TRUE(rd.ok()) << rd.status().ToString();
+  EXPECT_EQ(rd->state.data, buf.data() + *offset);
+  // Plain Encode refuses a state without bytes.
+  EXPECT_TRUE(Encode(r, buf.data(), buf.size()).IsInvalidArgument());
+}
+
+TEST(MessagesTest, StateOffsetStaysConsistentAcrossDigitBoundaries) {
+  // JSON lengths around multiples of 64 change the offset's digit count.
+  for (size_t len = 0; len < 300; ++len) {
+    Train t;
+    t.member = std::string(len, 'm');
+    std::vector<uint8_t> state(len % 7);
+    t.state = {state.data(), state.size()};
+    auto tb = EncodeToVector(t);
+    auto td = DecodeTrain(tb.data(), tb.size());
+    ASSERT_TRUE(td.ok()) << len << ": " << td.status().ToString();
+  }
+}
+
+TEST(MessagesTest, WrongBufferSizeIsInvalidArgument) {
+  Hello h;
+  std::vector<uint8_t> buf(EncodedSize(h) + 1);
+  EXPECT_TRUE(Encode(h, buf.data(), buf.size()).IsInvalidArgument());
+}
+
+TEST(MessagesTest, InvalidUtf8IsReplacedNotThrown) {
+  Failed f;
+  f.member = "m";
+  f.code = "internal";
+  f.reason = "bad \xff\xfe bytes";
+  auto fb = EncodeToVector(f);
+  auto fd = DecodeFailed(fb.data(), fb.size());
+  ASSERT_TRUE(fd.ok()) << fd.status().ToString();
+  EXPECT_NE(fd->reason.find("bad"), std::string::npos);
+}
+
+TEST(MessagesTest, UntrustedBytesAreRefusedWithCorruption) {
+  const std::vector<std::vector<uint8_t>> bad = {
+      {},
+      {1, 2},
+      {0xff, 0xff, 0xff, 0x7f, '{', '}'},             // length beyond the payload
+      WithJson("{"),                                   // truncated
+      WithJson("[1,2]"),                               // not an object
+      WithJson(R"({"device":5})"),                     // wrong type
+      WithJson(R"({"device":"cpu"} trailing)"),        // not JSON
+      WithJson(std::string(100, '[') + std::string(100, ']')),  // too deep
+  };
+  for (const auto& b : bad) {
+    auto r = DecodeHello(b.data(), b.size());
+    EXPECT_TRUE(r.status().IsCorruption()) << r.status().ToString();
+  }
+  auto plain = WithJson(R"({"device":"cpu"})");
+  ASSERT_TRUE(DecodeHello(plain.data(), plain.size()).ok());
+  plain.push_back(0);  // bytes after the JSON of a message without state
+  EXPECT_TRUE(DecodeHello(plain.data(), plain.size()).status().IsCorruption());
+
+  auto missing = WithJson(R"({"member":"m"})");
+  EXPECT_TRUE(DecodeTrain(missing.data(), missing.size()).status().IsCorruption());
+  auto neg = WithJson(R"({"task_id":-1,"member":"m","steps":1,"state_offset":128,"state_bytes":0})",
+                      128);
+  EXPECT_TRUE(DecodeTrain(neg.data(), neg.size()).status().IsCorruption());
+  auto big = WithJson(R"({"experiment":"e","batch_size":4294967296})");
+  EXPECT_TRUE(DecodeConfigure(big.data(), big.size()).status().IsCorruption());
+
+  const std::string train = R"({"task_id":1,"member":"m","steps":1,"state_offset":128,"state_bytes":)";
+  auto ok = WithJson(train + "8}", 136);
+  ASSERT_TRUE(DecodeTrain(ok.data(), ok.size()).ok());
+  auto past_end = WithJson(train + "9}", 136);
+  EXPECT_TRUE(DecodeTrain(past_end.data(), past_end.size()).status().IsCorruption());
+  auto huge = WithJson(train + "18446744073709551615}", 136);
+  EXPECT_TRUE(DecodeTrain(huge.data(), huge.size()).status().IsCorruption());
+  auto dirty = ok;
+  dirty[127] = 1;  // non-zero padding before the state
+  EXPECT_TRUE(DecodeTrain(dirty.data(), dirty.size()).status().IsCorruption());
+  auto unaligned = WithJson(R"({"task_id":1,"member":"m","steps":1,"state_offset":129,"state_bytes":7})",
+                            136);
+  EXPECT_TRUE(DecodeTrain(unaligned.data(), unaligned.size()).status().IsCorruption());
+  auto overlapping = WithJson(R"({"task_id":1,"member":"m","steps":1,"state_offset":0,"state_bytes":136})",
+                              136);
+  EXPECT_TRUE(DecodeTrain(overlapping.data(), overlapping.size()).status().IsCorruption());
+  auto hp = WithJson(R"({"task_id":1,"member":"m","steps":1,"hparams":{"lr":"x"},"state_offset":128,"state_bytes":0})",
+                     128);
+  EXPECT_TRUE(DecodeTrain(hp.data(), hp.size()).status().IsCorruption());
+}
+
+TEST(MessagesTest, RecordTypeNames) {
+  EXPECT_STREQ(RecordTypeName(RecordType::kTrain), "TRAIN");
+  EXPECT_STREQ(RecordTypeName(static_cast<RecordType>(77)), "UNKNOWN");
+}
+
+}  // namespace
+}  // namespace ckpt::ipc

@@ -1,0 +1,316 @@
+#include "ring.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "ckpt/format/checksum.h"
+#include "futex.h"
+
+namespace ckpt::ipc::internal {
+
+using layout::kAlign;
+using layout::RecordHeader;
+
+namespace {
+
+void SealHeader(RecordHeader* h) { h->header_xxh3 = Xxh3_64(h, layout::kRecordHeaderChecked); }
+
+std::string At(const std::string& ring, uint64_t position) {
+  return ring + " at position " + std::to_string(position);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- RingWriter
+
+RingWriter::RingWriter(layout::RingHeader* header, uint8_t* data, uint64_t ring_bytes,
+                       std::string name)
+    : header_(header),
+      data_(data),
+      ring_bytes_(ring_bytes),
+      name_(std::move(name)),
+      head_(header->head.LoadRelaxed()) {}
+
+uint64_t RingWriter::Need(uint64_t payload_bytes, uint64_t* pad) const {
+  const uint64_t need = kAlign + layout::RoundUp64(payload_bytes);
+  const uint64_t offset = head_ & (ring_bytes_ - 1);
+  *pad = offset + need > ring_bytes_ ? ring_bytes_ - offset : 0;
+  return need;
+}
+
+bool RingWriter::HasRoom(uint64_t payload_bytes) const {
+  uint64_t pad = 0;
+  const uint64_t need = Need(payload_bytes, &pad);
+  const uint64_t tail = header_->tail.LoadSeqCst();
+  if (tail > head_ || head_ - tail > ring_bytes_) return true;  // let TryReserve report it
+  return ring_bytes_ - (head_ - tail) >= pad + need;
+}
+
+uint64_t RingWriter::used() const {
+  const uint64_t tail = header_->tail.LoadRelaxed();
+  return tail <= head_ ? head_ - tail : 0;
+}
+
+RingWriter::Result RingWriter::TryReserve(const RecordSpec& spec, uint8_t** payload,
+                                          std::string* error) {
+  uint64_t pad = 0;
+  const uint64_t need = Need(spec.payload_bytes, &pad);
+  // Acquire: the consumer is done with the bytes before tail.
+  const uint64_t tail = header_->tail.LoadAcquire();
+  if (tail > head_ || head_ - tail > ring_bytes_ || tail % kAlign != 0) {
+    *error = name_ + ": consumer position " + std::to_string(tail) +
+             " is impossible (producer at " + std::to_string(head_) + ")";
+    return Result::kBroken;
+  }
+  if (ring_bytes_ - (head_ - tail) < pad + need) return Result::kFull;
+  if (pad != 0) {
+    RecordHeader h{};
+    h.magic = layout::kRecordMagic;
+    h.type = static_cast<uint16_t>(RecordType::kPadding);
+    h.sequence = sequence_;
+    h.payload_bytes = pad - kAlign;
+    h.message_bytes = h.payload_bytes;
+    h.message_type = static_cast<uint16_t>(RecordType::kPadding);
+    SealHeader(&h);
+    std::memcpy(data_ + (head_ & (ring_bytes_ - 1)), &h, sizeof(h));
+  }
+  pending_ = true;
+  pending_pad_ = pad;
+  pending_pos_ = head_ + pad;
+  pending_spec_ = spec;
+  *payload = data_ + (pending_pos_ & (ring_bytes_ - 1)) + kAlign;
+  return Result::kReserved;
+}
+
+void RingWriter::Commit() {
+  const RecordSpec& s = pending_spec_;
+  uint8_t* record = data_ + (pending_pos_ & (ring_bytes_ - 1));
+  RecordHeader h{};
+  h.magic = layout::kRecordMagic;
+  h.type = static_cast<uint16_t>(s.type);
+  h.flags = s.flags;
+  h.sequence = sequence_ + (pending_pad_ != 0 ? 1 : 0);
+  h.payload_bytes = s.payload_bytes;
+  h.payload_xxh3 = Xxh3_64(record + kAlign, s.payload_bytes);
+  h.message_bytes = s.message_bytes;
+  h.message_type = static_cast<uint16_t>(s.message_type);
+  h.fragment_offset = s.fragment_offset;
+  SealHeader(&h);
+  std::memcpy(record, &h, sizeof(h));
+  sequence_ = h.sequence + 1;
+  head_ = pending_pos_ + kAlign + layout::RoundUp64(s.payload_bytes);
+  pending_ = false;
+  // Seq_cst store: publishes the record (release) and orders against the
+  // consumer_waiting load below (see layout.h, RingHeader::head).
+  header_->head.StoreSeqCst(head_);
+  if (header_->consumer_waiting.LoadSeqCst() != 0) FutexBumpAndWake(&header_->head_wake);
+}
+
+// ---------------------------------------------------------------- RingReader
+
+RingReader::RingReader(layout::RingHeader* header, const uint8_t* data, uint64_t ring_bytes,
+                       uint64_t max_message_bytes, std::string name, uint64_t first_sequence)
+    : header_(header),
+      data_(data),
+      ring_bytes_(ring_bytes),
+      max_message_bytes_(max_message_bytes),
+      name_(std::move(name)),
+      tail_(header->tail.LoadRelaxed()),
+      cursor_(tail_),
+      expected_sequence_(first_sequence),
+      resync_(first_sequence == 0) {}
+
+void RingReader::PublishTail() {
+  if (tail_ == cursor_) return;
+  tail_ = cursor_;
+  // Seq_cst store: returns the bytes (release) and orders against the
+  // producer_waiting load below (see layout.h, RingHeader::tail).
+  header_->tail.StoreSeqCst(tail_);
+  if (header_->producer_waiting.LoadSeqCst() != 0) FutexBumpAndWake(&header_->tail_wake);
+}
+
+void RingReader::Release() { PublishTail(); }
+
+void RingReader::DropPartial() {
+  if (!assembling_) return;
+  assembling_ = false;
+  assembly_.clear();
+  ++dropped_messages_;
+}
+
+RingReader::Result RingReader::Reject(bool skip_all, uint64_t head, uint64_t record_bytes,
+                                      std::string why, std::string* error) {
+  *error = At(name_, cursor_) + ": " + why;
+  if (skip_all) {
+    // The header cannot be trusted, so neither can its length: drop what is
+    // published and take the next record's sequence as it comes.
+    cursor_ = head;
+    resync_ = true;
+  } else {
+    cursor_ += record_bytes;
+  }
+  DropPartial();
+  PublishTail();
+  return Result::kBad;
+}
+
+RingReader::Result RingReader::Next(Message* out, std::string* error) {
+  PublishTail();
+  const uint64_t mask = ring_bytes_ - 1;
+  for (;;) {
+    if (broken_) {
+      *error = broken_reason_;
+      return Result::kBroken;
+    }
+    // Acquire: the records before head are complete.
+    const uint64_t head = header_->head.LoadAcquire();
+    if (head == cursor_) return Result::kEmpty;
+    if (head < cursor_ || head - tail_ > ring_bytes_ || head % kAlign != 0) {
+      broken_ = true;
+      broken_reason_ = At(name_, cursor_) + ": producer position " + std::to_string(head) +
+                       " is impossible; the ring is unusable";
+      *error = broken_reason_;
+      return Result::kBroken;
+    }
+    const uint64_t offset = cursor_ & mask;
+    const uint64_t available = head - cursor_;
+    // The one copy of the header; nothing below reads the ring's header again.
+    RecordHeader h;
+    std::memcpy(&h, data_ + offset, sizeof(h));
+
+    if (h.magic != layout::kRecordMagic) {
+      return Reject(true, head, 0, "bad record magic", error);
+    }
+    if (Xxh3_64(&h, layout::kRecordHeaderChecked) != h.header_xxh3) {
+      return Reject(true, head, 0, "record header checksum mismatch", error);
+    }
+    const auto type = static_cast<RecordType>(h.type);
+    if (h.type > static_cast<uint16_t>(RecordType::kShutdown)) {
+      return Reject(true, head, 0, "unknown record type " + std::to_string(h.type), error);
+    }
+    if (h.payload_bytes > ring_bytes_ - kAlign) {
+      return Reject(true, head, 0,
+                    "payload length " + std::to_string(h.payload_bytes) + " exceeds the ring",
+                    error);
+    }
+    const uint64_t record_bytes = kAlign + layout::RoundUp64(h.payload_bytes);
+    if (offset + record_bytes > ring_bytes_) {
+      return Reject(true, head, 0,
+                    "record of " + std::to_string(record_bytes) + " bytes crosses the ring's end",
+                    error);
+    }
+    if (record_bytes > available) {
+      return Reject(true, head, 0,
+                    "record of " + std::to_string(record_bytes) + " bytes, only " +
+                        std::to_string(available) + " published",
+                    error);
+    }
+    // From here on the length is trustworthy: a bad record is skipped alone.
+    if (!resync_ && h.sequence != expected_sequence_) {
+      const uint64_t seq = h.sequence;
+      Result r = Reject(false, head, record_bytes,
+                        "sequence " + std::to_string(seq) + ", expected " +
+                            std::to_string(expected_sequence_),
+                        error);
+      expected_sequence_ = seq + 1;
+      return r;
+    }
+    resync_ = false;
+    expected_sequence_ = h.sequence + 1;
+    const uint8_t* payload = data_ + offset + kAlign;
+
+    if (type == RecordType::kPadding) {
+      if (h.flags != 0 || offset + record_bytes != ring_bytes_ || h.fragment_offset != 0 ||
+          h.message_bytes != h.payload_bytes || h.message_type != h.type ||
+          h.reserved16 != 0 || h.reserved32 != 0) {
+        return Reject(false, head, record_bytes, "malformed padding record", error);
+      }
+      cursor_ += record_bytes;
+      PublishTail();
+      continue;
+    }
+    if (h.reserved16 != 0 || h.reserved32 != 0 || (h.flags & ~layout::kKnownFlags) != 0) {
+      return Reject(false, head, record_bytes, "reserved header bits set", error);
+    }
+
+    if (type != RecordType::kFragment) {
+      if (h.flags != 0 || h.message_type != h.type || h.message_bytes != h.payload_bytes ||
+          h.fragment_offset != 0) {
+        return Reject(false, head, record_bytes,
+                      std::string(RecordTypeName(type)) + " record with fragment fields set",
+                      error);
+      }
+      if (Xxh3_64(payload, h.payload_bytes) != h.payload_xxh3) {
+        return Reject(false, head, record_bytes,
+                      std::string(RecordTypeName(type)) + " payload checksum mismatch", error);
+      }
+      // A whole message ends any partial fragmented one.
+      DropPartial();
+      out->type = type;
+      out->sequence = h.sequence;
+      out->payload = payload;
+      out->size = h.payload_bytes;
+      cursor_ += record_bytes;  // held until Release() or the next Next()
+      return Result::kMessage;
+    }
+
+    // A fragment: validate its bookkeeping against the assembly, then copy the
+    // payload out and check the copy, so later writes to the ring cannot
+    // change what was checked.
+    if (!IsMessageType(h.message_type)) {
+      return Reject(false, head, record_bytes,
+                    "fragment of unknown message type " + std::to_string(h.message_type), error);
+    }
+    if (h.message_bytes > max_message_bytes_) {
+      return Reject(false, head, record_bytes,
+                    "fragmented message of " + std::to_string(h.message_bytes) +
+                        " bytes exceeds the cap of " + std::to_string(max_message_bytes_),
+                    error);
+    }
+    const bool first = (h.flags & layout::kFlagFirst) != 0;
+    const bool last = (h.flags & layout::kFlagLast) != 0;
+    if (first) {
+      if (h.fragment_offset != 0) {
+        return Reject(false, head, record_bytes, "first fragment at a non-zero offset", error);
+      }
+      DropPartial();
+    } else if (!assembling_ || h.message_type != static_cast<uint16_t>(assembly_type_) ||
+               h.message_bytes != assembly_total_ || h.fragment_offset != assembly_.size()) {
+      return Reject(false, head, record_bytes,
+                    "fragment at offset " + std::to_string(h.fragment_offset) +
+                        " does not continue the message being assembled",
+                    error);
+    }
+    const uint64_t so_far = first ? 0 : assembly_.size();
+    if (h.payload_bytes > h.message_bytes - so_far ||
+        last != (so_far + h.payload_bytes == h.message_bytes)) {
+      return Reject(false, head, record_bytes, "fragment lengths do not add up", error);
+    }
+    if (first) {
+      assembling_ = true;
+      assembly_type_ = static_cast<RecordType>(h.message_type);
+      assembly_total_ = h.message_bytes;
+      assembly_sequence_ = h.sequence;
+      assembly_.clear();
+      assembly_.reserve(std::min<uint64_t>(h.message_bytes, uint64_t{64} << 20));
+    }
+    assembly_.insert(assembly_.end(), payload, payload + h.payload_bytes);
+    if (Xxh3_64(assembly_.data() + so_far, h.payload_bytes) != h.payload_xxh3) {
+      assembly_.resize(so_far);
+      return Reject(false, head, record_bytes, "fragment payload checksum mismatch", error);
+    }
+    cursor_ += record_bytes;
+    PublishTail();
+    if (last) {
+      assembling_ = false;
+      out->type = assembly_type_;
+      out->sequence = assembly_sequence_;
+      out->payload = assembly_.data();
+      out->size = assembly_.size();
+      return Result::kMessage;
+    }
+  }
+}
+
+}  // namespace ckpt::ipc::internal

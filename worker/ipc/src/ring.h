@@ -1,0 +1,147 @@
+// The two ends of one ring of layout.h: RingWriter (the producer) and
+// RingReader (the consumer, a trust boundary). Neither waits: a Channel waits
+// around them on the ring's futex words.
+//
+// Thread-safety: each object is used by one thread at a time (one producer
+// thread, one consumer thread per ring). The ring's bytes are shared with the
+// other process under the protocol of layout.h.
+#ifndef CKPT_IPC_SRC_RING_H_
+#define CKPT_IPC_SRC_RING_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ckpt/ipc/messages.h"
+#include "layout.h"
+
+namespace ckpt::ipc::internal {
+
+// What one record says about itself, besides its payload.
+struct RecordSpec {
+  RecordType type = RecordType::kPadding;
+  uint16_t flags = 0;
+  uint64_t payload_bytes = 0;
+  RecordType message_type = RecordType::kPadding;
+  uint64_t message_bytes = 0;
+  uint64_t fragment_offset = 0;
+};
+
+class RingWriter {
+ public:
+  enum class Result { kReserved, kFull, kBroken };
+
+  // REQUIRES: ring_bytes is a power of two >= kMinRecordRingBytes; `data` holds
+  // ring_bytes bytes. Starts at the header's current head, sequence 1.
+  RingWriter(layout::RingHeader* header, uint8_t* data, uint64_t ring_bytes, std::string name);
+
+  uint64_t ring_bytes() const { return ring_bytes_; }
+  uint64_t max_payload() const { return layout::MaxRecordPayload(ring_bytes_); }
+
+  // Reserves room for one record (and the padding before a wrap, written now
+  // but published with the record). kReserved: *payload points at
+  // spec.payload_bytes writable bytes in the ring. kFull: the consumer has not
+  // released enough yet. kBroken: the consumer's tail is impossible (*error).
+  // REQUIRES: spec.payload_bytes <= max_payload(); no reservation pending.
+  Result TryReserve(const RecordSpec& spec, uint8_t** payload, std::string* error);
+  // True when a record of `payload_bytes` fits now (sequentially consistent
+  // read of tail: the re-check before sleeping).
+  bool HasRoom(uint64_t payload_bytes) const;
+  // Checksums and publishes the pending record and wakes a sleeping consumer.
+  void Commit();
+  // Forgets the pending record; nothing of it becomes visible.
+  void Abandon() { pending_ = false; }
+  bool pending() const { return pending_; }
+
+  // Bytes published and not yet released, as of the last read of tail.
+  uint64_t used() const;
+  layout::RingHeader* header() const { return header_; }
+
+ private:
+  uint64_t Need(uint64_t payload_bytes, uint64_t* pad) const;
+
+  layout::RingHeader* const header_;
+  uint8_t* const data_;
+  const uint64_t ring_bytes_;
+  const std::string name_;
+  uint64_t head_;           // authoritative; only stored to the header
+  uint64_t sequence_ = 1;   // of the next record
+  bool pending_ = false;
+  uint64_t pending_pad_ = 0;
+  uint64_t pending_pos_ = 0;  // position of the pending record (after padding)
+  RecordSpec pending_spec_;
+};
+
+class RingReader {
+ public:
+  enum class Result { kMessage, kEmpty, kBad, kBroken };
+
+  struct Message {
+    RecordType type = RecordType::kPadding;
+    uint64_t sequence = 0;
+    const uint8_t* payload = nullptr;
+    size_t size = 0;
+  };
+
+  // REQUIRES: as RingWriter. Fragmented messages above `max_message_bytes` are
+  // rejected. Starts at the header's current tail, expecting `first_sequence`
+  // (0: whatever the first record says).
+  RingReader(layout::RingHeader* header, const uint8_t* data, uint64_t ring_bytes,
+             uint64_t max_message_bytes, std::string name, uint64_t first_sequence = 1);
+
+  // Releases the message held from the previous call, then reads what is
+  // published: skips padding, assembles fragments.
+  //  kMessage: *out is the next message, valid until the next Next()/Release().
+  //  kEmpty:   nothing (more) is published; a partial fragmented message is kept.
+  //  kBad:     one record (or, with an untrusted header, everything published)
+  //            was rejected and skipped; *error says why. Call again to go on.
+  //  kBroken:  the ring's positions are impossible; every later call says so.
+  Result Next(Message* out, std::string* error);
+  // Gives the held in-place record back to the producer. Idempotent.
+  void Release();
+  // True when the producer has published past what this reader consumed
+  // (sequentially consistent read of head: the re-check before sleeping).
+  bool HasData() const { return header_->head.LoadSeqCst() != cursor_; }
+
+  // Partial fragmented messages dropped because the producer started another.
+  uint64_t dropped_messages() const { return dropped_messages_; }
+  layout::RingHeader* header() const { return header_; }
+
+ private:
+  // Advances the released position to cursor_ and wakes a sleeping producer.
+  void PublishTail();
+  void DropPartial();
+  Result Reject(bool skip_all, uint64_t head, uint64_t record_bytes, std::string why,
+                std::string* error);
+
+  layout::RingHeader* const header_;
+  const uint8_t* const data_;
+  const uint64_t ring_bytes_;
+  const uint64_t max_message_bytes_;
+  const std::string name_;
+  uint64_t tail_;    // released; authoritative, only stored to the header
+  uint64_t cursor_;  // read; > tail_ while an in-place record is held
+  uint64_t expected_sequence_;
+  bool resync_;  // accept the next record's sequence as is
+  bool broken_ = false;
+  std::string broken_reason_;
+
+  // Fragment assembly.
+  bool assembling_ = false;
+  RecordType assembly_type_ = RecordType::kPadding;
+  uint64_t assembly_total_ = 0;
+  uint64_t assembly_sequence_ = 0;
+  std::vector<uint8_t> assembly_;
+  uint64_t dropped_messages_ = 0;
+};
+
+// True for the types a Channel delivers (HELLO .. SHUTDOWN).
+inline bool IsMessageType(uint16_t type) {
+  return type >= static_cast<uint16_t>(RecordType::kHello) &&
+         type <= static_cast<uint16_t>(RecordType::kShutdown);
+}
+
+}  // namespace ckpt::ipc::internal
+
+#endif  // CKPT_IPC_SRC_RING_H_
