@@ -1,0 +1,257 @@
+#include "ckpt/worker/dataset.h"
+
+#include <sys/stat.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <utility>
+
+namespace ckpt::model {
+namespace {
+
+constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
+// An IDX file larger than this is refused (the MNIST family is ~47 MB unpacked).
+constexpr size_t kMaxIdxBytes = size_t{1} << 32;
+
+bool EndsWith(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+bool FileExists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+StatusOr<std::string> ReadPlain(const std::string& path) {
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) {
+    if (errno == ENOENT) return Status::NotFound(path + ": no such file");
+    return Status::IOError(path + ": " + std::strerror(errno));
+  }
+  std::string out;
+  char buf[1 << 16];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) {
+    out.append(buf, n);
+    if (out.size() > kMaxIdxBytes) {
+      std::fclose(f);
+      return Status::Corruption(path + ": larger than the IDX size cap");
+    }
+  }
+  bool err = std::ferror(f) != 0;
+  std::fclose(f);
+  if (err) return Status::IOError(path + ": read error");
+  return out;
+}
+
+StatusOr<std::string> ReadGzip(const std::string& path) {
+  if (!FileExists(path)) return Status::NotFound(path + ": no such file");
+  gzFile f = gzopen(path.c_str(), "rb");
+  if (f == nullptr) return Status::IOError(path + ": cannot open");
+  std::string out;
+  char buf[1 << 16];
+  for (;;) {
+    int n = gzread(f, buf, sizeof(buf));
+    if (n < 0) {
+      int errnum = 0;
+      std::string msg = gzerror(f, &errnum);
+      gzclose(f);
+      return Status::IOError(path + ": gunzip failed: " + msg);
+    }
+    if (n == 0) break;
+    out.append(buf, static_cast<size_t>(n));
+    if (out.size() > kMaxIdxBytes) {
+      gzclose(f);
+      return Status::Corruption(path + ": larger than the IDX size cap");
+    }
+  }
+  gzclose(f);
+  return out;
+}
+
+uint32_t LoadBE32(const uint8_t* p) {
+  return (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) | (uint32_t{p[2]} << 8) | p[3];
+}
+
+// Finds `base` or `base.gz` in `dir`.
+StatusOr<IdxArray> ReadFromDir(const std::string& dir, const std::string& base) {
+  std::string plain = dir + "/" + base;
+  if (FileExists(plain)) return ReadIdxFile(plain);
+  return ReadIdxFile(plain + ".gz");
+}
+
+}  // namespace
+
+StatusOr<IdxArray> ReadIdxFile(const std::string& path) {
+  std::string bytes;
+  if (EndsWith(path, ".gz")) {
+    CKPT_ASSIGN_OR_RETURN(bytes, ReadGzip(path));
+  } else {
+    CKPT_ASSIGN_OR_RETURN(bytes, ReadPlain(path));
+  }
+  const auto* p = reinterpret_cast<const uint8_t*>(bytes.data());
+  if (bytes.size() < 4 || p[0] != 0 || p[1] != 0) {
+    return Status::Corruption(path + ": not an IDX file (bad magic)");
+  }
+  if (p[2] != 0x08) {
+    return Status::Corruption(path + ": IDX element type " + std::to_string(p[2]) +
+                              " is not u8 (0x08)");
+  }
+  const int rank = p[3];
+  if (rank < 1 || rank > 4) {
+    return Status::Corruption(path + ": IDX rank " + std::to_string(rank) + " not in 1..4");
+  }
+  const size_t header = 4 + 4 * static_cast<size_t>(rank);
+  if (bytes.size() < header) return Status::Corruption(path + ": truncated IDX header");
+  IdxArray out;
+  uint64_t count = 1;
+  for (int i = 0; i < rank; ++i) {
+    uint32_t d = LoadBE32(p + 4 + 4 * i);
+    out.dims.push_back(d);
+    count *= d;
+    if (count > kMaxIdxBytes) return Status::Corruption(path + ": IDX dimensions too large");
+  }
+  if (bytes.size() - header != count) {
+    return Status::Corruption(path + ": IDX holds " + std::to_string(bytes.size() - header) +
+                              " elements, dimensions say " + std::to_string(count));
+  }
+  out.data.assign(p + header, p + bytes.size());
+  return out;
+}
+
+StatusOr<std::string> DefaultDatasetDir(const std::string& name) {
+  if (name == "fashion-mnist") return std::string("/usr/share/datasets/fashion-mnist");
+  if (name == "mnist") return std::string("/usr/share/datasets/mnist");
+  return Status::InvalidArgument("unknown dataset \"" + name +
+                                 "\" (known: fashion-mnist, mnist; or give its directory)");
+}
+
+StatusOr<std::shared_ptr<const DatasetSplits>> LoadDataset(const std::string& name,
+                                                           const std::string& dir_in) {
+  std::string dir = dir_in;
+  if (dir.empty()) {
+    CKPT_ASSIGN_OR_RETURN(dir, DefaultDatasetDir(name));
+  }
+  CKPT_ASSIGN_OR_RETURN(IdxArray train_x, ReadFromDir(dir, "train-images-idx3-ubyte"));
+  CKPT_ASSIGN_OR_RETURN(IdxArray train_y, ReadFromDir(dir, "train-labels-idx1-ubyte"));
+  CKPT_ASSIGN_OR_RETURN(IdxArray test_x, ReadFromDir(dir, "t10k-images-idx3-ubyte"));
+  CKPT_ASSIGN_OR_RETURN(IdxArray test_y, ReadFromDir(dir, "t10k-labels-idx1-ubyte"));
+
+  auto check_images = [&](const IdxArray& x, const IdxArray& y, const char* which) -> Status {
+    if (x.dims.size() != 3 && x.dims.size() != 4) {
+      return Status::Corruption(dir + ": " + which + " images must have rank 3 or 4");
+    }
+    if (y.dims.size() != 1) return Status::Corruption(dir + ": " + which + " labels must have rank 1");
+    if (x.dims[0] != y.dims[0]) {
+      return Status::Corruption(dir + ": " + which + " has " + std::to_string(x.dims[0]) +
+                                " images but " + std::to_string(y.dims[0]) + " labels");
+    }
+    for (size_t i = 1; i < x.dims.size(); ++i) {
+      if (x.dims[i] == 0) return Status::Corruption(dir + ": " + which + " images are empty");
+    }
+    return Status::OK();
+  };
+  CKPT_RETURN_IF_ERROR(check_images(train_x, train_y, "train"));
+  CKPT_RETURN_IF_ERROR(check_images(test_x, test_y, "t10k"));
+  if (std::vector<int64_t>(train_x.dims.begin() + 1, train_x.dims.end()) !=
+      std::vector<int64_t>(test_x.dims.begin() + 1, test_x.dims.end())) {
+    return Status::Corruption(dir + ": test images differ in shape from train images");
+  }
+  const int64_t n_all = train_x.dims[0];
+  if (n_all <= kValidationSize) {
+    return Status::Corruption(dir + ": the train file has " + std::to_string(n_all) +
+                              " images, not more than the " + std::to_string(kValidationSize) +
+                              " held out for validation");
+  }
+
+  auto ds = std::make_shared<DatasetSplits>();
+  ds->name = name;
+  if (train_x.dims.size() == 4) {
+    ds->channels = train_x.dims[1];
+    ds->height = train_x.dims[2];
+    ds->width = train_x.dims[3];
+  } else {
+    ds->channels = 1;
+    ds->height = train_x.dims[1];
+    ds->width = train_x.dims[2];
+  }
+  const size_t per = static_cast<size_t>(ds->channels * ds->height * ds->width);
+  const int64_t n_train = n_all - kValidationSize;
+
+  ds->train.count = n_train;
+  ds->train.images.assign(train_x.data.begin(), train_x.data.begin() + n_train * per);
+  ds->train.labels.assign(train_y.data.begin(), train_y.data.begin() + n_train);
+  ds->validation.count = kValidationSize;
+  ds->validation.images.assign(train_x.data.begin() + n_train * per, train_x.data.end());
+  ds->validation.labels.assign(train_y.data.begin() + n_train, train_y.data.end());
+  ds->test.count = test_x.dims[0];
+  ds->test.images = std::move(test_x.data);
+  ds->test.labels = std::move(test_y.data);
+
+  int max_label = 0;
+  for (const auto* labels : {&train_y.data, &ds->test.labels}) {
+    for (uint8_t l : *labels) max_label = l > max_label ? l : max_label;
+  }
+  ds->num_classes = max_label + 1;
+
+  uint64_t sum = 0;
+  uint64_t sum_sq = 0;
+  for (uint8_t v : ds->train.images) {
+    sum += v;
+    sum_sq += uint64_t{v} * v;
+  }
+  const double count = static_cast<double>(ds->train.images.size());
+  ds->mean = static_cast<double>(sum) / (count * 255.0);
+  const double mean_sq = static_cast<double>(sum_sq) / (count * 255.0 * 255.0);
+  ds->stddev = std::sqrt(std::max(mean_sq - ds->mean * ds->mean, 1e-12));
+  ds->scale = 1.0 / (255.0 * ds->stddev);
+  ds->shift = -ds->mean / ds->stddev;
+  return std::shared_ptr<const DatasetSplits>(std::move(ds));
+}
+
+uint64_t SplitMix64(uint64_t* state) {
+  *state += kGolden;
+  uint64_t z = *state;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+uint64_t MemberDataSeed(uint64_t experiment_seed, uint64_t init_seed) {
+  uint64_t s = init_seed;
+  uint64_t state = experiment_seed ^ SplitMix64(&s);
+  return SplitMix64(&state);
+}
+
+std::vector<int32_t> EpochPermutation(uint64_t data_seed, uint64_t epoch, int64_t n) {
+  std::vector<int32_t> p(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) p[i] = static_cast<int32_t>(i);
+  uint64_t state = data_seed ^ (kGolden * (epoch + 1));
+  for (int64_t i = n - 1; i >= 1; --i) {
+    uint64_t j = SplitMix64(&state) % static_cast<uint64_t>(i + 1);
+    std::swap(p[i], p[j]);
+  }
+  return p;
+}
+
+void BatchIndices(uint64_t data_seed, uint64_t cursor, int64_t batch, int64_t n,
+                  std::vector<int64_t>* out, std::vector<int32_t>* epoch_cache,
+                  int64_t* cached_epoch) {
+  out->resize(static_cast<size_t>(batch));
+  const uint64_t un = static_cast<uint64_t>(n);
+  for (int64_t i = 0; i < batch; ++i) {
+    const uint64_t pos = cursor + static_cast<uint64_t>(i);
+    const int64_t epoch = static_cast<int64_t>(pos / un);
+    if (epoch != *cached_epoch || epoch_cache->size() != un) {
+      *epoch_cache = EpochPermutation(data_seed, static_cast<uint64_t>(epoch), n);
+      *cached_epoch = epoch;
+    }
+    (*out)[i] = (*epoch_cache)[pos % un];
+  }
+}
+
+}  // namespace ckpt::model

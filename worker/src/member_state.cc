@@ -1,0 +1,345 @@
+// Member state <-> checkpoint blob, initialisation, finiteness, and the
+// per-call helpers shared by plain and fused training.
+#include <omp.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "model_internal.h"
+
+namespace ckpt::model {
+namespace internal {
+
+// The new state of a member, on the host, ready to be written into a buffer.
+class EncodedState {
+ public:
+  std::vector<at::Tensor> host;  // keeps the bytes the writer references alive
+  format::CheckpointMeta meta;
+  format::CheckpointWriter writer;  // prepared (checksums computed) before it is shared
+  size_t size = 0;
+};
+
+namespace {
+
+std::string ShapeString(at::IntArrayRef shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i > 0) s += ", ";
+    s += std::to_string(shape[i]);
+  }
+  return s + "]";
+}
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  return ShapeString(at::IntArrayRef(shape));
+}
+
+at::ScalarType ScalarTypeOf(format::DType dtype) {
+  switch (dtype) {
+    case format::DType::kF64:
+      return at::kDouble;
+    case format::DType::kF32:
+      return at::kFloat;
+    case format::DType::kF16:
+      return at::kHalf;
+    case format::DType::kBF16:
+      return at::kBFloat16;
+    case format::DType::kI64:
+      return at::kLong;
+    case format::DType::kI32:
+      return at::kInt;
+    case format::DType::kI16:
+      return at::kShort;
+    case format::DType::kI8:
+      return at::kChar;
+    case format::DType::kU8:
+      return at::kByte;
+    case format::DType::kBool:
+      return at::kBool;
+  }
+  return at::kFloat;
+}
+
+Failure Fail(const char* code, Status status) { return Failure{std::move(status), code}; }
+
+// Fresh model tensors of a spec model: PyTorch's default initialisation
+// (uniform in +-1/sqrt(fan_in) for conv/linear weight and bias; BatchNorm
+// weight 1, bias 0, running mean 0, running var 1), drawn in layout order
+// from one generator seeded with init_seed.
+void InitSpecModel(const Context& ctx, at::Generator& gen, std::vector<at::Tensor>* t) {
+  const auto& layers = ctx.spec.layers();
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const LayerSpec& l = layers[i];
+    const LayerTensors& lt = ctx.layer_tensors[i];
+    if (l.kind == LayerKind::kConv2d || l.kind == LayerKind::kLinear) {
+      at::Tensor& w = (*t)[lt.weight];
+      const double fan_in = static_cast<double>(w.numel() / w.size(0));
+      const double bound = 1.0 / std::sqrt(fan_in);
+      w.uniform_(-bound, bound, gen);
+      if (lt.bias >= 0) (*t)[lt.bias].uniform_(-bound, bound, gen);
+    } else if (l.kind == LayerKind::kBatchNorm2d) {
+      (*t)[lt.weight].fill_(1);
+      (*t)[lt.bias].zero_();
+      (*t)[lt.running_mean].zero_();
+      (*t)[lt.running_var].fill_(1);
+      (*t)[lt.num_batches_tracked].zero_();
+    }
+  }
+}
+
+// Fresh model tensors of a TorchScript model: every parameter of rank >= 2 is
+// drawn uniform in +-1/sqrt(fan_in), a rank-1 parameter whose sibling
+// "<prefix>.weight" has rank >= 2 likewise with that fan_in; other
+// parameters and all buffers keep the values saved in the file.
+void InitScriptModel(const Context& ctx, at::Generator& gen, std::vector<at::Tensor>* t) {
+  std::map<std::string, at::Tensor> saved;
+  {
+    std::lock_guard<std::mutex> lock(ctx.script_mu);
+    for (const auto& p : ctx.script->named_parameters(true)) saved[p.name] = p.value.detach();
+    for (const auto& b : ctx.script->named_buffers(true)) saved[b.name] = b.value.detach();
+  }
+  for (size_t i = 0; i < ctx.model_tensors.size(); ++i) {
+    const TensorSpec& spec = ctx.model_tensors[i];
+    at::Tensor& dst = (*t)[i];
+    double fan_in = 0;
+    if (spec.trainable && spec.shape.size() >= 2) {
+      fan_in = static_cast<double>(spec.numel() / spec.shape[0]);
+    } else if (spec.trainable && spec.shape.size() == 1) {
+      const auto dot = spec.name.rfind('.');
+      const std::string weight =
+          (dot == std::string::npos ? std::string() : spec.name.substr(0, dot + 1)) + "weight";
+      auto it = ctx.index.find(weight);
+      if (it != ctx.index.end() && ctx.layout[it->second].shape.size() >= 2) {
+        fan_in = static_cast<double>(ctx.layout[it->second].numel() /
+                                     ctx.layout[it->second].shape[0]);
+      }
+    }
+    if (fan_in > 0) {
+      const double bound = 1.0 / std::sqrt(fan_in);
+      dst.uniform_(-bound, bound, gen);
+    } else {
+      dst.copy_(saved.at(spec.name));
+    }
+  }
+}
+
+}  // namespace
+
+std::optional<Failure> LoadMember(const Context& ctx, const MemberTask& task, MemberState* st) {
+  st->member = task.member;
+  const std::string who = "member " + (task.member.empty() ? std::string("?") : task.member);
+  if (task.steps < 0) {
+    return Fail(kFailBadRequest, Status::InvalidArgument(who + ": steps must be >= 0"));
+  }
+  const size_t n = ctx.layout.size();
+  std::vector<at::Tensor> host(n);
+
+  if (task.state_size == 0) {
+    auto hp = ResolveHyperparameters(ctx.optimizer, {}, task.hparams);
+    if (!hp.ok()) return Fail(kFailBadRequest, hp.status().WithPrefix(who));
+    st->hp = *hp;
+    for (size_t i = 0; i < n; ++i) {
+      host[i] = at::zeros(ctx.layout[i].shape,
+                          at::TensorOptions().dtype(ScalarTypeOf(ctx.layout[i].dtype)));
+    }
+    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(task.init_seed);
+    if (ctx.spec.is_torchscript()) {
+      InitScriptModel(ctx, gen, &host);
+    } else {
+      InitSpecModel(ctx, gen, &host);
+    }
+    st->adam_step = 0;
+    st->step = 0;
+    st->data_seed = MemberDataSeed(ctx.options.seed, task.init_seed);
+    st->data_cursor = 0;
+  } else {
+    if (task.state == nullptr) {
+      return Fail(kFailBadRequest, Status::InvalidArgument(who + ": state size without bytes"));
+    }
+    auto view = format::ParseCheckpoint(task.state, task.state_size);
+    if (!view.ok()) return Fail(kFailBadState, view.status().WithPrefix(who));
+    const format::CheckpointMeta& meta = view->meta();
+    if (!meta.optimizer.empty() && meta.optimizer != OptimizerKindName(ctx.optimizer)) {
+      return Fail(kFailBadState,
+                  Status::InvalidArgument(who + ": checkpoint holds " + meta.optimizer +
+                                          " state, this worker trains with " +
+                                          std::string(OptimizerKindName(ctx.optimizer))));
+    }
+    auto stored = ResolveHyperparameters(ctx.optimizer, meta.hparams, {});
+    if (!stored.ok()) return Fail(kFailBadState, stored.status().WithPrefix(who + ": checkpoint"));
+    auto hp = ResolveHyperparameters(ctx.optimizer, meta.hparams, task.hparams);
+    if (!hp.ok()) return Fail(kFailBadRequest, hp.status().WithPrefix(who));
+    st->hp = *hp;
+    if (meta.step < 0) {
+      return Fail(kFailBadState, Status::Corruption(who + ": negative step in checkpoint"));
+    }
+    st->step = meta.step;
+    st->data_seed = meta.data_seed;
+    st->data_cursor = meta.data_cursor;
+    st->extra = meta.extra;
+
+    for (const auto& tv : view->tensors()) {
+      if (ctx.index.count(tv.name) == 0) {
+        return Fail(kFailBadState, Status::Corruption(who + ": unexpected tensor " + tv.name +
+                                                      " (not in the model spec's layout)"));
+      }
+    }
+    for (size_t i = 0; i < n; ++i) {
+      const TensorSpec& spec = ctx.layout[i];
+      const format::TensorView* tv = view->Find(spec.name);
+      if (tv == nullptr) {
+        return Fail(kFailBadState, Status::Corruption(who + ": missing tensor " + spec.name));
+      }
+      if (tv->dtype != spec.dtype) {
+        return Fail(kFailBadState,
+                    Status::Corruption(who + ": tensor " + spec.name + " has dtype " +
+                                       std::string(format::DTypeName(tv->dtype)) + ", expected " +
+                                       std::string(format::DTypeName(spec.dtype))));
+      }
+      if (tv->shape != spec.shape) {
+        return Fail(kFailBadState, Status::Corruption(who + ": tensor " + spec.name +
+                                                      " has shape " + ShapeString(tv->shape) +
+                                                      ", expected " + ShapeString(spec.shape)));
+      }
+      host[i] = at::empty(spec.shape, at::TensorOptions().dtype(ScalarTypeOf(spec.dtype)));
+      if (tv->nbytes != host[i].nbytes()) {
+        return Fail(kFailBadState,
+                    Status::Corruption(who + ": tensor " + spec.name + " byte count mismatch"));
+      }
+      if (tv->nbytes > 0) std::memcpy(host[i].data_ptr(), tv->data, tv->nbytes);
+    }
+    if (ctx.optimizer != OptimizerKind::kSgd) {
+      bool first = true;
+      for (const auto& tr : ctx.trainables) {
+        const double s = host[tr.step].item<float>();
+        if (!std::isfinite(s)) continue;  // reported by the finiteness check below
+        if (s < 0 || s != std::floor(s)) {
+          return Fail(kFailBadState, Status::Corruption(who + ": tensor " +
+                                                        ctx.layout[tr.step].name +
+                                                        " is not a step count"));
+        }
+        if (!first && s != st->adam_step) {
+          return Fail(kFailBadState,
+                      Status::Corruption(who + ": tensor " + ctx.layout[tr.step].name +
+                                         " differs from the other parameters' step"));
+        }
+        st->adam_step = s;
+        first = false;
+      }
+    }
+  }
+
+  st->tensors.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    at::Tensor t = ctx.device.is_cpu() ? host[i] : host[i].to(ctx.device);
+    if (ctx.layout[i].trainable) t.requires_grad_(true);
+    st->tensors[i] = std::move(t);
+  }
+  Status finite = CheckFinite(ctx, *st, "in the given state");
+  if (!finite.ok()) return Fail(kFailNonFinite, finite);
+  return std::nullopt;
+}
+
+Status CheckFinite(const Context& ctx, const MemberState& st, const char* when) {
+  std::vector<at::Tensor> flags;
+  std::vector<size_t> which;
+  for (size_t i = 0; i < st.tensors.size(); ++i) {
+    if (!at::isFloatingType(st.tensors[i].scalar_type())) continue;
+    flags.push_back(at::isfinite(st.tensors[i].detach()).all());
+    which.push_back(i);
+  }
+  if (flags.empty()) return Status::OK();
+  at::Tensor all = at::stack(flags).to(at::kCPU);
+  const bool* ok = all.data_ptr<bool>();
+  for (size_t j = 0; j < which.size(); ++j) {
+    if (!ok[j]) {
+      return Status::Aborted("member " + st.member + ": tensor " + ctx.layout[which[j]].name +
+                             " is not finite " + when + " (step " + std::to_string(st.step) + ")");
+    }
+  }
+  return Status::OK();
+}
+
+StatusOr<std::shared_ptr<EncodedState>> EncodeMember(const Context& ctx, const MemberState& st) {
+  auto enc = std::make_shared<EncodedState>();
+  enc->meta.model_spec = ctx.options.model_spec;
+  enc->meta.optimizer = std::string(OptimizerKindName(ctx.optimizer));
+  enc->meta.hparams = HyperparameterMap(ctx.optimizer, st.hp);
+  enc->meta.step = st.step;
+  enc->meta.data_seed = st.data_seed;
+  enc->meta.data_cursor = st.data_cursor;
+  enc->meta.extra = st.extra;
+  enc->writer.SetMeta(enc->meta);
+  enc->host.reserve(st.tensors.size());
+  for (size_t i = 0; i < st.tensors.size(); ++i) {
+    at::Tensor t = st.tensors[i].detach();
+    if (!t.device().is_cpu()) t = t.to(at::kCPU);
+    t = t.contiguous();
+    const TensorSpec& spec = ctx.layout[i];
+    CKPT_RETURN_IF_ERROR(enc->writer.AddTensor(spec.name, spec.dtype, spec.shape, t.data_ptr(),
+                                               t.nbytes()));
+    enc->host.push_back(std::move(t));
+  }
+  enc->size = enc->writer.EncodedSize();
+  return enc;
+}
+
+at::Tensor DropoutMask(uint64_t data_seed, int64_t step, size_t layer, double p,
+                       at::IntArrayRef shape, const at::Device& device) {
+  uint64_t s = data_seed ^ (0xD1B54A32D192ED03ull * (static_cast<uint64_t>(step) + 1)) ^
+               (0x8CB92BA72F3D8DD7ull * (static_cast<uint64_t>(layer) + 1));
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(SplitMix64(&s));
+  at::Tensor mask = at::empty(shape, at::kFloat).bernoulli_(1.0 - p, gen).div_(1.0 - p);
+  return device.is_cpu() ? mask : mask.to(device);
+}
+
+void GatherBatch(const Context& ctx, const DeviceSplit& split, const std::vector<int64_t>& idx,
+                 at::Tensor* x, at::Tensor* y) {
+  at::Tensor i = at::from_blob(const_cast<int64_t*>(idx.data()),
+                               {static_cast<int64_t>(idx.size())}, at::kLong);
+  if (!ctx.device.is_cpu()) i = i.to(ctx.device);
+  *x = split.images.index_select(0, i).to(at::kFloat).mul_(ctx.scale).add_(ctx.shift);
+  *y = split.labels.index_select(0, i);
+}
+
+void SetThreadIntraOpThreads(int n) {
+  thread_local int current = 0;
+  if (current == n) return;
+  // LibTorch initialises a thread's OpenMP count lazily on its first parallel
+  // op; trigger that first so it cannot overwrite the value set here.
+  at::get_num_threads();
+  omp_set_num_threads(n);
+  current = n;
+}
+
+}  // namespace internal
+
+MemberOutcome::MemberOutcome() = default;
+MemberOutcome::MemberOutcome(const MemberOutcome&) = default;
+MemberOutcome::MemberOutcome(MemberOutcome&&) noexcept = default;
+MemberOutcome& MemberOutcome::operator=(const MemberOutcome&) = default;
+MemberOutcome& MemberOutcome::operator=(MemberOutcome&&) noexcept = default;
+MemberOutcome::~MemberOutcome() = default;
+
+const format::CheckpointMeta& MemberOutcome::state_meta() const {
+  CKPT_CHECK(state_ != nullptr);
+  return state_->meta;
+}
+
+size_t MemberOutcome::state_size() const { return state_ ? state_->size : 0; }
+
+Status MemberOutcome::EncodeStateTo(void* dst, size_t size) const {
+  if (!state_) return Status::FailedPrecondition("member " + member + ": no state (" +
+                                                 status.ToString() + ")");
+  return state_->writer.EncodeTo(dst, size);
+}
+
+std::string MemberOutcome::EncodeState() const {
+  if (!state_) return std::string();
+  std::string out(state_->size, '\0');
+  Status s = state_->writer.EncodeTo(out.data(), out.size());
+  if (!s.ok()) return std::string();
+  return out;
+}
+
+}  // namespace ckpt::model

@@ -1,0 +1,154 @@
+// Private to ckpt::model: the LibTorch side shared by the trainer's source
+// files. Only worker/src includes this header (it pulls in LibTorch).
+//
+// A member's state on the device is a vector of tensors in StateLayout order
+// (model tensors, then optimizer slots). Plain training computes on those
+// tensors directly; fused training stacks K members' tensors into [K, ...]
+// tensors ("packed") in the same order.
+#ifndef CKPT_WORKER_SRC_MODEL_INTERNAL_H_
+#define CKPT_WORKER_SRC_MODEL_INTERNAL_H_
+
+#include <torch/script.h>
+#include <torch/torch.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ckpt/format/checkpoint.h"
+#include "ckpt/format/status.h"
+#include "ckpt/worker/dataset.h"
+#include "ckpt/worker/hparams.h"
+#include "ckpt/worker/model_spec.h"
+#include "ckpt/worker/trainer.h"
+
+namespace ckpt::model::internal {
+
+// Where a stateful layer's tensors sit in the layout; -1 for none.
+struct LayerTensors {
+  int weight = -1;
+  int bias = -1;
+  int running_mean = -1;
+  int running_var = -1;
+  int num_batches_tracked = -1;
+};
+
+// Per trainable tensor: its layout index and those of its optimizer slots.
+struct TrainableSlots {
+  int param = -1;
+  int momentum_buffer = -1;  // SGD
+  int exp_avg = -1;          // Adam/AdamW
+  int exp_avg_sq = -1;
+  int step = -1;
+};
+
+// The dataset's splits on the device.
+struct DeviceSplit {
+  at::Tensor images;  // [N, C, H, W] u8
+  at::Tensor labels;  // [N] i64
+  int64_t count = 0;
+};
+
+// Everything a Trainer shares between calls. Immutable after Create, except
+// the TorchScript template, which is cloned under script_mu.
+struct Context {
+  TrainerOptions options;
+  ModelSpec spec;
+  OptimizerKind optimizer = OptimizerKind::kSgd;
+  at::Device device = at::Device(at::kCPU);
+  std::string device_name;
+  std::shared_ptr<const DatasetSplits> data;
+  DeviceSplit train, validation, test;
+  double scale = 1;
+  double shift = 0;
+
+  std::vector<TensorSpec> model_tensors;  // the model part of the layout
+  std::vector<TensorSpec> layout;         // model tensors, then optimizer slots
+  std::map<std::string, int> index;       // name -> layout index
+  std::vector<LayerTensors> layer_tensors;  // per spec layer
+  std::vector<TrainableSlots> trainables;
+
+  mutable std::mutex script_mu;
+  std::optional<torch::jit::Module> script;  // the loaded TorchScript module
+};
+
+// A member's state on the device, in layout order.
+struct MemberState {
+  std::string member;
+  std::vector<at::Tensor> tensors;
+  Hyperparameters hp;
+  double adam_step = 0;  // the value every optim.*.step holds
+  int64_t step = 0;
+  uint64_t data_seed = 0;
+  uint64_t data_cursor = 0;
+  std::map<std::string, std::string> extra;
+};
+
+// A failure with its fail code (kFail*).
+struct Failure {
+  Status status;
+  std::string code;
+};
+
+// Builds `state` from `task`: parses and validates the blob or initialises a
+// fresh member; tensors end on ctx.device. Returns a failure (bad-request,
+// bad-state, non-finite) or std::nullopt on success.
+std::optional<Failure> LoadMember(const Context& ctx, const MemberTask& task, MemberState* state);
+
+// Non-finite check of every tensor: Aborted naming the member and tensor.
+Status CheckFinite(const Context& ctx, const MemberState& state, const char* when);
+
+// Copies `state` to the host and prepares its blob (checksums computed here).
+StatusOr<std::shared_ptr<EncodedState>> EncodeMember(const Context& ctx, const MemberState& state);
+
+// Lets the trainer attach an encoded state to an outcome.
+struct OutcomeAccess {
+  static void SetState(MemberOutcome* outcome, std::shared_ptr<EncodedState> state) {
+    outcome->state_ = std::move(state);
+  }
+};
+
+// Dropout masks: a CPU generator seeded from (data seed, step, layer), so a
+// member's masks are the same plain or fused, and after a restore.
+at::Tensor DropoutMask(uint64_t data_seed, int64_t step, size_t layer, double p,
+                       at::IntArrayRef shape, const at::Device& device);
+
+// The normalized inputs and labels of the `batch` samples at `cursor`.
+void GatherBatch(const Context& ctx, const DeviceSplit& split, const std::vector<int64_t>& idx,
+                 at::Tensor* x, at::Tensor* y);
+
+// Plain training of one member for `steps` steps; `losses` receives one
+// scalar tensor per step. Stops early (returning OK) after a non-finite loss,
+// which the caller detects from `losses`.
+Status TrainPlainSteps(const Context& ctx, MemberState* m, torch::jit::Module* script,
+                       int64_t steps, std::vector<at::Tensor>* losses);
+
+// Correct predictions of one member on the first `count` samples of `split`.
+int64_t EvaluatePlain(const Context& ctx, const MemberState& m, torch::jit::Module* script,
+                      const DeviceSplit& split, int64_t count);
+
+// A TorchScript clone whose parameters and buffers are the member's tensors.
+StatusOr<torch::jit::Module> BindScript(const Context& ctx, const MemberState& m);
+
+// Fused training of K members (same `steps`), then evaluation of the packed
+// model (validation when eval_val, test when eval_test), then unpacking into
+// each member's tensors. `losses` receives [K] tensors, one per step;
+// `correct_val` / `correct_test` receive per-member counts.
+struct FusedResult {
+  std::vector<at::Tensor> losses;
+  std::vector<int64_t> correct_val;
+  std::vector<int64_t> correct_test;
+};
+Status TrainFusedGroup(const Context& ctx, std::vector<MemberState*>& members, int64_t steps,
+                       bool eval_val, bool eval_test, FusedResult* result, double* pack_s, double* unpack_s,
+                       double* compute_s);
+
+// Sets the calling thread's OpenMP thread count once per value (see trainer.h).
+void SetThreadIntraOpThreads(int n);
+
+}  // namespace ckpt::model::internal
+
+#endif  // CKPT_WORKER_SRC_MODEL_INTERNAL_H_

@@ -1,0 +1,428 @@
+#include "ckpt/worker/model_spec.h"
+
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <utility>
+
+namespace ckpt::model {
+namespace {
+
+using json = nlohmann::json;
+
+constexpr std::string_view kTorchScriptPrefix = "torchscript:";
+
+constexpr const char* kLenet5 = R"([
+  {"type": "conv2d", "in": 1, "out": 6, "kernel": 5, "padding": 2},
+  {"type": "relu"},
+  {"type": "maxpool2d", "kernel": 2},
+  {"type": "conv2d", "in": 6, "out": 16, "kernel": 5},
+  {"type": "relu"},
+  {"type": "maxpool2d", "kernel": 2},
+  {"type": "flatten"},
+  {"type": "linear", "in": 400, "out": 120},
+  {"type": "relu"},
+  {"type": "linear", "in": 120, "out": 84},
+  {"type": "relu"},
+  {"type": "linear", "in": 84, "out": 10}
+])";
+
+struct KindName {
+  LayerKind kind;
+  const char* name;
+};
+constexpr KindName kKinds[] = {
+    {LayerKind::kConv2d, "conv2d"},       {LayerKind::kLinear, "linear"},
+    {LayerKind::kRelu, "relu"},           {LayerKind::kTanh, "tanh"},
+    {LayerKind::kMaxPool2d, "maxpool2d"}, {LayerKind::kAvgPool2d, "avgpool2d"},
+    {LayerKind::kBatchNorm2d, "batchnorm2d"}, {LayerKind::kDropout, "dropout"},
+    {LayerKind::kFlatten, "flatten"},
+};
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i > 0) s += ", ";
+    s += std::to_string(shape[i]);
+  }
+  return s + "]";
+}
+
+// Reads the layer's fields, checking types and the allowed set.
+class LayerReader {
+ public:
+  LayerReader(const json& obj, std::string where) : obj_(obj), where_(std::move(where)) {}
+
+  Status CheckKnown(std::initializer_list<const char*> allowed) const {
+    std::set<std::string> ok = {"type", "name"};
+    for (const char* a : allowed) ok.insert(a);
+    for (auto it = obj_.begin(); it != obj_.end(); ++it) {
+      if (ok.count(it.key()) == 0) {
+        return Status::InvalidArgument(where_ + ": unknown field \"" + it.key() + "\"");
+      }
+    }
+    return Status::OK();
+  }
+
+  // `*out` keeps its value when the field is absent and !required.
+  Status Int(const char* key, bool required, int64_t min, int64_t* out) const {
+    auto it = obj_.find(key);
+    if (it == obj_.end()) {
+      if (required) return Status::InvalidArgument(where_ + ": missing field \"" + key + "\"");
+      return Status::OK();
+    }
+    if (!it->is_number_integer()) {
+      return Status::InvalidArgument(where_ + ": field \"" + key + "\" must be an integer");
+    }
+    int64_t v = it->get<int64_t>();
+    if (v < min || v > (int64_t{1} << 31)) {
+      return Status::InvalidArgument(where_ + ": field \"" + key + "\" = " + std::to_string(v) +
+                                     " out of range");
+    }
+    *out = v;
+    return Status::OK();
+  }
+
+  Status Double(const char* key, double min, double max, double* out) const {
+    auto it = obj_.find(key);
+    if (it == obj_.end()) return Status::OK();
+    if (!it->is_number()) {
+      return Status::InvalidArgument(where_ + ": field \"" + key + "\" must be a number");
+    }
+    double v = it->get<double>();
+    if (!(v >= min && v <= max)) {
+      return Status::InvalidArgument(where_ + ": field \"" + key + "\" out of range");
+    }
+    *out = v;
+    return Status::OK();
+  }
+
+  Status Bool(const char* key, bool* out) const {
+    auto it = obj_.find(key);
+    if (it == obj_.end()) return Status::OK();
+    if (!it->is_boolean()) {
+      return Status::InvalidArgument(where_ + ": field \"" + key + "\" must be true or false");
+    }
+    *out = it->get<bool>();
+    return Status::OK();
+  }
+
+  Status Name(std::string* out) const {
+    auto it = obj_.find("name");
+    if (it == obj_.end()) return Status::OK();
+    if (!it->is_string() || it->get<std::string>().empty()) {
+      return Status::InvalidArgument(where_ + ": field \"name\" must be a non-empty string");
+    }
+    std::string n = it->get<std::string>();
+    for (char c : n) {
+      bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                c == '_' || c == '.';
+      if (!ok) return Status::InvalidArgument(where_ + ": name \"" + n + "\" has a bad character");
+    }
+    if (n.front() == '.' || n.back() == '.' || n.rfind("optim", 0) == 0) {
+      return Status::InvalidArgument(where_ + ": name \"" + n + "\" is not allowed");
+    }
+    *out = std::move(n);
+    return Status::OK();
+  }
+
+  const std::string& where() const { return where_; }
+
+ private:
+  const json& obj_;
+  std::string where_;
+};
+
+// Output size of a convolution or pooling window along one dimension; <= 0 when it does not fit.
+int64_t WindowOut(int64_t in, int64_t kernel, int64_t stride, int64_t padding) {
+  return (in + 2 * padding - kernel) / stride + 1;
+}
+
+}  // namespace
+
+std::string_view LayerKindName(LayerKind kind) {
+  for (const auto& k : kKinds) {
+    if (k.kind == kind) return k.name;
+  }
+  return "?";
+}
+
+int64_t TensorSpec::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string_view OptimizerKindName(OptimizerKind kind) {
+  switch (kind) {
+    case OptimizerKind::kSgd:
+      return "sgd";
+    case OptimizerKind::kAdam:
+      return "adam";
+    case OptimizerKind::kAdamW:
+      return "adamw";
+  }
+  return "?";
+}
+
+StatusOr<OptimizerKind> ParseOptimizerKind(std::string_view name) {
+  if (name == "sgd") return OptimizerKind::kSgd;
+  if (name == "adam") return OptimizerKind::kAdam;
+  if (name == "adamw") return OptimizerKind::kAdamW;
+  return Status::InvalidArgument("unknown optimizer \"" + std::string(name) +
+                                 "\" (expected sgd, adam or adamw)");
+}
+
+std::vector<std::string> OptimizerSlots(OptimizerKind kind) {
+  if (kind == OptimizerKind::kSgd) return {"momentum_buffer"};
+  return {"exp_avg", "exp_avg_sq", "step"};
+}
+
+StatusOr<ModelSpec> ModelSpec::Parse(std::string_view text, std::vector<int64_t> input_shape) {
+  ModelSpec spec;
+  spec.text_ = std::string(text);
+  if (text.substr(0, kTorchScriptPrefix.size()) == kTorchScriptPrefix) {
+    spec.torchscript_path_ = std::string(text.substr(kTorchScriptPrefix.size()));
+    if (spec.torchscript_path_.empty()) {
+      return Status::InvalidArgument("model spec \"torchscript:\" names no file");
+    }
+    spec.input_shape_ = std::move(input_shape);
+    return spec;
+  }
+
+  std::string_view source = text;
+  if (text == "lenet5") source = kLenet5;
+  json doc = json::parse(source.begin(), source.end(), nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded()) {
+    return Status::InvalidArgument("model spec is neither a known name (lenet5) nor valid JSON");
+  }
+  const json* layers = &doc;
+  if (doc.is_object()) {
+    for (auto it = doc.begin(); it != doc.end(); ++it) {
+      if (it.key() != "layers" && it.key() != "input") {
+        return Status::InvalidArgument("model spec: unknown field \"" + it.key() + "\"");
+      }
+    }
+    auto in = doc.find("input");
+    if (in != doc.end()) {
+      if (!in->is_array() || in->size() != 3) {
+        return Status::InvalidArgument("model spec: \"input\" must be [channels, height, width]");
+      }
+      input_shape.clear();
+      for (const auto& d : *in) {
+        if (!d.is_number_integer() || d.get<int64_t>() < 1 || d.get<int64_t>() > 65536) {
+          return Status::InvalidArgument("model spec: \"input\" dimensions must be integers >= 1");
+        }
+        input_shape.push_back(d.get<int64_t>());
+      }
+    }
+    auto l = doc.find("layers");
+    if (l == doc.end()) return Status::InvalidArgument("model spec: missing \"layers\"");
+    layers = &*l;
+  }
+  if (!layers->is_array() || layers->empty()) {
+    return Status::InvalidArgument("model spec: layers must be a non-empty JSON array");
+  }
+  if (input_shape.size() != 3) {
+    return Status::InvalidArgument("model spec: input shape must be [channels, height, width]");
+  }
+  spec.input_shape_ = input_shape;
+
+  std::vector<int64_t> shape = input_shape;  // [C, H, W] or [F]
+  std::map<LayerKind, int> counters;
+  std::set<std::string> names;
+  for (size_t i = 0; i < layers->size(); ++i) {
+    const json& obj = (*layers)[i];
+    std::string where = "model spec layer " + std::to_string(i);
+    if (!obj.is_object()) return Status::InvalidArgument(where + ": not a JSON object");
+    auto type_it = obj.find("type");
+    if (type_it == obj.end() || !type_it->is_string()) {
+      return Status::InvalidArgument(where + ": missing string field \"type\"");
+    }
+    std::string type = type_it->get<std::string>();
+    LayerSpec layer;
+    bool known = false;
+    for (const auto& k : kKinds) {
+      if (type == k.name) {
+        layer.kind = k.kind;
+        known = true;
+      }
+    }
+    if (!known) return Status::InvalidArgument(where + ": unknown layer type \"" + type + "\"");
+    where += " (" + type + ")";
+    LayerReader r(obj, where);
+    const bool spatial = shape.size() == 3;
+    auto need_spatial = [&]() -> Status {
+      if (!spatial) {
+        return Status::InvalidArgument(where + ": needs [C, H, W] input but follows the flatten");
+      }
+      return Status::OK();
+    };
+
+    switch (layer.kind) {
+      case LayerKind::kConv2d: {
+        CKPT_RETURN_IF_ERROR(r.CheckKnown({"in", "out", "kernel", "stride", "padding", "bias"}));
+        CKPT_RETURN_IF_ERROR(need_spatial());
+        layer.in = shape[0];
+        CKPT_RETURN_IF_ERROR(r.Int("in", false, 1, &layer.in));
+        CKPT_RETURN_IF_ERROR(r.Int("out", true, 1, &layer.out));
+        CKPT_RETURN_IF_ERROR(r.Int("kernel", true, 1, &layer.kernel));
+        CKPT_RETURN_IF_ERROR(r.Int("stride", false, 1, &layer.stride));
+        CKPT_RETURN_IF_ERROR(r.Int("padding", false, 0, &layer.padding));
+        CKPT_RETURN_IF_ERROR(r.Bool("bias", &layer.bias));
+        if (layer.in != shape[0]) {
+          return Status::InvalidArgument(where + ": in = " + std::to_string(layer.in) +
+                                         " but the input has " + std::to_string(shape[0]) +
+                                         " channels");
+        }
+        int64_t h = WindowOut(shape[1], layer.kernel, layer.stride, layer.padding);
+        int64_t w = WindowOut(shape[2], layer.kernel, layer.stride, layer.padding);
+        if (h < 1 || w < 1) {
+          return Status::InvalidArgument(where + ": kernel does not fit input " +
+                                         ShapeString(shape));
+        }
+        shape = {layer.out, h, w};
+        break;
+      }
+      case LayerKind::kLinear: {
+        CKPT_RETURN_IF_ERROR(r.CheckKnown({"in", "out", "bias"}));
+        if (spatial) {
+          return Status::InvalidArgument(where + ": needs [F] input; add a flatten before it");
+        }
+        layer.in = shape[0];
+        CKPT_RETURN_IF_ERROR(r.Int("in", false, 1, &layer.in));
+        CKPT_RETURN_IF_ERROR(r.Int("out", true, 1, &layer.out));
+        CKPT_RETURN_IF_ERROR(r.Bool("bias", &layer.bias));
+        if (layer.in != shape[0]) {
+          return Status::InvalidArgument(where + ": in = " + std::to_string(layer.in) +
+                                         " but the input has " + std::to_string(shape[0]) +
+                                         " features");
+        }
+        shape = {layer.out};
+        break;
+      }
+      case LayerKind::kMaxPool2d:
+      case LayerKind::kAvgPool2d: {
+        CKPT_RETURN_IF_ERROR(r.CheckKnown({"kernel", "stride", "padding"}));
+        CKPT_RETURN_IF_ERROR(need_spatial());
+        CKPT_RETURN_IF_ERROR(r.Int("kernel", true, 1, &layer.kernel));
+        layer.stride = layer.kernel;
+        CKPT_RETURN_IF_ERROR(r.Int("stride", false, 1, &layer.stride));
+        CKPT_RETURN_IF_ERROR(r.Int("padding", false, 0, &layer.padding));
+        if (2 * layer.padding > layer.kernel) {
+          return Status::InvalidArgument(where + ": padding must be at most half the kernel");
+        }
+        int64_t h = WindowOut(shape[1], layer.kernel, layer.stride, layer.padding);
+        int64_t w = WindowOut(shape[2], layer.kernel, layer.stride, layer.padding);
+        if (h < 1 || w < 1) {
+          return Status::InvalidArgument(where + ": kernel does not fit input " +
+                                         ShapeString(shape));
+        }
+        shape = {shape[0], h, w};
+        break;
+      }
+      case LayerKind::kBatchNorm2d: {
+        CKPT_RETURN_IF_ERROR(r.CheckKnown({"features", "eps", "momentum"}));
+        CKPT_RETURN_IF_ERROR(need_spatial());
+        layer.in = shape[0];
+        CKPT_RETURN_IF_ERROR(r.Int("features", false, 1, &layer.in));
+        CKPT_RETURN_IF_ERROR(r.Double("eps", 1e-30, 1.0, &layer.eps));
+        CKPT_RETURN_IF_ERROR(r.Double("momentum", 0.0, 1.0, &layer.momentum));
+        if (layer.in != shape[0]) {
+          return Status::InvalidArgument(where + ": features = " + std::to_string(layer.in) +
+                                         " but the input has " + std::to_string(shape[0]) +
+                                         " channels");
+        }
+        layer.out = layer.in;
+        break;
+      }
+      case LayerKind::kDropout:
+        CKPT_RETURN_IF_ERROR(r.CheckKnown({"p"}));
+        CKPT_RETURN_IF_ERROR(r.Double("p", 0.0, 0.999, &layer.p));
+        break;
+      case LayerKind::kFlatten:
+        CKPT_RETURN_IF_ERROR(r.CheckKnown({}));
+        if (!spatial) return Status::InvalidArgument(where + ": the input is already flat");
+        shape = {shape[0] * shape[1] * shape[2]};
+        break;
+      case LayerKind::kRelu:
+      case LayerKind::kTanh:
+        CKPT_RETURN_IF_ERROR(r.CheckKnown({}));
+        break;
+    }
+
+    const bool has_state = layer.kind == LayerKind::kConv2d || layer.kind == LayerKind::kLinear ||
+                           layer.kind == LayerKind::kBatchNorm2d;
+    if (has_state) {
+      const char* prefix = layer.kind == LayerKind::kConv2d   ? "conv"
+                           : layer.kind == LayerKind::kLinear ? "fc"
+                                                              : "bn";
+      layer.name = prefix + std::to_string(++counters[layer.kind]);
+      CKPT_RETURN_IF_ERROR(r.Name(&layer.name));
+      if (!names.insert(layer.name).second) {
+        return Status::InvalidArgument(where + ": duplicate layer name \"" + layer.name + "\"");
+      }
+    } else if (obj.contains("name")) {
+      return Status::InvalidArgument(where + ": a layer without state takes no name");
+    }
+    layer.output_shape = shape;
+    spec.layers_.push_back(std::move(layer));
+  }
+  if (shape.size() != 1) {
+    return Status::InvalidArgument("model spec: the output is " + ShapeString(shape) +
+                                   "; it must be flat (end with linear layers)");
+  }
+  spec.num_outputs_ = shape[0];
+  return spec;
+}
+
+bool ModelSpec::has_dropout() const {
+  for (const auto& l : layers_) {
+    if (l.kind == LayerKind::kDropout && l.p > 0) return true;
+  }
+  return false;
+}
+
+std::vector<TensorSpec> ModelSpec::ModelTensors() const {
+  std::vector<TensorSpec> out;
+  using format::DType;
+  for (const auto& l : layers_) {
+    switch (l.kind) {
+      case LayerKind::kConv2d:
+        out.push_back({l.name + ".weight", DType::kF32, {l.out, l.in, l.kernel, l.kernel}, true});
+        if (l.bias) out.push_back({l.name + ".bias", DType::kF32, {l.out}, true});
+        break;
+      case LayerKind::kLinear:
+        out.push_back({l.name + ".weight", DType::kF32, {l.out, l.in}, true});
+        if (l.bias) out.push_back({l.name + ".bias", DType::kF32, {l.out}, true});
+        break;
+      case LayerKind::kBatchNorm2d:
+        out.push_back({l.name + ".weight", DType::kF32, {l.in}, true});
+        out.push_back({l.name + ".bias", DType::kF32, {l.in}, true});
+        out.push_back({l.name + ".running_mean", DType::kF32, {l.in}, false});
+        out.push_back({l.name + ".running_var", DType::kF32, {l.in}, false});
+        out.push_back({l.name + ".num_batches_tracked", DType::kI64, {}, false});
+        break;
+      default:
+        break;
+    }
+  }
+  return out;
+}
+
+std::vector<TensorSpec> StateLayout(const std::vector<TensorSpec>& model, OptimizerKind optimizer) {
+  std::vector<TensorSpec> out = model;
+  for (const auto& t : model) {
+    if (!t.trainable) continue;
+    for (const auto& slot : OptimizerSlots(optimizer)) {
+      if (slot == "step") {
+        out.push_back({"optim." + t.name + ".step", format::DType::kF32, {}, false});
+      } else {
+        out.push_back({"optim." + t.name + "." + slot, format::DType::kF32, t.shape, false});
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace ckpt::model

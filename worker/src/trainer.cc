@@ -1,0 +1,580 @@
+// Trainer: the adapter between ckpt's Status world and LibTorch. Every
+// c10::Error (and std::exception) thrown below a public entry point is caught
+// in this file and becomes a Status / fail code.
+#include "ckpt/worker/trainer.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <thread>
+
+#include "model_internal.h"
+
+#if defined(CKPT_WITH_CUDA)
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace ckpt::model {
+
+Trainer::~Trainer() = default;
+
+namespace internal {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point since) {
+  return std::chrono::duration<double>(Clock::now() - since).count();
+}
+
+// The first line of a LibTorch message (the rest is a C++ backtrace).
+std::string Brief(const std::exception& e) {
+  std::string s = e.what();
+  auto nl = s.find('\n');
+  return nl == std::string::npos ? s : s.substr(0, nl);
+}
+
+void SetFailure(MemberOutcome* out, const std::string& code, Status status) {
+  out->status = std::move(status);
+  out->fail_code = code;
+}
+
+// Everything a training call does on the calling thread before touching
+// tensors: intra-op threads and, on a GPU, the thread's own stream.
+class ThreadScope {
+ public:
+  explicit ThreadScope(const Context& ctx) {
+    SetThreadIntraOpThreads(ctx.options.intra_op_threads);
+#if defined(CKPT_WITH_CUDA)
+    if (ctx.device.is_cuda()) {
+      thread_local std::optional<c10::cuda::CUDAStream> stream;
+      if (!stream || stream->device_index() != ctx.device.index()) {
+        stream = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, ctx.device.index());
+      }
+      guard_.emplace(*stream);
+    }
+#endif
+  }
+
+ private:
+#if defined(CKPT_WITH_CUDA)
+  std::optional<c10::cuda::CUDAStreamGuard> guard_;
+#endif
+};
+
+// Index of the first non-finite value of `losses` (one scalar or [K] tensor
+// per step) for member column `k`, or -1.
+int64_t FirstNonFinite(const at::Tensor& host_losses, int64_t k) {
+  const int64_t steps = host_losses.size(0);
+  const int64_t width = host_losses.dim() == 2 ? host_losses.size(1) : 1;
+  const float* p = host_losses.data_ptr<float>();
+  for (int64_t s = 0; s < steps; ++s) {
+    if (!std::isfinite(p[s * width + k])) return s;
+  }
+  return -1;
+}
+
+double MeanLoss(const at::Tensor& host_losses, int64_t k) {
+  const int64_t steps = host_losses.size(0);
+  if (steps == 0) return 0;
+  const int64_t width = host_losses.dim() == 2 ? host_losses.size(1) : 1;
+  const float* p = host_losses.data_ptr<float>();
+  double sum = 0;
+  for (int64_t s = 0; s < steps; ++s) sum += p[s * width + k];
+  return sum / static_cast<double>(steps);
+}
+
+// Checks the trained state and losses of one member and fills `out`.
+void FinishMember(const Context& ctx, MemberState* m, const at::Tensor& host_losses, int64_t k,
+                  int64_t start_step, MemberOutcome* out) {
+  const int64_t bad = FirstNonFinite(host_losses, k);
+  if (bad >= 0) {
+    SetFailure(out, kFailNonFinite,
+               Status::Aborted("member " + m->member + ": non-finite training loss at step " +
+                               std::to_string(start_step + bad + 1)));
+    return;
+  }
+  Status finite = CheckFinite(ctx, *m, "after training");
+  if (!finite.ok()) {
+    SetFailure(out, kFailNonFinite, finite);
+    return;
+  }
+  auto enc = EncodeMember(ctx, *m);
+  if (!enc.ok()) {
+    SetFailure(out, kFailInternal, enc.status());
+    return;
+  }
+  OutcomeAccess::SetState(out, std::move(enc).value());
+  out->train_loss = MeanLoss(host_losses, k);
+  out->step = m->step;
+}
+
+at::Tensor StackLosses(const std::vector<at::Tensor>& losses) {
+  if (losses.empty()) return at::zeros({0}, at::kFloat);
+  return at::stack(losses).to(at::kCPU, at::kFloat).contiguous();
+}
+
+class TrainerImpl final : public Trainer {
+ public:
+  explicit TrainerImpl(std::unique_ptr<Context> ctx) : ctx_(std::move(ctx)) {}
+
+  MemberOutcome TrainPlain(const MemberTask& task) override { return Plain(task, true); }
+
+  std::vector<MemberOutcome> TrainFused(const std::vector<MemberTask>& tasks) override {
+    if (!SupportsFusion()) {
+      std::vector<MemberOutcome> out;
+      for (const auto& t : tasks) out.push_back(TrainPlain(t));
+      return out;
+    }
+    return Fused(tasks, true);
+  }
+
+  bool SupportsFusion() const override { return !ctx_->spec.is_torchscript(); }
+
+  StatusOr<ModeChoice> ChooseMode(const ModeProbe& probe) override;
+
+  DeviceMemory GetDeviceMemory() const override {
+    DeviceMemory m;
+#if defined(CKPT_WITH_CUDA)
+    if (ctx_->device.is_cuda()) {
+      try {
+        c10::cuda::CUDAGuard guard(ctx_->device.index());
+        size_t free_bytes = 0, total_bytes = 0;
+        if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
+          m.total_bytes = static_cast<int64_t>(total_bytes);
+        }
+        auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(ctx_->device.index());
+        m.allocated_bytes = stats.allocated_bytes[0].current;
+      } catch (const std::exception&) {
+      }
+      return m;
+    }
+#endif
+    m.total_bytes = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
+    return m;
+  }
+
+  const std::string& device() const override { return ctx_->device_name; }
+  const TrainerOptions& options() const override { return ctx_->options; }
+  const DatasetSplits& dataset() const override { return *ctx_->data; }
+
+  size_t ApproxStateBytes() const override {
+    size_t bytes = 8 + 1024;
+    for (const auto& t : ctx_->layout) {
+      bytes += static_cast<size_t>(t.numel()) * format::DTypeSize(t.dtype) + 160 + t.name.size();
+    }
+    return bytes;
+  }
+
+ private:
+  MemberOutcome Plain(const MemberTask& task, bool evaluate);
+  std::vector<MemberOutcome> Fused(const std::vector<MemberTask>& tasks, bool evaluate);
+  // Trains one fused group of loaded members.
+  void FusedGroup(std::vector<MemberState>& states, const std::vector<size_t>& which,
+                  const std::vector<MemberTask>& tasks, bool evaluate,
+                  std::vector<MemberOutcome>* out);
+  // Samples per second of `slots` threads running `body` until `seconds` pass.
+  double Measure(int slots, double seconds, const std::function<int64_t(int slot, int round)>& body);
+
+  std::unique_ptr<Context> ctx_;
+};
+
+MemberOutcome TrainerImpl::Plain(const MemberTask& task, bool evaluate) {
+  const Context& ctx = *ctx_;
+  MemberOutcome out;
+  out.member = task.member;
+  out.mode = "plain";
+  try {
+    ThreadScope scope(ctx);
+    auto t0 = Clock::now();
+    MemberState m;
+    if (auto failure = LoadMember(ctx, task, &m)) {
+      SetFailure(&out, failure->code, failure->status);
+      return out;
+    }
+    std::optional<torch::jit::Module> script;
+    if (ctx.spec.is_torchscript()) {
+      auto bound = BindScript(ctx, m);
+      if (!bound.ok()) {
+        SetFailure(&out, kFailInternal, bound.status());
+        return out;
+      }
+      script = std::move(bound).value();
+    }
+    out.pack_s = Seconds(t0);
+
+    t0 = Clock::now();
+    const int64_t start_step = m.step;
+    std::vector<at::Tensor> losses;
+    Status trained = TrainPlainSteps(ctx, &m, script ? &*script : nullptr, task.steps, &losses);
+    if (!trained.ok()) {
+      SetFailure(&out, trained.IsAborted() ? kFailAborted : kFailInternal, trained);
+      return out;
+    }
+    at::Tensor host_losses = StackLosses(losses);
+    const bool finite_loss = FirstNonFinite(host_losses, 0) < 0;
+    if (evaluate && finite_loss) {
+      const int64_t val = std::min<int64_t>(ctx.options.eval_size, ctx.validation.count);
+      if (val > 0) {
+        out.val_acc = static_cast<double>(
+                          EvaluatePlain(ctx, m, script ? &*script : nullptr, ctx.validation, val)) /
+                      static_cast<double>(val);
+      }
+      if (task.eval_test) {
+        out.test_acc = static_cast<double>(EvaluatePlain(ctx, m, script ? &*script : nullptr,
+                                                         ctx.test, ctx.test.count)) /
+                       static_cast<double>(ctx.test.count);
+      }
+    }
+    out.compute_s = Seconds(t0);
+    out.samples = static_cast<int64_t>(losses.size()) * ctx.options.batch_size;
+
+    t0 = Clock::now();
+    FinishMember(ctx, &m, host_losses, 0, start_step, &out);
+    out.unpack_s = Seconds(t0);
+    if (!out.ok()) {
+      out.val_acc = -1;
+      out.test_acc = -1;
+    }
+  } catch (const c10::OutOfMemoryError& e) {
+    SetFailure(&out, kFailOutOfMemory,
+               Status::ResourceExhausted("member " + task.member + ": " + Brief(e)));
+  } catch (const c10::Error& e) {
+    SetFailure(&out, kFailInternal, Status::Internal("member " + task.member + ": " + Brief(e)));
+  } catch (const std::bad_alloc& e) {
+    SetFailure(&out, kFailOutOfMemory,
+               Status::ResourceExhausted("member " + task.member + ": host memory exhausted"));
+  } catch (const std::exception& e) {
+    SetFailure(&out, kFailInternal, Status::Internal("member " + task.member + ": " + Brief(e)));
+  }
+  return out;
+}
+
+std::vector<MemberOutcome> TrainerImpl::Fused(const std::vector<MemberTask>& tasks,
+                                              bool evaluate) {
+  const Context& ctx = *ctx_;
+  std::vector<MemberOutcome> out(tasks.size());
+  std::vector<MemberState> states(tasks.size());
+  std::map<int64_t, std::vector<size_t>> groups;  // steps -> members
+  for (size_t i = 0; i < tasks.size(); ++i) {
+    out[i].member = tasks[i].member;
+    out[i].mode = "fused";
+  }
+  try {
+    ThreadScope scope(ctx);
+    for (size_t i = 0; i < tasks.size(); ++i) {
+      auto t0 = Clock::now();
+      if (auto failure = LoadMember(ctx, tasks[i], &states[i])) {
+        SetFailure(&out[i], failure->code, failure->status);
+        continue;
+      }
+      out[i].pack_s = Seconds(t0);
+      groups[tasks[i].steps].push_back(i);
+    }
+    for (const auto& [steps, which] : groups) FusedGroup(states, which, tasks, evaluate, &out);
+  } catch (const c10::OutOfMemoryError& e) {
+    for (size_t i = 0; i < tasks.size(); ++i) {
+      if (out[i].ok() && out[i].state_size() == 0) {
+        SetFailure(&out[i], kFailOutOfMemory,
+                   Status::ResourceExhausted("member " + tasks[i].member + " (fused): " + Brief(e)));
+      }
+    }
+  } catch (const std::exception& e) {
+    for (size_t i = 0; i < tasks.size(); ++i) {
+      if (out[i].ok() && out[i].state_size() == 0) {
+        SetFailure(&out[i], kFailInternal,
+                   Status::Internal("member " + tasks[i].member + " (fused): " + Brief(e)));
+      }
+    }
+  }
+  return out;
+}
+
+void TrainerImpl::FusedGroup(std::vector<MemberState>& states, const std::vector<size_t>& which,
+                             const std::vector<MemberTask>& tasks, bool evaluate,
+                             std::vector<MemberOutcome>* out) {
+  const Context& ctx = *ctx_;
+  const int64_t steps = tasks[which.front()].steps;
+  std::vector<MemberState*> members;
+  std::vector<int64_t> start_steps;
+  bool eval_test = false;
+  for (size_t i : which) {
+    members.push_back(&states[i]);
+    start_steps.push_back(states[i].step);
+    eval_test = eval_test || tasks[i].eval_test;
+  }
+  const double k = static_cast<double>(which.size());
+  FusedResult result;
+  double pack_s = 0, unpack_s = 0, compute_s = 0;
+  Status s = TrainFusedGroup(ctx, members, steps, evaluate, evaluate && eval_test, &result,
+                             &pack_s, &unpack_s, &compute_s);
+  if (!s.ok()) {
+    for (size_t i : which) {
+      SetFailure(&(*out)[i], s.IsAborted() ? kFailAborted : kFailInternal,
+                 s.WithPrefix("member " + tasks[i].member));
+    }
+    return;
+  }
+  at::Tensor host_losses = StackLosses(result.losses);
+  for (size_t j = 0; j < which.size(); ++j) {
+    MemberOutcome& o = (*out)[which[j]];
+    auto t1 = Clock::now();
+    FinishMember(ctx, members[j], host_losses, static_cast<int64_t>(j), start_steps[j], &o);
+    o.unpack_s = unpack_s / k + Seconds(t1);
+    o.pack_s += pack_s / k;
+    o.compute_s = compute_s / k;
+    if (!o.ok()) continue;
+    o.samples = steps * ctx.options.batch_size;
+    if (!result.correct_val.empty()) {
+      const int64_t val = std::min<int64_t>(ctx.options.eval_size, ctx.validation.count);
+      o.val_acc = static_cast<double>(result.correct_val[j]) / static_cast<double>(val);
+    }
+    if (tasks[which[j]].eval_test && !result.correct_test.empty()) {
+      o.test_acc = static_cast<double>(result.correct_test[j]) /
+                   static_cast<double>(ctx.test.count);
+    }
+  }
+}
+
+double TrainerImpl::Measure(int slots, double seconds,
+                            const std::function<int64_t(int slot, int round)>& body) {
+  std::atomic<int64_t> samples{0};
+  const auto start = Clock::now();
+  const auto deadline = start + std::chrono::duration<double>(seconds);
+  std::vector<std::thread> threads;
+  for (int slot = 0; slot < slots; ++slot) {
+    threads.emplace_back([&, slot] {
+      for (int round = 0; Clock::now() < deadline; ++round) samples += body(slot, round);
+    });
+  }
+  for (auto& t : threads) t.join();
+  const double elapsed = Seconds(start);
+  return elapsed > 0 ? static_cast<double>(samples.load()) / elapsed : 0;
+}
+
+StatusOr<ModeChoice> TrainerImpl::ChooseMode(const ModeProbe& probe) {
+  if (probe.slots < 1 || probe.fusion_width < 1 || !(probe.seconds > 0)) {
+    return Status::InvalidArgument("ChooseMode: slots and fusion_width must be >= 1, seconds > 0");
+  }
+  constexpr int64_t kProbeSteps = 4;
+  std::atomic<bool> failed{false};
+  std::string failure;
+  std::mutex failure_mu;
+  auto note = [&](const MemberOutcome& o) {
+    if (o.ok()) return;
+    std::lock_guard<std::mutex> lock(failure_mu);
+    if (!failed.exchange(true)) failure = o.status.ToString();
+  };
+  auto plain = [&](int slot, int round) -> int64_t {
+    MemberTask t;
+    t.member = "probe" + std::to_string(slot);
+    t.init_seed = static_cast<uint64_t>(slot * 100003 + round);
+    t.steps = kProbeSteps;
+    MemberOutcome o = Plain(t, false);
+    note(o);
+    return o.samples;
+  };
+  auto fused = [&](int slot, int round) -> int64_t {
+    std::vector<MemberTask> tasks(static_cast<size_t>(probe.fusion_width));
+    for (size_t k = 0; k < tasks.size(); ++k) {
+      tasks[k].member = "probe" + std::to_string(slot) + "." + std::to_string(k);
+      tasks[k].init_seed = static_cast<uint64_t>(slot * 100003 + round * 1009 + k);
+      tasks[k].steps = kProbeSteps;
+    }
+    int64_t n = 0;
+    for (const auto& o : Fused(tasks, false)) {
+      note(o);
+      n += o.samples;
+    }
+    return n;
+  };
+  ModeChoice choice;
+  plain(0, -1);  // warm-up: lazy initialisation of kernels and allocator
+  choice.plain_samples_s = Measure(probe.slots, probe.seconds, plain);
+  if (SupportsFusion()) {
+    fused(0, -1);
+    choice.fused_samples_s = Measure(probe.slots, probe.seconds, fused);
+  }
+  if (failed.load()) return Status::Internal("ChooseMode: probe training failed: " + failure);
+  choice.mode = choice.fused_samples_s > choice.plain_samples_s ? "fused" : "plain";
+  return choice;
+}
+
+// Fills ctx->model_tensors from the loaded TorchScript module and checks that
+// it maps a batch of inputs to [batch, num_classes] logits.
+Status InspectScript(Context* ctx) {
+  torch::jit::Module& module = *ctx->script;
+  for (const auto& p : module.named_parameters(true)) {
+    if (p.value.scalar_type() != at::kFloat) {
+      return Status::InvalidArgument("TorchScript parameter " + p.name + " is not float32");
+    }
+    ctx->model_tensors.push_back(
+        {p.name, format::DType::kF32, p.value.sizes().vec(), /*trainable=*/true});
+  }
+  for (const auto& b : module.named_buffers(true)) {
+    format::DType dtype;
+    if (b.value.scalar_type() == at::kFloat) {
+      dtype = format::DType::kF32;
+    } else if (b.value.scalar_type() == at::kLong) {
+      dtype = format::DType::kI64;
+    } else {
+      return Status::InvalidArgument("TorchScript buffer " + b.name +
+                                     " is neither float32 nor int64");
+    }
+    ctx->model_tensors.push_back({b.name, dtype, b.value.sizes().vec(), /*trainable=*/false});
+  }
+  if (ctx->model_tensors.empty()) {
+    return Status::InvalidArgument("TorchScript module has no parameters");
+  }
+  at::NoGradGuard no_grad;
+  torch::jit::Module probe = module.clone();
+  probe.eval();
+  const int64_t n = std::min<int64_t>(2, ctx->validation.count);
+  at::Tensor x = ctx->validation.images.slice(0, 0, n).to(at::kFloat).mul_(ctx->scale).add_(ctx->shift);
+  torch::jit::IValue y = probe.forward({x});
+  if (!y.isTensor() || y.toTensor().dim() != 2 || y.toTensor().size(0) != n ||
+      y.toTensor().size(1) != ctx->data->num_classes) {
+    return Status::InvalidArgument("TorchScript module must map [N, C, H, W] to [N, " +
+                                   std::to_string(ctx->data->num_classes) + "] logits");
+  }
+  return Status::OK();
+}
+
+DeviceSplit ToDevice(const Context& ctx, const ImageSet& set) {
+  DeviceSplit split;
+  split.count = set.count;
+  const auto* data = ctx.data.get();
+  at::Tensor images = at::from_blob(const_cast<uint8_t*>(set.images.data()),
+                                    {set.count, data->channels, data->height, data->width}, at::kByte);
+  at::Tensor labels = at::from_blob(const_cast<uint8_t*>(set.labels.data()), {set.count}, at::kByte);
+  // On the CPU the images stay where the (shared, immutable) dataset holds them.
+  split.images = ctx.device.is_cpu() ? images : images.to(ctx.device);
+  split.labels = labels.to(ctx.device, at::kLong);
+  return split;
+}
+
+StatusOr<std::unique_ptr<Trainer>> Create(const TrainerOptions& options) {
+  auto ctx = std::make_unique<Context>();
+  ctx->options = options;
+  if (options.batch_size < 1) return Status::InvalidArgument("batch_size must be >= 1");
+  if (options.eval_size < 0) return Status::InvalidArgument("eval_size must be >= 0");
+  if (options.eval_batch_size < 1) return Status::InvalidArgument("eval_batch_size must be >= 1");
+  if (options.intra_op_threads < 1) return Status::InvalidArgument("intra_op_threads must be >= 1");
+  CKPT_ASSIGN_OR_RETURN(ctx->optimizer, ParseOptimizerKind(options.optimizer));
+
+  std::string device = options.device == "cuda" ? "cuda:0" : options.device;
+  if (device != "cpu" && device.rfind("cuda:", 0) != 0) {
+    return Status::InvalidArgument("unknown device \"" + options.device +
+                                   "\" (expected cpu, cuda or cuda:N)");
+  }
+  try {
+    ctx->device = at::Device(device);
+  } catch (const c10::Error& e) {
+    return Status::InvalidArgument("bad device \"" + options.device + "\": " + Brief(e));
+  }
+  if (ctx->device.is_cuda()) {
+#if defined(CKPT_WITH_CUDA)
+    if (!torch::cuda::is_available() ||
+        ctx->device.index() >= static_cast<int>(torch::cuda::device_count())) {
+      return Status::Unavailable("device " + device + " is not available");
+    }
+#else
+    return Status::Unavailable("this build's LibTorch has no CUDA; device " + device +
+                               " is not available");
+#endif
+  }
+  ctx->device_name = device;
+
+  if (options.data) {
+    ctx->data = options.data;
+  } else {
+    CKPT_ASSIGN_OR_RETURN(ctx->data, LoadDataset(options.dataset, options.dataset_path));
+  }
+  const DatasetSplits& data = *ctx->data;
+  if (data.train.count < options.batch_size) {
+    return Status::InvalidArgument("batch_size exceeds the train split");
+  }
+  ctx->scale = data.scale;
+  ctx->shift = data.shift;
+  CKPT_ASSIGN_OR_RETURN(ctx->spec,
+                        ModelSpec::Parse(options.model_spec, {data.channels, data.height, data.width}));
+
+  try {
+    ThreadScope scope(*ctx);
+    ctx->train = ToDevice(*ctx, data.train);
+    ctx->validation = ToDevice(*ctx, data.validation);
+    ctx->test = ToDevice(*ctx, data.test);
+
+    if (ctx->spec.is_torchscript()) {
+      const std::string& path = ctx->spec.torchscript_path();
+      if (access(path.c_str(), R_OK) != 0) {
+        return Status::NotFound("TorchScript file " + path + " cannot be read");
+      }
+      try {
+        ctx->script = torch::jit::load(path, ctx->device);
+      } catch (const c10::Error& e) {
+        return Status::InvalidArgument("TorchScript file " + path + " does not load: " + Brief(e));
+      }
+      Status inspected = InspectScript(ctx.get());
+      if (!inspected.ok()) return inspected.WithPrefix(path);
+    } else {
+      if (ctx->spec.num_outputs() != data.num_classes) {
+        return Status::InvalidArgument("model spec produces " +
+                                       std::to_string(ctx->spec.num_outputs()) + " logits, " +
+                                       data.name + " has " + std::to_string(data.num_classes) +
+                                       " classes");
+      }
+      ctx->model_tensors = ctx->spec.ModelTensors();
+    }
+  } catch (const c10::Error& e) {
+    return Status::Internal("trainer set-up: " + Brief(e));
+  } catch (const std::exception& e) {
+    return Status::Internal("trainer set-up: " + Brief(e));
+  }
+
+  ctx->layout = StateLayout(ctx->model_tensors, ctx->optimizer);
+  for (size_t i = 0; i < ctx->layout.size(); ++i) {
+    if (!ctx->index.emplace(ctx->layout[i].name, static_cast<int>(i)).second) {
+      return Status::InvalidArgument("model has two tensors named " + ctx->layout[i].name);
+    }
+  }
+  auto find = [&](const std::string& name) {
+    auto it = ctx->index.find(name);
+    return it == ctx->index.end() ? -1 : it->second;
+  };
+  for (const LayerSpec& l : ctx->spec.layers()) {
+    LayerTensors lt;
+    if (!l.name.empty()) {
+      lt.weight = find(l.name + ".weight");
+      lt.bias = find(l.name + ".bias");
+      lt.running_mean = find(l.name + ".running_mean");
+      lt.running_var = find(l.name + ".running_var");
+      lt.num_batches_tracked = find(l.name + ".num_batches_tracked");
+    }
+    ctx->layer_tensors.push_back(lt);
+  }
+  for (const TensorSpec& t : ctx->model_tensors) {
+    if (!t.trainable) continue;
+    TrainableSlots s;
+    s.param = find(t.name);
+    s.momentum_buffer = find("optim." + t.name + ".momentum_buffer");
+    s.exp_avg = find("optim." + t.name + ".exp_avg");
+    s.exp_avg_sq = find("optim." + t.name + ".exp_avg_sq");
+    s.step = find("optim." + t.name + ".step");
+    ctx->trainables.push_back(s);
+  }
+  return std::unique_ptr<Trainer>(new TrainerImpl(std::move(ctx)));
+}
+
+}  // namespace
+}  // namespace internal
+
+StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& options) {
+  return internal::Create(options);
+}
+
+}  // namespace ckpt::model
