@@ -198,7 +198,7 @@ StatusOr<ExperimentConfig> ParseExperimentConfig(const std::string& toml_text,
     CKPT_RETURN_IF_ERROR(r.OneOf("dataset", {"fashion-mnist", "mnist"}, &c.dataset));
     CKPT_RETURN_IF_ERROR(r.String("path", &c.dataset_path));
     CKPT_RETURN_IF_ERROR(r.Int("batch_size", 1, 65536, &c.batch_size));
-    CKPT_RETURN_IF_ERROR(r.Int("eval_size", 1, 10000, &c.eval_size));
+    CKPT_RETURN_IF_ERROR(r.Int("eval_size", 0, 10000, &c.eval_size));
     CKPT_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
     if (!FileExists(c.dataset_path + "/train-images-idx3-ubyte.gz") &&
         !FileExists(c.dataset_path + "/train-images-idx3-ubyte")) {

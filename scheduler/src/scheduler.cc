@@ -77,6 +77,8 @@ struct Experiment {
   int64_t samples = 0;
   int64_t intervals_this_run = 0;
   Clock::time_point start = Clock::now();
+  Clock::time_point first_dispatch{};
+  Clock::time_point last_result{};
   std::string status = "running";
 };
 
@@ -94,6 +96,7 @@ struct WorkerSlot {
   std::unique_ptr<asio::steady_timer> restart_timer;
   double samples_per_s = 0;
   std::string mode;
+  int64_t peak_rss_total = 0;  // over this slot's incarnations
 };
 
 std::string MemberName(int i, int population) {
@@ -185,6 +188,11 @@ class SchedulerImpl : public Scheduler {
     asio::post(io_, [this] { BeginStop("stop requested"); });
   }
   StatusOr<ExperimentSummary> Summary(const std::string& exp) override;
+  int64_t WorkersPeakRssBytes() const override {
+    int64_t sum = 0;
+    for (const auto& w : workers_) sum += w->peak_rss_total;
+    return sum;
+  }
 
  private:
   Status LoadMembers(Experiment* e);
@@ -442,6 +450,7 @@ void SchedulerImpl::OnWorkerEvent(size_t i, uint64_t inc, WorkerEvent ev) {
       m->failures = 0;
       e->samples += ev.result.samples;
       e->intervals_this_run++;
+      e->last_result = Clock::now();
       AfterInterval(e, m);
       break;
     case WorkerEvent::Kind::kEvaluated:
@@ -501,6 +510,7 @@ void SchedulerImpl::OnLost(size_t i, const std::string& reason) {
   WorkerSlot& w = *workers_[i];
   std::vector<Task> unfinished;
   if (w.handle) {
+    w.peak_rss_total += w.handle->PeakRssBytes();
     w.handle->Stop(false, milliseconds(0));
     unfinished = w.handle->TakeUnfinished();
     w.handle.reset();
@@ -610,6 +620,7 @@ void SchedulerImpl::Dispatch() {
     t.interval_after = p.eval ? m.interval : m.interval + 1;
     t.last_exploit = m.last_exploit;
     if (!p.eval) m.status = MemberStatus::kRunning;
+    if (e->first_dispatch == Clock::time_point{}) e->first_dispatch = Clock::now();
     e->in_flight++;
     best->busy++;
     best->handle->Enqueue(std::move(t));
@@ -796,7 +807,10 @@ void SchedulerImpl::ShutdownWorkers(bool graceful) {
   finished_ = true;
   for (auto& w : workers_) {
     if (w->restart_timer) w->restart_timer->cancel();
-    if (w->handle) w->handle->Stop(graceful, milliseconds(2000));
+    if (w->handle) {
+      w->peak_rss_total += w->handle->PeakRssBytes();
+      w->handle->Stop(graceful, milliseconds(2000));
+    }
   }
   tick_.cancel();
   grace_timer_.cancel();
@@ -907,6 +921,10 @@ StatusOr<ExperimentSummary> SchedulerImpl::Summary(const std::string& id) {
   s.exploits = e->exploits;
   s.train_samples = e->samples;
   s.wall_s = std::chrono::duration<double>(Clock::now() - e->start).count();
+  s.member_intervals = e->intervals_this_run;
+  if (e->first_dispatch != Clock::time_point{} && e->last_result > e->first_dispatch) {
+    s.training_s = std::chrono::duration<double>(e->last_result - e->first_dispatch).count();
+  }
   s.store_path = options_.store_path;
   for (const auto& m : e->members) {
     MemberSummary ms;

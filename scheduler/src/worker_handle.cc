@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 namespace ckpt::scheduler {
@@ -347,6 +348,16 @@ std::vector<Task> WorkerHandle::TakeUnfinished() {
   in_flight_.clear();
   queue_.clear();
   return out;
+}
+
+int64_t WorkerHandle::PeakRssBytes() const {
+  if (pid_ <= 0 || exited_.load()) return 0;
+  std::ifstream in("/proc/" + std::to_string(pid_) + "/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::atoll(line.c_str() + 6) * 1024;
+  }
+  return 0;
 }
 
 ipc::ChannelStats WorkerHandle::ChannelStats() const {

@@ -92,6 +92,8 @@ class WorkerHandle {
   std::vector<Task> TakeUnfinished();
 
   pid_t pid() const { return pid_; }
+  // VmHWM of the live process, 0 when it is gone.
+  int64_t PeakRssBytes() const;
   const WorkerSpec& spec() const { return spec_; }
   ipc::ChannelStats ChannelStats() const;
   // Called by the event loop when waitpid reaped this process.

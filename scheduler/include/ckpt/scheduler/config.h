@@ -5,7 +5,8 @@
 //   store = "var"                     # embedded store directory
 //   metrics = "127.0.0.1:9464"        # "" = no metrics endpoint
 //   [model]      spec = "lenet5"; optimizer = "sgd"
-//   [data]       dataset = "fashion-mnist"; path = "..."; batch_size = 64; eval_size = 2000
+//   [data]       dataset = "fashion-mnist"; path = "..."; batch_size = 64;
+//                eval_size = 2000 (0: no validation, every score is NaN)
 //   [population] size = 30; steps_per_interval = 200; intervals = 20;
 //                target_metric = 0.92; max_wall_s = 0
 //   [search_space.lr] type = "log_uniform"; min = 1e-3; max = 0.3

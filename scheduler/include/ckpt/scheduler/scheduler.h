@@ -94,7 +94,9 @@ struct ExperimentSummary {
   int generation = 0;             // min intervals done over active members
   int64_t exploits = 0;
   int64_t train_samples = 0;      // this run
-  double wall_s = 0;              // this run
+  int64_t member_intervals = 0;   // intervals committed by this run
+  double wall_s = 0;              // this run, from Submit
+  double training_s = 0;          // this run, from the first dispatch to the last result
   std::vector<MemberSummary> members;  // best first
   std::string store_path;
 };
@@ -122,6 +124,9 @@ class Scheduler {
   virtual void RequestStop() = 0;
 
   virtual StatusOr<ExperimentSummary> Summary(const std::string& exp) = 0;
+  // Sum over every worker process this scheduler ran of its peak resident
+  // set (VmHWM, read just before it was stopped).
+  virtual int64_t WorkersPeakRssBytes() const = 0;
   virtual store::Store* store() = 0;
 };
 

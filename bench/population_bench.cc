@@ -1,0 +1,219 @@
+// ckpt-bench population: the main job through the whole pipeline (scheduler,
+// store, rings, worker processes), against the same training kernels called
+// directly, in the same run.
+//
+//   ckpt-bench population [--config examples/fashion-mnist-pbt.toml]
+//       [--members N] [--intervals I] [--steps S] [--eval-size E] [--slots K]
+//       [--workers W] [--null-members N] [--null-intervals I] [--skip-train]
+//
+// The null run trains 0 steps and evaluates nothing: what is left is the
+// pipeline's own cost per member-interval (store read, ring, worker decode and
+// encode of a LeNet-5 state, commit, policy).
+#include <sys/resource.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench.h"
+#include "ckpt/scheduler/config.h"
+#include "ckpt/scheduler/scheduler.h"
+#include "ckpt/worker/trainer.h"
+
+namespace ckpt::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct RunResult {
+  scheduler::ExperimentSummary summary;
+  double wall_s = 0;
+  int64_t workers_peak_rss = 0;
+};
+
+StatusOr<RunResult> RunPipeline(scheduler::ExperimentConfig config, const std::string& store,
+                                int workers, int slots) {
+  scheduler::SchedulerOptions o;
+  o.store_path = store;
+  scheduler::DeviceConfig d;
+  d.device = "cpu";
+  d.count = workers;
+  d.slots = slots;
+  d.fusion = "plain";
+  d.intra_op_threads = 1;
+  o.devices = {d};
+  o.progress = stderr;
+  o.final_eval_top = config.eval_size > 0 ? 3 : 0;
+  config.devices = o.devices;
+  const auto t0 = Clock::now();
+  CKPT_ASSIGN_OR_RETURN(auto s, scheduler::Scheduler::Create(o));
+  CKPT_RETURN_IF_ERROR(s->Submit(config));
+  CKPT_RETURN_IF_ERROR(s->Run());
+  RunResult r;
+  r.wall_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  CKPT_ASSIGN_OR_RETURN(r.summary, s->Summary(config.name));
+  r.workers_peak_rss = s->WorkersPeakRssBytes();
+  return r;
+}
+
+// The same kernels, no scheduler, store or ring: `slots` threads each train
+// members in turn, feeding each new state back in, for about `seconds`.
+double BareLoopSamplesPerSecond(const scheduler::ExperimentConfig& c, int slots, double seconds) {
+  model::TrainerOptions t;
+  t.model_spec = c.model_spec;
+  t.optimizer = c.optimizer;
+  t.batch_size = c.batch_size;
+  t.eval_size = c.eval_size;
+  t.dataset = c.dataset;
+  t.dataset_path = c.dataset_path;
+  t.intra_op_threads = 1;
+  auto trainer = model::Trainer::Create(t);
+  if (!trainer.ok()) {
+    std::fprintf(stderr, "bare loop: %s\n", trainer.status().ToString().c_str());
+    return 0;
+  }
+  std::atomic<int64_t> samples{0};
+  std::atomic<bool> timing{false};
+  const auto until = Clock::now() + std::chrono::duration<double>(seconds + 1.0);
+  std::vector<std::thread> threads;
+  Clock::time_point start;
+  for (int s = 0; s < slots; ++s) {
+    threads.emplace_back([&, s] {
+      std::string state;
+      int64_t round = 0;
+      while (Clock::now() < until) {
+        model::MemberTask task;
+        task.member = "bare/" + std::to_string(s);
+        task.init_seed = static_cast<uint64_t>(s + 1);
+        task.state = reinterpret_cast<const uint8_t*>(state.data());
+        task.state_size = state.size();
+        task.hparams = {{"lr", 0.05}, {"momentum", 0.9}};
+        task.steps = c.steps_per_interval;
+        auto o = (*trainer)->TrainPlain(task);
+        if (!o.ok()) break;
+        state = o.EncodeState();
+        if (round++ > 0 && timing.load()) samples += o.samples;
+      }
+    });
+  }
+  // The first interval of each slot is warm-up; count from one second in.
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  start = Clock::now();
+  timing.store(true);
+  for (auto& th : threads) th.join();
+  const double dt = std::chrono::duration<double>(Clock::now() - start).count();
+  return dt > 0 ? static_cast<double>(samples.load()) / dt : 0;
+}
+
+int Population(const Args& args) {
+  const std::string path = args.Get("config", "examples/fashion-mnist-pbt.toml");
+  auto loaded = scheduler::LoadExperimentConfig(path);
+  if (!loaded.ok()) {
+    std::fprintf(stderr, "population: %s (run from the repository root or pass --config)\n",
+                 loaded.status().ToString().c_str());
+    return 1;
+  }
+  scheduler::ExperimentConfig c = *loaded;
+  c.population = static_cast<int>(args.GetInt("members", 8));
+  c.intervals = static_cast<int>(args.GetInt("intervals", 3));
+  c.steps_per_interval = args.GetInt("steps", 100);
+  c.eval_size = static_cast<int>(args.GetInt("eval-size", 1000));
+  c.name = "bench-population";
+  const int workers = static_cast<int>(args.GetInt("workers", 1));
+  const int slots = static_cast<int>(args.GetInt("slots", 2));
+  const std::string root =
+      (std::filesystem::temp_directory_path() / ("ckpt-bench-pop-" + std::to_string(getpid())))
+          .string();
+  std::filesystem::remove_all(root);
+
+  std::string json = "{\"bench\":\"population\"";
+  auto add = [&](const char* key, double v) {
+    char buf[96];
+    std::snprintf(buf, sizeof buf, ",\"%s\":%.6g", key, v);
+    json += buf;
+  };
+  int64_t peak_workers = 0;
+  if (!args.Has("skip-train")) {
+    auto r = RunPipeline(c, root + "/train", workers, slots);
+    if (!r.ok()) {
+      std::fprintf(stderr, "population: %s\n", r.status().ToString().c_str());
+      return 1;
+    }
+    const auto& s = r->summary;
+    const double samples_per_s =
+        s.training_s > 0 ? static_cast<double>(s.train_samples) / s.training_s : 0;
+    std::fprintf(stderr, "measuring the bare loop (%d slots)...\n", slots * workers);
+    const double bare = BareLoopSamplesPerSecond(c, slots * workers, 8.0);
+    double best_val = 0, best_test = -1;
+    for (const auto& m : s.members) {
+      best_val = std::max(best_val, m.val_acc);
+      best_test = std::max(best_test, m.test_acc);
+    }
+    add("members", c.population);
+    add("intervals", c.intervals);
+    add("steps_per_interval", static_cast<double>(c.steps_per_interval));
+    add("wall_s", r->wall_s);
+    add("training_s", s.training_s);
+    add("train_samples", static_cast<double>(s.train_samples));
+    add("samples_per_s", samples_per_s);
+    add("bare_loop_samples_per_s", bare);
+    add("overhead_share", bare > 0 ? 1.0 - samples_per_s / bare : NAN);
+    add("best_val_acc", best_val);
+    add("best_test_acc", best_test);
+    add("exploits", static_cast<double>(s.exploits));
+    peak_workers = std::max(peak_workers, r->workers_peak_rss);
+  }
+  // The null trainer: 0 steps, no evaluation.
+  std::vector<long long> sizes = {args.GetInt("null-members", 30)};
+  if (args.Has("scale")) sizes = {30, 300, 3000};
+  double per_s_first = 0;
+  for (long long n : sizes) {
+    scheduler::ExperimentConfig z = c;
+    z.name = "bench-null-" + std::to_string(n);
+    z.population = static_cast<int>(n);
+    z.intervals = static_cast<int>(args.GetInt("null-intervals", n >= 1000 ? 3 : 10));
+    z.steps_per_interval = 0;
+    z.eval_size = 0;
+    auto r = RunPipeline(z, root + "/null-" + std::to_string(n), workers, slots);
+    if (!r.ok()) {
+      std::fprintf(stderr, "population (null): %s\n", r.status().ToString().c_str());
+      return 1;
+    }
+    const double per_s = r->summary.training_s > 0
+                             ? static_cast<double>(r->summary.member_intervals) /
+                                   r->summary.training_s
+                             : 0;
+    if (per_s_first == 0) per_s_first = per_s;
+    char key[64];
+    if (sizes.size() == 1) {
+      add("member_intervals_per_s_null", per_s);
+      add("null_members", static_cast<double>(n));
+    } else {
+      std::snprintf(key, sizeof key, "member_intervals_per_s_null_%lld", n);
+      add(key, per_s);
+      if (n == 30) add("member_intervals_per_s_null", per_s);
+      if (n == sizes.back()) {
+        std::snprintf(key, sizeof key, "null_cost_ratio_%lld_vs_30", n);
+        add(key, per_s > 0 ? per_s_first / per_s : NAN);
+      }
+    }
+    peak_workers = std::max(peak_workers, r->workers_peak_rss);
+  }
+  add("peak_rss_bytes_scheduler", static_cast<double>(PeakRssBytes()));
+  add("peak_rss_bytes_workers", static_cast<double>(peak_workers));
+  add("peak_rss_bytes_all_processes", static_cast<double>(PeakRssBytes() + peak_workers));
+  json += ",\"device\":\"cpu\"}";
+  std::filesystem::remove_all(root);
+  std::printf("%s\n", json.c_str());
+  return 0;
+}
+
+CKPT_BENCHMARK("population", "the PBT main job end to end vs the bare training loop", Population);
+
+}  // namespace
+}  // namespace ckpt::bench
