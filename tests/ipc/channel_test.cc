@@ -157,6 +157,45 @@ TEST_F(ChannelTest, StagedReservationArrivesWhole) {
   EXPECT_EQ(std::memcmp(got->payload, want.data(), size), 0);
 }
 
+TEST_F(ChannelTest, StagedCommitResumesAfterItsDeadline) {
+  Connect();
+  const size_t size = 3 * (64 << 10);
+  auto r = owner_->Reserve(RecordType::kTrain, size, DeadlineIn(milliseconds(1000)));
+  ASSERT_TRUE(r.ok());
+  testing::FillPayload(9, 9, r->data, r->size);
+  // Nobody reads yet: the ring fills part way through the fragments.
+  Status first = owner_->Commit(*r, DeadlineIn(milliseconds(50)));
+  ASSERT_TRUE(first.IsResourceExhausted()) << first.ToString();
+  Status second;
+  std::thread resume([&] { second = owner_->Commit(*r, DeadlineIn(milliseconds(10000))); });
+  auto got = worker_->Receive(DeadlineIn(milliseconds(10000)));
+  resume.join();
+  ASSERT_TRUE(second.ok()) << second.ToString();
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  std::vector<uint8_t> want(size);
+  testing::FillPayload(9, 9, want.data(), size);
+  ASSERT_EQ(got->size, size);
+  EXPECT_EQ(std::memcmp(got->payload, want.data(), size), 0);
+  EXPECT_EQ(worker_->Stats().dropped_messages, 0u);
+  EXPECT_EQ(owner_->Stats().records_sent, 1u);
+}
+
+TEST_F(ChannelTest, AbandonedFragmentsAreDroppedByTheReceiver) {
+  Connect();
+  std::vector<uint8_t> big(3 * (64 << 10), 1);
+  Status s = owner_->Send(RecordType::kTrain, big.data(), big.size(), DeadlineIn(milliseconds(50)));
+  ASSERT_TRUE(s.IsResourceExhausted()) << s.ToString();
+  std::thread sender([&] {
+    ASSERT_TRUE(owner_->Send(RecordType::kStats, "next", 4, DeadlineIn(milliseconds(10000))).ok());
+  });
+  auto got = worker_->Receive(DeadlineIn(milliseconds(10000)));
+  sender.join();
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(got->type, RecordType::kStats);
+  EXPECT_EQ(worker_->Stats().dropped_messages, 1u);
+  EXPECT_EQ(worker_->Stats().bad_records, 0u);
+}
+
 TEST_F(ChannelTest, ReceiveWithNothingToReadStopsAtTheDeadline) {
   Connect();
   const auto start = Clock::now();

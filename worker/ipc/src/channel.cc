@@ -159,7 +159,10 @@ class ChannelImpl final : public Channel {
     Abandon();
     CKPT_RETURN_IF_ERROR(SendCheck());
     const auto* bytes = static_cast<const uint8_t*>(payload);
-    if (size > writer_.max_payload()) return SendFragments(type, bytes, size, deadline);
+    if (size > writer_.max_payload()) {
+      uint64_t sent = 0;
+      return SendFragments(type, bytes, size, &sent, deadline);
+    }
     internal::RecordSpec spec{type, 0, size, type, size, 0};
     uint8_t* dst = nullptr;
     CKPT_RETURN_IF_ERROR(ReserveInRing(spec, deadline, &dst));
@@ -190,6 +193,7 @@ class ChannelImpl final : public Channel {
       }
       r.data = staging_.get();
       pending_ = Pending::kStaged;
+      staged_sent_ = 0;
     } else {
       internal::RecordSpec spec{type, 0, size, type, size, 0};
       CKPT_RETURN_IF_ERROR(ReserveInRing(spec, deadline, &r.data));
@@ -205,9 +209,8 @@ class ChannelImpl final : public Channel {
         reservation.size != pending_reservation_.size) {
       return Status::InvalidArgument(name_ + ": Commit of a reservation that is not pending");
     }
-    const Pending kind = pending_;
-    pending_ = Pending::kNone;
-    if (kind == Pending::kInRing) {
+    if (pending_ == Pending::kInRing) {
+      pending_ = Pending::kNone;
       if (closed_.load()) {
         writer_.Abandon();
         return Status::Aborted(name_ + ": channel closed");
@@ -215,8 +218,14 @@ class ChannelImpl final : public Channel {
       CommitInRing(reservation.size);
       return Status::OK();
     }
-    CKPT_RETURN_IF_ERROR(SendCheck());
-    return SendFragments(pending_type_, staging_.get(), reservation.size, deadline);
+    // Staged: fragments go out now. At the deadline the reservation stays
+    // pending with its progress, so Commit again resumes where this one stopped.
+    Status s = SendCheck();
+    if (s.ok()) {
+      s = SendFragments(pending_type_, staging_.get(), reservation.size, &staged_sent_, deadline);
+    }
+    if (!s.IsResourceExhausted()) pending_ = Pending::kNone;
+    return s;
   }
 
   void Abandon() override {
@@ -368,9 +377,13 @@ class ChannelImpl final : public Channel {
     send_ring_used_.store(writer_.used(), std::memory_order_relaxed);
   }
 
-  Status SendFragments(RecordType type, const uint8_t* bytes, size_t size, Deadline deadline) {
+  // Sends `bytes` as fragments from offset *sent on, advancing *sent past each
+  // fragment committed.
+  Status SendFragments(RecordType type, const uint8_t* bytes, size_t size, uint64_t* sent,
+                       Deadline deadline) {
     const uint64_t chunk = writer_.max_payload();
-    for (uint64_t off = 0; off < size; off += chunk) {
+    while (*sent < size) {
+      const uint64_t off = *sent;
       const uint64_t n = std::min<uint64_t>(chunk, size - off);
       uint16_t flags = 0;
       if (off == 0) flags |= layout::kFlagFirst;
@@ -380,6 +393,7 @@ class ChannelImpl final : public Channel {
       CKPT_RETURN_IF_ERROR(ReserveInRing(spec, deadline, &dst));
       std::memcpy(dst, bytes + off, n);
       writer_.Commit();
+      *sent = off + n;
     }
     records_sent_.fetch_add(1, std::memory_order_relaxed);
     bytes_sent_.fetch_add(size, std::memory_order_relaxed);
@@ -457,6 +471,7 @@ class ChannelImpl final : public Channel {
   Reservation pending_reservation_;
   std::unique_ptr<uint8_t[]> staging_;
   size_t staging_capacity_ = 0;
+  uint64_t staged_sent_ = 0;  // bytes of the staged reservation already sent
 
   // Receiving thread.
   RingReader reader_;

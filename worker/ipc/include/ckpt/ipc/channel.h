@@ -136,9 +136,11 @@ class Channel {
   // ring are staged in a buffer the channel owns and sent as fragments on
   // Commit. Abandons a reservation still pending. Errors as Send.
   virtual StatusOr<Reservation> Reserve(RecordType type, size_t size, Deadline deadline) = 0;
-  // Publishes the pending reservation. `deadline` bounds the fragments of a
-  // staged one; an in-place one never waits. InvalidArgument when
-  // `reservation` is not the pending one; otherwise errors as Send.
+  // Publishes the pending reservation. An in-place one never waits. A staged
+  // one goes out as fragments, bounded by `deadline`; on ResourceExhausted it
+  // stays pending and Commit again resumes where it stopped (Abandon, Reserve
+  // or Send instead leave the peer to drop the part it got). InvalidArgument
+  // when `reservation` is not the pending one; otherwise errors as Send.
   virtual Status Commit(const Reservation& reservation, Deadline deadline) = 0;
   // Drops the pending reservation, if any.
   virtual void Abandon() = 0;

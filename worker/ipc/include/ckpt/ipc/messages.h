@@ -10,9 +10,19 @@
 //                      present for TRAIN and RESULT only; S is stored in the JSON
 //                      as "state_offset" and the length as "state_bytes"
 //
-// A decoder treats the payload as untrusted: bounded lengths, JSON fields of
-// the right types, offsets inside the payload; any failure is Corruption naming
-// the message type and field. Decoded state spans point into the payload.
+// A message without state (HELLO, CONFIGURE, FAILED, STATS, SHUTDOWN) ends
+// right after its JSON. JSON keys are the struct fields' names below; numbers
+// that are not finite travel as null and decode as NaN.
+//
+// A decoder treats the payload as untrusted: bounded lengths (JSON at most
+// kMaxMessageJsonBytes, nested at most 16 deep), JSON fields of the right types
+// and ranges, the state exactly filling the payload from a 64-aligned offset
+// past the JSON, zero padding; any failure is Corruption naming the message
+// type and field. Unknown keys are ignored (a newer sender may add fields);
+// missing keys keep the struct's defaults, except the required ones: HELLO
+// device; CONFIGURE experiment; TRAIN task_id, member, steps; RESULT task_id,
+// member; FAILED task_id, member, code. Decoded state spans point into the
+// payload.
 //
 // Thread-safety: pure functions.
 #ifndef CKPT_IPC_MESSAGES_H_
@@ -124,7 +134,8 @@ struct Shutdown {
 };
 
 // Encoded payload sizes, and encoders writing into [dst, dst + size).
-// EncodeX returns InvalidArgument when size != EncodedSizeX.
+// EncodeX returns InvalidArgument when size != EncodedSizeX (0 only when out of
+// memory), or for a TRAIN/RESULT whose state has a size but no data.
 size_t EncodedSize(const Hello& m);
 size_t EncodedSize(const Configure& m);
 size_t EncodedSize(const Train& m);
