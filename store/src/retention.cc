@@ -10,8 +10,23 @@ bool RetentionIndex::HasExperiment(const std::string& exp) const {
   return experiments_.count(exp) > 0;
 }
 
-void RetentionIndex::AddMember(const std::string& exp, const std::string& member, int64_t head) {
-  experiments_[exp].members[member].head = head;
+void RetentionIndex::AddMember(const std::string& exp, MemberHead head) {
+  Member& m = experiments_[exp].members[head.member];
+  m.head = head.version;
+  m.record = std::move(head);
+}
+
+const MemberHead* RetentionIndex::HeadRecord(const std::string& exp,
+                                             const std::string& member) const {
+  auto e = experiments_.find(exp);
+  if (e == experiments_.end()) return nullptr;
+  auto m = e->second.members.find(member);
+  return m == e->second.members.end() ? nullptr : &m->second.record;
+}
+
+void RetentionIndex::SetHeadRecord(const std::string& exp, MemberHead head) {
+  Member& m = experiments_[exp].members[head.member];
+  m.record = std::move(head);
 }
 
 bool RetentionIndex::HasMember(const std::string& exp, const std::string& member) const {
@@ -99,10 +114,12 @@ void RetentionIndex::Evaluate(const std::string& exp, Experiment* e, VersionRef 
     if (vit == m.versions.end()) continue;
     VersionInfo& v = vit->second;
     if (KeepsBlob(m, ref.version, v)) continue;
-    RetentionChange change{exp, ref, v.blob, false, false};
+    RetentionChange change{exp, ref, v.blob, false, false, nullptr};
     if (v.holds_blob) {
       v.holds_blob = false;
       change.release_blob = true;
+      change.manifest = std::move(v.manifest);
+      v.manifest.reset();
     }
     if (!policy_.keep_lineage || v.children == 0) {
       change.erase = true;
@@ -120,10 +137,11 @@ void RetentionIndex::Evaluate(const std::string& exp, Experiment* e, VersionRef 
 }
 
 void RetentionIndex::AddVersion(const std::string& exp, const std::string& member,
-                                int64_t version, VersionInfo info,
+                                int64_t version, VersionInfo info, MemberHead head,
                                 std::vector<RetentionChange>* changes) {
   Experiment& e = experiments_[exp];
   Member& m = e.members[member];
+  m.record = std::move(head);
   info.children = 0;
   info.in_best = false;
   if (info.parent) {
@@ -141,12 +159,14 @@ void RetentionIndex::AddVersion(const std::string& exp, const std::string& membe
 
 void RetentionIndex::SetPinned(const std::string& exp, const std::string& member,
                                int64_t version, bool pinned,
+                               std::shared_ptr<const Manifest> updated,
                                std::vector<RetentionChange>* changes) {
   auto e = experiments_.find(exp);
   if (e == experiments_.end()) return;
   VersionInfo* v = FindMutable(&e->second, VersionRef{member, version});
   if (v == nullptr) return;
   v->pinned = pinned;
+  if (v->holds_blob) v->manifest = std::move(updated);
   if (!pinned) Evaluate(exp, &e->second, VersionRef{member, version}, changes);
 }
 
@@ -166,7 +186,8 @@ std::vector<RetentionChange> RetentionIndex::RemoveExperiment(const std::string&
   if (e == experiments_.end()) return out;
   for (const auto& [name, m] : e->second.members) {
     for (const auto& [ver, v] : m.versions) {
-      out.push_back(RetentionChange{exp, VersionRef{name, ver}, v.blob, v.holds_blob, true});
+      out.push_back(
+          RetentionChange{exp, VersionRef{name, ver}, v.blob, v.holds_blob, true, v.manifest});
     }
   }
   experiments_.erase(e);

@@ -1,7 +1,10 @@
 // RetentionIndex: the writer's in-memory picture of every stored version,
 // enough to decide retention without reading manifests: per member its head
-// and versions (blob, score, pinned, parent, number of children), per
-// experiment the best-K set and the last event sequence number.
+// record and versions (blob, score, pinned, parent, number of children, and
+// the whole manifest while it holds a blob, which bounds that cache by the
+// retained versions), per experiment the best-K set and the last event
+// sequence number. The write path reads heads and retained manifests from
+// here instead of RocksDB.
 //
 // Retention rules are those of ckpt/store/store.h. Every mutation appends the
 // consequences to a list of RetentionChange, which the store turns into
@@ -15,6 +18,7 @@
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -38,6 +42,8 @@ struct RetentionChange {
   BlobId blob;
   bool release_blob = false;  // the manifest stops holding `blob`: one reference less
   bool erase = false;         // the manifest is deleted
+  // The manifest as it was before the change, when the index had it cached.
+  std::shared_ptr<const Manifest> manifest;
 };
 
 class RetentionIndex {
@@ -53,6 +59,8 @@ class RetentionIndex {
     std::optional<VersionRef> parent;
     int children = 0;  // stored manifests of this experiment whose parent this is
     bool in_best = false;
+    // The stored manifest, kept while holds_blob.
+    std::shared_ptr<const Manifest> manifest;
   };
 
   explicit RetentionIndex(RetentionPolicy policy) : policy_(policy) {}
@@ -62,10 +70,15 @@ class RetentionIndex {
   // ---- loading (Open) and structure ----
   void AddExperiment(const std::string& exp);
   bool HasExperiment(const std::string& exp) const;
-  void AddMember(const std::string& exp, const std::string& member, int64_t head);
+  // Adds a member with its head record (head.version is its head version).
+  void AddMember(const std::string& exp, MemberHead head);
   bool HasMember(const std::string& exp, const std::string& member) const;
   // Head version of the member; -1 when the member (or experiment) is absent.
   int64_t Head(const std::string& exp, const std::string& member) const;
+  // The member's head record; nullptr when absent.
+  const MemberHead* HeadRecord(const std::string& exp, const std::string& member) const;
+  // Replaces the head record. REQUIRES: the member exists; head.version == Head().
+  void SetHeadRecord(const std::string& exp, MemberHead head);
   // Records a stored version without applying retention.
   // REQUIRES: the member exists; FinishLoad() before any mutation below.
   void LoadVersion(const std::string& exp, const std::string& member, int64_t version,
@@ -77,13 +90,14 @@ class RetentionIndex {
                           int64_t version) const;
 
   // ---- mutations ----
-  // Adds `version` as the member's new head and applies retention.
-  // REQUIRES: version > Head(exp, member).
+  // Adds `version` as the member's new head, with `head` as its record, and
+  // applies retention. REQUIRES: version > Head(exp, member), head.version == version.
   void AddVersion(const std::string& exp, const std::string& member, int64_t version,
-                  VersionInfo info, std::vector<RetentionChange>* changes);
-  // Pins or unpins a stored version; unpinning applies retention to it.
+                  VersionInfo info, MemberHead head, std::vector<RetentionChange>* changes);
+  // Pins or unpins a stored version (`updated`: its manifest with the new
+  // flag); unpinning applies retention to it.
   void SetPinned(const std::string& exp, const std::string& member, int64_t version, bool pinned,
-                 std::vector<RetentionChange>* changes);
+                 std::shared_ptr<const Manifest> updated, std::vector<RetentionChange>* changes);
   // Applies retention to every version (after Open, when options may have changed).
   void SweepAll(std::vector<RetentionChange>* changes);
   // Forgets the experiment; returns every version it had that held a blob.
@@ -96,6 +110,7 @@ class RetentionIndex {
  private:
   struct Member {
     int64_t head = 0;
+    MemberHead record;
     std::map<int64_t, VersionInfo> versions;
   };
   struct BestKey {

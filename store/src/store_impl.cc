@@ -282,6 +282,10 @@ class StoreImpl final : public Store {
 
   // ---- write path; all REQUIRE mu_ held ----
   Status MemberExistsLocked(const std::string& exp, const std::string& member) const;
+  // A version that holds its blob, from the index's cache. NotFound when
+  // absent; FailedPrecondition when retention released its blob.
+  StatusOr<Manifest> RetainedManifestLocked(const std::string& exp, const std::string& member,
+                                            int64_t version) const;
   // Turns retention changes into manifest rewrites/deletes and ref deltas.
   Status AddChangesLocked(const std::vector<RetentionChange>& changes, PendingWrite* w);
   // Puts manifests, blob and refs into the batch; updates refcounts_.
@@ -438,7 +442,7 @@ Status StoreImpl::LoadIndex() {
         return Status::Corruption("store " + options_.path + ": malformed members key");
       }
       CKPT_ASSIGN_OR_RETURN(MemberHead head, codec::DecodeHead(member, it->value().ToStringView()));
-      index_.AddMember(exp, member, head.version);
+      index_.AddMember(exp, std::move(head));
     }
     CKPT_RETURN_IF_ERROR(FromRocks(it->status(), "load members"));
   }
@@ -464,6 +468,7 @@ Status StoreImpl::LoadIndex() {
       info.score = m->score();
       info.scored = m->reason == kReasonTrained && std::isfinite(info.score);
       info.parent = m->parent;
+      if (m->holds_blob) info.manifest = std::make_shared<const Manifest>(std::move(*m));
       index_.LoadVersion(exp, member, version, std::move(info));
     }
     CKPT_RETURN_IF_ERROR(FromRocks(it->status(), "load manifests"));
@@ -520,6 +525,21 @@ Status StoreImpl::MemberExistsLocked(const std::string& exp, const std::string& 
   return Status::OK();
 }
 
+StatusOr<Manifest> StoreImpl::RetainedManifestLocked(const std::string& exp,
+                                                     const std::string& member,
+                                                     int64_t version) const {
+  const RetentionIndex::VersionInfo* info = index_.Find(exp, member, version);
+  if (info == nullptr) {
+    return Status::NotFound("manifest " + Id(exp, member, version) + " not found");
+  }
+  if (!info->holds_blob) {
+    return Status::FailedPrecondition(Id(exp, member, version) +
+                                      ": its blob was released by retention");
+  }
+  if (info->manifest) return *info->manifest;
+  return ReadManifest(exp, member, version);
+}
+
 Status StoreImpl::AddChangesLocked(const std::vector<RetentionChange>& changes,
                                    PendingWrite* w) {
   for (const RetentionChange& c : changes) {
@@ -535,8 +555,12 @@ Status StoreImpl::AddChangesLocked(const std::vector<RetentionChange>& changes,
     if (c.release_blob) {
       auto it = w->manifests.find(key);
       if (it == w->manifests.end()) {
-        CKPT_ASSIGN_OR_RETURN(Manifest m, ReadManifest(c.exp, c.ref.member, c.ref.version));
-        it = w->manifests.emplace(key, std::move(m)).first;
+        if (c.manifest) {
+          it = w->manifests.emplace(key, *c.manifest).first;
+        } else {
+          CKPT_ASSIGN_OR_RETURN(Manifest m, ReadManifest(c.exp, c.ref.member, c.ref.version));
+          it = w->manifests.emplace(key, std::move(m)).first;
+        }
       }
       if (it->second) it->second->holds_blob = false;
     }
@@ -608,6 +632,7 @@ StatusOr<int64_t> StoreImpl::AddVersionLocked(const std::string& exp, const std:
   info.score = manifest.score();
   info.scored = manifest.reason == kReasonTrained && std::isfinite(info.score);
   info.parent = manifest.parent;
+  info.manifest = std::make_shared<const Manifest>(manifest);
 
   uint64_t seq = index_.LastEventSeq(exp) + 1;
   w->ref_deltas[manifest.blob] += 1;
@@ -616,7 +641,7 @@ StatusOr<int64_t> StoreImpl::AddVersionLocked(const std::string& exp, const std:
   w->batch.Put(cf(kEvents), keys::Event(exp, seq), event);
 
   std::vector<RetentionChange> changes;
-  index_.AddVersion(exp, member, version, std::move(info), &changes);
+  index_.AddVersion(exp, member, version, std::move(info), std::move(head), &changes);
   index_.SetLastEventSeq(exp, seq);
   // From here on the index is ahead of the disk: a failure breaks the store.
   Status s = AddChangesLocked(changes, w);
@@ -665,7 +690,7 @@ StatusOr<int64_t> StoreImpl::AddBlobVersion(const std::string& exp, const std::s
     return Status::Aborted(Id(exp, member) + ": head is v" + std::to_string(head_version) +
                            ", the result was trained from v" + std::to_string(*expected_head));
   }
-  CKPT_ASSIGN_OR_RETURN(MemberHead head, ReadHead(exp, member));
+  MemberHead head = *index_.HeadRecord(exp, member);
   const int64_t version = head_version + 1;
 
   Manifest m;
@@ -731,8 +756,8 @@ StatusOr<int64_t> StoreImpl::Exploit(const std::string& exp, const std::string& 
   if (src_version == 0) {
     return Status::FailedPrecondition(Id(exp, dst) + ": donor " + src + " has no version yet");
   }
-  CKPT_ASSIGN_OR_RETURN(Manifest donor, ReadManifest(exp, src, src_version));
-  CKPT_ASSIGN_OR_RETURN(MemberHead head, ReadHead(exp, dst));
+  CKPT_ASSIGN_OR_RETURN(Manifest donor, RetainedManifestLocked(exp, src, src_version));
+  MemberHead head = *index_.HeadRecord(exp, dst);
   const int64_t version = index_.Head(exp, dst) + 1;
   CKPT_ASSIGN_OR_RETURN(
       std::string event,
@@ -768,12 +793,8 @@ StatusOr<int64_t> StoreImpl::Restore(const std::string& exp, const std::string& 
   std::lock_guard<std::mutex> lock(mu_);
   CKPT_RETURN_IF_ERROR(broken_);
   CKPT_RETURN_IF_ERROR(MemberExistsLocked(exp, member));
-  CKPT_ASSIGN_OR_RETURN(Manifest old, ReadManifest(exp, member, version));
-  if (!old.holds_blob) {
-    return Status::FailedPrecondition(Id(exp, member, version) +
-                                      ": its blob was released by retention");
-  }
-  CKPT_ASSIGN_OR_RETURN(MemberHead head, ReadHead(exp, member));
+  CKPT_ASSIGN_OR_RETURN(Manifest old, RetainedManifestLocked(exp, member, version));
+  MemberHead head = *index_.HeadRecord(exp, member);
   const int64_t new_version = index_.Head(exp, member) + 1;
   CKPT_ASSIGN_OR_RETURN(
       std::string event,
@@ -814,12 +835,18 @@ Status StoreImpl::SetPinned(const std::string& exp, const std::string& member, i
                                       ": its blob was released by retention");
   }
   if (info->pinned == pinned) return Status::OK();
-  CKPT_ASSIGN_OR_RETURN(Manifest m, ReadManifest(exp, member, version));
+  Manifest m;
+  if (info->manifest) {
+    m = *info->manifest;
+  } else {
+    CKPT_ASSIGN_OR_RETURN(m, ReadManifest(exp, member, version));
+  }
   m.pinned = pinned;
+  auto updated = std::make_shared<const Manifest>(m);
   PendingWrite w;
   w.manifests[keys::Manifest(exp, member, version)] = std::move(m);
   std::vector<RetentionChange> changes;
-  index_.SetPinned(exp, member, version, pinned, &changes);
+  index_.SetPinned(exp, member, version, pinned, std::move(updated), &changes);
   Status s = AddChangesLocked(changes, &w);
   if (s.ok()) s = FinishLocked(&w);
   if (!s.ok()) {
@@ -915,6 +942,7 @@ Status StoreImpl::CreateMembers(
   if (!index_.HasExperiment(exp)) return Status::NotFound("experiment " + exp + " not found");
   PendingWrite w;
   const int64_t now = codec::NowUnixMs();
+  std::vector<MemberHead> heads;
   for (const auto& [member, hp] : hparams_by_member) {
     if (index_.HasMember(exp, member)) {
       return Status::AlreadyExists("member " + Id(exp, member) + " exists");
@@ -925,9 +953,10 @@ Status StoreImpl::CreateMembers(
     head.hparams = hp;
     head.updated_unix_ms = now;
     w.batch.Put(cf(kMembers), keys::Member(exp, member), codec::EncodeHead(head));
+    heads.push_back(std::move(head));
   }
   CKPT_RETURN_IF_ERROR(WriteLocked(&w, /*sync=*/true, nullptr, nullptr));
-  for (const auto& [member, hp] : hparams_by_member) index_.AddMember(exp, member, 0);
+  for (auto& head : heads) index_.AddMember(exp, std::move(head));
   return Status::OK();
 }
 
@@ -962,12 +991,14 @@ Status StoreImpl::SetMemberState(const std::string& exp, const std::string& memb
   std::lock_guard<std::mutex> lock(mu_);
   CKPT_RETURN_IF_ERROR(broken_);
   CKPT_RETURN_IF_ERROR(MemberExistsLocked(exp, member));
-  CKPT_ASSIGN_OR_RETURN(MemberHead head, ReadHead(exp, member));
+  MemberHead head = *index_.HeadRecord(exp, member);
   head.state = state;
   head.updated_unix_ms = codec::NowUnixMs();
   PendingWrite w;
   w.batch.Put(cf(kMembers), keys::Member(exp, member), codec::EncodeHead(head));
-  return WriteLocked(&w, options_.sync_interval_commits, nullptr, nullptr);
+  CKPT_RETURN_IF_ERROR(WriteLocked(&w, options_.sync_interval_commits, nullptr, nullptr));
+  index_.SetHeadRecord(exp, std::move(head));
+  return Status::OK();
 }
 
 // ---- versions ----
