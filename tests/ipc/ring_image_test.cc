@@ -7,7 +7,9 @@
 #include <gtest/gtest.h>
 
 #include "ckpt/ipc/ring_image.h"
+#include "ckpt/format/checksum.h"
 #include "layout.h"
+#include "payload_checksum.h"
 #include "ring.h"
 
 namespace ckpt::ipc {
@@ -115,6 +117,17 @@ TEST_F(RingImageTest, WrapGoesThroughAPaddingRecord) {
   EXPECT_EQ(scan.bad_records, 0u);
   ASSERT_EQ(bodies.size(), 1u);
   EXPECT_EQ(bodies[0], std::string(1800, 'b'));
+}
+
+TEST(PayloadChecksumTest, EqualsXxh3OfEveryLength) {
+  std::vector<uint8_t> bytes(70000);
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(i * 2654435761u >> 13);
+  for (size_t n = 0; n < 2100; ++n) {
+    ASSERT_EQ(internal::PayloadXxh3(bytes.data() + 1, n), Xxh3_64(bytes.data() + 1, n)) << n;
+  }
+  for (size_t n : {size_t{4096}, size_t{65535}, size_t{69999}}) {
+    ASSERT_EQ(internal::PayloadXxh3(bytes.data(), n), Xxh3_64(bytes.data(), n)) << n;
+  }
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include "ckpt/format/checksum.h"
 #include "futex.h"
+#include "payload_checksum.h"
 
 namespace ckpt::ipc::internal {
 
@@ -92,7 +93,7 @@ void RingWriter::Commit() {
   h.flags = s.flags;
   h.sequence = sequence_ + (pending_pad_ != 0 ? 1 : 0);
   h.payload_bytes = s.payload_bytes;
-  h.payload_xxh3 = Xxh3_64(record + kAlign, s.payload_bytes);
+  h.payload_xxh3 = PayloadXxh3(record + kAlign, s.payload_bytes);
   h.message_bytes = s.message_bytes;
   h.message_type = static_cast<uint16_t>(s.message_type);
   h.fragment_offset = s.fragment_offset;
@@ -241,7 +242,7 @@ RingReader::Result RingReader::Next(Message* out, std::string* error) {
                       std::string(RecordTypeName(type)) + " record with fragment fields set",
                       error);
       }
-      if (Xxh3_64(payload, h.payload_bytes) != h.payload_xxh3) {
+      if (PayloadXxh3(payload, h.payload_bytes) != h.payload_xxh3) {
         return Reject(false, head, record_bytes,
                       std::string(RecordTypeName(type)) + " payload checksum mismatch", error);
       }
@@ -296,7 +297,7 @@ RingReader::Result RingReader::Next(Message* out, std::string* error) {
       assembly_.reserve(std::min<uint64_t>(h.message_bytes, uint64_t{64} << 20));
     }
     assembly_.insert(assembly_.end(), payload, payload + h.payload_bytes);
-    if (Xxh3_64(assembly_.data() + so_far, h.payload_bytes) != h.payload_xxh3) {
+    if (PayloadXxh3(assembly_.data() + so_far, h.payload_bytes) != h.payload_xxh3) {
       assembly_.resize(so_far);
       return Reject(false, head, record_bytes, "fragment payload checksum mismatch", error);
     }
