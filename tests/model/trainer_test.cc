@@ -1,0 +1,541 @@
+// Trainer behaviour on the CPU with the real Fashion-MNIST: fused equals
+// separate, checkpoint continuity across processes, non-finite and malformed
+// states, concurrency, mode choice.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <thread>
+
+#include "ckpt/worker/trainer.h"
+#include "model_test_util.h"
+
+namespace ckpt::model {
+namespace {
+
+using testing::BaseOptions;
+using testing::Decode;
+using testing::Encode;
+using testing::MakeTrainer;
+using testing::OwnedBlob;
+using testing::RelativeDiff;
+using testing::Task;
+
+std::map<std::string, double> MemberHparams(const std::string& optimizer, int i) {
+  if (optimizer == "sgd") {
+    return {{"lr", 0.02 + 0.01 * i},
+            {"momentum", i % 4 == 3 ? 0.0 : 0.9 - 0.05 * (i % 3)},
+            {"weight_decay", 1e-4 * (i + 1)},
+            {"nesterov", (i % 4 != 3 && i % 2 == 1) ? 1.0 : 0.0}};
+  }
+  return {{"lr", 1e-3 * (1 + 0.2 * i)},
+          {"beta1", 0.9 - 0.02 * i},
+          {"beta2", 0.999 - 0.001 * (i % 3)},
+          {"eps", 1e-8},
+          {"weight_decay", 1e-4 * (i % 2)}};
+}
+
+// Compares two blobs of one member. "Within `tolerance` relative" means per
+// tensor ||a - b||_2 <= tolerance * ||b||_2, and no element off by more than
+// 10 * tolerance * max|b| (Adam gives a full-size step to a near-zero
+// gradient component, so one element can stray further than the tensor).
+// Optimizer state is held to 10x looser bounds: a momentum buffer or an Adam
+// moment is mostly the last few gradients, which are sums over the batch that
+// the grouped kernels take in a different order.
+void ExpectBlobsClose(const std::string& got, const std::string& want, double tolerance,
+                      const std::string& what) {
+  OwnedBlob a = Decode(got), b = Decode(want);
+  ASSERT_EQ(a.tensors.size(), b.tensors.size()) << what;
+  EXPECT_EQ(a.meta.step, b.meta.step) << what;
+  EXPECT_EQ(a.meta.data_cursor, b.meta.data_cursor) << what;
+  EXPECT_EQ(a.meta.data_seed, b.meta.data_seed) << what;
+  EXPECT_EQ(a.meta.hparams, b.meta.hparams) << what;
+  for (auto& t : a.tensors) {
+    auto* u = b.Find(t.name);
+    ASSERT_NE(u, nullptr) << what << " " << t.name;
+    ASSERT_EQ(t.shape, u->shape) << what << " " << t.name;
+    const double tol = t.name.rfind("optim.", 0) == 0 ? 10 * tolerance : tolerance;
+    const double l2 = testing::RelativeL2(t, *u);
+    const double max = RelativeDiff(t, *u);
+    EXPECT_LE(l2, tol) << what << " tensor " << t.name << " (l2)";
+    EXPECT_LE(max, 10 * tol) << what << " tensor " << t.name << " (max)";
+    if (std::getenv("CKPT_TEST_VERBOSE") != nullptr) {
+      std::printf("%s %s l2 %.3g max %.3g\n", what.c_str(), t.name.c_str(), l2, max);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Fused equals separate.
+
+struct FusedCase {
+  std::string optimizer;
+  int k;
+  bool batchnorm;
+};
+
+class FusedEqualsSeparateTest : public ::testing::TestWithParam<FusedCase> {};
+
+TEST_P(FusedEqualsSeparateTest, ParametersMatchAfterTwentySteps) {
+  const FusedCase& c = GetParam();
+  auto trainer = MakeTrainer(
+      BaseOptions(c.batchnorm ? testing::kSmoothBn : "lenet5", c.optimizer));
+  ASSERT_NE(trainer, nullptr);
+  // Members start from different points: fresh, then a few plain steps each,
+  // so step counts, momentum buffers and Adam moments differ per member.
+  std::vector<std::string> starts(c.k);
+  for (int i = 0; i < c.k; ++i) {
+    MemberOutcome o = trainer->TrainPlain(
+        Task("m" + std::to_string(i), nullptr, 100 + i, 1 + i % 3, MemberHparams(c.optimizer, i)));
+    ASSERT_TRUE(o.ok()) << o.status.ToString();
+    starts[i] = o.EncodeState();
+  }
+  std::vector<MemberTask> tasks;
+  for (int i = 0; i < c.k; ++i) {
+    tasks.push_back(Task("m" + std::to_string(i), &starts[i], 0, 20, MemberHparams(c.optimizer, i)));
+  }
+  std::vector<MemberOutcome> fused = trainer->TrainFused(tasks);
+  ASSERT_EQ(fused.size(), tasks.size());
+  for (int i = 0; i < c.k; ++i) {
+    MemberOutcome plain = trainer->TrainPlain(tasks[i]);
+    ASSERT_TRUE(plain.ok()) << plain.status.ToString();
+    ASSERT_TRUE(fused[i].ok()) << fused[i].status.ToString();
+    EXPECT_EQ(fused[i].mode, "fused");
+    EXPECT_EQ(fused[i].samples, 20 * 32);
+    EXPECT_EQ(fused[i].step, plain.step);
+    EXPECT_NEAR(fused[i].train_loss, plain.train_loss, 1e-4 * std::fabs(plain.train_loss));
+    ExpectBlobsClose(fused[i].EncodeState(), plain.EncodeState(), 1e-5,
+                     "member " + std::to_string(i));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, FusedEqualsSeparateTest,
+    ::testing::Values(FusedCase{"sgd", 1, false}, FusedCase{"sgd", 3, false},
+                      FusedCase{"sgd", 8, false}, FusedCase{"sgd", 1, true},
+                      FusedCase{"sgd", 3, true}, FusedCase{"sgd", 8, true},
+                      FusedCase{"adam", 1, false}, FusedCase{"adam", 3, false},
+                      FusedCase{"adam", 8, false}, FusedCase{"adam", 1, true},
+                      FusedCase{"adam", 3, true}, FusedCase{"adam", 8, true},
+                      FusedCase{"adamw", 3, true}),
+    [](const ::testing::TestParamInfo<FusedCase>& info) {
+      return info.param.optimizer + "_k" + std::to_string(info.param.k) +
+             (info.param.batchnorm ? "_bn" : "");
+    });
+
+TEST(FusedTest, GroupsMembersByStepsAndEvaluates) {
+  auto o = BaseOptions("lenet5", "sgd");
+  o.eval_size = 500;
+  auto trainer = MakeTrainer(o);
+  ASSERT_NE(trainer, nullptr);
+  std::vector<MemberTask> tasks = {Task("a", nullptr, 1, 3), Task("b", nullptr, 2, 5),
+                                   Task("c", nullptr, 3, 3)};
+  tasks[1].eval_test = true;
+  auto out = trainer->TrainFused(tasks);
+  ASSERT_EQ(out.size(), 3u);
+  for (const auto& r : out) ASSERT_TRUE(r.ok()) << r.status.ToString();
+  EXPECT_EQ(out[0].step, 3);
+  EXPECT_EQ(out[1].step, 5);
+  EXPECT_EQ(out[2].step, 3);
+  for (const auto& r : out) {
+    EXPECT_GE(r.val_acc, 0.0);
+    EXPECT_LE(r.val_acc, 1.0);
+  }
+  EXPECT_EQ(out[0].test_acc, -1);
+  EXPECT_GE(out[1].test_acc, 0.0);
+  // Fused evaluation agrees with plain evaluation of the same state.
+  for (size_t i = 0; i < 3; ++i) {
+    std::string s = out[i].EncodeState();
+    MemberOutcome p = trainer->TrainPlain(Task("p", &s, 0, 0));
+    ASSERT_TRUE(p.ok());
+    EXPECT_NEAR(p.val_acc, out[i].val_acc, 1.5 / 500) << i;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Initialisation and metadata.
+
+TEST(TrainerTest, FreshMembersAreDeterministicPerSeed) {
+  auto trainer = MakeTrainer(BaseOptions("lenet5", "adam"));
+  ASSERT_NE(trainer, nullptr);
+  MemberOutcome a = trainer->TrainPlain(Task("a", nullptr, 5, 0));
+  MemberOutcome b = trainer->TrainPlain(Task("b", nullptr, 5, 0));
+  MemberOutcome c = trainer->TrainPlain(Task("c", nullptr, 6, 0));
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok()) << a.status.ToString();
+  EXPECT_EQ(a.EncodeState(), b.EncodeState());
+  EXPECT_NE(a.EncodeState(), c.EncodeState());
+  EXPECT_EQ(a.step, 0);
+  EXPECT_EQ(a.state_meta().optimizer, "adam");
+  EXPECT_EQ(a.state_meta().model_spec, "lenet5");
+  EXPECT_EQ(a.state_meta().data_seed, MemberDataSeed(7, 5));
+  EXPECT_EQ(a.state_meta().hparams.at("lr"), 0.001);
+  OwnedBlob blob = Decode(a.EncodeState());
+  EXPECT_EQ(blob.tensors.size(), 40u);
+  const auto* w = blob.Find("conv1.weight");
+  ASSERT_NE(w, nullptr);
+  for (size_t i = 0; i < w->count(); ++i) EXPECT_LE(std::fabs(w->f32()[i]), 1.0 / 5.0 + 1e-7);
+}
+
+TEST(TrainerTest, OutcomeWritesIntoCallerBuffer) {
+  auto trainer = MakeTrainer(BaseOptions("lenet5", "sgd"));
+  ASSERT_NE(trainer, nullptr);
+  MemberOutcome o = trainer->TrainPlain(Task("a", nullptr, 1, 2, {{"lr", 0.05}}));
+  ASSERT_TRUE(o.ok()) << o.status.ToString();
+  std::vector<uint8_t> buf(o.state_size());
+  ASSERT_TRUE(o.EncodeStateTo(buf.data(), buf.size()).ok());
+  EXPECT_EQ(std::string(buf.begin(), buf.end()), o.EncodeState());
+  EXPECT_TRUE(o.EncodeStateTo(buf.data(), buf.size() - 1).IsInvalidArgument());
+  EXPECT_EQ(o.state_meta().step, 2);
+  EXPECT_EQ(o.state_meta().data_cursor, 64u);
+  EXPECT_EQ(o.state_meta().hparams.at("lr"), 0.05);
+  EXPECT_EQ(o.samples, 64);
+  EXPECT_GT(o.train_loss, 0.0);
+  EXPECT_LE(o.state_size(), trainer->ApproxStateBytes());
+  EXPECT_GT(o.state_size(), trainer->ApproxStateBytes() / 2);
+}
+
+// ---------------------------------------------------------------------------
+// Checkpoint continuity: 2S steps == S steps, save, restore in a fresh process, S more.
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// Runs the helper binary as a child process; returns its exit status.
+int RunHelper(const std::vector<std::string>& args) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    std::vector<char*> argv;
+    std::string bin = CKPT_MODEL_TRAIN_HELPER;
+    argv.push_back(bin.data());
+    std::vector<std::string> copy = args;
+    for (auto& a : copy) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(bin.c_str(), argv.data());
+    _exit(127);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+struct ContinuityCase {
+  std::string spec;
+  std::string optimizer;
+  bool fused;
+};
+
+class ContinuityTest : public ::testing::TestWithParam<ContinuityCase> {};
+
+TEST_P(ContinuityTest, RestoreInFreshProcessIsBitIdentical) {
+  const ContinuityCase& c = GetParam();
+  const int64_t s = 12;
+  auto o = BaseOptions(c.spec, c.optimizer);
+  auto trainer = MakeTrainer(o);
+  ASSERT_NE(trainer, nullptr);
+  std::map<std::string, double> hp =
+      c.optimizer == "sgd" ? std::map<std::string, double>{{"lr", 0.05}, {"momentum", 0.9},
+                                                           {"weight_decay", 5e-4}, {"nesterov", 1}}
+                           : std::map<std::string, double>{{"lr", 0.002}, {"weight_decay", 1e-3}};
+  auto train = [&](const MemberTask& t) {
+    return c.fused ? trainer->TrainFused({t}).front() : trainer->TrainPlain(t);
+  };
+  MemberOutcome whole = train(Task("m", nullptr, 11, 2 * s, hp));
+  MemberOutcome half = train(Task("m", nullptr, 11, s, hp));
+  ASSERT_TRUE(whole.ok()) << whole.status.ToString();
+  ASSERT_TRUE(half.ok()) << half.status.ToString();
+
+  char dir_template[] = "/tmp/ckpt_continuity_XXXXXX";
+  ASSERT_NE(mkdtemp(dir_template), nullptr);
+  const std::string dir = dir_template;
+  std::ofstream(dir + "/half", std::ios::binary) << half.EncodeState();
+  int rc = RunHelper({dir + "/half", dir + "/rest", std::to_string(s), c.spec, c.optimizer,
+                      std::to_string(o.batch_size), std::to_string(o.seed),
+                      c.fused ? "fused" : "plain"});
+  ASSERT_EQ(rc, 0);
+  const std::string rest = ReadFile(dir + "/rest");
+  std::system(("rm -rf " + dir).c_str());
+  OwnedBlob a = Decode(rest), b = Decode(whole.EncodeState());
+  ASSERT_EQ(a.tensors.size(), b.tensors.size());
+  for (auto& t : a.tensors) {
+    ASSERT_NE(b.Find(t.name), nullptr) << t.name;
+    EXPECT_EQ(t.bytes, b.Find(t.name)->bytes) << "tensor " << t.name << " differs";
+  }
+  EXPECT_EQ(a.meta.step, 2 * s);
+  EXPECT_EQ(a.meta.data_cursor, b.meta.data_cursor);
+  EXPECT_EQ(rest, whole.EncodeState());
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, ContinuityTest,
+                         ::testing::Values(ContinuityCase{"lenet5", "sgd", false},
+                                           ContinuityCase{testing::kLenet5Bn, "sgd", false},
+                                           ContinuityCase{testing::kLenet5Bn, "adamw", false},
+                                           ContinuityCase{testing::kLenet5Bn, "adam", true}),
+                         [](const ::testing::TestParamInfo<ContinuityCase>& info) {
+                           return std::string(info.param.spec == "lenet5" ? "lenet5" : "bn_dropout") +
+                                  "_" + info.param.optimizer + (info.param.fused ? "_fused" : "");
+                         });
+
+// ---------------------------------------------------------------------------
+// Non-finite states and losses.
+
+std::string WithValue(const std::string& blob, const std::string& tensor, size_t index,
+                      float value) {
+  OwnedBlob b = Decode(blob);
+  auto* t = b.Find(tensor);
+  EXPECT_NE(t, nullptr) << tensor;
+  if (t != nullptr) t->f32()[index] = value;
+  return Encode(b);
+}
+
+TEST(NonFiniteTest, NanInStateFailsNamingTensor) {
+  auto trainer = MakeTrainer(BaseOptions("lenet5", "sgd"));
+  ASSERT_NE(trainer, nullptr);
+  MemberOutcome init = trainer->TrainPlain(Task("m", nullptr, 1, 0));
+  ASSERT_TRUE(init.ok());
+  for (const char* tensor : {"fc1.weight", "optim.conv2.bias.momentum_buffer"}) {
+    std::string bad = WithValue(init.EncodeState(), tensor, 3, NAN);
+    MemberOutcome o = trainer->TrainPlain(Task("m7", &bad, 0, 5));
+    EXPECT_FALSE(o.ok());
+    EXPECT_EQ(o.fail_code, kFailNonFinite);
+    EXPECT_NE(o.status.message().find(tensor), std::string::npos) << o.status.ToString();
+    EXPECT_NE(o.status.message().find("m7"), std::string::npos) << o.status.ToString();
+    EXPECT_EQ(o.state_size(), 0u);
+    EXPECT_EQ(o.EncodeState(), "");
+  }
+  std::string inf = WithValue(init.EncodeState(), "conv1.bias", 0, INFINITY);
+  EXPECT_EQ(trainer->TrainPlain(Task("m", &inf, 0, 1)).fail_code, kFailNonFinite);
+}
+
+TEST(NonFiniteTest, AbsurdLearningRateFailsNamingStep) {
+  for (const char* optimizer : {"sgd", "adam"}) {
+    auto trainer = MakeTrainer(BaseOptions("lenet5", optimizer));
+    ASSERT_NE(trainer, nullptr);
+    MemberOutcome o = trainer->TrainPlain(Task("wild", nullptr, 3, 60, {{"lr", 1e12}}));
+    EXPECT_FALSE(o.ok()) << optimizer;
+    EXPECT_EQ(o.fail_code, kFailNonFinite) << o.status.ToString();
+    EXPECT_NE(o.status.message().find("wild"), std::string::npos) << o.status.ToString();
+    EXPECT_NE(o.status.message().find("step"), std::string::npos) << o.status.ToString();
+    EXPECT_EQ(o.state_size(), 0u);
+  }
+}
+
+TEST(NonFiniteTest, FusedMemberFailsAloneAndOthersAreUntouched) {
+  auto trainer = MakeTrainer(BaseOptions(testing::kLenet5Bn, "sgd"));
+  ASSERT_NE(trainer, nullptr);
+  MemberOutcome init = trainer->TrainPlain(Task("m", nullptr, 4, 0));
+  ASSERT_TRUE(init.ok());
+  std::string nan_state = WithValue(init.EncodeState(), "bn1.running_var", 0, NAN);
+  std::vector<MemberTask> tasks = {
+      Task("good0", nullptr, 1, 15, {{"lr", 0.05}, {"momentum", 0.9}}),
+      Task("wild", nullptr, 2, 15, {{"lr", 1e12}, {"momentum", 0.9}}),
+      Task("nan", &nan_state, 0, 15),
+      Task("good1", nullptr, 3, 15, {{"lr", 0.01}})};
+  auto out = trainer->TrainFused(tasks);
+  ASSERT_EQ(out.size(), 4u);
+  EXPECT_TRUE(out[0].ok()) << out[0].status.ToString();
+  EXPECT_TRUE(out[3].ok()) << out[3].status.ToString();
+  EXPECT_EQ(out[1].fail_code, kFailNonFinite) << out[1].status.ToString();
+  EXPECT_NE(out[1].status.message().find("wild"), std::string::npos);
+  EXPECT_EQ(out[2].fail_code, kFailNonFinite) << out[2].status.ToString();
+  EXPECT_NE(out[2].status.message().find("bn1.running_var"), std::string::npos);
+  // The survivors trained as they would have alone.
+  for (size_t i : {size_t{0}, size_t{3}}) {
+    MemberOutcome alone = trainer->TrainPlain(tasks[i]);
+    ASSERT_TRUE(alone.ok());
+    ExpectBlobsClose(out[i].EncodeState(), alone.EncodeState(), 1e-5, tasks[i].member);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Malformed states: a clear error, never a crash.
+
+class MalformedStateTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    trainer_ = MakeTrainer(BaseOptions("lenet5", "sgd"));
+    ASSERT_NE(trainer_, nullptr);
+    MemberOutcome o = trainer_->TrainPlain(Task("m", nullptr, 1, 1));
+    ASSERT_TRUE(o.ok());
+    good_ = o.EncodeState();
+  }
+
+  // Expects a bad-state failure whose message holds `fragment`.
+  void ExpectBadState(const std::string& blob, const std::string& fragment,
+                      const char* code = kFailBadState) {
+    MemberOutcome o = trainer_->TrainPlain(Task("m3", &blob, 0, 2));
+    EXPECT_FALSE(o.ok());
+    EXPECT_EQ(o.fail_code, code) << o.status.ToString();
+    EXPECT_NE(o.status.message().find(fragment), std::string::npos) << o.status.ToString();
+    EXPECT_NE(o.status.message().find("m3"), std::string::npos) << o.status.ToString();
+    EXPECT_EQ(o.state_size(), 0u);
+  }
+
+  std::unique_ptr<Trainer> trainer_;
+  std::string good_;
+};
+
+TEST_F(MalformedStateTest, WrongName) {
+  OwnedBlob b = Decode(good_);
+  b.Find("conv1.weight")->name = "conv1.weights";
+  ExpectBadState(Encode(b), "conv1.weights");
+}
+
+TEST_F(MalformedStateTest, WrongShape) {
+  OwnedBlob b = Decode(good_);
+  auto* t = b.Find("fc2.bias");
+  t->shape = {42};
+  t->bytes.resize(42 * 4);
+  ExpectBadState(Encode(b), "fc2.bias has shape [42], expected [84]");
+}
+
+TEST_F(MalformedStateTest, WrongDtype) {
+  OwnedBlob b = Decode(good_);
+  auto* t = b.Find("conv2.bias");
+  t->dtype = format::DType::kF64;
+  t->bytes.resize(16 * 8);
+  ExpectBadState(Encode(b), "conv2.bias has dtype F64, expected F32");
+}
+
+TEST_F(MalformedStateTest, MissingAndExtraTensors) {
+  OwnedBlob missing = Decode(good_);
+  missing.tensors.pop_back();
+  ExpectBadState(Encode(missing), "missing tensor optim.fc3.bias.momentum_buffer");
+  OwnedBlob extra = Decode(good_);
+  extra.tensors.push_back({"conv9.weight", format::DType::kF32, {2}, std::string(8, '\0')});
+  ExpectBadState(Encode(extra), "unexpected tensor conv9.weight");
+}
+
+TEST_F(MalformedStateTest, CorruptBytesTruncationAndGarbage) {
+  std::string flipped = good_;
+  flipped[flipped.size() - 3] ^= 0x40;  // inside optim.fc3.bias.momentum_buffer
+  ExpectBadState(flipped, "optim.fc3.bias.momentum_buffer");
+  ExpectBadState(good_.substr(0, good_.size() / 2), "m3");
+  std::string garbage(4096, '\0');
+  for (size_t i = 0; i < garbage.size(); ++i) garbage[i] = static_cast<char>(i * 131 + 7);
+  ExpectBadState(garbage, "m3");
+  ExpectBadState(std::string(3, 'x'), "m3");
+}
+
+TEST_F(MalformedStateTest, OtherOptimizerAndBadHyperparameters) {
+  auto adam = MakeTrainer(BaseOptions("lenet5", "adam"));
+  MemberOutcome a = adam->TrainPlain(Task("a", nullptr, 1, 0));
+  ASSERT_TRUE(a.ok());
+  ExpectBadState(a.EncodeState(), "adam");
+  MemberOutcome o = trainer_->TrainPlain(Task("m3", &good_, 0, 1, {{"beta1", 0.9}}));
+  EXPECT_EQ(o.fail_code, kFailBadRequest) << o.status.ToString();
+  EXPECT_NE(o.status.message().find("beta1"), std::string::npos);
+  OwnedBlob b = Decode(good_);
+  b.meta.hparams["lr"] = -3;
+  ExpectBadState(Encode(b), "lr");
+}
+
+TEST_F(MalformedStateTest, AdamStepCountsMustAgree) {
+  auto adam = MakeTrainer(BaseOptions("lenet5", "adam"));
+  MemberOutcome a = adam->TrainPlain(Task("a", nullptr, 1, 2));
+  ASSERT_TRUE(a.ok());
+  OwnedBlob b = Decode(a.EncodeState());
+  b.Find("optim.fc1.weight.step")->f32()[0] = 5;
+  std::string blob = Encode(b);
+  MemberOutcome o = adam->TrainPlain(Task("m3", &blob, 0, 1));
+  EXPECT_EQ(o.fail_code, kFailBadState);
+  EXPECT_NE(o.status.message().find("optim.fc1.weight.step"), std::string::npos)
+      << o.status.ToString();
+}
+
+TEST_F(MalformedStateTest, FusedGroupTrainsTheOthers) {
+  OwnedBlob b = Decode(good_);
+  b.Find("fc1.weight")->shape = {400, 120};
+  std::string bad = Encode(b);
+  auto out = trainer_->TrainFused(
+      {Task("ok", &good_, 0, 3), Task("bad", &bad, 0, 3), Task("fresh", nullptr, 9, 3)});
+  EXPECT_TRUE(out[0].ok()) << out[0].status.ToString();
+  EXPECT_EQ(out[1].fail_code, kFailBadState);
+  EXPECT_NE(out[1].status.message().find("fc1.weight"), std::string::npos);
+  EXPECT_TRUE(out[2].ok());
+}
+
+// ---------------------------------------------------------------------------
+// Options, concurrency, mode choice.
+
+TEST(TrainerTest, CreateRejectsBadOptions) {
+  auto o = BaseOptions("lenet5", "sgd");
+  o.optimizer = "lion";
+  EXPECT_TRUE(Trainer::Create(o).status().IsInvalidArgument());
+  o = BaseOptions("lenet5", "sgd");
+  o.device = "tpu";
+  EXPECT_TRUE(Trainer::Create(o).status().IsInvalidArgument());
+  o = BaseOptions("lenet5", "sgd");
+  o.device = "cuda:0";
+  EXPECT_FALSE(Trainer::Create(o).ok());
+  o = BaseOptions(R"([{"type": "flatten"}, {"type": "linear", "out": 7}])", "sgd");
+  auto s = Trainer::Create(o).status();
+  EXPECT_NE(s.message().find("7 logits"), std::string::npos) << s.ToString();
+  o = BaseOptions("torchscript:/nonexistent/model.pt", "sgd");
+  EXPECT_TRUE(Trainer::Create(o).status().IsNotFound());
+  o = BaseOptions("lenet5", "sgd");
+  o.batch_size = 0;
+  EXPECT_TRUE(Trainer::Create(o).status().IsInvalidArgument());
+}
+
+TEST(TrainerTest, ConcurrentSlotsMatchSequentialTraining) {
+  auto trainer = MakeTrainer(BaseOptions(testing::kLenet5Bn, "sgd"));
+  ASSERT_NE(trainer, nullptr);
+  std::vector<MemberTask> tasks;
+  for (int i = 0; i < 4; ++i) {
+    tasks.push_back(Task("m" + std::to_string(i), nullptr, 50 + i, 10, {{"lr", 0.03}}));
+  }
+  std::vector<std::string> sequential;
+  for (const auto& t : tasks) sequential.push_back(trainer->TrainPlain(t).EncodeState());
+  std::vector<std::string> parallel(tasks.size());
+  std::vector<std::thread> threads;
+  for (int slot = 0; slot < 2; ++slot) {
+    threads.emplace_back([&, slot] {
+      for (size_t i = static_cast<size_t>(slot); i < tasks.size(); i += 2) {
+        parallel[i] = trainer->TrainPlain(tasks[i]).EncodeState();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (size_t i = 0; i < tasks.size(); ++i) {
+    EXPECT_FALSE(parallel[i].empty());
+    EXPECT_EQ(parallel[i], sequential[i]) << i;
+  }
+}
+
+TEST(TrainerTest, CancelStopsTraining) {
+  std::atomic<bool> cancel{true};
+  auto o = BaseOptions("lenet5", "sgd");
+  o.cancel = &cancel;
+  auto trainer = MakeTrainer(o);
+  ASSERT_NE(trainer, nullptr);
+  MemberOutcome r = trainer->TrainPlain(Task("m", nullptr, 1, 100));
+  EXPECT_EQ(r.fail_code, kFailAborted);
+  auto f = trainer->TrainFused({Task("a", nullptr, 1, 100), Task("b", nullptr, 2, 100)});
+  EXPECT_EQ(f[0].fail_code, kFailAborted);
+  EXPECT_EQ(f[1].fail_code, kFailAborted);
+}
+
+TEST(TrainerTest, ChooseModeMeasuresBoth) {
+  auto trainer = MakeTrainer(BaseOptions("lenet5", "sgd"));
+  ASSERT_NE(trainer, nullptr);
+  ModeProbe probe;
+  probe.slots = 2;
+  probe.fusion_width = 4;
+  probe.seconds = 0.3;
+  auto choice = trainer->ChooseMode(probe);
+  ASSERT_TRUE(choice.ok()) << choice.status().ToString();
+  EXPECT_GT(choice->plain_samples_s, 0);
+  EXPECT_GT(choice->fused_samples_s, 0);
+  EXPECT_TRUE(choice->mode == "plain" || choice->mode == "fused");
+  EXPECT_EQ(trainer->device(), "cpu");
+  EXPECT_GT(trainer->GetDeviceMemory().total_bytes, 0);
+}
+
+}  // namespace
+}  // namespace ckpt::model
