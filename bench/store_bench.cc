@@ -154,8 +154,8 @@ int StoreBench(const Args& args) {
   const size_t state_bytes = static_cast<size_t>(args.GetInt("state-bytes", 500000));
   const size_t total_bytes = static_cast<size_t>(args.GetInt("total-bytes", 256ll << 20));
   const int exploits = static_cast<int>(args.GetInt("exploits", 2000));
-  const size_t n_states = std::clamp<size_t>(total_bytes / std::max<size_t>(state_bytes, 1),
-                                             8, 512);
+  const size_t n_states =
+      std::clamp<size_t>(total_bytes / std::max<size_t>(state_bytes, 1), 8, 512);
   const size_t n_members = std::min<size_t>(8, n_states);
 
   std::string dir = args.Get("dir", "");
@@ -180,83 +180,32 @@ int StoreBench(const Args& args) {
   options.keep_best_k = 5;
 
   CommitPhase put, put_sync;
-  double get_s = 0, get_noverify_s = 0;
-  size_t get_bytes = 0, get_noverify_bytes = 0;
-  std::vector<double> exploit_us;
   size_t blob_size = 0;
+  auto opened = store::Store::Open(options);
+  if (!opened.ok()) return Fail(opened.status());
+  std::unique_ptr<store::Store> s = std::move(*opened);
   {
-    auto opened = store::Store::Open(options);
-    if (!opened.ok()) return Fail(opened.status());
-    store::Store* s = opened->get();
     Status st = s->CreateExperiment("bench", "{}");
     if (!st.ok()) return Fail(st);
     std::map<std::string, std::map<std::string, double>> hp;
     for (const auto& m : members) hp[m] = {{"lr", 0.1}};
     st = s->CreateMembers("bench", hp);
     if (!st.ok()) return Fail(st);
-
     auto states = MakeStates(n_states, state_bytes, 1);
     blob_size = states[0].size();
-    auto p = CommitAll(s, members, states);
+    auto p = CommitAll(s.get(), members, states);
     if (!p.ok()) return Fail(p.status());
     put = *p;
     std::printf("commit unsynced: %zu x %zu B in %.3f s: %.1f MB/s, %.1f commits/s\n", put.commits,
                 blob_size, put.seconds, MBps(put.bytes, put.seconds), put.commits / put.seconds);
-
     // Reads come from blob files, as after any restart or once memtables flushed.
     st = s->Flush();
     if (!st.ok()) return Fail(st);
-    for (bool verify : {true, false}) {
-      // One warm-up pass, then rounds until ~total_bytes were read.
-      for (const auto& m : members) {
-        auto b = s->ReadHeadBlob("bench", m, verify);
-        if (!b.ok()) return Fail(b.status());
-      }
-      size_t bytes = 0;
-      auto t0 = Clock::now();
-      while (bytes < total_bytes) {
-        for (const auto& m : members) {
-          auto b = s->ReadHeadBlob("bench", m, verify);
-          if (!b.ok()) return Fail(b.status());
-          bytes += b->size();
-        }
-      }
-      double secs = Seconds(t0, Clock::now());
-      (verify ? get_s : get_noverify_s) = secs;
-      (verify ? get_bytes : get_noverify_bytes) = bytes;
-      std::printf("get %s: %.1f MB/s\n", verify ? "verified" : "unverified", MBps(bytes, secs));
-    }
-
-    for (int i = 0; i < exploits; ++i) {
-      const std::string& dst = members[i % n_members];
-      const std::string& src = members[(i + 1) % n_members];
-      auto t0 = Clock::now();
-      auto v = s->Exploit("bench", dst, src, {{"lr", 0.05}}, "{\"why\":\"bench\"}");
-      auto t1 = Clock::now();
-      if (!v.ok()) return Fail(v.status());
-      exploit_us.push_back(Seconds(t0, t1) * 1e6);
-    }
-    std::sort(exploit_us.begin(), exploit_us.end());
-  }
-  {
-    store::StoreOptions sync_options = options;
-    sync_options.sync_interval_commits = true;
-    auto opened = store::Store::Open(sync_options);
-    if (!opened.ok()) return Fail(opened.status());
-    auto states = MakeStates(std::max<size_t>(8, n_states / 4), state_bytes, 2);
-    auto p = CommitAll(opened->get(), members, states);
-    if (!p.ok()) return Fail(p.status());
-    put_sync = *p;
-    std::printf("commit synced: %zu in %.3f s: %.1f MB/s\n", put_sync.commits, put_sync.seconds,
-                MBps(put_sync.bytes, put_sync.seconds));
-    auto report = (*opened)->Verify();
-    if (!report.ok()) return Fail(report.status());
-    if (!report->ok()) return Fail(Status::Corruption(report->problems.front()));
   }
 
   // One file per state, the approach the store replaces.
-  double file_put_s = 0, file_put_sync_s = 0, file_get_s = 0;
-  size_t file_bytes = 0, file_sync_bytes = 0, file_get_bytes = 0;
+  double file_put_s = 0, file_put_sync_s = 0;
+  size_t file_bytes = 0, file_sync_bytes = 0;
   {
     auto states = MakeStates(n_states, state_bytes, 3);
     auto t0 = Clock::now();
@@ -276,22 +225,71 @@ int StoreBench(const Args& args) {
       file_sync_bytes += states[i].size();
     }
     file_put_sync_s = Seconds(t0, Clock::now());
-    for (size_t i = 0; i < n_members; ++i) {  // warm-up, as for the store
-      auto b = ReadFile(dir + "/files/state" + std::to_string(i) + ".ckpt");
-      if (!b.ok()) return Fail(b.status());
-    }
-    t0 = Clock::now();
-    while (file_get_bytes < total_bytes) {
+    std::printf("files: put %.1f MB/s, put+fsync %.1f MB/s\n", MBps(file_bytes, file_put_s),
+                MBps(file_sync_bytes, file_put_sync_s));
+  }
+
+  // Reads, interleaved so that the three ways see the same machine load: a
+  // verified store read (the default), an unverified one, a whole-file read.
+  double get_s = 0, get_noverify_s = 0, file_get_s = 0;
+  size_t get_bytes = 0, get_noverify_bytes = 0, file_get_bytes = 0;
+  for (int warm = 1; warm >= 0; --warm) {
+    size_t round_bytes = 0;
+    do {
       for (size_t i = 0; i < n_members; ++i) {
-        auto b = ReadFile(dir + "/files/state" + std::to_string(i) + ".ckpt");
+        auto t0 = Clock::now();
+        auto b = s->ReadHeadBlob("bench", members[i], /*verify=*/true);
+        auto t1 = Clock::now();
         if (!b.ok()) return Fail(b.status());
-        file_get_bytes += b->size();
+        size_t n = b->size();
+        b = s->ReadHeadBlob("bench", members[i], /*verify=*/false);
+        auto t2 = Clock::now();
+        if (!b.ok()) return Fail(b.status());
+        auto f = ReadFile(dir + "/files/state" + std::to_string(i) + ".ckpt");
+        auto t3 = Clock::now();
+        if (!f.ok()) return Fail(f.status());
+        round_bytes += n;
+        if (warm) continue;
+        get_s += Seconds(t0, t1);
+        get_noverify_s += Seconds(t1, t2);
+        file_get_s += Seconds(t2, t3);
+        get_bytes += n;
+        get_noverify_bytes += b->size();
+        file_get_bytes += f->size();
       }
-    }
-    file_get_s = Seconds(t0, Clock::now());
-    std::printf("files: put %.1f MB/s, put+fsync %.1f MB/s, get %.1f MB/s\n",
-                MBps(file_bytes, file_put_s), MBps(file_sync_bytes, file_put_sync_s),
-                MBps(file_get_bytes, file_get_s));
+    } while (!warm && round_bytes < total_bytes);
+  }
+  std::printf("get: store verified %.1f MB/s, store unverified %.1f MB/s, file %.1f MB/s\n",
+              MBps(get_bytes, get_s), MBps(get_noverify_bytes, get_noverify_s),
+              MBps(file_get_bytes, file_get_s));
+
+  std::vector<double> exploit_us;
+  for (int i = 0; i < exploits; ++i) {
+    const std::string& dst = members[i % n_members];
+    const std::string& src = members[(i + 1) % n_members];
+    auto t0 = Clock::now();
+    auto v = s->Exploit("bench", dst, src, {{"lr", 0.05}}, "{\"why\":\"bench\"}");
+    auto t1 = Clock::now();
+    if (!v.ok()) return Fail(v.status());
+    exploit_us.push_back(Seconds(t0, t1) * 1e6);
+  }
+  std::sort(exploit_us.begin(), exploit_us.end());
+  s.reset();
+
+  {
+    store::StoreOptions sync_options = options;
+    sync_options.sync_interval_commits = true;
+    auto reopened = store::Store::Open(sync_options);
+    if (!reopened.ok()) return Fail(reopened.status());
+    auto states = MakeStates(std::max<size_t>(8, n_states / 4), state_bytes, 2);
+    auto p = CommitAll(reopened->get(), members, states);
+    if (!p.ok()) return Fail(p.status());
+    put_sync = *p;
+    std::printf("commit synced: %zu in %.3f s: %.1f MB/s\n", put_sync.commits, put_sync.seconds,
+                MBps(put_sync.bytes, put_sync.seconds));
+    auto report = (*reopened)->Verify();
+    if (!report.ok()) return Fail(report.status());
+    if (!report->ok()) return Fail(Status::Corruption(report->problems.front()));
   }
   if (remove_dir) {
     std::error_code ec;
@@ -304,8 +302,8 @@ int StoreBench(const Args& args) {
   auto pct = [&](double q) {
     return exploit_us.empty() ? 0.0 : exploit_us[static_cast<size_t>(q * (exploit_us.size() - 1))];
   };
-  std::printf("exploit: mean %.1f us, p50 %.1f us, p99 %.1f us over %zu\n", exploit_mean,
-              pct(0.5), pct(0.99), exploit_us.size());
+  std::printf("exploit: mean %.1f us, p50 %.1f us, p99 %.1f us over %zu\n", exploit_mean, pct(0.5),
+              pct(0.99), exploit_us.size());
   std::printf(
       "{\"bench\":\"store\",\"state_bytes\":%zu,\"blob_bytes\":%zu,\"states\":%zu,"
       "\"put_mb_s\":%.1f,\"put_sync_mb_s\":%.1f,\"get_mb_s\":%.1f,\"get_unverified_mb_s\":%.1f,"

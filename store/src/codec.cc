@@ -126,8 +126,7 @@ std::string EncodeManifest(const Manifest& m) {
 }
 
 StatusOr<Manifest> DecodeManifest(std::string_view member, std::string_view value) {
-  return Decode<Manifest>("manifest of member " + std::string(member), value,
-                          [&](const json& j) {
+  return Decode<Manifest>("manifest of member " + std::string(member), value, [&](const json& j) {
     Manifest m;
     m.member = std::string(member);
     m.version = j.at("version").get<int64_t>();

@@ -75,8 +75,7 @@ bool ParseMember(std::string_view key, std::string* exp, std::string* member) {
   return true;
 }
 
-bool ParseManifest(std::string_view key, std::string* exp, std::string* member,
-                   int64_t* version) {
+bool ParseManifest(std::string_view key, std::string* exp, std::string* member, int64_t* version) {
   size_t sep = key.find('\0');
   if (sep == std::string_view::npos || sep == 0) return false;
   size_t sep2 = key.find('\0', sep + 1);

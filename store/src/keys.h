@@ -47,8 +47,7 @@ std::string PrefixEnd(std::string_view prefix);
 // Splits a members key. False when malformed.
 bool ParseMember(std::string_view key, std::string* exp, std::string* member);
 // Splits a checkpoints key. False when malformed.
-bool ParseManifest(std::string_view key, std::string* exp, std::string* member,
-                   int64_t* version);
+bool ParseManifest(std::string_view key, std::string* exp, std::string* member, int64_t* version);
 // Splits an events key. False when malformed.
 bool ParseEvent(std::string_view key, std::string* exp, uint64_t* seq);
 

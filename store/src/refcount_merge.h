@@ -6,9 +6,9 @@
 #ifndef CKPT_STORE_SRC_REFCOUNT_MERGE_H_
 #define CKPT_STORE_SRC_REFCOUNT_MERGE_H_
 
-#include <memory>
-
 #include <rocksdb/merge_operator.h>
+
+#include <memory>
 
 namespace ckpt::store {
 

@@ -40,8 +40,8 @@ int64_t RetentionIndex::Head(const std::string& exp, const std::string& member) 
   return m == e->second.members.end() ? -1 : m->second.head;
 }
 
-void RetentionIndex::LoadVersion(const std::string& exp, const std::string& member,
-                                 int64_t version, VersionInfo info) {
+void RetentionIndex::LoadVersion(const std::string& exp, const std::string& member, int64_t version,
+                                 VersionInfo info) {
   info.children = 0;
   info.in_best = false;
   experiments_[exp].members[member].versions[version] = std::move(info);
@@ -136,8 +136,8 @@ void RetentionIndex::Evaluate(const std::string& exp, Experiment* e, VersionRef 
   }
 }
 
-void RetentionIndex::AddVersion(const std::string& exp, const std::string& member,
-                                int64_t version, VersionInfo info, MemberHead head,
+void RetentionIndex::AddVersion(const std::string& exp, const std::string& member, int64_t version,
+                                VersionInfo info, MemberHead head,
                                 std::vector<RetentionChange>* changes) {
   Experiment& e = experiments_[exp];
   Member& m = e.members[member];
@@ -157,9 +157,8 @@ void RetentionIndex::AddVersion(const std::string& exp, const std::string& membe
   for (auto& c : candidates) Evaluate(exp, &e, std::move(c), changes);
 }
 
-void RetentionIndex::SetPinned(const std::string& exp, const std::string& member,
-                               int64_t version, bool pinned,
-                               std::shared_ptr<const Manifest> updated,
+void RetentionIndex::SetPinned(const std::string& exp, const std::string& member, int64_t version,
+                               bool pinned, std::shared_ptr<const Manifest> updated,
                                std::vector<RetentionChange>* changes) {
   auto e = experiments_.find(exp);
   if (e == experiments_.end()) return;

@@ -86,8 +86,7 @@ class RetentionIndex {
   // Counts children and builds the best-K sets of loaded versions.
   void FinishLoad();
   // nullptr when absent.
-  const VersionInfo* Find(const std::string& exp, const std::string& member,
-                          int64_t version) const;
+  const VersionInfo* Find(const std::string& exp, const std::string& member, int64_t version) const;
 
   // ---- mutations ----
   // Adds `version` as the member's new head, with `head` as its record, and

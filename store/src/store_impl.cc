@@ -2,6 +2,12 @@
 // talks to RocksDB besides refcount_merge.cc; RocksDB statuses become ckpt
 // Statuses here.
 #include <fcntl.h>
+#include <rocksdb/cache.h>
+#include <rocksdb/db.h>
+#include <rocksdb/merge_operator.h>
+#include <rocksdb/options.h>
+#include <rocksdb/slice.h>
+#include <rocksdb/write_batch.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -14,12 +20,6 @@
 #include <mutex>
 #include <set>
 #include <utility>
-
-#include <rocksdb/db.h>
-#include <rocksdb/merge_operator.h>
-#include <rocksdb/options.h>
-#include <rocksdb/slice.h>
-#include <rocksdb/write_batch.h>
 
 #include "ckpt/format/checkpoint.h"
 #include "ckpt/format/checksum.h"
@@ -109,10 +109,9 @@ Status CheckBlob(const BlobId& id, const uint8_t* data, size_t size) {
   if (BlobId::Of(data, size) != id) {
     // The content hash covers every byte; the per-tensor checksums say where.
     auto parsed = format::ParseCheckpoint(data, size);
-    return Status::Corruption("blob " + id.Hex() + ": bytes do not hash to the blob id (" +
-                              (parsed.ok() ? std::string("no tensor checksum fails")
-                                           : parsed.status().message()) +
-                              ")");
+    return Status::Corruption(
+        "blob " + id.Hex() + ": bytes do not hash to the blob id (" +
+        (parsed.ok() ? std::string("no tensor checksum fails") : parsed.status().message()) + ")");
   }
   auto parsed = format::ParseCheckpoint(data, size, structure);
   if (!parsed.ok()) return parsed.status().WithPrefix("blob " + id.Hex());
@@ -131,7 +130,8 @@ bool IsLockError(const rocksdb::Status& s) {
                            s.ToString().find("lock") != std::string::npos);
 }
 
-rocksdb::ColumnFamilyOptions FamilyOptions(int family) {
+rocksdb::ColumnFamilyOptions FamilyOptions(int family,
+                                           const std::shared_ptr<rocksdb::Cache>& blob_cache) {
   rocksdb::ColumnFamilyOptions o;
   o.compression = rocksdb::kNoCompression;
   switch (family) {
@@ -145,6 +145,11 @@ rocksdb::ColumnFamilyOptions FamilyOptions(int family) {
       o.enable_blob_garbage_collection = true;
       o.blob_garbage_collection_age_cutoff = 0.5;
       o.write_buffer_size = 64ull << 20;
+      if (blob_cache) {
+        o.blob_cache = blob_cache;
+        // Fresh results are the next heads to be read.
+        o.prepopulate_blob_cache = rocksdb::PrepopulateBlobCache::kFlushOnly;
+      }
       break;
     case kRefs:
       o.merge_operator = NewRefCountMergeOperator();
@@ -157,10 +162,23 @@ rocksdb::ColumnFamilyOptions FamilyOptions(int family) {
   return o;
 }
 
-std::vector<rocksdb::ColumnFamilyDescriptor> Descriptors() {
+std::vector<rocksdb::ColumnFamilyDescriptor> Descriptors(
+    const std::shared_ptr<rocksdb::Cache>& blob_cache) {
   std::vector<rocksdb::ColumnFamilyDescriptor> d;
-  for (int f = 0; f < kNumFamilies; ++f) d.emplace_back(kFamilyNames[f], FamilyOptions(f));
+  for (int f = 0; f < kNumFamilies; ++f) {
+    d.emplace_back(kFamilyNames[f], FamilyOptions(f, blob_cache));
+  }
   return d;
+}
+
+std::shared_ptr<rocksdb::Cache> NewBlobCache(size_t bytes) {
+  if (bytes == 0) return nullptr;
+  rocksdb::LRUCacheOptions o;
+  o.capacity = bytes;
+  // One shard: a shard holds at most its share of the capacity, and states
+  // are large.
+  o.num_shard_bits = 0;
+  return rocksdb::NewLRUCache(o);
 }
 
 // Manifests and reference counts a write will change, collected before any of
@@ -182,21 +200,10 @@ class StoreImpl final : public Store {
   StoreImpl(StoreOptions options, bool read_only)
       : options_(std::move(options)),
         read_only_(read_only),
-        index_(RetentionPolicy{options_.keep_last_n, options_.keep_best_k,
-                               options_.keep_lineage}) {}
-
-  ~StoreImpl() override {
-    if (db_) {
-      for (auto* h : handles_) db_->DestroyColumnFamilyHandle(h);
-      handles_.clear();
-      db_->Close().PermitUncheckedError();
-      db_.reset();
-    }
-    if (!remove_on_close_.empty()) {
-      std::error_code ec;
-      std::filesystem::remove_all(remove_on_close_, ec);
-    }
+        index_(RetentionPolicy{options_.keep_last_n, options_.keep_best_k, options_.keep_lineage}) {
   }
+
+  ~StoreImpl() override { CloseDb(); }
 
   Status OpenDb();
   // Loads the retention index and reference counts (writer open).
@@ -206,7 +213,16 @@ class StoreImpl final : public Store {
 
   Status Refresh() override {
     if (!read_only_) return Status::OK();
-    return FromRocks(db_->TryCatchUpWithPrimary(), "store " + options_.path + ": catch up");
+    CloseDb();
+    return OpenDb();
+  }
+
+  void CloseDb() {
+    if (!db_) return;
+    for (auto* h : handles_) db_->DestroyColumnFamilyHandle(h);
+    handles_.clear();
+    db_->Close().PermitUncheckedError();
+    db_.reset();
   }
 
   Status CreateExperiment(const std::string& id, const std::string& config_json) override;
@@ -219,23 +235,22 @@ class StoreImpl final : public Store {
                       const std::map<std::string, double>& hparams) override {
     return CreateMembers(exp, {{member, hparams}});
   }
-  Status CreateMembers(const std::string& exp,
-                       const std::map<std::string, std::map<std::string, double>>&
-                           hparams_by_member) override;
+  Status CreateMembers(
+      const std::string& exp,
+      const std::map<std::string, std::map<std::string, double>>& hparams_by_member) override;
   StatusOr<MemberHead> GetMember(const std::string& exp, const std::string& member) override;
   StatusOr<std::vector<MemberHead>> ListMembers(const std::string& exp) override;
   Status SetMemberState(const std::string& exp, const std::string& member,
                         const std::string& state) override;
 
   StatusOr<int64_t> CommitResult(const CommitRequest& request) override;
-  StatusOr<int64_t> Exploit(const std::string& exp, const std::string& dst,
-                            const std::string& src, const std::map<std::string, double>& hparams,
+  StatusOr<int64_t> Exploit(const std::string& exp, const std::string& dst, const std::string& src,
+                            const std::map<std::string, double>& hparams,
                             const std::string& event_json) override;
   StatusOr<int64_t> Restore(const std::string& exp, const std::string& member,
                             int64_t version) override;
   StatusOr<int64_t> Import(const std::string& exp, const std::string& member, const void* blob,
-                           size_t blob_size,
-                           const std::map<std::string, double>& hparams) override;
+                           size_t blob_size, const std::map<std::string, double>& hparams) override;
   Status Pin(const std::string& exp, const std::string& member, int64_t version) override {
     return SetPinned(exp, member, version, true);
   }
@@ -259,6 +274,8 @@ class StoreImpl final : public Store {
                                           size_t limit) override;
 
   StatusOr<VerifyReport> Verify() override;
+  // Verify() through this instance's own reads.
+  StatusOr<VerifyReport> VerifyHere();
   StatusOr<StoreStats> Stats() override;
   Status Flush() override;
   Status Compact() override;
@@ -297,14 +314,13 @@ class StoreImpl final : public Store {
                                      Manifest manifest, MemberHead head, std::string event,
                                      PendingWrite* w, bool sync, const char* before,
                                      const char* after);
-  Status SetPinned(const std::string& exp, const std::string& member, int64_t version,
-                   bool pinned);
+  Status SetPinned(const std::string& exp, const std::string& member, int64_t version, bool pinned);
   StatusOr<int64_t> AddBlobVersion(const std::string& exp, const std::string& member,
                                    std::optional<int64_t> expected_head, const void* blob,
                                    size_t size, std::optional<int64_t> step,
                                    const std::map<std::string, double>& metrics,
-                                   const std::map<std::string, double>& hparams,
-                                   const char* reason, const std::string& event_json, bool sync);
+                                   const std::map<std::string, double>& hparams, const char* reason,
+                                   const std::string& event_json, bool sync);
 
   void KillPoint(const char* point) const {
     if (options_.kill_point && point != nullptr) options_.kill_point(point);
@@ -312,7 +328,6 @@ class StoreImpl final : public Store {
 
   const StoreOptions options_;
   const bool read_only_;
-  std::string remove_on_close_;
   std::unique_ptr<rocksdb::DB> db_;
   std::vector<rocksdb::ColumnFamilyHandle*> handles_;
 
@@ -342,21 +357,22 @@ Status StoreImpl::OpenDb() {
     if (!std::filesystem::exists(path + "/CURRENT")) {
       return Status::NotFound("no store at " + path);
     }
-    db_options.max_open_files = -1;  // required by secondary instances
-    std::string secondary = options_.secondary_path;
-    if (secondary.empty()) {
-      const char* tmp = std::getenv("TMPDIR");
-      std::string tmpl = std::string(tmp && *tmp ? tmp : "/tmp") + "/ckpt-secondary-XXXXXX";
-      if (mkdtemp(tmpl.data()) == nullptr) {
-        return Status::IOError("store " + path + ": cannot create a directory for the read-only "
-                               "view: " + std::strerror(errno));
-      }
-      secondary = tmpl;
-      remove_on_close_ = tmpl;
+    // Every table file is opened now, so a writer deleting one later does not
+    // take it from under the view.
+    db_options.max_open_files = -1;
+    // RocksDB secondary instances do not support integrated blob files
+    // (upstream issue 13296; 7.8 crashes reading one), so the view is a
+    // read-only instance: a consistent image of the store as of the open.
+    // The writer may delete files under it; opening retries, Refresh() reopens.
+    for (int attempt = 0; attempt < 3; ++attempt) {
+      s = rocksdb::DB::OpenForReadOnly(db_options, path,
+                                       Descriptors(NewBlobCache(options_.blob_cache_bytes)),
+                                       &handles_, &raw, /*error_if_wal_file_exists=*/false);
+      if (s.ok() || !(s.IsIOError() || s.IsCorruption() || s.IsPathNotFound())) break;
     }
-    s = rocksdb::DB::OpenAsSecondary(db_options, path, secondary, Descriptors(), &handles_, &raw);
   } else {
-    s = rocksdb::DB::Open(db_options, path, Descriptors(), &handles_, &raw);
+    s = rocksdb::DB::Open(db_options, path, Descriptors(NewBlobCache(options_.blob_cache_bytes)),
+                          &handles_, &raw);
   }
   if (!s.ok()) {
     if (!read_only_ && IsLockError(s)) {
@@ -395,8 +411,7 @@ Status StoreImpl::ExperimentExists(const std::string& exp) const {
   return Get(kExperiments, keys::Experiment(exp), "experiment " + exp, &v);
 }
 
-StatusOr<MemberHead> StoreImpl::ReadHead(const std::string& exp,
-                                         const std::string& member) const {
+StatusOr<MemberHead> StoreImpl::ReadHead(const std::string& exp, const std::string& member) const {
   CKPT_RETURN_IF_ERROR(keys::ValidateId("experiment id", exp));
   CKPT_RETURN_IF_ERROR(keys::ValidateId("member id", member));
   std::string v;
@@ -457,8 +472,7 @@ Status StoreImpl::LoadIndex() {
       auto m = codec::DecodeManifest(member, it->value().ToStringView());
       if (!m.ok()) return m.status().WithPrefix(Id(exp, member, version));
       if (!index_.HasMember(exp, member)) {
-        return Status::Corruption("manifest " + Id(exp, member, version) +
-                                  " belongs to no member");
+        return Status::Corruption("manifest " + Id(exp, member, version) + " belongs to no member");
       }
       RetentionIndex::VersionInfo info;
       info.blob = m->blob;
@@ -540,8 +554,7 @@ StatusOr<Manifest> StoreImpl::RetainedManifestLocked(const std::string& exp,
   return ReadManifest(exp, member, version);
 }
 
-Status StoreImpl::AddChangesLocked(const std::vector<RetentionChange>& changes,
-                                   PendingWrite* w) {
+Status StoreImpl::AddChangesLocked(const std::vector<RetentionChange>& changes, PendingWrite* w) {
   for (const RetentionChange& c : changes) {
     std::string key = keys::Manifest(c.exp, c.ref.member, c.ref.version);
     if (c.release_blob) {
@@ -607,8 +620,7 @@ Status StoreImpl::FinishLocked(PendingWrite* w) {
   return Status::OK();
 }
 
-Status StoreImpl::WriteLocked(PendingWrite* w, bool sync, const char* before,
-                              const char* after) {
+Status StoreImpl::WriteLocked(PendingWrite* w, bool sync, const char* before, const char* after) {
   KillPoint(before);
   rocksdb::WriteOptions wo;
   wo.sync = sync;
@@ -622,9 +634,9 @@ Status StoreImpl::WriteLocked(PendingWrite* w, bool sync, const char* before,
 }
 
 StatusOr<int64_t> StoreImpl::AddVersionLocked(const std::string& exp, const std::string& member,
-                                              Manifest manifest, MemberHead head,
-                                              std::string event, PendingWrite* w, bool sync,
-                                              const char* before, const char* after) {
+                                              Manifest manifest, MemberHead head, std::string event,
+                                              PendingWrite* w, bool sync, const char* before,
+                                              const char* after) {
   const int64_t version = manifest.version;
   RetentionIndex::VersionInfo info;
   info.blob = manifest.blob;
@@ -655,9 +667,8 @@ StatusOr<int64_t> StoreImpl::AddVersionLocked(const std::string& exp, const std:
 }
 
 StatusOr<int64_t> StoreImpl::AddBlobVersion(const std::string& exp, const std::string& member,
-                                            std::optional<int64_t> expected_head,
-                                            const void* blob, size_t size,
-                                            std::optional<int64_t> step,
+                                            std::optional<int64_t> expected_head, const void* blob,
+                                            size_t size, std::optional<int64_t> step,
                                             const std::map<std::string, double>& metrics,
                                             const std::map<std::string, double>& hparams,
                                             const char* reason, const std::string& event_json,
@@ -676,8 +687,8 @@ StatusOr<int64_t> StoreImpl::AddBlobVersion(const std::string& exp, const std::s
   // Validation and hashing run before taking the lock: they read every byte.
   auto parsed = format::ParseCheckpoint(blob, size);
   if (!parsed.ok()) {
-    return Status::Corruption(Id(exp, member) + ": " + reason + " rejected: " +
-                              parsed.status().message());
+    return Status::Corruption(Id(exp, member) + ": " + reason +
+                              " rejected: " + parsed.status().message());
   }
   const int64_t blob_step = step ? *step : parsed->meta().step;
   const BlobId id = BlobId::Of(blob, size);
@@ -761,10 +772,10 @@ StatusOr<int64_t> StoreImpl::Exploit(const std::string& exp, const std::string& 
   const int64_t version = index_.Head(exp, dst) + 1;
   CKPT_ASSIGN_OR_RETURN(
       std::string event,
-      codec::BuildEvent(event_json, kReasonExploit, exp,
-                        {{"member", dst}, {"donor", src}, {"reason", kReasonExploit},
-                         {"blob", donor.blob.Hex()}},
-                        {{"version", version}, {"donor_version", src_version}}));
+      codec::BuildEvent(
+          event_json, kReasonExploit, exp,
+          {{"member", dst}, {"donor", src}, {"reason", kReasonExploit}, {"blob", donor.blob.Hex()}},
+          {{"version", version}, {"donor_version", src_version}}));
   Manifest m = donor;
   m.member = dst;
   m.version = version;
@@ -799,8 +810,7 @@ StatusOr<int64_t> StoreImpl::Restore(const std::string& exp, const std::string& 
   CKPT_ASSIGN_OR_RETURN(
       std::string event,
       codec::BuildEvent("", kReasonRestore, exp,
-                        {{"member", member}, {"reason", kReasonRestore},
-                         {"blob", old.blob.Hex()}},
+                        {{"member", member}, {"reason", kReasonRestore}, {"blob", old.blob.Hex()}},
                         {{"version", new_version}, {"restored_version", version}}));
   Manifest m = old;
   m.version = new_version;
@@ -882,12 +892,10 @@ StatusOr<ExperimentInfo> StoreImpl::GetExperiment(const std::string& id) {
 
 StatusOr<std::vector<ExperimentInfo>> StoreImpl::ListExperiments() {
   std::vector<ExperimentInfo> out;
-  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(),
-                                                         cf(kExperiments)));
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), cf(kExperiments)));
   for (it->SeekToFirst(); it->Valid(); it->Next()) {
-    CKPT_ASSIGN_OR_RETURN(ExperimentInfo info,
-                          codec::DecodeExperiment(it->key().ToString(),
-                                                  it->value().ToStringView()));
+    CKPT_ASSIGN_OR_RETURN(ExperimentInfo info, codec::DecodeExperiment(it->key().ToString(),
+                                                                       it->value().ToStringView()));
     out.push_back(std::move(info));
   }
   CKPT_RETURN_IF_ERROR(FromRocks(it->status(), "list experiments"));
@@ -1115,6 +1123,27 @@ StatusOr<std::vector<Event>> StoreImpl::ListEvents(const std::string& exp, uint6
 // ---- maintenance ----
 
 StatusOr<VerifyReport> StoreImpl::Verify() {
+  if (options_.blob_cache_bytes == 0) return VerifyHere();
+  StoreOptions o = options_;
+  o.blob_cache_bytes = 0;
+  o.kill_point = nullptr;
+  // The writer keeps every file while the uncached view reads them.
+  if (!read_only_) {
+    CKPT_RETURN_IF_ERROR(FromRocks(db_->DisableFileDeletions(), "verify: hold files"));
+  }
+  StatusOr<VerifyReport> report = Status::Internal("verify did not run");
+  {
+    auto view = Store::OpenReadOnly(o);
+    report = view.ok() ? (*view)->Verify() : StatusOr<VerifyReport>(view.status());
+  }
+  if (!read_only_) {
+    Status s = FromRocks(db_->EnableFileDeletions(/*force=*/false), "verify: release files");
+    if (!s.ok() && report.ok()) return s;
+  }
+  return report;
+}
+
+StatusOr<VerifyReport> StoreImpl::VerifyHere() {
   VerifyReport report;
   rocksdb::ReadOptions ro;
   ro.fill_cache = false;
@@ -1172,9 +1201,9 @@ StatusOr<VerifyReport> StoreImpl::Verify() {
     }
     auto blob = ReadBlob(id, /*verify=*/true);
     if (blob.status().IsNotFound()) {
-      report.problems.push_back("blob " + id.Hex() + " is missing" +
-                                (held ? " but manifest " + first_holder[id] + " points at it"
-                                      : std::string()));
+      report.problems.push_back(
+          "blob " + id.Hex() + " is missing" +
+          (held ? " but manifest " + first_holder[id] + " points at it" : std::string()));
       continue;
     }
     ++report.blobs_checked;
@@ -1250,9 +1279,9 @@ Status StoreImpl::Compact() {
   co.blob_garbage_collection_policy = rocksdb::BlobGarbageCollectionPolicy::kForce;
   co.blob_garbage_collection_age_cutoff = 1.0;
   for (int f = kExperiments; f < kNumFamilies; ++f) {
-    CKPT_RETURN_IF_ERROR(FromRocks(
-        db_->CompactRange(co, cf(static_cast<Family>(f)), nullptr, nullptr),
-        std::string("store ") + options_.path + ": compact " + kFamilyNames[f]));
+    CKPT_RETURN_IF_ERROR(
+        FromRocks(db_->CompactRange(co, cf(static_cast<Family>(f)), nullptr, nullptr),
+                  std::string("store ") + options_.path + ": compact " + kFamilyNames[f]));
   }
   return Status::OK();
 }

@@ -51,8 +51,8 @@ void CheckAfterCrash(Store* store, const std::vector<Reported>& reported, int ro
     auto m = store->GetManifest("crash", r.member, r.version);
     ASSERT_TRUE(m.ok()) << "round " << round << ": " << m.status().ToString();
     EXPECT_TRUE(m->holds_blob);
-    EXPECT_EQ(m->blob.Hex(), r.blob_hex) << "round " << round << " " << r.member << " v"
-                                         << r.version;
+    EXPECT_EQ(m->blob.Hex(), r.blob_hex)
+        << "round " << round << " " << r.member << " v" << r.version;
     auto blob = store->ReadBlob(m->blob);
     EXPECT_TRUE(blob.ok()) << "round " << round << ": " << blob.status().ToString();
   }
@@ -91,8 +91,7 @@ TEST(StoreProcessTest, SigkillAtRandomMomentsLosesNothingAcknowledged) {
         ASSERT_FALSE(lines.empty()) << "child wrote nothing in round " << round;
       }
       // Then 5 ms (often still opening or recovering) to 300 ms more.
-      auto deadline =
-          std::chrono::steady_clock::now() + std::chrono::milliseconds(5 + rng() % 295);
+      auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(5 + rng() % 295);
       auto more = child.ReadLinesUntil(deadline, &eof);
       lines.insert(lines.end(), more.begin(), more.end());
       ASSERT_FALSE(eof) << "child exited early in round " << round;
@@ -128,9 +127,8 @@ TEST(StoreProcessTest, SigkillAtKillPointsKeepsBatchesAtomic) {
   // The child commits a twice (keep_last_n = 1, so the second commit releases
   // v1's blob) and then exploits b from a.
   const KillCase cases[] = {
-      {"commit.before_write", 0, 0}, {"commit.after_write", 1, 0},
-      {"retention.release", 1, 0},   {"exploit.before_write", 2, 0},
-      {"exploit.after_write", 2, 1},
+      {"commit.before_write", 0, 0},  {"commit.after_write", 1, 0},  {"retention.release", 1, 0},
+      {"exploit.before_write", 2, 0}, {"exploit.after_write", 2, 1},
   };
   for (const KillCase& c : cases) {
     SCOPED_TRACE(c.point);

@@ -97,7 +97,7 @@ TEST_F(RetentionTest, KeepsBestKTrainedVersionsOfTheExperiment) {
   Population({"a", "b"});
   BlobId a1 = Commit("a", 1, 10.0);  // best
   BlobId a2 = Commit("a", 2, 1.0);
-  BlobId b1 = Commit("b", 3, 7.0);   // second best
+  BlobId b1 = Commit("b", 3, 7.0);  // second best
   BlobId b2 = Commit("b", 4, 2.0);
   Commit("a", 5, 0.5);
   Commit("b", 6, 0.5);
@@ -285,10 +285,10 @@ TEST_F(RetentionTest, RandomOperationsNeverLoseAReferencedBlob) {
       for (const auto& v : all) {
         if (v.holds_blob) continue;
         // A manifest without blob stays only as some stored manifest's parent.
-        bool is_parent = lineage && std::any_of(all.begin(), all.end(), [&](const Manifest& c) {
-                           return c.parent && c.parent->member == v.member &&
-                                  c.parent->version == v.version;
-                         });
+        bool is_parent =
+            lineage && std::any_of(all.begin(), all.end(), [&](const Manifest& c) {
+              return c.parent && c.parent->member == v.member && c.parent->version == v.version;
+            });
         ASSERT_TRUE(is_parent) << "op " << op << " " << v.member << " v" << v.version;
       }
       for (const BlobId& id : ever) {

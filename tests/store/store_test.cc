@@ -90,8 +90,7 @@ TEST_F(StoreTest, RejectsBadIdsDuplicatesAndBadConfig) {
   EXPECT_TRUE(store_->CreateMember("nope", "m", {}).IsNotFound());
   ASSERT_TRUE(store_->CreateMember("e", "m", {}).ok());
   EXPECT_EQ(store_->CreateMember("e", "m", {}).code(), StatusCode::kAlreadyExists);
-  EXPECT_EQ(store_->CreateMembers("e", {{"n", {}}, {"m", {}}}).code(),
-            StatusCode::kAlreadyExists);
+  EXPECT_EQ(store_->CreateMembers("e", {{"n", {}}, {"m", {}}}).code(), StatusCode::kAlreadyExists);
   EXPECT_TRUE(store_->GetMember("e", "n").status().IsNotFound());  // all or none
   EXPECT_TRUE(store_->GetMember("e", "zz").status().IsNotFound());
   EXPECT_TRUE(store_->GetExperiment("zz").status().IsNotFound());
@@ -264,11 +263,11 @@ TEST_F(StoreTest, ImportStartsAVersionWithoutParent) {
 
 TEST_F(StoreTest, LineageFollowsParentsAcrossMembers) {
   Population({"a", "b"});
-  Commit("b", 1, 1.0);   // b v1
-  Commit("b", 2, 8.0);   // b v2
-  Commit("a", 3, 2.0);   // a v1
+  Commit("b", 1, 1.0);                                                  // b v1
+  Commit("b", 2, 8.0);                                                  // b v2
+  Commit("a", 3, 2.0);                                                  // a v1
   ASSERT_TRUE(store_->Exploit("e", "a", "b", {{"lr", 0.2}}, "").ok());  // a v2 <- b v2
-  Commit("a", 4, 9.0);   // a v3
+  Commit("a", 4, 9.0);                                                  // a v3
   auto lineage = store_->Lineage("e", "a");
   ASSERT_TRUE(lineage.ok()) << lineage.status().ToString();
   std::vector<std::pair<std::string, int64_t>> chain;
@@ -325,9 +324,14 @@ TEST_F(StoreTest, ReadOnlyViewSeesTheWriterAfterRefresh) {
   ASSERT_TRUE(view.ok()) << view.status().ToString();
   EXPECT_EQ((*view)->GetMember("e", "a")->version, 1);
   Commit("a", 2, 2.0);
+  EXPECT_EQ((*view)->GetMember("e", "a")->version, 1);  // an image as of the open
   ASSERT_TRUE((*view)->Refresh().ok());
   EXPECT_EQ((*view)->GetMember("e", "a")->version, 2);
-  auto blob = (*view)->ReadHeadBlob("e", "a");
+  auto blob = (*view)->ReadHeadBlob("e", "a");  // from the WAL image
+  EXPECT_TRUE(blob.ok()) << blob.status().ToString();
+  ASSERT_TRUE(store_->Flush().ok());
+  ASSERT_TRUE((*view)->Refresh().ok());
+  blob = (*view)->ReadHeadBlob("e", "a");  // from a blob file
   EXPECT_TRUE(blob.ok()) << blob.status().ToString();
   EXPECT_EQ((*view)->CreateExperiment("x", "{}").code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ((*view)->AppendEvent("e", "{}").status().code(), StatusCode::kFailedPrecondition);

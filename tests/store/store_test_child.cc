@@ -89,7 +89,8 @@ int CrashLoop(const std::string& path, uint64_t seed) {
     req.hparams = {{"lr", 0.1}};
     auto v = store->CommitResult(req);
     if (!v.ok()) return Fail(v.status());
-    Report("C " + member + " " + std::to_string(*v) + " " + BlobId::Of(blob.data(), blob.size()).Hex());
+    Report("C " + member + " " + std::to_string(*v) + " " +
+           BlobId::Of(blob.data(), blob.size()).Hex());
   }
 }
 
@@ -150,7 +151,8 @@ int Hold(const std::string& path) {
 int main(int argc, char** argv) {
   using namespace ckpt::store::testing;
   std::string mode = argc > 1 ? argv[1] : "";
-  if (mode == "crash-loop" && argc == 4) return CrashLoop(argv[2], std::strtoull(argv[3], nullptr, 10));
+  if (mode == "crash-loop" && argc == 4)
+    return CrashLoop(argv[2], std::strtoull(argv[3], nullptr, 10));
   if (mode == "kill-at" && argc == 4) return KillAt(argv[2], argv[3]);
   if (mode == "try-open" && argc == 3) return TryOpen(argv[2]);
   if (mode == "hold" && argc == 3) return Hold(argv[2]);

@@ -118,17 +118,19 @@ class Child {
 
   // Reads complete lines until `deadline` or EOF (or, with `first_only`, the
   // first complete line); returns them. Sets *eof at EOF.
-  std::vector<std::string> ReadLinesUntil(std::chrono::steady_clock::time_point deadline,
-                                          bool* eof, bool first_only = false) {
+  std::vector<std::string> ReadLinesUntil(std::chrono::steady_clock::time_point deadline, bool* eof,
+                                          bool first_only = false) {
     std::vector<std::string> lines;
     *eof = false;
     char buf[4096];
     while (true) {
       auto now = std::chrono::steady_clock::now();
-      int wait_ms = now >= deadline ? 0
-                                    : static_cast<int>(std::chrono::duration_cast<
-                                                           std::chrono::milliseconds>(deadline - now)
-                                                           .count()) + 1;
+      int wait_ms =
+          now >= deadline
+              ? 0
+              : static_cast<int>(
+                    std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count()) +
+                    1;
       pollfd p{stdout_, POLLIN, 0};
       int r = poll(&p, 1, wait_ms);
       if (r < 0 && errno == EINTR) continue;

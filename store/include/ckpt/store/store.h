@@ -12,8 +12,8 @@
 //   members      exp 0x00 member                  -> JSON head {version, state, last_score, ...}
 //   checkpoints  exp 0x00 member 0x00 u64be(ver)  -> JSON manifest (see Manifest)
 //   blobs        16-byte BlobId (XXH3-128, be)    -> the checkpoint blob (integrated blob files)
-//   refs         16-byte BlobId                   -> i64le reference count (merge operator "ckpt.RefCountAdd")
-//   events       exp 0x00 u64be(seq)              -> JSON event
+//   refs         16-byte BlobId                   -> i64le reference count (merge operator
+//   "ckpt.RefCountAdd") events       exp 0x00 u64be(seq)              -> JSON event
 //
 // Reference counting: a blob's count is the number of manifests that *hold* it
 // (Manifest::holds_blob). A commit, exploit, restore or import adds one
@@ -96,13 +96,16 @@ struct StoreOptions {
   // Keep the manifests (not the blobs) that surviving versions descend from, so
   // Lineage() reaches back to each member's start. Default: true.
   bool keep_lineage = true;
+  // Capacity of the in-memory blob cache (RocksDB LRU, filled by reads and by
+  // memtable flushes, i.e. with freshly committed results). A cached blob is
+  // read with no copy and no system call; others cost a file read plus one
+  // copy inside RocksDB. Size it to the population's head states. 0 disables
+  // it. Default: 256 MiB.
+  size_t blob_cache_bytes = size_t{256} << 20;
   // Test seam: called at named points of a write ("commit.before_write",
   // "commit.after_write", "exploit.before_write", "retention.release"), e.g. to
   // raise SIGKILL there in a crash test. Default: none.
   std::function<void(std::string_view point)> kill_point;
-  // OpenReadOnly only: directory for the secondary instance's own files.
-  // Default: empty = a fresh directory under $TMPDIR (or /tmp), removed on close.
-  std::string secondary_path;
 };
 
 struct ExperimentInfo {
@@ -216,8 +219,8 @@ struct VerifyReport {
 struct FamilyStats {
   std::string name;
   uint64_t keys = 0;
-  uint64_t logical_bytes = 0;  // keys + values as stored (blobs: their sizes)
-  uint64_t sst_bytes = 0;      // "rocksdb.total-sst-files-size"
+  uint64_t logical_bytes = 0;    // keys + values as stored (blobs: their sizes)
+  uint64_t sst_bytes = 0;        // "rocksdb.total-sst-files-size"
   uint64_t blob_file_bytes = 0;  // "rocksdb.total-blob-file-size" (blobs family)
 };
 
@@ -225,8 +228,8 @@ struct StoreStats {
   std::vector<FamilyStats> families;  // experiments, members, checkpoints, blobs, refs, events
   uint64_t experiments = 0;
   uint64_t members = 0;
-  uint64_t manifests = 0;           // every manifest, released or not
-  uint64_t manifests_holding = 0;   // those holding a blob reference
+  uint64_t manifests = 0;          // every manifest, released or not
+  uint64_t manifests_holding = 0;  // those holding a blob reference
   uint64_t blobs = 0;
   uint64_t blob_bytes = 0;  // sum of distinct blob sizes
   uint64_t events = 0;
@@ -243,13 +246,19 @@ class Store {
   // InvalidArgument for bad options; IOError / Corruption from RocksDB.
   static StatusOr<std::unique_ptr<Store>> Open(const StoreOptions& options);
 
-  // Opens a read-only view (a RocksDB secondary instance) of the store at
-  // options.path, which another process may be writing. Writes return
-  // FailedPrecondition. The view sees the writer's state as of the open or the
-  // last Refresh(). NotFound when there is no store at the path.
+  // Opens a read-only view of the store at options.path, which another
+  // process may be writing: a consistent image as of the open (every batch
+  // acknowledged by then, none half). It is a RocksDB read-only instance, not
+  // a secondary one, because secondary instances do not support the blob
+  // files the blobs family uses. Writes return FailedPrecondition. While a
+  // writer runs, a blob read may fail with IOError when the writer's garbage
+  // collection deleted its file since the open: Refresh() and retry.
+  // NotFound when there is no store at the path.
   static StatusOr<std::unique_ptr<Store>> OpenReadOnly(const StoreOptions& options);
 
-  // Read-only view: catches up with the writer. Writer: OK, nothing to do.
+  // Read-only view: reopens it on the store's current state; invalidates
+  // PinnedBlobs read from it. REQUIRES: no other call on the view in flight.
+  // Writer: OK, nothing to do.
   virtual Status Refresh() = 0;
 
   // ---- experiments ----
@@ -275,9 +284,9 @@ class Store {
                               const std::map<std::string, double>& hparams) = 0;
   // Creates several members in one synced batch; all or none (AlreadyExists
   // naming the first present one).
-  virtual Status CreateMembers(const std::string& exp,
-                               const std::map<std::string, std::map<std::string, double>>&
-                                   hparams_by_member) = 0;
+  virtual Status CreateMembers(
+      const std::string& exp,
+      const std::map<std::string, std::map<std::string, double>>& hparams_by_member) = 0;
   // NotFound when the experiment or member is absent.
   virtual StatusOr<MemberHead> GetMember(const std::string& exp, const std::string& member) = 0;
   // Every member of `exp`, by member id. NotFound when the experiment is absent.
@@ -361,11 +370,12 @@ class Store {
 
   // ---- maintenance ----
 
-  // Reads every blob and re-checks its content hash and tensor checksums,
-  // checks that every manifest holding a blob finds it, and that every
-  // reference count equals the number of manifests holding the blob. Problems
-  // go into the report; the Status is an error only when the check itself
-  // could not run.
+  // Reads every blob from disk (through a read-only view without blob cache,
+  // so cached copies cannot hide a bad file) and re-checks its content hash
+  // and tensor checksums, checks that every manifest holding a blob finds it,
+  // and that every reference count equals the number of manifests holding the
+  // blob. Problems go into the report; the Status is an error only when the
+  // check itself could not run.
   virtual StatusOr<VerifyReport> Verify() = 0;
   // Counts and bytes per column family.
   virtual StatusOr<StoreStats> Stats() = 0;
