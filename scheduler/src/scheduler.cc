@@ -15,6 +15,10 @@
 #include "ckpt/format/checksum.h"
 #include "ckpt/scheduler/policy.h"
 #include "ckpt/store/store.h"
+#include "control_target.h"
+#ifdef CKPT_HAVE_CONTROL_SERVER
+#include "control_server.h"
+#endif
 #include "worker_handle.h"
 
 namespace ckpt::scheduler {
@@ -161,7 +165,7 @@ std::string FormatDuration(double s) {
   return buf;
 }
 
-class SchedulerImpl : public Scheduler {
+class SchedulerImpl : public Scheduler, public ControlTarget {
  public:
   SchedulerImpl(const SchedulerOptions& options, std::unique_ptr<store::Store> store)
       : options_(options), store_(std::move(store)), signals_(io_), sigchld_(io_, SIGCHLD),
@@ -188,6 +192,29 @@ class SchedulerImpl : public Scheduler {
     asio::post(io_, [this] { BeginStop("stop requested"); });
   }
   StatusOr<ExperimentSummary> Summary(const std::string& exp) override;
+  // ControlTarget (event loop thread).
+  boost::asio::io_context& io() override { return io_; }
+  StatusOr<std::string> SubmitToml(const std::string& toml, const std::string& origin) override;
+  std::vector<ExperimentSummary> ListExperiments() override;
+  StatusOr<ExperimentSummary> ExperimentStatus(const std::string& exp) override {
+    return Summary(exp);
+  }
+  std::vector<WorkerStatus> DeviceStatus() override;
+  Status Pause(const std::string& exp) override;
+  Status Resume(const std::string& exp) override;
+  Status Stop(const std::string& exp) override;
+  StatusOr<int64_t> Restore(const std::string& exp, const std::string& member,
+                            int64_t version) override;
+  Status Pin(const std::string& exp, const std::string& member, int64_t version) override {
+    if (Find(exp) == nullptr) return Status::NotFound("experiment " + exp);
+    return store_->Pin(exp, member, version);
+  }
+  Status Unpin(const std::string& exp, const std::string& member, int64_t version) override {
+    if (Find(exp) == nullptr) return Status::NotFound("experiment " + exp);
+    return store_->Unpin(exp, member, version);
+  }
+  void Shutdown(const std::string& why) override { BeginStop(why); }
+
   int64_t WorkersPeakRssBytes() const override {
     int64_t sum = 0;
     for (const auto& w : workers_) sum += w->peak_rss_total;
@@ -212,6 +239,7 @@ class SchedulerImpl : public Scheduler {
   void MaybeFinishStop();
   void ShutdownWorkers(bool graceful);
   void Tick();
+  void OnReload();
   void PrintProgress(bool force_line);
   void Log(const std::string& line);
   std::string StateJson(const Member& m) const;
@@ -244,6 +272,10 @@ class SchedulerImpl : public Scheduler {
   bool finished_ = false;
   Status run_status_;
   bool progress_tty_ = false;
+#ifdef CKPT_HAVE_CONTROL_SERVER
+  std::unique_ptr<ControlServer> control_;
+#endif
+  asio::signal_set sighup_{io_};
   Clock::time_point last_line_ = Clock::now() - std::chrono::hours(1);
 };
 
@@ -272,9 +304,12 @@ Status SchedulerImpl::Submit(const ExperimentConfig& config) {
                                      "use another store");
     }
     CKPT_RETURN_IF_ERROR(LoadMembers(e.get()));
-    if (existing->status == "done") {
+    if (existing->status == "done" || existing->status == "stopped") {
       e->phase = Phase::kDone;
-      e->status = "done";
+      e->status = existing->status;
+    } else if (existing->status == "paused") {
+      e->status = "paused";
+      Log("experiment " + id + " is paused");
     } else {
       Log("resuming experiment " + id + " from " + options_.store_path);
     }
@@ -289,7 +324,9 @@ Status SchedulerImpl::Submit(const ExperimentConfig& config) {
   } else {
     return existing.status();
   }
-  if (e->phase != Phase::kDone) CKPT_RETURN_IF_ERROR(store_->SetExperimentStatus(id, "running"));
+  if (e->phase != Phase::kDone && e->status == "running") {
+    CKPT_RETURN_IF_ERROR(store_->SetExperimentStatus(id, "running"));
+  }
   e->start = Clock::now();
   order_.push_back(id);
   {
@@ -778,12 +815,17 @@ void SchedulerImpl::FinishExperiment(Experiment* e) {
   (void)store_->AppendEvent(e->config.name, json{{"type", "final_eval"}, {"results", results}}.dump());
   (void)store_->SetExperimentStatus(e->config.name, "done");
   PrintProgress(true);
-  if (AllEnded()) BeginStop("all experiments ended");
+  if (AllEnded() && !options_.serve) BeginStop("all experiments ended");
 }
 
 void SchedulerImpl::BeginStop(const std::string& why) {
   if (stopping_) return;
   stopping_ = true;
+  if (options_.notify) options_.notify("STOPPING=1");
+#ifdef CKPT_HAVE_CONTROL_SERVER
+  // No new requests while stopping; the socket goes away with the server.
+  if (control_) control_->Close();
+#endif
   if (why != "all experiments ended") Log("stopping: " + why);
   grace_timer_.expires_after(options_.grace);
   grace_timer_.async_wait([this](const boost::system::error_code& ec) {
@@ -814,10 +856,33 @@ void SchedulerImpl::ShutdownWorkers(bool graceful) {
   }
   tick_.cancel();
   grace_timer_.cancel();
+  sighup_.cancel();
+#ifdef CKPT_HAVE_CONTROL_SERVER
+  if (control_) control_->Close();
+#endif
   signals_.cancel();
   sigchld_.cancel();
   (void)store_->Flush();
   io_.stop();
+}
+
+void SchedulerImpl::OnReload() {
+  if (!options_.reload) {
+    Log("SIGHUP: nothing to reload");
+    return;
+  }
+  auto next = options_.reload();
+  if (!next.ok()) {
+    Log("SIGHUP: reload failed, keeping the current settings: " + next.status().ToString());
+    return;
+  }
+  std::string not_applied;
+#ifdef CKPT_HAVE_CONTROL_SERVER
+  if (control_) not_applied = control_->Reconfigure(*next);
+#endif
+  options_.control = *next;
+  Log("SIGHUP: reloaded users, groups and limits" +
+      (not_applied.empty() ? std::string() : "; not applied: " + not_applied));
 }
 
 void SchedulerImpl::Tick() {
@@ -852,7 +917,8 @@ void SchedulerImpl::PrintProgress(bool force_line) {
                   "%s: %s interval %d/%d | members done %d/%zu | %.0f samples/s | best %.4f "
                   "median %.4f | exploits %lld | ETA %s",
                   id.c_str(), e.phase == Phase::kDone ? "done" : (e.phase == Phase::kFinalEval ? "final eval" : "training"),
-                  e.generation, e.config.intervals, done, e.members.size(), rate,
+                  e.phase == Phase::kTraining ? e.generation : e.config.intervals,
+                  e.config.intervals, done, e.members.size(), rate,
                   scores.empty() ? 0.0 : scores.back(),
                   scores.empty() ? 0.0 : scores[scores.size() / 2],
                   static_cast<long long>(e.exploits),
@@ -895,11 +961,37 @@ Status SchedulerImpl::Run() {
         sigchld_.async_wait(on_child);
       };
   sigchld_.async_wait(on_child);
-  if (AllEnded()) {
+  if (options_.serve) {
+    // Every unfinished experiment of the store resumes.
+    CKPT_ASSIGN_OR_RETURN(auto stored, store_->ListExperiments());
+    for (const auto& x : stored) {
+      if (x.status == "done" || x.status == "stopped" || Find(x.id) != nullptr) continue;
+      json j = json::parse(x.config_json, nullptr, false);
+      auto config = ParseExperimentConfig(j.is_object() ? j.value("toml", "") : "", x.id);
+      Status s = config.ok() ? Submit(*config) : config.status();
+      if (!s.ok()) Log("cannot resume experiment " + x.id + ": " + s.ToString());
+    }
+  } else if (AllEnded()) {
     finished_ = true;
     return Status::OK();
   }
+  if (options_.serve) {
+#ifdef CKPT_HAVE_CONTROL_SERVER
+    if (!options_.control.socket_path.empty()) {
+      CKPT_ASSIGN_OR_RETURN(control_, ControlServer::Start(this, options_.control));
+    }
+#endif
+    sighup_.add(SIGHUP);
+    std::function<void(const boost::system::error_code&, int)> on_hup =
+        [this, &on_hup](const boost::system::error_code& ec, int) {
+          if (ec) return;
+          OnReload();
+          sighup_.async_wait(on_hup);
+        };
+    sighup_.async_wait(on_hup);
+  }
   for (size_t i = 0; i < workers_.size(); ++i) StartWorker(i);
+  if (options_.notify) options_.notify("READY=1");
   Tick();
   io_.run();
   if (progress_tty_) std::fputs("\n", options_.progress);
@@ -907,6 +999,111 @@ Status SchedulerImpl::Run() {
     if (e->phase != Phase::kDone) e->status = "stopped";
   }
   return run_status_;
+}
+
+StatusOr<std::string> SchedulerImpl::SubmitToml(const std::string& toml,
+                                                const std::string& origin) {
+  if (stopping_) return Status::Unavailable("the scheduler is stopping");
+  CKPT_ASSIGN_OR_RETURN(ExperimentConfig config, ParseExperimentConfig(toml, origin));
+  CKPT_RETURN_IF_ERROR(Submit(config));
+  Dispatch();
+  return config.name;
+}
+
+std::vector<ExperimentSummary> SchedulerImpl::ListExperiments() {
+  std::vector<ExperimentSummary> out;
+  for (const auto& id : order_) {
+    auto s = Summary(id);
+    if (s.ok()) out.push_back(std::move(*s));
+  }
+  return out;
+}
+
+std::vector<WorkerStatus> SchedulerImpl::DeviceStatus() {
+  std::vector<WorkerStatus> out;
+  for (const auto& w : workers_) {
+    WorkerStatus s;
+    s.index = w->spec.index;
+    s.device = w->spec.device.device;
+    s.pid = w->handle ? w->handle->pid() : 0;
+    s.ready = w->ready;
+    s.mode = w->mode;
+    s.capacity = w->capacity;
+    s.busy = w->busy;
+    s.restarts = w->restarts;
+    s.given_up = w->given_up;
+    s.samples_per_s = w->samples_per_s;
+    out.push_back(s);
+  }
+  return out;
+}
+
+Status SchedulerImpl::Pause(const std::string& exp) {
+  Experiment* e = Find(exp);
+  if (e == nullptr) return Status::NotFound("experiment " + exp + " is not known");
+  if (e->phase == Phase::kDone) {
+    return Status::FailedPrecondition("experiment " + exp + " has ended (" + e->status + ")");
+  }
+  CKPT_RETURN_IF_ERROR(store_->SetExperimentStatus(exp, "paused"));
+  e->status = "paused";
+  (void)store_->AppendEvent(exp, json{{"type", "paused"}}.dump());
+  return Status::OK();
+}
+
+Status SchedulerImpl::Resume(const std::string& exp) {
+  Experiment* e = Find(exp);
+  if (e == nullptr) return Status::NotFound("experiment " + exp + " is not known");
+  if (e->phase == Phase::kDone) {
+    return Status::FailedPrecondition("experiment " + exp + " has ended (" + e->status + ")");
+  }
+  CKPT_RETURN_IF_ERROR(store_->SetExperimentStatus(exp, "running"));
+  e->status = "running";
+  (void)store_->AppendEvent(exp, json{{"type", "resumed"}}.dump());
+  Dispatch();
+  return Status::OK();
+}
+
+Status SchedulerImpl::Stop(const std::string& exp) {
+  Experiment* e = Find(exp);
+  if (e == nullptr) return Status::NotFound("experiment " + exp + " is not known");
+  if (e->phase == Phase::kDone) {
+    return Status::FailedPrecondition("experiment " + exp + " has ended (" + e->status + ")");
+  }
+  CKPT_RETURN_IF_ERROR(store_->SetExperimentStatus(exp, "stopped"));
+  for (const auto& p : e->ready) {
+    Member& m = e->members[p.member];
+    if (m.status == MemberStatus::kQueued) m.status = MemberStatus::kIdle;
+  }
+  e->ready.clear();
+  e->phase = Phase::kDone;
+  e->status = "stopped";
+  (void)store_->AppendEvent(exp, json{{"type", "stopped"}}.dump());
+  if (AllEnded() && !options_.serve) BeginStop("all experiments ended");
+  return Status::OK();
+}
+
+StatusOr<int64_t> SchedulerImpl::Restore(const std::string& exp, const std::string& member,
+                                         int64_t version) {
+  Experiment* e = Find(exp);
+  if (e == nullptr) return Status::NotFound("experiment " + exp + " is not known");
+  auto it = e->by_name.find(member);
+  if (it == e->by_name.end()) {
+    return Status::NotFound("member " + member + " of experiment " + exp);
+  }
+  CKPT_ASSIGN_OR_RETURN(int64_t v, store_->Restore(exp, member, version));
+  CKPT_ASSIGN_OR_RETURN(store::MemberHead head, store_->GetMember(exp, member));
+  Member& m = e->members[it->second];
+  // A task in flight was sent the old head: its commit is refused (the head
+  // moved) and the member reruns from this version.
+  m.version = v;
+  m.hparams = head.hparams;
+  m.step = head.step;
+  (void)store_->AppendEvent(exp, json{{"type", "restore"},
+                                      {"member", member},
+                                      {"from_version", version},
+                                      {"version", v}}
+                                     .dump());
+  return v;
 }
 
 StatusOr<ExperimentSummary> SchedulerImpl::Summary(const std::string& id) {
@@ -949,6 +1146,12 @@ StatusOr<ExperimentSummary> SchedulerImpl::Summary(const std::string& id) {
 
 StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(const SchedulerOptions& options) {
   if (options.store_path.empty()) return Status::InvalidArgument("store path is empty");
+  std::error_code ec;
+  const auto parent = std::filesystem::absolute(options.store_path).parent_path();
+  std::filesystem::create_directories(parent, ec);
+  if (ec) {
+    return Status::IOError("cannot create " + parent.string() + " for the store: " + ec.message());
+  }
   store::StoreOptions so;
   so.path = options.store_path;
   so.sync_interval_commits = options.sync_interval_commits;

@@ -28,6 +28,7 @@
 #include <memory>
 #include <string>
 #include <vector>
+#include <cstdint>
 
 #include "ckpt/format/status.h"
 #include "ckpt/scheduler/config.h"
@@ -37,6 +38,24 @@ class Store;
 }
 
 namespace ckpt::scheduler {
+
+// The control socket of `serve` (see control_client.h for the protocol).
+struct ControlOptions {
+  // Socket path; its directory is created 0750 when missing. Default: "" (no socket).
+  std::string socket_path;
+  // Users and groups (names or numeric ids) whose processes may connect,
+  // besides the scheduler's own user. Default: none.
+  std::vector<std::string> allowed_users;
+  std::vector<std::string> allowed_groups;
+  // Longest request line accepted. Default: 1 MiB.
+  size_t max_request_bytes = size_t{1} << 20;
+  // Connections served at once; more are refused with an error. Default: 64.
+  int max_clients = 64;
+  // A connection idle (or stalled mid-line) this long is closed. Default: 30 s.
+  std::chrono::milliseconds client_idle_timeout{30000};
+  // Test seam: when set, used instead of SO_PEERCRED to get a peer's uid and gid.
+  std::function<bool(int fd, uint32_t* uid, uint32_t* gid)> peer_credentials;
+};
 
 struct SchedulerOptions {
   // Store directory. Required.
@@ -72,6 +91,18 @@ struct SchedulerOptions {
   FILE* progress = stdout;
   // Sync writes of interval results. Default: false.
   bool sync_interval_commits = false;
+  // Service mode: keep running when every experiment has ended, resume every
+  // unfinished experiment of the store at start, serve the control socket.
+  // Default: false (`run`: stop when the submitted experiments end).
+  bool serve = false;
+  // serve: the control socket.
+  ControlOptions control;
+  // serve: SIGHUP asks this for the new control options (the service re-reads
+  // its file); what cannot change at run time is reported, not applied.
+  std::function<StatusOr<ControlOptions>()> reload;
+  // serve: service-manager notifications ("READY=1", "STOPPING=1",
+  // "STATUS=..."), e.g. sd_notify. Default: none.
+  std::function<void(const std::string&)> notify;
 };
 
 // One member's line in an experiment's summary.
@@ -84,6 +115,20 @@ struct MemberSummary {
   int64_t version = 0;
   int64_t step = 0;
   std::map<std::string, double> hparams;
+};
+
+// One worker process as the scheduler sees it.
+struct WorkerStatus {
+  int index = 0;
+  std::string device;
+  int64_t pid = 0;           // 0 while not running
+  bool ready = false;        // said HELLO
+  std::string mode;          // "plain" | "fused" | ""
+  int capacity = 0;
+  int busy = 0;
+  int restarts = 0;
+  bool given_up = false;
+  double samples_per_s = 0;  // last STATS
 };
 
 struct ExperimentSummary {
