@@ -215,8 +215,8 @@ int RingBench(const Args& args) {
     return 1;
   }
 
-  std::string json = "{\"bench\":\"ring\",\"ring_bytes\":" + std::to_string(ring_bytes) +
-                     ",\"records\":{";
+  std::string json =
+      "{\"bench\":\"ring\",\"ring_bytes\":" + std::to_string(ring_bytes) + ",\"records\":{";
   char buf[512];
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];

@@ -1,6 +1,9 @@
 // One process, both sides: the channel's contracts (deadlines, close,
 // reservations, refusals), and a round trip of every size class.
+#include "ckpt/ipc/channel.h"
+
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -11,10 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include <gtest/gtest.h>
-
 #include "ckpt/format/checksum.h"
-#include "ckpt/ipc/channel.h"
 #include "ipc_test_util.h"
 #include "layout.h"
 
@@ -246,7 +246,8 @@ TEST_F(ChannelTest, PeerThatClosedIsUnavailable) {
   auto r = owner_->Receive(DeadlineIn(std::chrono::seconds(30)));
   EXPECT_TRUE(r.status().IsUnavailable()) << r.status().ToString();
   EXPECT_NE(r.status().message().find("closed"), std::string::npos) << r.status().message();
-  EXPECT_TRUE(owner_->Send(RecordType::kTrain, "x", 1, DeadlineIn(milliseconds(10))).IsUnavailable());
+  EXPECT_TRUE(
+      owner_->Send(RecordType::kTrain, "x", 1, DeadlineIn(milliseconds(10))).IsUnavailable());
   EXPECT_FALSE(owner_->PeerAlive());
 }
 

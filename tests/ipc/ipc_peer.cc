@@ -212,8 +212,8 @@ class Hostile {
     if (fd < 0) Fail("shm_open " + name);
     struct stat st;
     if (::fstat(fd, &st) != 0) Fail("fstat");
-    base_ = static_cast<uint8_t*>(
-        ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+    base_ = static_cast<uint8_t*>(::mmap(nullptr, static_cast<size_t>(st.st_size),
+                                         PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
     ::close(fd);
     if (base_ == MAP_FAILED) Fail("mmap");
     cb_ = reinterpret_cast<layout::ControlBlock*>(base_);

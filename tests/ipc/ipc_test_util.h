@@ -34,9 +34,9 @@ inline uint64_t Mix(uint64_t x) {
 // the ring and a few fragmented ones up to 4x the ring.
 inline size_t RecordSize(uint64_t seed, uint64_t i, uint64_t ring) {
   const uint64_t limit = ring / 2 - 64;
-  const uint64_t edges[] = {0,         1,         63,       64,       65,   4095,
-                            limit - 1, limit,     limit + 1, ring - 64, ring, ring + 1,
-                            2 * ring,  4 * ring - 1, 4 * ring};
+  const uint64_t edges[] = {0,    1,         63,       64,           65,
+                            4095, limit - 1, limit,    limit + 1,    ring - 64,
+                            ring, ring + 1,  2 * ring, 4 * ring - 1, 4 * ring};
   if (i < sizeof(edges) / sizeof(edges[0])) return edges[i];
   const uint64_t r = Mix(seed * 0x100000001b3ull + i);
   const uint64_t pick = r % 100;
@@ -126,7 +126,7 @@ class Child {
     pid_ = ::fork();
     if (pid_ < 0) return false;
     if (pid_ == 0) {
-      ::dup2(up[1], 3);    // dup2 clears FD_CLOEXEC on the new descriptor
+      ::dup2(up[1], 3);  // dup2 clears FD_CLOEXEC on the new descriptor
       ::dup2(down[0], 4);
       ::execv(path.c_str(), argv.data());
       ::_exit(127);

@@ -1,13 +1,13 @@
 // Message encodings: round trips, in-place state, and every way a decoder
 // must refuse untrusted bytes.
+#include "ckpt/ipc/messages.h"
+
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
-
-#include "ckpt/ipc/messages.h"
 
 namespace ckpt::ipc {
 namespace {
@@ -171,11 +171,11 @@ TEST(MessagesTest, UntrustedBytesAreRefusedWithCorruption) {
   const std::vector<std::vector<uint8_t>> bad = {
       {},
       {1, 2},
-      {0xff, 0xff, 0xff, 0x7f, '{', '}'},             // length beyond the payload
-      WithJson("{"),                                   // truncated
-      WithJson("[1,2]"),                               // not an object
-      WithJson(R"({"device":5})"),                     // wrong type
-      WithJson(R"({"device":"cpu"} trailing)"),        // not JSON
+      {0xff, 0xff, 0xff, 0x7f, '{', '}'},                       // length beyond the payload
+      WithJson("{"),                                            // truncated
+      WithJson("[1,2]"),                                        // not an object
+      WithJson(R"({"device":5})"),                              // wrong type
+      WithJson(R"({"device":"cpu"} trailing)"),                 // not JSON
       WithJson(std::string(100, '[') + std::string(100, ']')),  // too deep
   };
   for (const auto& b : bad) {
@@ -189,13 +189,14 @@ TEST(MessagesTest, UntrustedBytesAreRefusedWithCorruption) {
 
   auto missing = WithJson(R"({"member":"m"})");
   EXPECT_TRUE(DecodeTrain(missing.data(), missing.size()).status().IsCorruption());
-  auto neg = WithJson(R"({"task_id":-1,"member":"m","steps":1,"state_offset":128,"state_bytes":0})",
-                      128);
+  auto neg =
+      WithJson(R"({"task_id":-1,"member":"m","steps":1,"state_offset":128,"state_bytes":0})", 128);
   EXPECT_TRUE(DecodeTrain(neg.data(), neg.size()).status().IsCorruption());
   auto big = WithJson(R"({"experiment":"e","batch_size":4294967296})");
   EXPECT_TRUE(DecodeConfigure(big.data(), big.size()).status().IsCorruption());
 
-  const std::string train = R"({"task_id":1,"member":"m","steps":1,"state_offset":128,"state_bytes":)";
+  const std::string train =
+      R"({"task_id":1,"member":"m","steps":1,"state_offset":128,"state_bytes":)";
   auto ok = WithJson(train + "8}", 136);
   ASSERT_TRUE(DecodeTrain(ok.data(), ok.size()).ok());
   auto past_end = WithJson(train + "9}", 136);
@@ -205,14 +206,15 @@ TEST(MessagesTest, UntrustedBytesAreRefusedWithCorruption) {
   auto dirty = ok;
   dirty[127] = 1;  // non-zero padding before the state
   EXPECT_TRUE(DecodeTrain(dirty.data(), dirty.size()).status().IsCorruption());
-  auto unaligned = WithJson(R"({"task_id":1,"member":"m","steps":1,"state_offset":129,"state_bytes":7})",
-                            136);
+  auto unaligned =
+      WithJson(R"({"task_id":1,"member":"m","steps":1,"state_offset":129,"state_bytes":7})", 136);
   EXPECT_TRUE(DecodeTrain(unaligned.data(), unaligned.size()).status().IsCorruption());
-  auto overlapping = WithJson(R"({"task_id":1,"member":"m","steps":1,"state_offset":0,"state_bytes":136})",
-                              136);
+  auto overlapping =
+      WithJson(R"({"task_id":1,"member":"m","steps":1,"state_offset":0,"state_bytes":136})", 136);
   EXPECT_TRUE(DecodeTrain(overlapping.data(), overlapping.size()).status().IsCorruption());
-  auto hp = WithJson(R"({"task_id":1,"member":"m","steps":1,"hparams":{"lr":"x"},"state_offset":128,"state_bytes":0})",
-                     128);
+  auto hp = WithJson(
+      R"({"task_id":1,"member":"m","steps":1,"hparams":{"lr":"x"},"state_offset":128,"state_bytes":0})",
+      128);
   EXPECT_TRUE(DecodeTrain(hp.data(), hp.size()).status().IsCorruption());
 }
 

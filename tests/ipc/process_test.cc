@@ -1,17 +1,16 @@
 // Two real processes over real shared memory: the test process and ipc_peer
 // (CKPT_IPC_PEER), synchronised over pipes (ipc_test_util.h), never by sleeps.
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <atomic>
-#include <cstdio>
 #include <chrono>
+#include <cstdio>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "ckpt/ipc/channel.h"
 #include "ckpt/ipc/messages.h"
@@ -167,8 +166,8 @@ TEST_F(ProcessTest, ConsumerKilledAtRandomMomentsSenderGetsUnavailable) {
     Child peer;
     StartPeer(&peer, "consume", {"seed_in=" + std::to_string(seed), "hb_ms=20"});
     std::vector<uint8_t> scratch;
-    ASSERT_TRUE(SendRecord(owner.get(), seed, 0, kRing, &scratch, DeadlineIn(milliseconds(5000)))
-                    .ok());
+    ASSERT_TRUE(
+        SendRecord(owner.get(), seed, 0, kRing, &scratch, DeadlineIn(milliseconds(5000))).ok());
     std::string line;
     ASSERT_TRUE(peer.Expect("ready", kLineTimeout, &line)) << line;
 
@@ -266,18 +265,20 @@ TEST_F(ProcessTest, KilledHoldingARecordBlockedSenderGetsUnavailable) {
   Child peer;
   StartPeer(&peer, "hold-read", {"hb_ms=20"});
   std::vector<uint8_t> big(kRing / 2 - 64, 7);
-  ASSERT_TRUE(owner->Send(RecordType::kTrain, big.data(), big.size(), DeadlineIn(milliseconds(5000)))
-                  .ok());
+  ASSERT_TRUE(
+      owner->Send(RecordType::kTrain, big.data(), big.size(), DeadlineIn(milliseconds(5000))).ok());
   std::string line;
   ASSERT_TRUE(peer.Expect("ready", kLineTimeout, &line)) << line;
-  ASSERT_TRUE(owner->Send(RecordType::kTrain, big.data(), big.size(), DeadlineIn(milliseconds(5000)))
-                  .ok());
+  ASSERT_TRUE(
+      owner->Send(RecordType::kTrain, big.data(), big.size(), DeadlineIn(milliseconds(5000))).ok());
   // The ring is full now: a third record waits for room that never comes.
-  auto blocked = owner->Send(RecordType::kTrain, big.data(), big.size(), DeadlineIn(milliseconds(50)));
+  auto blocked =
+      owner->Send(RecordType::kTrain, big.data(), big.size(), DeadlineIn(milliseconds(50)));
   EXPECT_TRUE(blocked.IsResourceExhausted()) << blocked.ToString();
   peer.Kill(SIGKILL);
   const auto killed = Clock::now();
-  Status s = owner->Send(RecordType::kTrain, big.data(), big.size(), DeadlineIn(milliseconds(5000)));
+  Status s =
+      owner->Send(RecordType::kTrain, big.data(), big.size(), DeadlineIn(milliseconds(5000)));
   EXPECT_TRUE(s.IsUnavailable()) << s.ToString();
   EXPECT_LT(Clock::now() - killed, kNoticeWithin);
   peer.Reap();
@@ -321,8 +322,7 @@ TEST_F(ProcessTest, StoppedPeerIsUnavailableAfterHeartbeatTimeout) {
   const auto stopped = Clock::now();
   auto r = owner->Receive(DeadlineIn(std::chrono::seconds(30)));
   EXPECT_TRUE(r.status().IsUnavailable()) << r.status().ToString();
-  EXPECT_NE(r.status().message().find("heart-beating"), std::string::npos)
-      << r.status().message();
+  EXPECT_NE(r.status().message().find("heart-beating"), std::string::npos) << r.status().message();
   EXPECT_LT(Clock::now() - stopped, kNoticeWithin);
   peer.Kill(SIGKILL);
   peer.Kill(SIGCONT);
@@ -411,9 +411,9 @@ TEST_F(ProcessTest, HostilePeerGarbageIsRejectedAndCounted) {
   };
   expect_good();
   const std::vector<std::string> bad = {
-      "garbage",      "bad_header_sum", "huge_len",        "short_publish", "bad_payload_sum",
-      "seq_jump",     "flip_payload",   "flip_header",     "unknown_type",  "bad_flags",
-      "frag_huge_total", "frag_gap",    "frag_orphan",     "bad_padding"};
+      "garbage",         "bad_header_sum", "huge_len",    "short_publish", "bad_payload_sum",
+      "seq_jump",        "flip_payload",   "flip_header", "unknown_type",  "bad_flags",
+      "frag_huge_total", "frag_gap",       "frag_orphan", "bad_padding"};
   uint64_t rejected = 0;
   for (const auto& cmd : bad) {
     SCOPED_TRACE(cmd);

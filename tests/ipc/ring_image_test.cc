@@ -1,12 +1,13 @@
 // ScanRingImage: the receiver's code over a ring in ordinary memory, fed by
 // the real RingWriter.
+#include "ckpt/ipc/ring_image.h"
+
+#include <gtest/gtest.h>
+
 #include <cstring>
 #include <string>
 #include <vector>
 
-#include <gtest/gtest.h>
-
-#include "ckpt/ipc/ring_image.h"
 #include "ckpt/format/checksum.h"
 #include "layout.h"
 #include "payload_checksum.h"
@@ -32,8 +33,8 @@ class RingImageTest : public ::testing::Test {
   void PutFragmented(RecordType type, const std::string& body, size_t chunk) {
     for (size_t off = 0; off < body.size(); off += chunk) {
       const size_t n = std::min(chunk, body.size() - off);
-      uint16_t flags = (off == 0 ? layout::kFlagFirst : 0) |
-                       (off + n == body.size() ? layout::kFlagLast : 0);
+      uint16_t flags =
+          (off == 0 ? layout::kFlagFirst : 0) | (off + n == body.size() ? layout::kFlagLast : 0);
       internal::RecordSpec spec{RecordType::kFragment, flags, n, type, body.size(), off};
       uint8_t* p = nullptr;
       std::string error;

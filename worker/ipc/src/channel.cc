@@ -72,8 +72,7 @@ Status CheckGeometry(const std::string& name, const layout::ControlBlock& cb,
   }
   if (segment_bytes < cb.segment_bytes) {
     return Status::Corruption("segment '" + name + "' is " + std::to_string(segment_bytes) +
-                              " bytes, its control block says " +
-                              std::to_string(cb.segment_bytes));
+                              " bytes, its control block says " + std::to_string(cb.segment_bytes));
   }
   return Status::OK();
 }
@@ -145,7 +144,9 @@ class ChannelImpl final : public Channel {
     self_->state.StoreRelease(layout::kSlotDetached);
   }
 
-  void Start() { heartbeat_ = std::thread([this] { HeartbeatLoop(); }); }
+  void Start() {
+    heartbeat_ = std::thread([this] { HeartbeatLoop(); });
+  }
 
   Status Send(RecordType type, const void* payload, size_t size, Deadline deadline) override {
     if (!internal::IsMessageType(static_cast<uint16_t>(type))) {
@@ -263,8 +264,9 @@ class ChannelImpl final : public Channel {
         case RingReader::Result::kEmpty:
           break;
       }
-      CKPT_RETURN_IF_ERROR(Wait(&reader_.header()->head_wake, &reader_.header()->consumer_waiting,
-                                [this] { return reader_.HasData(); }, deadline, "a record"));
+      CKPT_RETURN_IF_ERROR(Wait(
+          &reader_.header()->head_wake, &reader_.header()->consumer_waiting,
+          [this] { return reader_.HasData(); }, deadline, "a record"));
     }
   }
 
@@ -364,9 +366,9 @@ class ChannelImpl final : public Channel {
           break;
       }
       const uint64_t bytes = spec.payload_bytes;
-      CKPT_RETURN_IF_ERROR(Wait(&writer_.header()->tail_wake, &writer_.header()->producer_waiting,
-                                [this, bytes] { return writer_.HasRoom(bytes); }, deadline,
-                                "room in the ring"));
+      CKPT_RETURN_IF_ERROR(Wait(
+          &writer_.header()->tail_wake, &writer_.header()->producer_waiting,
+          [this, bytes] { return writer_.HasRoom(bytes); }, deadline, "room in the ring"));
     }
   }
 
@@ -563,8 +565,8 @@ StatusOr<std::unique_ptr<Channel>> Channel::Create(const std::string& name,
   // Release, last: an opener that reads the magic (acquire) sees all of the above.
   cb->magic.StoreRelease(layout::kSegmentMagic);
 
-  auto impl = std::make_unique<ChannelImpl>(name, options, /*owner=*/true, std::move(*segment),
-                                            ring_bytes);
+  auto impl =
+      std::make_unique<ChannelImpl>(name, options, /*owner=*/true, std::move(*segment), ring_bytes);
   impl->Start();
   return std::unique_ptr<Channel>(std::move(impl));
 }

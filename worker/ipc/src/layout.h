@@ -146,10 +146,10 @@ struct alignas(64) ControlBlock {
   // Stored with StoreRelease as the owner's last initialising write; openers
   // LoadAcquire it first.
   SharedU64 magic;
-  uint32_t layout_version;   // kLayoutVersion
-  uint32_t control_bytes;    // kControlBytes
-  uint64_t ring_bytes;       // N
-  uint64_t segment_bytes;    // kDataOffset + 2N
+  uint32_t layout_version;       // kLayoutVersion
+  uint32_t control_bytes;        // kControlBytes
+  uint64_t ring_bytes;           // N
+  uint64_t segment_bytes;        // kDataOffset + 2N
   uint64_t request_ring_offset;  // RingHeader of the request ring
   uint64_t result_ring_offset;   // RingHeader of the result ring
   uint64_t request_data_offset;  // kDataOffset
@@ -201,7 +201,8 @@ struct alignas(64) RingHeader {
   // 1 while the consumer sleeps on head_wake; mirror image of producer_waiting.
   SharedU32 consumer_waiting;
   uint8_t reserved1[48];
-  // Lines 2-3: copy of the geometry, written at creation, read-only after.
+  // Lines 2-3: copy of the geometry, written at creation, read-only after;
+  // for tools reading a dump. The channel itself uses the validated control block.
   uint64_t ring_bytes;   // N
   uint64_t data_offset;  // segment offset of this ring's data area
   uint8_t reserved2[112];
@@ -219,18 +220,18 @@ inline constexpr uint16_t kKnownFlags = kFlagFirst | kFlagLast;
 
 // At every record's start, 64-byte aligned.
 struct RecordHeader {
-  uint32_t magic;           // kRecordMagic
-  uint16_t type;            // RecordType
-  uint16_t flags;           // kFlag* for fragments, 0 otherwise
-  uint64_t sequence;        // 1 for the ring's first record, +1 per record (padding included)
-  uint64_t payload_bytes;   // this record's payload
-  uint64_t payload_xxh3;    // XXH3-64 of the payload (0 bytes: XXH3 of nothing)
-  uint64_t message_bytes;   // the whole message: payload_bytes unless a fragment
-  uint16_t message_type;    // the message's RecordType (== type unless a fragment)
-  uint16_t reserved16;      // 0
-  uint32_t reserved32;      // 0
-  uint64_t fragment_offset; // payload bytes of the message before this record; 0 unless a fragment
-  uint64_t header_xxh3;     // XXH3-64 of bytes [0, 56) of this header
+  uint32_t magic;            // kRecordMagic
+  uint16_t type;             // RecordType
+  uint16_t flags;            // kFlag* for fragments, 0 otherwise
+  uint64_t sequence;         // 1 for the ring's first record, +1 per record (padding included)
+  uint64_t payload_bytes;    // this record's payload
+  uint64_t payload_xxh3;     // XXH3-64 of the payload (0 bytes: XXH3 of nothing)
+  uint64_t message_bytes;    // the whole message: payload_bytes unless a fragment
+  uint16_t message_type;     // the message's RecordType (== type unless a fragment)
+  uint16_t reserved16;       // 0
+  uint32_t reserved32;       // 0
+  uint64_t fragment_offset;  // payload bytes of the message before this record; 0 unless a fragment
+  uint64_t header_xxh3;      // XXH3-64 of bytes [0, 56) of this header
 };
 static_assert(std::is_trivially_copyable_v<RecordHeader>);
 static_assert(std::is_standard_layout_v<RecordHeader>);

@@ -100,7 +100,8 @@ BootIdCache LoadBootId() {
       cache.status = Status::IOError("unexpected boot id '" + text + "'");
       return cache;
     }
-    cache.bytes[nibbles / 2] = static_cast<uint8_t>(cache.bytes[nibbles / 2] | (d << (nibbles % 2 ? 0 : 4)));
+    cache.bytes[nibbles / 2] =
+        static_cast<uint8_t>(cache.bytes[nibbles / 2] | (d << (nibbles % 2 ? 0 : 4)));
     ++nibbles;
   }
   if (nibbles != 32) cache.status = Status::IOError("unexpected boot id '" + text + "'");

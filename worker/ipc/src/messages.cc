@@ -56,8 +56,9 @@ std::string Dump(const json& j) {
 }
 
 json ToJson(const Hello& m) {
-  return json{{"device", m.device}, {"memory_bytes", m.memory_bytes}, {"slots", m.slots},
-              {"fusion", m.fusion}, {"mode", m.mode},                 {"pid", m.pid},
+  return json{{"device", m.device},  {"memory_bytes", m.memory_bytes},
+              {"slots", m.slots},    {"fusion", m.fusion},
+              {"mode", m.mode},      {"pid", m.pid},
               {"version", m.version}};
 }
 
@@ -83,8 +84,9 @@ json HParams(const std::map<std::string, double>& h) {
 }
 
 json ToJson(const Train& m) {
-  return json{{"task_id", m.task_id}, {"member", m.member},       {"version", m.version},
-              {"steps", m.steps},     {"eval_test", m.eval_test}, {"init_seed", m.init_seed},
+  return json{{"task_id", m.task_id},         {"member", m.member},
+              {"version", m.version},         {"steps", m.steps},
+              {"eval_test", m.eval_test},     {"init_seed", m.init_seed},
               {"hparams", HParams(m.hparams)}};
 }
 
@@ -100,8 +102,7 @@ json ToJson(const Result& m) {
 }
 
 json ToJson(const Failed& m) {
-  return json{{"task_id", m.task_id}, {"member", m.member}, {"code", m.code},
-              {"reason", m.reason}};
+  return json{{"task_id", m.task_id}, {"member", m.member}, {"code", m.code}, {"reason", m.reason}};
 }
 
 json ToJson(const Stats& m) {
@@ -400,8 +401,8 @@ Status ReadState(const json& j, const uint8_t* p, size_t n, size_t json_end, con
 }
 
 template <typename Fill>
-auto Decode(const uint8_t* p, size_t n, const char* type, Fill fill) -> decltype(fill(
-    std::declval<const json&>(), size_t{0})) {
+auto Decode(const uint8_t* p, size_t n, const char* type, Fill fill)
+    -> decltype(fill(std::declval<const json&>(), size_t{0})) {
   try {
     json j;
     size_t json_end = 0;

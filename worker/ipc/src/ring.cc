@@ -210,10 +210,10 @@ RingReader::Result RingReader::Next(Message* out, std::string* error) {
     // From here on the length is trustworthy: a bad record is skipped alone.
     if (!resync_ && h.sequence != expected_sequence_) {
       const uint64_t seq = h.sequence;
-      Result r = Reject(false, head, record_bytes,
-                        "sequence " + std::to_string(seq) + ", expected " +
-                            std::to_string(expected_sequence_),
-                        error);
+      Result r = Reject(
+          false, head, record_bytes,
+          "sequence " + std::to_string(seq) + ", expected " + std::to_string(expected_sequence_),
+          error);
       expected_sequence_ = seq + 1;
       return r;
     }
@@ -223,8 +223,8 @@ RingReader::Result RingReader::Next(Message* out, std::string* error) {
 
     if (type == RecordType::kPadding) {
       if (h.flags != 0 || offset + record_bytes != ring_bytes_ || h.fragment_offset != 0 ||
-          h.message_bytes != h.payload_bytes || h.message_type != h.type ||
-          h.reserved16 != 0 || h.reserved32 != 0) {
+          h.message_bytes != h.payload_bytes || h.message_type != h.type || h.reserved16 != 0 ||
+          h.reserved32 != 0) {
         return Reject(false, head, record_bytes, "malformed padding record", error);
       }
       cursor_ += record_bytes;

@@ -65,8 +65,8 @@ class RingWriter {
   uint8_t* const data_;
   const uint64_t ring_bytes_;
   const std::string name_;
-  uint64_t head_;           // authoritative; only stored to the header
-  uint64_t sequence_ = 1;   // of the next record
+  uint64_t head_;          // authoritative; only stored to the header
+  uint64_t sequence_ = 1;  // of the next record
   bool pending_ = false;
   uint64_t pending_pad_ = 0;
   uint64_t pending_pos_ = 0;  // position of the pending record (after padding)

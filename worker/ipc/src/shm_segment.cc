@@ -75,8 +75,8 @@ StatusOr<std::unique_ptr<SharedSegment>> SharedSegment::Create(const std::string
       return Status::AlreadyExists("shared-memory segment '" + name + "' exists");
     }
     if (created) bip::shared_memory_object::remove(name.c_str());
-    return Status::IOError("shared-memory segment '" + name + "': create " +
-                           std::to_string(bytes) + " bytes: " + Describe(e));
+    return Status::IOError("shared-memory segment '" + name + "': create " + std::to_string(bytes) +
+                           " bytes: " + Describe(e));
   } catch (const std::exception& e) {
     if (created) bip::shared_memory_object::remove(name.c_str());
     return Status::IOError("shared-memory segment '" + name + "': create: " + e.what());

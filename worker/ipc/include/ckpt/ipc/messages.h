@@ -39,8 +39,8 @@
 namespace ckpt::ipc {
 
 enum class RecordType : uint16_t {
-  kPadding = 0,  // ring-internal: fills the end before a wrap; never delivered
-  kFragment = 1, // ring-internal: part of a large record; never delivered as such
+  kPadding = 0,   // ring-internal: fills the end before a wrap; never delivered
+  kFragment = 1,  // ring-internal: part of a large record; never delivered as such
   kHello = 2,
   kConfigure = 3,
   kTrain = 4,
@@ -59,11 +59,11 @@ struct ByteSpan {
 
 // worker -> scheduler, once after Open.
 struct Hello {
-  std::string device;             // "cpu", "cuda:0"
-  int64_t memory_bytes = 0;       // device memory (CPU: physical RAM)
-  int32_t slots = 1;              // concurrent members it trains
-  bool fusion = false;            // supports fused training
-  std::string mode;               // "plain" | "fused" (after CONFIGURE), "" before
+  std::string device;        // "cpu", "cuda:0"
+  int64_t memory_bytes = 0;  // device memory (CPU: physical RAM)
+  int32_t slots = 1;         // concurrent members it trains
+  bool fusion = false;       // supports fused training
+  std::string mode;          // "plain" | "fused" (after CONFIGURE), "" before
   int64_t pid = 0;
   std::string version;
 };
@@ -71,27 +71,27 @@ struct Hello {
 // scheduler -> worker: the experiment's fixed settings. Sent before any TRAIN.
 struct Configure {
   std::string experiment;
-  std::string model_spec = "lenet5";   // name or JSON list of layers, or "torchscript:PATH"
+  std::string model_spec = "lenet5";  // name or JSON list of layers, or "torchscript:PATH"
   std::string dataset = "fashion-mnist";
-  std::string dataset_path;            // directory with the IDX files; "" = default
-  std::string optimizer = "sgd";       // "sgd" | "adam" | "adamw"
+  std::string dataset_path;       // directory with the IDX files; "" = default
+  std::string optimizer = "sgd";  // "sgd" | "adam" | "adamw"
   int32_t batch_size = 64;
-  int32_t eval_size = 10000;           // validation samples per evaluation
-  int32_t slots = 0;                   // 0 = worker's default
+  int32_t eval_size = 10000;  // validation samples per evaluation
+  int32_t slots = 0;          // 0 = worker's default
   int32_t intra_op_threads = 1;
-  std::string fusion = "auto";         // "auto" | "plain" | "fused"
-  int32_t fusion_width = 8;            // K when fused
+  std::string fusion = "auto";  // "auto" | "plain" | "fused"
+  int32_t fusion_width = 8;     // K when fused
   uint64_t seed = 0;
 };
 
 // scheduler -> worker: train one member for `steps` steps from `state`.
 // An empty state means: initialise the member from `init_seed`.
 struct Train {
-  uint64_t task_id = 0;                // echoed in RESULT/FAILED
-  std::string member;                  // "exp/member" or the member's name
-  int64_t version = 0;                 // head version the state came from
+  uint64_t task_id = 0;  // echoed in RESULT/FAILED
+  std::string member;    // "exp/member" or the member's name
+  int64_t version = 0;   // head version the state came from
   int64_t steps = 0;
-  bool eval_test = false;              // also evaluate on the test split
+  bool eval_test = false;  // also evaluate on the test split
   uint64_t init_seed = 0;
   std::map<std::string, double> hparams;  // authoritative (the blob's may be stale)
   ByteSpan state;
@@ -101,11 +101,11 @@ struct Train {
 struct Result {
   uint64_t task_id = 0;
   std::string member;
-  int64_t step = 0;             // training step after this interval
+  int64_t step = 0;  // training step after this interval
   double train_loss = 0;
   double val_acc = 0;
-  double test_acc = -1;         // -1 when not evaluated
-  int64_t samples = 0;          // training samples this interval
+  double test_acc = -1;  // -1 when not evaluated
+  int64_t samples = 0;   // training samples this interval
   double compute_s = 0;
   ByteSpan state;
 };
@@ -124,8 +124,8 @@ struct Stats {
   uint64_t samples_total = 0;
   int32_t slots = 0;
   int32_t slots_busy = 0;
-  std::string mode;               // "plain" | "fused"
-  int64_t allocator_bytes = 0;    // device allocator memory in use
+  std::string mode;             // "plain" | "fused"
+  int64_t allocator_bytes = 0;  // device allocator memory in use
   int64_t rss_bytes = 0;
 };
 
