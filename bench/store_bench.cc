@@ -145,6 +145,50 @@ StatusOr<std::string> ReadFile(const std::string& path) {
 
 double MBps(size_t bytes, double seconds) { return seconds > 0 ? bytes / seconds / 1e6 : 0; }
 
+struct ReadRates {
+  double verified = 0;    // MB/s, ReadHeadBlob(verify = true), the default
+  double unverified = 0;  // MB/s, ReadHeadBlob(verify = false)
+  double file = 0;        // MB/s, whole-file read of the same size
+};
+
+// One warm-up pass, then rounds of (verified store read, unverified store
+// read, file read) per member until `total_bytes` were read each way.
+Status MeasureReads(store::Store* s, const std::vector<std::string>& members,
+                    const std::string& dir, size_t total_bytes, ReadRates* out) {
+  double t_verified = 0, t_unverified = 0, t_file = 0;
+  size_t b_verified = 0, b_unverified = 0, b_file = 0;
+  for (int warm = 1; warm >= 0; --warm) {
+    size_t round_bytes = 0;
+    do {
+      for (size_t i = 0; i < members.size(); ++i) {
+        auto t0 = Clock::now();
+        auto b = s->ReadHeadBlob("bench", members[i], /*verify=*/true);
+        auto t1 = Clock::now();
+        if (!b.ok()) return b.status();
+        const size_t n = b->size();
+        b = s->ReadHeadBlob("bench", members[i], /*verify=*/false);
+        auto t2 = Clock::now();
+        if (!b.ok()) return b.status();
+        auto f = ReadFile(dir + "/files/state" + std::to_string(i) + ".ckpt");
+        auto t3 = Clock::now();
+        if (!f.ok()) return f.status();
+        round_bytes += n;
+        if (warm) continue;
+        t_verified += Seconds(t0, t1);
+        t_unverified += Seconds(t1, t2);
+        t_file += Seconds(t2, t3);
+        b_verified += n;
+        b_unverified += b->size();
+        b_file += f->size();
+      }
+    } while (!warm && round_bytes < total_bytes);
+  }
+  out->verified = MBps(b_verified, t_verified);
+  out->unverified = MBps(b_unverified, t_unverified);
+  out->file = MBps(b_file, t_file);
+  return Status::OK();
+}
+
 int Fail(const Status& s) {
   std::fprintf(stderr, "ckpt-bench store: %s\n", s.ToString().c_str());
   return 1;
@@ -229,39 +273,12 @@ int StoreBench(const Args& args) {
                 MBps(file_sync_bytes, file_put_sync_s));
   }
 
-  // Reads, interleaved so that the three ways see the same machine load: a
-  // verified store read (the default), an unverified one, a whole-file read.
-  double get_s = 0, get_noverify_s = 0, file_get_s = 0;
-  size_t get_bytes = 0, get_noverify_bytes = 0, file_get_bytes = 0;
-  for (int warm = 1; warm >= 0; --warm) {
-    size_t round_bytes = 0;
-    do {
-      for (size_t i = 0; i < n_members; ++i) {
-        auto t0 = Clock::now();
-        auto b = s->ReadHeadBlob("bench", members[i], /*verify=*/true);
-        auto t1 = Clock::now();
-        if (!b.ok()) return Fail(b.status());
-        size_t n = b->size();
-        b = s->ReadHeadBlob("bench", members[i], /*verify=*/false);
-        auto t2 = Clock::now();
-        if (!b.ok()) return Fail(b.status());
-        auto f = ReadFile(dir + "/files/state" + std::to_string(i) + ".ckpt");
-        auto t3 = Clock::now();
-        if (!f.ok()) return Fail(f.status());
-        round_bytes += n;
-        if (warm) continue;
-        get_s += Seconds(t0, t1);
-        get_noverify_s += Seconds(t1, t2);
-        file_get_s += Seconds(t2, t3);
-        get_bytes += n;
-        get_noverify_bytes += b->size();
-        file_get_bytes += f->size();
-      }
-    } while (!warm && round_bytes < total_bytes);
-  }
-  std::printf("get: store verified %.1f MB/s, store unverified %.1f MB/s, file %.1f MB/s\n",
-              MBps(get_bytes, get_s), MBps(get_noverify_bytes, get_noverify_s),
-              MBps(file_get_bytes, file_get_s));
+  // Reads, interleaved so that the ways compared see the same machine load.
+  ReadRates cached;
+  auto st = MeasureReads(s.get(), members, dir, total_bytes, &cached);
+  if (!st.ok()) return Fail(st);
+  std::printf("get (blob cache): verified %.1f MB/s, unverified %.1f MB/s; file %.1f MB/s\n",
+              cached.verified, cached.unverified, cached.file);
 
   std::vector<double> exploit_us;
   for (int i = 0; i < exploits; ++i) {
@@ -275,6 +292,19 @@ int StoreBench(const Args& args) {
   }
   std::sort(exploit_us.begin(), exploit_us.end());
   s.reset();
+
+  // The same reads with no blob cache: every read is a blob-file read.
+  ReadRates uncached;
+  {
+    store::StoreOptions o = options;
+    o.blob_cache_bytes = 0;
+    auto reopened = store::Store::Open(o);
+    if (!reopened.ok()) return Fail(reopened.status());
+    st = MeasureReads(reopened->get(), members, dir, total_bytes, &uncached);
+    if (!st.ok()) return Fail(st);
+    std::printf("get (no blob cache): verified %.1f MB/s, unverified %.1f MB/s; file %.1f MB/s\n",
+                uncached.verified, uncached.unverified, uncached.file);
+  }
 
   {
     store::StoreOptions sync_options = options;
@@ -304,18 +334,22 @@ int StoreBench(const Args& args) {
   };
   std::printf("exploit: mean %.1f us, p50 %.1f us, p99 %.1f us over %zu\n", exploit_mean, pct(0.5),
               pct(0.99), exploit_us.size());
+  // get/file_get: the default store (blob cache on) against whole-file reads
+  // from the page cache; *_uncached_*: every store read from a blob file.
   std::printf(
       "{\"bench\":\"store\",\"state_bytes\":%zu,\"blob_bytes\":%zu,\"states\":%zu,"
       "\"put_mb_s\":%.1f,\"put_sync_mb_s\":%.1f,\"get_mb_s\":%.1f,\"get_unverified_mb_s\":%.1f,"
-      "\"commit_per_s\":%.1f,\"exploit_us\":%.1f,\"exploit_p50_us\":%.1f,\"exploit_p99_us\":%.1f,"
-      "\"file_put_mb_s\":%.1f,\"file_put_sync_mb_s\":%.1f,\"file_get_mb_s\":%.1f,"
-      "\"get_vs_file_get\":%.2f,\"peak_rss_bytes\":%lld}\n",
+      "\"get_uncached_mb_s\":%.1f,\"get_uncached_unverified_mb_s\":%.1f,"
+      "\"commit_per_s\":%.1f,\"exploit_us\":%.1f,\"exploit_p50_us\":%.1f,"
+      "\"exploit_p99_us\":%.1f,\"file_put_mb_s\":%.1f,\"file_put_sync_mb_s\":%.1f,"
+      "\"file_get_mb_s\":%.1f,\"get_vs_file_get\":%.2f,\"get_uncached_vs_file_get\":%.2f,"
+      "\"peak_rss_bytes\":%lld}\n",
       state_bytes, blob_size, n_states, MBps(put.bytes, put.seconds),
-      MBps(put_sync.bytes, put_sync.seconds), MBps(get_bytes, get_s),
-      MBps(get_noverify_bytes, get_noverify_s), put.commits / put.seconds, exploit_mean, pct(0.5),
-      pct(0.99), MBps(file_bytes, file_put_s), MBps(file_sync_bytes, file_put_sync_s),
-      MBps(file_get_bytes, file_get_s),
-      MBps(get_bytes, get_s) / std::max(1e-9, MBps(file_get_bytes, file_get_s)), PeakRssBytes());
+      MBps(put_sync.bytes, put_sync.seconds), cached.verified, cached.unverified, uncached.verified,
+      uncached.unverified, put.commits / put.seconds, exploit_mean, pct(0.5), pct(0.99),
+      MBps(file_bytes, file_put_s), MBps(file_sync_bytes, file_put_sync_s), cached.file,
+      cached.verified / std::max(1e-9, cached.file),
+      uncached.verified / std::max(1e-9, uncached.file), PeakRssBytes());
   return 0;
 }
 

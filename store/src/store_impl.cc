@@ -25,6 +25,7 @@
 #include "ckpt/format/checksum.h"
 #include "ckpt/store/store.h"
 #include "codec.h"
+#include "content_id.h"
 #include "keys.h"
 #include "refcount_merge.h"
 #include "retention.h"
@@ -106,7 +107,7 @@ std::string Id(const std::string& exp, const std::string& member, int64_t versio
 Status CheckBlob(const BlobId& id, const uint8_t* data, size_t size) {
   format::ReadOptions structure;
   structure.verify_checksums = false;
-  if (BlobId::Of(data, size) != id) {
+  if (ContentId(data, size) != id) {
     // The content hash covers every byte; the per-tensor checksums say where.
     auto parsed = format::ParseCheckpoint(data, size);
     return Status::Corruption(
@@ -178,6 +179,11 @@ std::shared_ptr<rocksdb::Cache> NewBlobCache(size_t bytes) {
   // One shard: a shard holds at most its share of the capacity, and states
   // are large.
   o.num_shard_bits = 0;
+  // RocksDB inserts blobs at bottom priority; with no high/low pools every
+  // entry shares one LRU order, so a blob just read or flushed is not the
+  // first one evicted.
+  o.high_pri_pool_ratio = 0.0;
+  o.low_pri_pool_ratio = 0.0;
   return rocksdb::NewLRUCache(o);
 }
 
@@ -691,7 +697,7 @@ StatusOr<int64_t> StoreImpl::AddBlobVersion(const std::string& exp, const std::s
                               " rejected: " + parsed.status().message());
   }
   const int64_t blob_step = step ? *step : parsed->meta().step;
-  const BlobId id = BlobId::Of(blob, size);
+  const BlobId id = ContentId(blob, size);
 
   std::lock_guard<std::mutex> lock(mu_);
   CKPT_RETURN_IF_ERROR(broken_);
