@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <utility>
 
@@ -144,8 +145,14 @@ class ChannelImpl final : public Channel {
     self_->state.StoreRelease(layout::kSlotDetached);
   }
 
-  void Start() {
-    heartbeat_ = std::thread([this] { HeartbeatLoop(); });
+  // Starts the heartbeat thread. Internal when the system has no thread to give.
+  Status Start() {
+    try {
+      heartbeat_ = std::thread([this] { HeartbeatLoop(); });
+    } catch (const std::system_error& e) {
+      return Status::Internal(name_ + ": cannot start the heartbeat thread: " + e.what());
+    }
+    return Status::OK();
   }
 
   Status Send(RecordType type, const void* payload, size_t size, Deadline deadline) override {
@@ -567,7 +574,7 @@ StatusOr<std::unique_ptr<Channel>> Channel::Create(const std::string& name,
 
   auto impl =
       std::make_unique<ChannelImpl>(name, options, /*owner=*/true, std::move(*segment), ring_bytes);
-  impl->Start();
+  CKPT_RETURN_IF_ERROR(impl->Start());
   return std::unique_ptr<Channel>(std::move(impl));
 }
 
@@ -609,7 +616,7 @@ StatusOr<std::unique_ptr<Channel>> Channel::Open(const std::string& name,
   Attach(&cb->worker, self);
   auto impl = std::make_unique<ChannelImpl>(name, options, /*owner=*/false, std::move(segment),
                                             copy.ring_bytes);
-  impl->Start();
+  CKPT_RETURN_IF_ERROR(impl->Start());
   return std::unique_ptr<Channel>(std::move(impl));
 }
 

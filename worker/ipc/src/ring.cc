@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <new>
 #include <utility>
 
 #include "ckpt/format/checksum.h"
@@ -294,9 +295,17 @@ RingReader::Result RingReader::Next(Message* out, std::string* error) {
       assembly_total_ = h.message_bytes;
       assembly_sequence_ = h.sequence;
       assembly_.clear();
-      assembly_.reserve(std::min<uint64_t>(h.message_bytes, uint64_t{64} << 20));
     }
-    assembly_.insert(assembly_.end(), payload, payload + h.payload_bytes);
+    try {
+      if (first) assembly_.reserve(std::min<uint64_t>(h.message_bytes, uint64_t{64} << 20));
+      assembly_.insert(assembly_.end(), payload, payload + h.payload_bytes);
+    } catch (const std::bad_alloc&) {
+      const uint64_t total = assembly_total_;
+      assembly_ = std::vector<uint8_t>();
+      return Reject(false, head, record_bytes,
+                    "out of memory assembling a message of " + std::to_string(total) + " bytes",
+                    error);
+    }
     if (PayloadXxh3(assembly_.data() + so_far, h.payload_bytes) != h.payload_xxh3) {
       assembly_.resize(so_far);
       return Reject(false, head, record_bytes, "fragment payload checksum mismatch", error);
