@@ -7,7 +7,10 @@
 // run, to a destination as large as the ring (the same memory footprint; the
 // copy into one fixed, cache-hot destination is reported as memcpy_hot_gb_s).
 // Then roundtrip_us: a 0.5 MiB TRAIN answered by a 0.5 MiB RESULT, each read
-// whole by its receiver (median and p99 over the iterations).
+// whole by its receiver (median and p99 over the iterations). Also
+// one_thread_transport_gb_s: the same records through a channel with both ends
+// in this process, one thread doing both halves (the transport's CPU cost per
+// byte, free of scheduling between processes).
 //
 //   ckpt-bench ring [--ring-mib 64] [--mib-per-trial 1024] [--trials 3]
 //                   [--roundtrips 300]
@@ -108,6 +111,22 @@ StatusOr<double> RingTrial(Channel* ch, const std::vector<uint8_t>& src, int cou
   return Seconds(std::chrono::steady_clock::now() - start).count();
 }
 
+// Seconds for the same records through a channel whose two ends are in this
+// process and driven by this one thread: write, commit, receive, read,
+// release. The transport's per-byte CPU cost without any scheduling between
+// processes; two idle cores running ring_gb_s overlap the two halves.
+StatusOr<double> SerialTrial(Channel* owner, Channel* worker, const std::vector<uint8_t>& src,
+                             int count) {
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < count; ++i) {
+    CKPT_RETURN_IF_ERROR(WriteInPlace(owner, RecordType::kTrain, src));
+    CKPT_ASSIGN_OR_RETURN(ipc::Received r, worker->Receive(ipc::DeadlineIn(kWait)));
+    g_sink = ReadAll(r.payload, r.size);
+    worker->Release();
+  }
+  return Seconds(std::chrono::steady_clock::now() - start).count();
+}
+
 double MemcpyTrial(const std::vector<uint8_t>& src, std::vector<uint8_t>* dst, int count,
                    bool hot) {
   const size_t slots = hot ? 1 : std::max<size_t>(1, dst->size() / src.size());
@@ -152,13 +171,21 @@ int RingBench(const Args& args) {
   if (::write(go[1], "g", 1) != 1) return 1;
   ::close(go[1]);
 
+  // Both ends in this process, for SerialTrial.
+  const std::string serial_name = name + "-serial";
+  auto serial_owner = Channel::Create(serial_name, options);
+  if (!serial_owner.ok()) return Fail(serial_owner.status());
+  auto serial_worker = Channel::Open(serial_name, options);
+  if (!serial_worker.ok()) return Fail(serial_worker.status());
+
   struct Row {
     const char* label;
     size_t bytes;
-    double ring_gb_s = 0, memcpy_gb_s = 0, memcpy_hot_gb_s = 0;
+    double ring_gb_s = 0, memcpy_gb_s = 0, memcpy_hot_gb_s = 0, serial_gb_s = 0;
   };
   std::vector<Row> rows = {{"0.5MB", size_t{1} << 19}, {"16MB", size_t{16} << 20}};
-  std::vector<uint8_t> dst(ring_bytes);
+  // As large as the ring, and at least one record.
+  std::vector<uint8_t> dst(std::max(ring_bytes, rows.back().bytes));
   std::memset(dst.data(), 1, dst.size());
   for (Row& row : rows) {
     std::vector<uint8_t> src(row.bytes);
@@ -169,21 +196,36 @@ int RingBench(const Args& args) {
     auto warm = RingTrial(ch.get(), src, static_cast<int>(2 * ring_bytes / row.bytes) + 2);
     if (!warm.ok()) return Fail(warm.status());
     MemcpyTrial(src, &dst, count, false);
-    double best_ring = 1e30, best_copy = 1e30, best_hot = 1e30;
+    // One thread cannot both send and receive a fragmented record.
+    const bool serial_fits = row.bytes <= ring_bytes / 2 - 64;
+    if (serial_fits) {
+      auto warm_serial = SerialTrial(serial_owner->get(), serial_worker->get(), src,
+                                     static_cast<int>(2 * ring_bytes / row.bytes) + 2);
+      if (!warm_serial.ok()) return Fail(warm_serial.status());
+    }
+    double best_ring = 1e30, best_copy = 1e30, best_hot = 1e30, best_serial = 1e30;
     for (int t = 0; t < trials; ++t) {
       auto s = RingTrial(ch.get(), src, count);
       if (!s.ok()) return Fail(s.status());
       best_ring = std::min(best_ring, *s);
       best_copy = std::min(best_copy, MemcpyTrial(src, &dst, count, false));
       best_hot = std::min(best_hot, MemcpyTrial(src, &dst, count, true));
+      if (serial_fits) {
+        auto serial = SerialTrial(serial_owner->get(), serial_worker->get(), src, count);
+        if (!serial.ok()) return Fail(serial.status());
+        best_serial = std::min(best_serial, *serial);
+      }
     }
     const double total = static_cast<double>(row.bytes) * count;
     row.ring_gb_s = total / best_ring / 1e9;
     row.memcpy_gb_s = total / best_copy / 1e9;
     row.memcpy_hot_gb_s = total / best_hot / 1e9;
+    row.serial_gb_s = serial_fits ? total / best_serial / 1e9 : 0;
     std::printf("ring %-6s x %5d: ring %.2f GB/s  memcpy %.2f GB/s (hot %.2f)  ratio %.2f\n",
                 row.label, count, row.ring_gb_s, row.memcpy_gb_s, row.memcpy_hot_gb_s,
                 row.ring_gb_s / row.memcpy_gb_s);
+    if (serial_fits)
+      std::printf("  one thread through the transport: %.2f GB/s\n", row.serial_gb_s);
   }
 
   // Round trips: 0.5 MiB request, 0.5 MiB result, both read whole.
@@ -205,6 +247,9 @@ int RingBench(const Args& args) {
   const double p99 = us[std::min(us.size() - 1, us.size() * 99 / 100)];
   std::printf("roundtrip 0.5MB -> 0.5MB: median %.1f us, p99 %.1f us\n", median, p99);
 
+  serial_worker->reset();
+  serial_owner->reset();
+  (void)Channel::Remove(serial_name);
   Status s = ch->Send(RecordType::kShutdown, nullptr, 0, ipc::DeadlineIn(kWait));
   int status = 0;
   ::waitpid(child, &status, 0);
@@ -220,11 +265,13 @@ int RingBench(const Args& args) {
   char buf[512];
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
+    char serial[32] = "null";  // not measured for fragmented records
+    if (r.serial_gb_s > 0) std::snprintf(serial, sizeof(serial), "%.3f", r.serial_gb_s);
     std::snprintf(buf, sizeof(buf),
                   "%s\"%s\":{\"bytes\":%zu,\"ring_gb_s\":%.3f,\"memcpy_gb_s\":%.3f,"
-                  "\"memcpy_hot_gb_s\":%.3f,\"ratio\":%.3f}",
+                  "\"memcpy_hot_gb_s\":%.3f,\"ratio\":%.3f,\"one_thread_transport_gb_s\":%s}",
                   i ? "," : "", r.label, r.bytes, r.ring_gb_s, r.memcpy_gb_s, r.memcpy_hot_gb_s,
-                  r.ring_gb_s / r.memcpy_gb_s);
+                  r.ring_gb_s / r.memcpy_gb_s, serial);
     json += buf;
   }
   std::snprintf(buf, sizeof(buf),
