@@ -1,7 +1,6 @@
 // StoreImpl: ckpt::store::Store over RocksDB. The only file of the store that
 // talks to RocksDB besides refcount_merge.cc; RocksDB statuses become ckpt
 // Statuses here.
-#include <fcntl.h>
 #include <rocksdb/cache.h>
 #include <rocksdb/db.h>
 #include <rocksdb/merge_operator.h>
@@ -10,11 +9,7 @@
 #include <rocksdb/write_batch.h>
 #include <unistd.h>
 
-#include <atomic>
-#include <cerrno>
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <mutex>

@@ -8,12 +8,18 @@
 //
 // Column families (DESIGN.md "Store schema"); ids are ASCII [A-Za-z0-9._:-],
 // 1..128 bytes, so the separator 0x00 never appears inside one:
-//   experiments  exp                              -> JSON {config, status, created_unix_ms}
-//   members      exp 0x00 member                  -> JSON head {version, state, last_score, ...}
-//   checkpoints  exp 0x00 member 0x00 u64be(ver)  -> JSON manifest (see Manifest)
-//   blobs        16-byte BlobId (XXH3-128, be)    -> the checkpoint blob (integrated blob files)
-//   refs         16-byte BlobId                   -> i64le reference count (merge operator
-//   "ckpt.RefCountAdd") events       exp 0x00 u64be(seq)              -> JSON event
+//   experiments  key exp
+//                value JSON {config, status, created_unix_ms}
+//   members      key exp 0x00 member
+//                value JSON head {version, state, last_score, hparams, step, blob, ...}
+//   checkpoints  key exp 0x00 member 0x00 u64be(version)
+//                value JSON manifest (see Manifest)
+//   blobs        key 16-byte BlobId (XXH3-128 of the value, big-endian)
+//                value the checkpoint blob, kept in RocksDB's integrated blob files
+//   refs         key 16-byte BlobId
+//                value i64le reference count, merge operator "ckpt.RefCountAdd"
+//   events       key exp 0x00 u64be(seq)
+//                value JSON event
 //
 // Reference counting: a blob's count is the number of manifests that *hold* it
 // (Manifest::holds_blob). A commit, exploit, restore or import adds one
@@ -43,9 +49,10 @@
 // Control writes (experiments, member creation, Restore, Import, Pin/Unpin,
 // DeleteExperiment) are synced.
 //
-// Thread-safety: every method may be called from any thread. Writes are
-// serialized by one mutex; reads go to RocksDB directly and may run in
-// parallel with a write (they see the state before or after it). One process
+// Thread-safety: every method may be called from any thread (except a
+// read-only view's Refresh). Writes are serialized by one mutex; reads go to
+// RocksDB directly and may run in parallel with a write (they see the state
+// before or after it). One process
 // owns a store directory (RocksDB's LOCK file); other processes inspect it with
 // OpenReadOnly. After a failed write the Store refuses further writes with that
 // error (its in-memory retention index may no longer match the disk): reopen it.
@@ -178,8 +185,10 @@ struct CommitRequest {
   std::string event_json;
 };
 
-// Bytes of a blob pinned in RocksDB (block/memtable/blob buffer): no extra
-// copy. Valid until destroyed; movable, not copyable.
+// The bytes of a blob as RocksDB hands them out, not copied again: pinned in
+// the blob cache when the blob is cached, otherwise in the buffer RocksDB read
+// the blob file (or memtable) into. Valid until destroyed, or until Refresh()
+// of the read-only view it came from; movable, not copyable.
 class PinnedBlob {
  public:
   PinnedBlob();
