@@ -1,6 +1,7 @@
 // ckpt-scheduler: runs population-based training experiments.
 //
 //   ckpt-scheduler run EXPERIMENT.toml [--store DIR] [--quiet]
+//   ckpt-scheduler serve --config /etc/ckpt/scheduler.toml
 //
 // Thin: parses flags, fills SchedulerOptions, calls the library.
 #include <CLI/CLI.hpp>
@@ -8,6 +9,7 @@
 
 #include "ckpt/scheduler/config.h"
 #include "ckpt/scheduler/scheduler.h"
+#include "ckpt/scheduler/service.h"
 
 namespace {
 
@@ -47,6 +49,13 @@ int Run(const std::string& path, const std::string& store_override, const std::s
   return 0;
 }
 
+int Serve(const std::string& config_path) {
+  ckpt::Status s = ckpt::scheduler::RunService(config_path);
+  if (s.ok()) return 0;
+  std::fprintf(stderr, "ckpt-scheduler serve: %s\n", s.ToString().c_str());
+  return s.IsInvalidArgument() || s.IsNotFound() ? 2 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -62,7 +71,13 @@ int main(int argc, char** argv) {
   run->add_option("--restart-backoff-ms", backoff_ms, "first worker restart delay (default 10000)");
   run->add_option("--grace-ms", grace_ms, "wait for in-flight intervals on stop (default 10000)");
   run->add_flag("--quiet", quiet, "no progress output");
+  std::string service_config;
+  CLI::App* serve = app.add_subcommand(
+      "serve", "run as a service: experiments come and go through the control socket");
+  serve->add_option("--config", service_config, "service configuration (deploy/scheduler.toml)")
+      ->required();
   CLI11_PARSE(app, argc, argv);
   if (run->parsed()) return Run(path, store, worker, quiet, backoff_ms, grace_ms);
+  if (serve->parsed()) return Serve(service_config);
   return 2;
 }

@@ -1,0 +1,108 @@
+// The `ckpt-scheduler serve` service: its configuration file and its run.
+//
+//   store = "/var/lib/ckpt/store"       # the embedded store (one scheduler per store)
+//   runtime_directory = "/run/ckpt"     # created 0750 when missing
+//   socket = ""                         # "" = <runtime_directory>/control.sock
+//   metrics = "127.0.0.1:9464"          # host:port of the Prometheus endpoint, "" = none
+//   grace_s = 30                        # SIGTERM: wait this long for in-flight intervals
+//   sync_interval_commits = false
+//   final_eval_top = 5
+//   log_progress = true                 # a progress line per experiment every 10 s
+//   [control]  allowed_users = ["alice"]; allowed_groups = ["ckpt"];
+//              max_request_bytes = 1048576; max_clients = 64; client_idle_timeout_s = 30
+//   [workers]  binary = ""; ring_mib = 64; heartbeat_timeout_s = 10; restart_backoff_s = 10;
+//              max_restart_backoff_s = 300; healthy_reset_s = 600; max_restarts = 10;
+//              max_member_failures = 3
+//   [[devices]] device = "auto"; count = 1; slots = 4; fusion = "auto"; fusion_width = 8;
+//               intra_op_threads = 1              (as in experiment files)
+//
+// Every key is checked: an unknown key, a wrong type or a bad value is an
+// InvalidArgument naming the key and its line ("control.max_clients
+// (/etc/ckpt/scheduler.toml line 12): must be in [1, 100000], not 0"). User and
+// group names must resolve on this host (numeric ids are taken as they are).
+//
+// SIGHUP re-reads the file: allowed users and groups and the [control] limits
+// apply at once; a change to anything else is reported (restart to apply).
+//
+// Thread-safety: ServiceConfig is a value; RunService runs on the calling thread.
+#ifndef CKPT_SCHEDULER_SERVICE_H_
+#define CKPT_SCHEDULER_SERVICE_H_
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "ckpt/format/status.h"
+#include "ckpt/scheduler/config.h"
+#include "ckpt/scheduler/scheduler.h"
+
+namespace ckpt::scheduler {
+
+struct ServiceConfig {
+  // Store directory. Default: "/var/lib/ckpt/store".
+  std::string store = "/var/lib/ckpt/store";
+  // Directory of the control socket. Default: "/run/ckpt".
+  std::string runtime_directory = "/run/ckpt";
+  // Control socket. Default: <runtime_directory>/control.sock.
+  std::string socket;
+  // Prometheus endpoint, host:port; "" = none. Default: "127.0.0.1:9464".
+  std::string metrics = "127.0.0.1:9464";
+  // Workers. Default: one "auto" entry (every GPU, else the CPU).
+  std::vector<DeviceConfig> devices;
+  // See ControlOptions; the limits and peers of the control socket.
+  std::vector<std::string> allowed_users;
+  std::vector<std::string> allowed_groups;
+  size_t max_request_bytes = size_t{1} << 20;
+  int max_clients = 64;
+  std::chrono::milliseconds client_idle_timeout{30000};
+  // See SchedulerOptions for these. Defaults: as there, except grace 30 s.
+  std::chrono::milliseconds grace{30000};
+  bool sync_interval_commits = false;
+  int final_eval_top = 5;
+  bool log_progress = true;
+  std::string worker_binary;
+  size_t ring_bytes = size_t{64} << 20;
+  std::chrono::milliseconds heartbeat_timeout{10000};
+  std::chrono::milliseconds restart_backoff{10000};
+  std::chrono::milliseconds max_restart_backoff{300000};
+  std::chrono::milliseconds healthy_reset{600000};
+  int max_restarts = 10;
+  int max_member_failures = 3;
+  // Where the configuration was read from (for messages and reloads).
+  std::string origin;
+};
+
+// Parses and validates a service configuration. `origin` names it in errors.
+StatusOr<ServiceConfig> ParseServiceConfig(const std::string& toml_text, const std::string& origin);
+// Reads and parses a file; NotFound / IOError naming the path.
+StatusOr<ServiceConfig> LoadServiceConfig(const std::string& path);
+
+// The scheduler and control-socket options a configuration stands for
+// (SchedulerOptions::reload and ::notify are left empty).
+SchedulerOptions SchedulerOptionsFor(const ServiceConfig& config);
+ControlOptions ControlOptionsFor(const ServiceConfig& config);
+
+// Names the settings that differ between `running` and `reloaded` and that a
+// reload cannot apply ("store, devices"); "" when there are none.
+std::string SettingsNeedingRestart(const ServiceConfig& running, const ServiceConfig& reloaded);
+
+struct ServiceRunOptions {
+  // Where the service logs (start, reloads, the reason it stopped). Default: stderr.
+  FILE* log = stderr;
+  // Tell systemd (sd_notify) READY=1 / STOPPING=1; a no-op when $NOTIFY_SOCKET
+  // is unset. Default: true.
+  bool notify_systemd = true;
+};
+
+// Loads the configuration at `config_path` and serves until SIGTERM/SIGINT or
+// a shutdown request: every unfinished experiment of the store resumes, the
+// control socket answers, SIGHUP reloads the file. Returns OK after a graceful
+// stop; InvalidArgument for a bad configuration; Unavailable naming the store
+// when another scheduler holds it; AlreadyExists when another scheduler serves
+// the socket; the scheduler's error otherwise.
+Status RunService(const std::string& config_path, const ServiceRunOptions& run_options = {});
+
+}  // namespace ckpt::scheduler
+
+#endif  // CKPT_SCHEDULER_SERVICE_H_

@@ -1,0 +1,432 @@
+#include "ckpt/scheduler/service.h"
+
+#include <grp.h>
+#include <pwd.h>
+#include <sys/stat.h>
+#include <systemd/sd-daemon.h>
+#include <toml++/toml.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+namespace ckpt::scheduler {
+namespace {
+
+using std::chrono::milliseconds;
+
+// Reads one TOML table, checking types and that every key is known; errors
+// name the key with its table prefix, the file and the line.
+class Reader {
+ public:
+  Reader(const toml::table& table, std::string prefix, std::string origin)
+      : table_(table), prefix_(std::move(prefix)), origin_(std::move(origin)) {}
+
+  Status Error(const std::string& key, const std::string& what) const {
+    return Error(key, table_.get(key), what);
+  }
+  Status Error(const std::string& key, const toml::node* node, const std::string& what) const {
+    std::string w = prefix_.empty() ? key : prefix_ + "." + key;
+    if (node != nullptr && node->source().begin.line > 0) {
+      w += " (" + origin_ + " line " + std::to_string(node->source().begin.line) + ")";
+    } else {
+      w += " (" + origin_ + ")";
+    }
+    return Status::InvalidArgument(w + ": " + what);
+  }
+
+  const toml::node* Use(const std::string& key) {
+    known_.insert(key);
+    return table_.get(key);
+  }
+
+  Status String(const std::string& key, std::string* out) {
+    const toml::node* n = Use(key);
+    if (n == nullptr) return Status::OK();
+    if (!n->is_string()) return Error(key, "must be a string");
+    *out = *n->value<std::string>();
+    return Status::OK();
+  }
+  Status Bool(const std::string& key, bool* out) {
+    const toml::node* n = Use(key);
+    if (n == nullptr) return Status::OK();
+    if (!n->is_boolean()) return Error(key, "must be true or false");
+    *out = *n->value<bool>();
+    return Status::OK();
+  }
+  Status Int(const std::string& key, int64_t lo, int64_t hi, int64_t* out) {
+    const toml::node* n = Use(key);
+    if (n == nullptr) return Status::OK();
+    if (!n->is_integer()) return Error(key, "must be an integer");
+    const int64_t v = *n->value<int64_t>();
+    if (v < lo || v > hi) {
+      return Error(key, "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                            "], not " + std::to_string(v));
+    }
+    *out = v;
+    return Status::OK();
+  }
+  Status Int(const std::string& key, int64_t lo, int64_t hi, int* out) {
+    int64_t v = *out;
+    CKPT_RETURN_IF_ERROR(Int(key, lo, hi, &v));
+    *out = static_cast<int>(v);
+    return Status::OK();
+  }
+  // Seconds (integer or fraction) into milliseconds.
+  Status Seconds(const std::string& key, double lo, double hi, milliseconds* out) {
+    const toml::node* n = Use(key);
+    if (n == nullptr) return Status::OK();
+    if (!n->is_number()) return Error(key, "must be a number of seconds");
+    const double v = *n->value<double>();
+    if (!std::isfinite(v) || v < lo || v > hi) {
+      std::ostringstream os;
+      os << "must be in [" << lo << ", " << hi << "] seconds, not " << v;
+      return Error(key, os.str());
+    }
+    *out = milliseconds(static_cast<int64_t>(std::llround(v * 1000)));
+    return Status::OK();
+  }
+  Status Strings(const std::string& key, std::vector<std::string>* out) {
+    const toml::node* n = Use(key);
+    if (n == nullptr) return Status::OK();
+    const toml::array* a = n->as_array();
+    if (a == nullptr) return Error(key, "must be an array of strings");
+    out->clear();
+    for (const auto& e : *a) {
+      if (!e.is_string()) return Error(key, &e, "must be an array of strings");
+      std::string s = *e.value<std::string>();
+      if (s.empty()) return Error(key, &e, "entries must not be empty");
+      out->push_back(std::move(s));
+    }
+    return Status::OK();
+  }
+  Status OneOf(const std::string& key, const std::set<std::string>& allowed, std::string* out) {
+    CKPT_RETURN_IF_ERROR(String(key, out));
+    if (table_.get(key) != nullptr && allowed.count(*out) == 0) {
+      std::string list;
+      for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
+      return Error(key, "must be one of " + list + ", not '" + *out + "'");
+    }
+    return Status::OK();
+  }
+  StatusOr<const toml::table*> Table(const std::string& key) {
+    const toml::node* n = Use(key);
+    if (n == nullptr) return static_cast<const toml::table*>(nullptr);
+    if (!n->is_table()) return Error(key, "must be a table");
+    return n->as_table();
+  }
+  Status CheckNoUnknownKeys() const {
+    for (const auto& [k, v] : table_) {
+      const std::string key(k.str());
+      if (known_.count(key) != 0) continue;
+      const std::string w = prefix_.empty() ? key : prefix_ + "." + key;
+      const int line = k.source().begin.line > 0 ? static_cast<int>(k.source().begin.line)
+                                                 : static_cast<int>(v.source().begin.line);
+      return Status::InvalidArgument(w + " (" + origin_ + " line " + std::to_string(line) +
+                                     "): unknown key");
+    }
+    return Status::OK();
+  }
+
+ private:
+  const toml::table& table_;
+  std::string prefix_;
+  std::string origin_;
+  std::set<std::string> known_;
+};
+
+bool AllDigits(const std::string& s) {
+  if (s.empty() || s.size() > 10) return false;
+  for (char c : s) {
+    if (c < '0' || c > '9') return false;
+  }
+  return true;
+}
+
+// Whether a user or group name exists on this host (numeric ids always do).
+bool NameResolves(const std::string& name, bool is_group) {
+  if (AllDigits(name)) return true;
+  std::vector<char> buf(16384);
+  while (true) {
+    int err;
+    bool found;
+    if (is_group) {
+      struct group gr;
+      struct group* res = nullptr;
+      err = getgrnam_r(name.c_str(), &gr, buf.data(), buf.size(), &res);
+      found = res != nullptr;
+    } else {
+      passwd pw;
+      passwd* res = nullptr;
+      err = getpwnam_r(name.c_str(), &pw, buf.data(), buf.size(), &res);
+      found = res != nullptr;
+    }
+    if (err == ERANGE && buf.size() < (size_t{1} << 24)) {
+      buf.resize(buf.size() * 2);
+      continue;
+    }
+    return err == 0 && found;
+  }
+}
+
+Status CheckNames(Reader* r, const toml::table& table, const std::string& key,
+                  const std::vector<std::string>& names, bool is_group) {
+  const toml::array* a = table.get(key) != nullptr ? table.get(key)->as_array() : nullptr;
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (NameResolves(names[i], is_group)) continue;
+    const toml::node* node = a != nullptr && i < a->size() ? a->get(i) : nullptr;
+    return r->Error(key, node,
+                    std::string("no ") + (is_group ? "group" : "user") + " named '" + names[i] +
+                        "' on this host");
+  }
+  return Status::OK();
+}
+
+Status ParseDevices(Reader* top, const std::string& origin, ServiceConfig* c) {
+  const toml::node* devices = top->Use("devices");
+  if (devices == nullptr) return Status::OK();
+  const toml::array* arr = devices->as_array();
+  if (arr == nullptr) return top->Error("devices", "must be an array of tables ([[devices]])");
+  for (size_t i = 0; i < arr->size(); ++i) {
+    const toml::table* t = (*arr)[i].as_table();
+    if (t == nullptr) return top->Error("devices", "entries must be tables");
+    Reader r(*t, "devices[" + std::to_string(i) + "]", origin);
+    DeviceConfig d;
+    d.device = "auto";
+    CKPT_RETURN_IF_ERROR(r.String("device", &d.device));
+    if (!(d.device == "cpu" || d.device == "auto" ||
+          (d.device.rfind("cuda:", 0) == 0 && AllDigits(d.device.substr(5))))) {
+      return r.Error("device", "must be cpu, auto or cuda:N, not '" + d.device + "'");
+    }
+    CKPT_RETURN_IF_ERROR(r.Int("count", 1, 64, &d.count));
+    CKPT_RETURN_IF_ERROR(r.Int("slots", 1, 256, &d.slots));
+    CKPT_RETURN_IF_ERROR(r.OneOf("fusion", {"auto", "plain", "fused"}, &d.fusion));
+    CKPT_RETURN_IF_ERROR(r.Int("fusion_width", 1, 1024, &d.fusion_width));
+    CKPT_RETURN_IF_ERROR(r.Int("intra_op_threads", 1, 256, &d.intra_op_threads));
+    CKPT_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
+    c->devices.push_back(d);
+  }
+  return Status::OK();
+}
+
+// "host:port" with a port in 1..65535, or "".
+bool ValidAddress(const std::string& a) {
+  if (a.empty()) return true;
+  const size_t colon = a.rfind(':');
+  if (colon == std::string::npos || colon == 0) return false;
+  const std::string port = a.substr(colon + 1);
+  if (!AllDigits(port) || port.size() > 5) return false;
+  const int p = std::stoi(port);
+  return p >= 1 && p <= 65535;
+}
+
+bool SameDevices(const std::vector<DeviceConfig>& a, const std::vector<DeviceConfig>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const auto& x = a[i];
+    const auto& y = b[i];
+    if (x.device != y.device || x.count != y.count || x.slots != y.slots || x.fusion != y.fusion ||
+        x.fusion_width != y.fusion_width || x.intra_op_threads != y.intra_op_threads) {
+      return false;
+    }
+  }
+  return true;
+}
+
+void LogLine(FILE* log, const std::string& line) {
+  if (log == nullptr) return;
+  std::fprintf(log, "ckpt-scheduler: %s\n", line.c_str());
+  std::fflush(log);
+}
+
+}  // namespace
+
+StatusOr<ServiceConfig> ParseServiceConfig(const std::string& toml_text,
+                                           const std::string& origin) {
+  toml::table doc;
+  try {
+    doc = toml::parse(toml_text, origin);
+  } catch (const toml::parse_error& e) {
+    return Status::InvalidArgument(origin + " line " + std::to_string(e.source().begin.line) +
+                                   ": " + std::string(e.description()));
+  }
+  ServiceConfig c;
+  c.origin = origin;
+  Reader top(doc, "", origin);
+  CKPT_RETURN_IF_ERROR(top.String("store", &c.store));
+  if (c.store.empty()) return top.Error("store", "must not be empty");
+  CKPT_RETURN_IF_ERROR(top.String("runtime_directory", &c.runtime_directory));
+  if (c.runtime_directory.empty()) return top.Error("runtime_directory", "must not be empty");
+  CKPT_RETURN_IF_ERROR(top.String("socket", &c.socket));
+  if (c.socket.empty()) c.socket = c.runtime_directory + "/control.sock";
+  if (c.socket.size() > 107) {
+    return top.Error(doc.get("socket") != nullptr ? "socket" : "runtime_directory",
+                     "the socket path " + c.socket + " is longer than 107 bytes");
+  }
+  CKPT_RETURN_IF_ERROR(top.String("metrics", &c.metrics));
+  if (!ValidAddress(c.metrics)) {
+    return top.Error("metrics",
+                     "must be host:port (port 1-65535) or \"\", not '" + c.metrics + "'");
+  }
+  CKPT_RETURN_IF_ERROR(top.Seconds("grace_s", 0, 86400, &c.grace));
+  CKPT_RETURN_IF_ERROR(top.Bool("sync_interval_commits", &c.sync_interval_commits));
+  CKPT_RETURN_IF_ERROR(top.Int("final_eval_top", 0, 1000000, &c.final_eval_top));
+  CKPT_RETURN_IF_ERROR(top.Bool("log_progress", &c.log_progress));
+
+  CKPT_ASSIGN_OR_RETURN(const toml::table* control, top.Table("control"));
+  if (control != nullptr) {
+    Reader r(*control, "control", origin);
+    CKPT_RETURN_IF_ERROR(r.Strings("allowed_users", &c.allowed_users));
+    CKPT_RETURN_IF_ERROR(CheckNames(&r, *control, "allowed_users", c.allowed_users, false));
+    CKPT_RETURN_IF_ERROR(r.Strings("allowed_groups", &c.allowed_groups));
+    CKPT_RETURN_IF_ERROR(CheckNames(&r, *control, "allowed_groups", c.allowed_groups, true));
+    int64_t max_request = static_cast<int64_t>(c.max_request_bytes);
+    CKPT_RETURN_IF_ERROR(r.Int("max_request_bytes", 1024, int64_t{1} << 30, &max_request));
+    c.max_request_bytes = static_cast<size_t>(max_request);
+    CKPT_RETURN_IF_ERROR(r.Int("max_clients", 1, 100000, &c.max_clients));
+    CKPT_RETURN_IF_ERROR(r.Seconds("client_idle_timeout_s", 0.01, 86400, &c.client_idle_timeout));
+    CKPT_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
+  }
+  CKPT_ASSIGN_OR_RETURN(const toml::table* workers, top.Table("workers"));
+  if (workers != nullptr) {
+    Reader r(*workers, "workers", origin);
+    CKPT_RETURN_IF_ERROR(r.String("binary", &c.worker_binary));
+    int64_t ring_mib = static_cast<int64_t>(c.ring_bytes >> 20);
+    CKPT_RETURN_IF_ERROR(r.Int("ring_mib", 1, 16384, &ring_mib));
+    c.ring_bytes = static_cast<size_t>(ring_mib) << 20;
+    CKPT_RETURN_IF_ERROR(r.Seconds("heartbeat_timeout_s", 0.1, 86400, &c.heartbeat_timeout));
+    CKPT_RETURN_IF_ERROR(r.Seconds("restart_backoff_s", 0, 86400, &c.restart_backoff));
+    CKPT_RETURN_IF_ERROR(r.Seconds("max_restart_backoff_s", 0, 86400, &c.max_restart_backoff));
+    if (c.max_restart_backoff < c.restart_backoff) {
+      return r.Error("max_restart_backoff_s", "must not be below restart_backoff_s");
+    }
+    CKPT_RETURN_IF_ERROR(r.Seconds("healthy_reset_s", 0, 86400 * 30.0, &c.healthy_reset));
+    CKPT_RETURN_IF_ERROR(r.Int("max_restarts", 0, 1000000, &c.max_restarts));
+    CKPT_RETURN_IF_ERROR(r.Int("max_member_failures", 1, 1000000, &c.max_member_failures));
+    CKPT_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
+  }
+  CKPT_RETURN_IF_ERROR(ParseDevices(&top, origin, &c));
+  if (c.devices.empty()) {
+    DeviceConfig d;
+    d.device = "auto";
+    c.devices.push_back(d);
+  }
+  CKPT_RETURN_IF_ERROR(top.CheckNoUnknownKeys());
+  return c;
+}
+
+StatusOr<ServiceConfig> LoadServiceConfig(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    struct stat st;
+    if (stat(path.c_str(), &st) != 0 && errno == ENOENT) {
+      return Status::NotFound("service configuration " + path + " does not exist");
+    }
+    return Status::IOError("cannot read service configuration " + path);
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) return Status::IOError("reading service configuration " + path);
+  return ParseServiceConfig(ss.str(), path);
+}
+
+ControlOptions ControlOptionsFor(const ServiceConfig& c) {
+  ControlOptions o;
+  o.socket_path = c.socket;
+  o.allowed_users = c.allowed_users;
+  o.allowed_groups = c.allowed_groups;
+  o.max_request_bytes = c.max_request_bytes;
+  o.max_clients = c.max_clients;
+  o.client_idle_timeout = c.client_idle_timeout;
+  return o;
+}
+
+SchedulerOptions SchedulerOptionsFor(const ServiceConfig& c) {
+  SchedulerOptions o;
+  o.store_path = c.store;
+  o.devices = c.devices;
+  o.worker_binary = c.worker_binary;
+  o.ring_bytes = c.ring_bytes;
+  o.heartbeat_timeout = c.heartbeat_timeout;
+  o.restart_backoff = c.restart_backoff;
+  o.max_restart_backoff = c.max_restart_backoff;
+  o.healthy_reset = c.healthy_reset;
+  o.max_restarts = c.max_restarts;
+  o.max_member_failures = c.max_member_failures;
+  o.grace = c.grace;
+  o.final_eval_top = c.final_eval_top;
+  o.progress = c.log_progress ? stdout : nullptr;
+  o.sync_interval_commits = c.sync_interval_commits;
+  o.serve = true;
+  o.control = ControlOptionsFor(c);
+  return o;
+}
+
+std::string SettingsNeedingRestart(const ServiceConfig& a, const ServiceConfig& b) {
+  std::vector<std::string> changed;
+  if (a.store != b.store) changed.push_back("store");
+  if (a.socket != b.socket) changed.push_back("socket");
+  if (a.metrics != b.metrics) changed.push_back("metrics");
+  if (!SameDevices(a.devices, b.devices)) changed.push_back("devices");
+  if (a.grace != b.grace) changed.push_back("grace_s");
+  if (a.sync_interval_commits != b.sync_interval_commits) {
+    changed.push_back("sync_interval_commits");
+  }
+  if (a.final_eval_top != b.final_eval_top) changed.push_back("final_eval_top");
+  if (a.log_progress != b.log_progress) changed.push_back("log_progress");
+  if (a.worker_binary != b.worker_binary || a.ring_bytes != b.ring_bytes ||
+      a.heartbeat_timeout != b.heartbeat_timeout || a.restart_backoff != b.restart_backoff ||
+      a.max_restart_backoff != b.max_restart_backoff || a.healthy_reset != b.healthy_reset ||
+      a.max_restarts != b.max_restarts || a.max_member_failures != b.max_member_failures) {
+    changed.push_back("[workers]");
+  }
+  std::string out;
+  for (const auto& s : changed) out += (out.empty() ? "" : ", ") + s;
+  return out;
+}
+
+Status RunService(const std::string& config_path, const ServiceRunOptions& run_options) {
+  CKPT_ASSIGN_OR_RETURN(ServiceConfig config, LoadServiceConfig(config_path));
+  SchedulerOptions options = SchedulerOptionsFor(config);
+  FILE* log = run_options.log;
+  // Reloads compare against the configuration the service started with:
+  // what needs a restart keeps being reported until it happens.
+  options.reload = [config_path, config, log]() -> StatusOr<ControlOptions> {
+    CKPT_ASSIGN_OR_RETURN(ServiceConfig next, LoadServiceConfig(config_path));
+    const std::string restart = SettingsNeedingRestart(config, next);
+    if (!restart.empty()) {
+      LogLine(log, "SIGHUP: " + config_path + " changes " + restart +
+                       ", which only a restart applies; the running values stay");
+    }
+    return ControlOptionsFor(next);
+  };
+  if (run_options.notify_systemd) {
+    options.notify = [log](const std::string& state) {
+      const int rc = sd_notify(0, state.c_str());
+      if (rc < 0) LogLine(log, "sd_notify(" + state + "): " + std::strerror(-rc));
+    };
+  }
+  auto scheduler = Scheduler::Create(options);
+  if (!scheduler.ok()) {
+    if (scheduler.status().IsUnavailable()) {
+      return Status::Unavailable("another ckpt-scheduler holds the store (" +
+                                 scheduler.status().message() + "); not starting");
+    }
+    return scheduler.status();
+  }
+  char grace[32];
+  std::snprintf(grace, sizeof grace, "%.1f", static_cast<double>(config.grace.count()) / 1000);
+  LogLine(log,
+          "serving store " + config.store + " on " + config.socket + " (grace " + grace + " s)");
+  Status run = (*scheduler)->Run();
+  scheduler->reset();  // closes the store
+  if (!run.ok()) return run;
+  LogLine(log, "stopped gracefully; store " + config.store + " closed");
+  return Status::OK();
+}
+
+}  // namespace ckpt::scheduler

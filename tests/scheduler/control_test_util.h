@@ -1,0 +1,130 @@
+// Helpers for the control-socket tests: a raw client that can send any bytes
+// (half lines, oversized lines, garbage) and read replies with a timeout.
+#ifndef CKPT_TESTS_SCHEDULER_CONTROL_TEST_UTIL_H_
+#define CKPT_TESTS_SCHEDULER_CONTROL_TEST_UTIL_H_
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+
+#include "ckpt/scheduler/control_client.h"
+
+namespace ckpt::testing {
+
+class RawClient {
+ public:
+  enum class Got { kLine, kClosed, kTimeout };
+
+  explicit RawClient(const std::string& path) {
+    fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, path.c_str(), sizeof addr.sun_path - 1);
+    if (fd_ >= 0 && connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+      close(fd_);
+      fd_ = -1;
+    }
+  }
+  ~RawClient() {
+    if (fd_ >= 0) close(fd_);
+  }
+  RawClient(const RawClient&) = delete;
+  RawClient& operator=(const RawClient&) = delete;
+
+  bool connected() const { return fd_ >= 0; }
+
+  // Sends every byte (false when the server closed the connection).
+  bool Send(const std::string& bytes) {
+    size_t sent = 0;
+    while (sent < bytes.size()) {
+      ssize_t n = send(fd_, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return false;
+      sent += static_cast<size_t>(n);
+    }
+    return true;
+  }
+
+  // Reads one line. A zero timeout still looks once, so it tells an open
+  // connection (kTimeout) from a closed one (kClosed).
+  Got ReadLine(std::string* line, std::chrono::milliseconds timeout) {
+    const auto until = std::chrono::steady_clock::now() + timeout;
+    bool last_look = false;
+    while (true) {
+      const size_t nl = buffer_.find('\n');
+      if (nl != std::string::npos) {
+        *line = buffer_.substr(0, nl);
+        buffer_.erase(0, nl + 1);
+        return Got::kLine;
+      }
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                      until - std::chrono::steady_clock::now())
+                      .count();
+      if (left <= 0) {
+        if (last_look) return Got::kTimeout;
+        last_look = true;
+        left = 0;
+      }
+      pollfd p{fd_, POLLIN, 0};
+      if (poll(&p, 1, static_cast<int>(left)) <= 0) continue;
+      char chunk[65536];
+      ssize_t n = recv(fd_, chunk, sizeof chunk, 0);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return Got::kClosed;
+      buffer_.append(chunk, static_cast<size_t>(n));
+    }
+  }
+
+  // Sends one line and parses the reply (a "closed"/"timeout" string when none).
+  nlohmann::json Call(const std::string& line,
+                      std::chrono::milliseconds timeout = std::chrono::milliseconds(30000)) {
+    if (!Send(line + "\n")) return "send failed";
+    std::string reply;
+    switch (ReadLine(&reply, timeout)) {
+      case Got::kClosed:
+        return "closed";
+      case Got::kTimeout:
+        return "timeout";
+      case Got::kLine:
+        break;
+    }
+    return nlohmann::json::parse(reply, nullptr, false);
+  }
+
+ private:
+  int fd_ = -1;
+  std::string buffer_;
+};
+
+// Connects a ControlClient, retrying while the server is not up yet.
+inline std::unique_ptr<scheduler::ControlClient> ConnectWhenUp(const std::string& path,
+                                                               std::chrono::milliseconds within,
+                                                               const std::function<bool()>& alive) {
+  const auto until = std::chrono::steady_clock::now() + within;
+  while (std::chrono::steady_clock::now() < until && alive()) {
+    scheduler::ControlClientOptions o;
+    o.socket_path = path;
+    o.timeout = std::chrono::milliseconds(30000);
+    auto c = scheduler::ControlClient::Connect(o);
+    if (c.ok()) {
+      auto list = (*c)->List();
+      if (list.ok()) return std::move(*c);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return nullptr;
+}
+
+}  // namespace ckpt::testing
+
+#endif  // CKPT_TESTS_SCHEDULER_CONTROL_TEST_UTIL_H_
