@@ -1,0 +1,259 @@
+// ckpt-bench train: training throughput of a LeNet-5 population on one device.
+//
+//   build/bench/ckpt-bench train [--members 30] [--batch 64] [--steps 20]
+//       [--seconds 5] [--slots N] [--device cpu] [--dataset-path DIR]
+//
+// Measures, each for --seconds of wall time after a warm-up:
+//   single_model_samples_s  one member, one thread, the bare LibTorch loop
+//   plain_samples_s         --slots threads (default: hardware cores), each
+//                           training one member at a time with one intra-op
+//                           thread, intervals of --steps steps, every member's
+//                           state going through its checkpoint blob per interval
+//   fused_kK_samples_s      the members in groups of K trained fused; min(slots,
+//                           groups) threads, the cores shared out as intra-op threads
+// and the time per member spent on state handling: pack_unpack_us_per_member
+// (fused K=8: blob -> device tensors -> packed, and back) and
+// plain_load_store_us_per_member (plain: blob -> tensors -> blob). Training
+// samples only; no evaluation runs in the measured intervals.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench.h"
+#include "ckpt/worker/baseline.h"
+#include "ckpt/worker/trainer.h"
+
+namespace ckpt::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct RunResult {
+  double samples_s = 0;
+  double state_us_per_member = 0;  // pack_s + unpack_s per member interval
+  int threads = 0;
+  int intra_op_threads = 0;
+  int64_t failures = 0;
+  std::string first_failure;
+};
+
+// A population of member blobs; one interval takes a member (or a group of
+// them) out, trains it, and puts the new blobs back.
+class Population {
+ public:
+  explicit Population(std::vector<std::string> blobs) : blobs_(std::move(blobs)) {}
+  size_t size() const { return blobs_.size(); }
+  std::string Get(size_t i) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return blobs_[i];
+  }
+  void Put(size_t i, std::string blob) {
+    std::lock_guard<std::mutex> lock(mu_);
+    blobs_[i] = std::move(blob);
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::string> blobs_;
+};
+
+std::map<std::string, double> Hparams(size_t member) {
+  return {{"lr", 0.01 + 0.002 * static_cast<double>(member % 10)}, {"momentum", 0.9}};
+}
+
+model::MemberTask MakeTask(size_t member, const std::string& blob, int64_t steps) {
+  model::MemberTask t;
+  t.member = "m" + std::to_string(member);
+  t.state = reinterpret_cast<const uint8_t*>(blob.data());
+  t.state_size = blob.size();
+  t.steps = steps;
+  t.hparams = Hparams(member);
+  return t;
+}
+
+// Runs `threads` threads, each taking the next unit of work (a group of
+// members) round-robin until `seconds` pass.
+RunResult Run(model::Trainer& trainer, Population& pop, size_t group_size, int threads,
+              int64_t steps, double seconds, bool fused) {
+  const size_t groups = (pop.size() + group_size - 1) / group_size;
+  std::atomic<size_t> next{0};
+  std::atomic<int64_t> samples{0};
+  std::mutex mu;
+  double state_s = 0;
+  int64_t member_intervals = 0;
+  RunResult result;
+  auto interval = [&](size_t g) {
+    const size_t begin = g * group_size, end = std::min(pop.size(), begin + group_size);
+    std::vector<std::string> blobs;
+    for (size_t i = begin; i < end; ++i) blobs.push_back(pop.Get(i));
+    std::vector<model::MemberTask> tasks;
+    for (size_t i = begin; i < end; ++i) tasks.push_back(MakeTask(i, blobs[i - begin], steps));
+    std::vector<model::MemberOutcome> out;
+    if (fused) {
+      out = trainer.TrainFused(tasks);
+    } else {
+      out.push_back(trainer.TrainPlain(tasks.front()));
+    }
+    int64_t n = 0;
+    double s = 0;
+    for (size_t j = 0; j < out.size(); ++j) {
+      if (!out[j].ok()) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (result.failures++ == 0) result.first_failure = out[j].status.ToString();
+        continue;
+      }
+      pop.Put(begin + j, out[j].EncodeState());
+      n += out[j].samples;
+      s += out[j].pack_s + out[j].unpack_s;
+    }
+    return std::make_pair(n, s);
+  };
+  // Warm-up: one interval per thread's worth, unmeasured.
+  interval(0);
+  const auto start = Clock::now();
+  const auto deadline = start + std::chrono::duration<double>(seconds);
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&] {
+      while (Clock::now() < deadline) {
+        const size_t g = next.fetch_add(1) % groups;
+        auto [n, s] = interval(g);
+        samples += n;
+        std::lock_guard<std::mutex> lock(mu);
+        state_s += s;
+        member_intervals += n / trainer.options().batch_size / steps;
+      }
+    });
+  }
+  for (auto& t : pool) t.join();
+  const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+  result.samples_s = static_cast<double>(samples.load()) / elapsed;
+  result.state_us_per_member =
+      member_intervals > 0 ? 1e6 * state_s / static_cast<double>(member_intervals) : 0;
+  result.threads = threads;
+  return result;
+}
+
+int TrainBench(const Args& args) {
+  const int members = static_cast<int>(args.GetInt("members", 30));
+  const int batch = static_cast<int>(args.GetInt("batch", 64));
+  const int64_t steps = args.GetInt("steps", 20);
+  const double seconds = args.GetDouble("seconds", 5);
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int slots = static_cast<int>(args.GetInt("slots", cores));
+  const std::string device = args.Get("device", "cpu");
+
+  auto data = model::LoadDataset("fashion-mnist", args.Get("dataset-path", ""));
+  if (!data.ok()) {
+    std::fprintf(stderr, "train: %s\n", data.status().ToString().c_str());
+    return 1;
+  }
+  auto make = [&](int intra_op_threads) {
+    model::TrainerOptions o;
+    o.device = device;
+    o.model_spec = "lenet5";
+    o.optimizer = "sgd";
+    o.batch_size = batch;
+    o.eval_size = 0;
+    o.data = *data;
+    o.intra_op_threads = intra_op_threads;
+    return model::Trainer::Create(o);
+  };
+  auto plain_trainer = make(1);
+  if (!plain_trainer.ok()) {
+    std::fprintf(stderr, "train: %s\n", plain_trainer.status().ToString().c_str());
+    return 1;
+  }
+
+  // Fresh population, identical for every mode.
+  std::vector<std::string> initial;
+  for (int i = 0; i < members; ++i) {
+    model::MemberTask t;
+    t.member = "m" + std::to_string(i);
+    t.init_seed = static_cast<uint64_t>(i);
+    t.hparams = Hparams(static_cast<size_t>(i));
+    model::MemberOutcome o = (*plain_trainer)->TrainPlain(t);
+    if (!o.ok()) {
+      std::fprintf(stderr, "train: %s\n", o.status.ToString().c_str());
+      return 1;
+    }
+    initial.push_back(o.EncodeState());
+  }
+  const size_t state_bytes = initial.front().size();
+
+  model::BaselineOptions base;
+  base.trainer = (*plain_trainer)->options();
+  base.trainer.intra_op_threads = 1;
+  base.seconds = seconds;
+  auto single = model::MeasureBareLibTorchLoop(base);
+  if (!single.ok()) {
+    std::fprintf(stderr, "train: %s\n", single.status().ToString().c_str());
+    return 1;
+  }
+  std::printf("single model (bare LibTorch loop, 1 thread): %.0f samples/s\n", *single);
+
+  Population plain_pop(initial);
+  RunResult plain = Run(**plain_trainer, plain_pop, 1, slots, steps, seconds, false);
+  std::printf("plain, %d slots x 1 intra-op thread: %.0f samples/s (%.2fx single), "
+              "blob<->tensors %.0f us/member\n",
+              slots, plain.samples_s, plain.samples_s / *single, plain.state_us_per_member);
+
+  std::string json_fused;
+  std::string json_fused_map;
+  double pack_unpack_k8 = 0;
+  int64_t failures = plain.failures;
+  std::string first_failure = plain.first_failure;
+  for (int k : {1, 8, 30}) {
+    const int groups = (members + k - 1) / k;
+    const int threads = std::max(1, std::min(slots, groups));
+    const int intra = std::max(1, cores / threads);
+    auto trainer = make(intra);
+    if (!trainer.ok()) {
+      std::fprintf(stderr, "train: %s\n", trainer.status().ToString().c_str());
+      return 1;
+    }
+    Population pop(initial);
+    RunResult r = Run(**trainer, pop, static_cast<size_t>(k), threads, steps, seconds, true);
+    std::printf("fused K=%d, %d threads x %d intra-op: %.0f samples/s (%.2fx single), "
+                "pack/unpack %.0f us/member\n",
+                k, threads, intra, r.samples_s, r.samples_s / *single, r.state_us_per_member);
+    char buf[256];
+    std::snprintf(buf, sizeof(buf),
+                  "\"fused_k%d_samples_s\":%.1f,\"fused_k%d_threads\":%d,\"fused_k%d_intra_op\":%d,", k,
+                  r.samples_s, k, threads, k, intra);
+    json_fused += buf;
+    std::snprintf(buf, sizeof(buf), "%s\"k%d\":%.1f", json_fused_map.empty() ? "" : ",", k,
+                  r.samples_s);
+    json_fused_map += buf;
+    if (k == 8) pack_unpack_k8 = r.state_us_per_member;
+    if (r.failures > 0 && failures == 0) first_failure = r.first_failure;
+    failures += r.failures;
+  }
+  if (failures > 0) std::printf("failures: %lld (%s)\n", static_cast<long long>(failures),
+                                first_failure.c_str());
+
+  std::printf(
+      "{\"bench\":\"train\",\"device\":\"%s\",\"threads\":%d,\"slots\":%d,\"members\":%d,"
+      "\"batch\":%d,\"steps_per_interval\":%lld,\"model\":\"lenet5\",\"optimizer\":\"sgd\","
+      "\"single_model_samples_s\":%.1f,\"plain_samples_s\":%.1f,\"plain_vs_single\":%.3f,"
+      "%s\"fused_samples_s\":{%s},"
+      "\"pack_unpack_us_per_member\":%.1f,\"plain_load_store_us_per_member\":%.1f,"
+      "\"state_bytes\":%zu,\"failures\":%lld,\"peak_rss_bytes\":%lld}\n",
+      (*plain_trainer)->device().c_str(), cores, slots, members, batch,
+      static_cast<long long>(steps), *single, plain.samples_s, plain.samples_s / *single,
+      json_fused.c_str(), json_fused_map.c_str(), pack_unpack_k8, plain.state_us_per_member,
+      state_bytes, static_cast<long long>(failures), PeakRssBytes());
+  return 0;
+}
+
+}  // namespace
+
+CKPT_BENCHMARK("train", "LeNet-5 population training throughput: plain, fused, bare LibTorch",
+               TrainBench);
+
+}  // namespace ckpt::bench

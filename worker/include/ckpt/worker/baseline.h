@@ -1,0 +1,34 @@
+// The reference point for the trainer's throughput: one LeNet-5 trained by the
+// bare LibTorch loop (torch::nn modules, torch::optim::SGD), without ckpt's
+// state handling, on the same device and data, by the calling thread.
+//
+// Thread-safety: a free function; it sets the calling thread's OpenMP thread
+// count like Trainer does (see trainer.h).
+#ifndef CKPT_WORKER_BASELINE_H_
+#define CKPT_WORKER_BASELINE_H_
+
+#include <cstdint>
+
+#include "ckpt/format/status.h"
+#include "ckpt/worker/trainer.h"
+
+namespace ckpt::model {
+
+struct BaselineOptions {
+  // Device, batch size, intra-op threads and dataset are taken from here;
+  // model_spec and optimizer are ignored (LeNet-5, SGD with momentum 0.9).
+  TrainerOptions trainer;
+  // Wall time measured after `warmup_steps`. Default: 3.
+  double seconds = 3.0;
+  // Default: 10.
+  int32_t warmup_steps = 10;
+};
+
+// Training samples per second of the bare loop. Returns the dataset errors of
+// LoadDataset, InvalidArgument / Unavailable for the device, Internal for a
+// LibTorch failure.
+StatusOr<double> MeasureBareLibTorchLoop(const BaselineOptions& options);
+
+}  // namespace ckpt::model
+
+#endif  // CKPT_WORKER_BASELINE_H_
