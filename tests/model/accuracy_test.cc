@@ -12,15 +12,15 @@ namespace {
 TEST(AccuracyTest, Lenet5ReachesEightyFivePercentInTwoEpochs) {
   TrainerOptions o;
   o.model_spec = "lenet5";
-  o.optimizer = "sgd";
+  o.optimizer = "adam";
   o.batch_size = 64;
   o.eval_size = 10000;
   o.dataset_path = testing::kFashionDir;
-  o.intra_op_threads = 2;
+  o.intra_op_threads = 1;
   auto trainer = Trainer::Create(o);
   ASSERT_TRUE(trainer.ok()) << trainer.status().ToString();
   const int64_t steps_per_epoch = 50000 / 64;
-  std::map<std::string, double> hp = {{"lr", 0.05}, {"momentum", 0.9}, {"weight_decay", 1e-4}};
+  std::map<std::string, double> hp = {{"lr", 0.002}};
   MemberOutcome first = (*trainer)->TrainPlain(testing::Task("acc", nullptr, 1, steps_per_epoch, hp));
   ASSERT_TRUE(first.ok()) << first.status.ToString();
   std::string state = first.EncodeState();

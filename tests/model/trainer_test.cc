@@ -78,6 +78,10 @@ struct FusedCase {
   bool batchnorm;
 };
 
+void PrintTo(const FusedCase& c, std::ostream* os) {
+  *os << c.optimizer << " K=" << c.k << (c.batchnorm ? " batchnorm" : "");
+}
+
 class FusedEqualsSeparateTest : public ::testing::TestWithParam<FusedCase> {};
 
 TEST_P(FusedEqualsSeparateTest, ParametersMatchAfterTwentySteps) {
@@ -229,6 +233,11 @@ struct ContinuityCase {
   std::string optimizer;
   bool fused;
 };
+
+void PrintTo(const ContinuityCase& c, std::ostream* os) {
+  *os << (c.spec == "lenet5" ? "lenet5" : "batchnorm+dropout") << " " << c.optimizer
+      << (c.fused ? " fused" : " plain");
+}
 
 class ContinuityTest : public ::testing::TestWithParam<ContinuityCase> {};
 

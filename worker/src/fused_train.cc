@@ -302,6 +302,8 @@ Status TrainFusedGroup(const Context& ctx, std::vector<MemberState*>& members, i
   const int64_t val_count = std::min<int64_t>(ctx.options.eval_size, ctx.validation.count);
   if (eval_val && val_count > 0) result->correct_val = EvaluateFused(ctx, P, members, ctx.validation, val_count);
   if (eval_test) result->correct_test = EvaluateFused(ctx, P, members, ctx.test, ctx.test.count);
+  // The time is the device's, not the launches': wait for the last step.
+  if (!ctx.device.is_cpu() && !result->losses.empty()) result->losses.back().sum().item<float>();
   *compute_s = Seconds(start);
 
   start = std::chrono::steady_clock::now();

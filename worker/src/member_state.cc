@@ -241,21 +241,32 @@ std::optional<Failure> LoadMember(const Context& ctx, const MemberTask& task, Me
 }
 
 Status CheckFinite(const Context& ctx, const MemberState& st, const char* when) {
+  auto fail = [&](size_t i) {
+    return Status::Aborted("member " + st.member + ": tensor " + ctx.layout[i].name +
+                           " is not finite " + when + " (step " + std::to_string(st.step) + ")");
+  };
+  // Host tensors are scanned directly: at::isfinite is several full passes.
   std::vector<at::Tensor> flags;
   std::vector<size_t> which;
   for (size_t i = 0; i < st.tensors.size(); ++i) {
-    if (!at::isFloatingType(st.tensors[i].scalar_type())) continue;
-    flags.push_back(at::isfinite(st.tensors[i].detach()).all());
+    const at::Tensor& t = st.tensors[i];
+    if (!at::isFloatingType(t.scalar_type())) continue;
+    if (t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous()) {
+      const float* p = t.data_ptr<float>();
+      const int64_t n = t.numel();
+      bool finite = true;
+      for (int64_t j = 0; j < n; ++j) finite &= std::isfinite(p[j]);
+      if (!finite) return fail(i);
+      continue;
+    }
+    flags.push_back(at::isfinite(t.detach()).all());
     which.push_back(i);
   }
   if (flags.empty()) return Status::OK();
   at::Tensor all = at::stack(flags).to(at::kCPU);
   const bool* ok = all.data_ptr<bool>();
   for (size_t j = 0; j < which.size(); ++j) {
-    if (!ok[j]) {
-      return Status::Aborted("member " + st.member + ": tensor " + ctx.layout[which[j]].name +
-                             " is not finite " + when + " (step " + std::to_string(st.step) + ")");
-    }
+    if (!ok[j]) return fail(which[j]);
   }
   return Status::OK();
 }

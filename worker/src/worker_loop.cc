@@ -5,6 +5,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <fstream>
@@ -23,6 +24,12 @@ namespace {
 
 using std::chrono::milliseconds;
 using Clock = std::chrono::steady_clock;
+
+// CKPT_TRACE=1: one stderr line per record received and sent, for debugging.
+const bool kTrace = [] {
+  const char* v = std::getenv("CKPT_TRACE");
+  return v != nullptr && *v == '1';
+}();
 
 struct Job {
   uint64_t task_id = 0;
@@ -138,7 +145,13 @@ void WorkerLoop::SendOutcome(uint64_t task_id, const model::MemberOutcome& o) {
     do {
       res = channel_->Reserve(ipc::RecordType::kResult, size, ipc::DeadlineIn(milliseconds(500)));
     } while (!res.ok() && res.status().IsResourceExhausted());
-    if (!res.ok()) return;  // the scheduler is gone; the receive loop notices
+    if (!res.ok()) {
+      // The scheduler is gone (the receive loop notices) or the ring is broken.
+      std::fprintf(stderr, "ckpt-worker %s: RESULT of task %llu not sent: %s\n",
+                   options_.segment.c_str(), static_cast<unsigned long long>(task_id),
+                   res.status().ToString().c_str());
+      return;
+    }
     auto offset = ipc::EncodeHeaderOnly(r, res->data, res->size);
     encoded = offset.ok() ? o.EncodeStateTo(res->data + *offset, r.state.size) : offset.status();
     if (encoded.ok()) {
@@ -146,6 +159,11 @@ void WorkerLoop::SendOutcome(uint64_t task_id, const model::MemberOutcome& o) {
       do {
         c = channel_->Commit(*res, ipc::DeadlineIn(milliseconds(500)));
       } while (c.IsResourceExhausted());
+      if (kTrace || !c.ok()) {
+        std::fprintf(stderr, "trace worker %s: sent RESULT task %llu: %s\n",
+                     options_.segment.c_str(), static_cast<unsigned long long>(task_id),
+                     c.ToString().c_str());
+      }
       return;
     }
     channel_->Abandon();
@@ -206,6 +224,10 @@ void WorkerLoop::HandleTrain(const ipc::Received& rec) {
     // Without a task id nothing can be answered; the record is counted.
     std::fprintf(stderr, "ckpt-worker: malformed TRAIN: %s\n", t.status().ToString().c_str());
     return;
+  }
+  if (kTrace) {
+    std::fprintf(stderr, "trace worker %s: got TRAIN task %llu %s\n", options_.segment.c_str(),
+                 static_cast<unsigned long long>(t->task_id), t->member.c_str());
   }
   Job job;
   job.task_id = t->task_id;
