@@ -469,6 +469,45 @@ TEST_F(MalformedStateTest, FusedGroupTrainsTheOthers) {
   EXPECT_TRUE(out[2].ok());
 }
 
+TEST_F(MalformedStateTest, RandomDamageNeverCrashesOrYieldsAResult) {
+  // Byte flips anywhere (caught by the format's checksums), and well-formed
+  // blobs whose tensors are shuffled in shape, dtype and name (caught by the
+  // layout check).
+  uint64_t rng = 12345;
+  auto next = [&rng] { return SplitMix64(&rng); };
+  for (int i = 0; i < 60; ++i) {
+    std::string blob = good_;
+    const int flips = 1 + static_cast<int>(next() % 4);
+    for (int f = 0; f < flips; ++f) blob[next() % blob.size()] ^= static_cast<char>(1 + next() % 255);
+    MemberOutcome o = trainer_->TrainPlain(Task("fuzz", &blob, 0, 1));
+    EXPECT_FALSE(o.ok());
+    EXPECT_EQ(o.fail_code, kFailBadState) << o.status.ToString();
+  }
+  for (int i = 0; i < 60; ++i) {
+    OwnedBlob b = Decode(good_);
+    auto& t = b.tensors[next() % b.tensors.size()];
+    switch (next() % 4) {
+      case 0:
+        t.shape.push_back(1);
+        break;
+      case 1:
+        t.shape = t.shape.size() == 1 ? std::vector<int64_t>{1, static_cast<int64_t>(t.count())}
+                                      : std::vector<int64_t>{static_cast<int64_t>(t.count())};
+        break;
+      case 2:
+        t.dtype = format::DType::kI32;
+        break;
+      case 3:
+        t.name = b.tensors[next() % b.tensors.size()].name + "_";
+        break;
+    }
+    std::string blob = Encode(b);
+    MemberOutcome o = trainer_->TrainPlain(Task("fuzz", &blob, 0, 1));
+    EXPECT_FALSE(o.ok()) << i;
+    EXPECT_EQ(o.fail_code, kFailBadState) << o.status.ToString();
+  }
+}
+
 // ---------------------------------------------------------------------------
 // Options, concurrency, mode choice.
 
