@@ -283,6 +283,18 @@ StatusOr<ExperimentConfig> ParseExperimentConfig(const std::string& toml_text,
     }
   }
   if (c.devices.empty()) c.devices.push_back(DeviceConfig{});
+  CKPT_ASSIGN_OR_RETURN(const toml::table* sup, top.Table("supervision"));
+  if (sup != nullptr) {
+    SupervisionConfig& v = c.supervision;
+    TableReader r(*sup, "supervision", origin);
+    CKPT_RETURN_IF_ERROR(r.Double("restart_backoff_s", 0, 86400, &v.restart_backoff_s));
+    CKPT_RETURN_IF_ERROR(r.Double("max_restart_backoff_s", 0, 86400, &v.max_restart_backoff_s));
+    CKPT_RETURN_IF_ERROR(r.Double("healthy_reset_s", 0, 1e7, &v.healthy_reset_s));
+    CKPT_RETURN_IF_ERROR(r.Int("max_restarts", 0, 1000000, &v.max_restarts));
+    CKPT_RETURN_IF_ERROR(r.Int("max_member_failures", 1, 1000000, &v.max_member_failures));
+    CKPT_RETURN_IF_ERROR(r.Double("grace_s", 0, 86400, &v.grace_s));
+    CKPT_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
+  }
   CKPT_RETURN_IF_ERROR(top.CheckNoUnknownKeys());
   return c;
 }

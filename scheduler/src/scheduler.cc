@@ -1159,6 +1159,16 @@ StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(const SchedulerOptions& o
   return std::unique_ptr<Scheduler>(new SchedulerImpl(options, std::move(store)));
 }
 
+void ApplySupervision(const SupervisionConfig& s, SchedulerOptions* o) {
+  auto ms = [](double seconds) { return milliseconds(static_cast<int64_t>(seconds * 1000)); };
+  o->restart_backoff = ms(s.restart_backoff_s);
+  o->max_restart_backoff = ms(s.max_restart_backoff_s);
+  o->healthy_reset = ms(s.healthy_reset_s);
+  o->max_restarts = s.max_restarts;
+  o->max_member_failures = s.max_member_failures;
+  o->grace = ms(s.grace_s);
+}
+
 void PrintSummary(const ExperimentSummary& s, FILE* out) {
   std::fprintf(out, "\nexperiment %s: %s, %d members, %d intervals, %lld exploits\n", s.id.c_str(),
                s.status.c_str(), s.population, s.intervals, static_cast<long long>(s.exploits));

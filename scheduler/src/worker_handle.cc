@@ -7,6 +7,8 @@
 
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -15,6 +17,12 @@ namespace ckpt::scheduler {
 namespace {
 
 using std::chrono::milliseconds;
+
+// CKPT_TRACE=1: one stderr line per record sent and received, for debugging.
+const bool kTrace = [] {
+  const char* v = std::getenv("CKPT_TRACE");
+  return v != nullptr && *v == '1';
+}();
 
 std::string StateJson(const Task& task, double score) {
   nlohmann::json j = {{"interval", task.interval_after},
@@ -38,8 +46,8 @@ StatusOr<std::unique_ptr<WorkerHandle>> WorkerHandle::Start(
   ipc::ChannelOptions options;
   options.ring_bytes = spec.ring_bytes;
   options.heartbeat_timeout = spec.heartbeat_timeout;
-  // The segment name is ours: a previous incarnation's segment is removed.
-  (void)ipc::Channel::Remove(spec.segment);
+  // A previous incarnation's segment was removed by its Stop; one left by a
+  // dead scheduler is reclaimed by Create, a live owner's is refused.
   CKPT_ASSIGN_OR_RETURN(h->channel_, ipc::Channel::Create(spec.segment, options));
   CKPT_RETURN_IF_ERROR(h->Spawn());
   h->sender_ = std::thread([p = h.get()] { p->SendLoop(); });
@@ -101,6 +109,11 @@ void WorkerHandle::SendLoop() {
       in_flight_[task.id] = task;
     }
     Status s = SendTask(task);
+    if (kTrace) {
+      std::fprintf(stderr, "trace scheduler w%d: sent TRAIN task %llu %s: %s\n", spec_.index,
+                   static_cast<unsigned long long>(task.id), task.member.c_str(),
+                   s.ToString().c_str());
+    }
     if (!s.ok()) {
       if (stopping_.load()) return;
       ReportLost("sending " + task.member + ": " + s.ToString());
@@ -229,6 +242,10 @@ void WorkerHandle::HandleResult(const ipc::Received& rec) {
     return;
   }
   WorkerEvent e;
+  if (kTrace) {
+    std::fprintf(stderr, "trace scheduler w%d: got RESULT task %llu\n", spec_.index,
+                 static_cast<unsigned long long>(r->task_id));
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = in_flight_.find(r->task_id);

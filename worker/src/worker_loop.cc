@@ -70,7 +70,8 @@ class WorkerLoop {
   std::mutex send_mu_;  // the result ring has one producer
 
   std::mutex mu_;
-  std::condition_variable cv_;
+  std::condition_variable cv_;        // slot threads wait here for jobs
+  std::condition_variable stats_cv_;  // the stats thread waits here for stop_
   std::deque<Job> jobs_;  // GUARDED_BY(mu_)
   struct Experiment {
     std::shared_ptr<model::Trainer> trainer;
@@ -307,7 +308,7 @@ void WorkerLoop::StatsLoop() {
   uint64_t last = 0;
   auto last_t = Clock::now();
   std::unique_lock<std::mutex> lock(mu_);
-  while (!cv_.wait_for(lock, milliseconds(1000), [&] { return stop_; })) {
+  while (!stats_cv_.wait_for(lock, milliseconds(1000), [&] { return stop_; })) {
     ipc::Stats s;
     s.mode = mode_;
     std::shared_ptr<model::Trainer> any;
@@ -335,6 +336,7 @@ void WorkerLoop::StopThreads() {
     stop_ = true;
   }
   cv_.notify_all();
+  stats_cv_.notify_all();
   for (auto& t : threads_) t.join();
   threads_.clear();
 }

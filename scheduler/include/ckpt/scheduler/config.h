@@ -14,6 +14,9 @@
 //                resample_probability = 0.25; ready_intervals = 1; eta = 3
 //   [[devices]]  device = "cpu"; slots = 2; fusion = "auto"; fusion_width = 8;
 //                intra_op_threads = 1; count = 1
+//   [supervision] restart_backoff_s = 10; max_restart_backoff_s = 300;
+//                healthy_reset_s = 600; max_restarts = 10; max_member_failures = 3;
+//                grace_s = 10
 //
 // Every key is checked: an unknown key, a wrong type or a bad value is an
 // InvalidArgument naming the key and its line ("population.size (line 7): must
@@ -74,6 +77,22 @@ struct DeviceConfig {
   int intra_op_threads = 1;
 };
 
+// How `run` supervises its workers ([supervision] table).
+struct SupervisionConfig {
+  // First restart delay of a dead worker, doubling per restart. Default: 10 s.
+  double restart_backoff_s = 10;
+  // Cap of that delay. Default: 300 s.
+  double max_restart_backoff_s = 300;
+  // Uptime after which a worker's backoff starts again from the first delay. Default: 600 s.
+  double healthy_reset_s = 600;
+  // Restarts of one device before it is given up on. Default: 10.
+  int max_restarts = 10;
+  // FAILED intervals in a row before a member is stopped. Default: 3.
+  int max_member_failures = 3;
+  // On Ctrl-C / SIGTERM, how long in-flight intervals may finish. Default: 10 s.
+  double grace_s = 10;
+};
+
 struct ExperimentConfig {
   std::string name;
   uint64_t seed = 0;
@@ -94,6 +113,7 @@ struct ExperimentConfig {
   std::map<std::string, double> fixed_hparams;  // [hparams] constants
   PolicyConfig policy;
   std::vector<DeviceConfig> devices;
+  SupervisionConfig supervision;
   // The file's text, kept in the store with the experiment.
   std::string source;
 };

@@ -175,6 +175,9 @@ class Scheduler {
   virtual store::Store* store() = 0;
 };
 
+// Copies an experiment file's [supervision] settings into `options`.
+void ApplySupervision(const SupervisionConfig& s, SchedulerOptions* options);
+
 // Prints the table of best members (hyperparameters, validation and test
 // accuracy) and where the store is.
 void PrintSummary(const ExperimentSummary& summary, FILE* out);
