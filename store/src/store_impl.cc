@@ -20,7 +20,6 @@
 #include "ckpt/format/checksum.h"
 #include "ckpt/store/store.h"
 #include "codec.h"
-#include "content_id.h"
 #include "keys.h"
 #include "refcount_merge.h"
 #include "retention.h"
@@ -102,7 +101,7 @@ std::string Id(const std::string& exp, const std::string& member, int64_t versio
 Status CheckBlob(const BlobId& id, const uint8_t* data, size_t size) {
   format::ReadOptions structure;
   structure.verify_checksums = false;
-  if (ContentId(data, size) != id) {
+  if (BlobId::Of(data, size) != id) {
     // The content hash covers every byte; the per-tensor checksums say where.
     auto parsed = format::ParseCheckpoint(data, size);
     return Status::Corruption(
@@ -692,7 +691,7 @@ StatusOr<int64_t> StoreImpl::AddBlobVersion(const std::string& exp, const std::s
                               " rejected: " + parsed.status().message());
   }
   const int64_t blob_step = step ? *step : parsed->meta().step;
-  const BlobId id = ContentId(blob, size);
+  const BlobId id = BlobId::Of(blob, size);
 
   std::lock_guard<std::mutex> lock(mu_);
   CKPT_RETURN_IF_ERROR(broken_);

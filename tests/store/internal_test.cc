@@ -1,26 +1,13 @@
 // Internals of store/src that the API tests cannot pin down on their own.
 #include <gtest/gtest.h>
 
-#include <random>
 #include <string>
 
 #include "ckpt/format/checksum.h"
-#include "content_id.h"
 #include "keys.h"
 
 namespace ckpt::store {
 namespace {
-
-TEST(ContentIdTest, EqualsBlobIdOfForEverySizeClass) {
-  std::mt19937_64 rng(7);
-  std::string bytes(3 << 20, '\0');
-  for (auto& c : bytes) c = static_cast<char>(rng());
-  // XXH3 switches code paths at 16, 128, 240 bytes and at stripe/block sizes.
-  for (size_t n : {0, 1, 3, 4, 8, 9, 16, 17, 128, 129, 240, 241, 1023, 1024, 1025, 65536, 1 << 20,
-                   (3 << 20) - 1}) {
-    EXPECT_EQ(ContentId(bytes.data(), n), BlobId::Of(bytes.data(), n)) << n;
-  }
-}
 
 TEST(KeysTest, LayoutSortsVersionsNumericallyAndParsesBack) {
   EXPECT_LT(keys::Manifest("e", "m", 255), keys::Manifest("e", "m", 256));
