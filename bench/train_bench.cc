@@ -62,6 +62,16 @@ class Population {
   std::vector<std::string> blobs_;
 };
 
+// 1-minute load average: the numbers mean little when other work shares the cores.
+double LoadAverage() {
+  double load = -1;
+  if (FILE* f = std::fopen("/proc/loadavg", "r")) {
+    if (std::fscanf(f, "%lf", &load) != 1) load = -1;
+    std::fclose(f);
+  }
+  return load;
+}
+
 std::map<std::string, double> Hparams(size_t member) {
   return {{"lr", 0.01 + 0.002 * static_cast<double>(member % 10)}, {"momentum", 0.9}};
 }
@@ -148,6 +158,7 @@ int TrainBench(const Args& args) {
   const int slots = static_cast<int>(args.GetInt("slots", cores));
   const std::string device = args.Get("device", "cpu");
 
+  const double load_start = LoadAverage();
   auto data = model::LoadDataset("fashion-mnist", args.Get("dataset-path", ""));
   if (!data.ok()) {
     std::fprintf(stderr, "train: %s\n", data.status().ToString().c_str());
@@ -243,11 +254,12 @@ int TrainBench(const Args& args) {
       "\"single_model_samples_s\":%.1f,\"plain_samples_s\":%.1f,\"plain_vs_single\":%.3f,"
       "%s\"fused_samples_s\":{%s},"
       "\"pack_unpack_us_per_member\":%.1f,\"plain_load_store_us_per_member\":%.1f,"
-      "\"state_bytes\":%zu,\"failures\":%lld,\"peak_rss_bytes\":%lld}\n",
+      "\"state_bytes\":%zu,\"failures\":%lld,\"loadavg_start\":%.2f,\"loadavg_end\":%.2f,"
+      "\"peak_rss_bytes\":%lld}\n",
       (*plain_trainer)->device().c_str(), cores, slots, members, batch,
       static_cast<long long>(steps), *single, plain.samples_s, plain.samples_s / *single,
       json_fused.c_str(), json_fused_map.c_str(), pack_unpack_k8, plain.state_us_per_member,
-      state_bytes, static_cast<long long>(failures), PeakRssBytes());
+      state_bytes, static_cast<long long>(failures), load_start, LoadAverage(), PeakRssBytes());
   return 0;
 }
 
