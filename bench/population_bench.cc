@@ -10,6 +10,7 @@
 // pipeline's own cost per member-interval (store read, ring, worker decode and
 // encode of a LeNet-5 state, commit, policy).
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
