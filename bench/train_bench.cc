@@ -210,9 +210,10 @@ int TrainBench(const Args& args) {
 
   Population plain_pop(initial);
   RunResult plain = Run(**plain_trainer, plain_pop, 1, slots, steps, seconds, false);
-  std::printf("plain, %d slots x 1 intra-op thread: %.0f samples/s (%.2fx single), "
-              "blob<->tensors %.0f us/member\n",
-              slots, plain.samples_s, plain.samples_s / *single, plain.state_us_per_member);
+  std::printf(
+      "plain, %d slots x 1 intra-op thread: %.0f samples/s (%.2fx single), "
+      "blob<->tensors %.0f us/member\n",
+      slots, plain.samples_s, plain.samples_s / *single, plain.state_us_per_member);
 
   std::string json_fused;
   std::string json_fused_map;
@@ -230,13 +231,15 @@ int TrainBench(const Args& args) {
     }
     Population pop(initial);
     RunResult r = Run(**trainer, pop, static_cast<size_t>(k), threads, steps, seconds, true);
-    std::printf("fused K=%d, %d threads x %d intra-op: %.0f samples/s (%.2fx single), "
-                "pack/unpack %.0f us/member\n",
-                k, threads, intra, r.samples_s, r.samples_s / *single, r.state_us_per_member);
+    std::printf(
+        "fused K=%d, %d threads x %d intra-op: %.0f samples/s (%.2fx single), "
+        "pack/unpack %.0f us/member\n",
+        k, threads, intra, r.samples_s, r.samples_s / *single, r.state_us_per_member);
     char buf[256];
-    std::snprintf(buf, sizeof(buf),
-                  "\"fused_k%d_samples_s\":%.1f,\"fused_k%d_threads\":%d,\"fused_k%d_intra_op\":%d,", k,
-                  r.samples_s, k, threads, k, intra);
+    std::snprintf(
+        buf, sizeof(buf),
+        "\"fused_k%d_samples_s\":%.1f,\"fused_k%d_threads\":%d,\"fused_k%d_intra_op\":%d,", k,
+        r.samples_s, k, threads, k, intra);
     json_fused += buf;
     std::snprintf(buf, sizeof(buf), "%s\"k%d\":%.1f", json_fused_map.empty() ? "" : ",", k,
                   r.samples_s);
@@ -245,8 +248,8 @@ int TrainBench(const Args& args) {
     if (r.failures > 0 && failures == 0) first_failure = r.first_failure;
     failures += r.failures;
   }
-  if (failures > 0) std::printf("failures: %lld (%s)\n", static_cast<long long>(failures),
-                                first_failure.c_str());
+  if (failures > 0)
+    std::printf("failures: %lld (%s)\n", static_cast<long long>(failures), first_failure.c_str());
 
   std::printf(
       "{\"bench\":\"train\",\"device\":\"%s\",\"threads\":%d,\"slots\":%d,\"members\":%d,"

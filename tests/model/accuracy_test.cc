@@ -21,7 +21,8 @@ TEST(AccuracyTest, Lenet5ReachesEightyFivePercentInTwoEpochs) {
   ASSERT_TRUE(trainer.ok()) << trainer.status().ToString();
   const int64_t steps_per_epoch = 50000 / 64;
   std::map<std::string, double> hp = {{"lr", 0.002}};
-  MemberOutcome first = (*trainer)->TrainPlain(testing::Task("acc", nullptr, 1, steps_per_epoch, hp));
+  MemberOutcome first =
+      (*trainer)->TrainPlain(testing::Task("acc", nullptr, 1, steps_per_epoch, hp));
   ASSERT_TRUE(first.ok()) << first.status.ToString();
   std::string state = first.EncodeState();
   MemberTask second_task = testing::Task("acc", &state, 0, steps_per_epoch, hp);

@@ -1,5 +1,7 @@
 // Model specs, hyperparameters, IDX datasets and data order: the torch-free
 // parts of ckpt::model.
+#include "ckpt/worker/model_spec.h"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -11,7 +13,6 @@
 
 #include "ckpt/worker/dataset.h"
 #include "ckpt/worker/hparams.h"
-#include "ckpt/worker/model_spec.h"
 #include "model_test_util.h"
 
 namespace ckpt::model {
@@ -110,7 +111,8 @@ TEST(ModelSpecTest, RejectsBadSpecsNamingTheLayer) {
        "out of range"},
       {R"([{"type": "conv2d", "out": 2, "kernel": 3}])", "must be flat"},
       {R"([{"type": "flatten"}, {"type": "linear", "out": 4, "name": "a"},
-           {"type": "linear", "out": 2, "name": "a"}])", "duplicate layer name"},
+           {"type": "linear", "out": 2, "name": "a"}])",
+       "duplicate layer name"},
   };
   for (const auto& c : cases) {
     auto spec = ModelSpec::Parse(c.text);
@@ -145,7 +147,7 @@ TEST(HparamsTest, DefaultsThenCheckpointThenRequest) {
 
 TEST(HparamsTest, RejectsUnknownAndOutOfRangeValues) {
   const std::map<std::string, double> bad[] = {
-      {{"learning_rate", 0.1}}, {{"lr", -1}},       {{"beta1", 0.5}}, {{"nesterov", 1}},
+      {{"learning_rate", 0.1}}, {{"lr", -1}},        {{"beta1", 0.5}}, {{"nesterov", 1}},
       {{"momentum", -0.5}},     {{"nesterov", 0.5}}, {{"lr", NAN}},
   };
   for (const auto& m : bad) {

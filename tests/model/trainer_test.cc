@@ -1,6 +1,8 @@
 // Trainer behaviour on the CPU with the real Fashion-MNIST: fused equals
 // separate, checkpoint continuity across processes, non-finite and malformed
 // states, concurrency, mode choice.
+#include "ckpt/worker/trainer.h"
+
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -11,7 +13,6 @@
 #include <iterator>
 #include <thread>
 
-#include "ckpt/worker/trainer.h"
 #include "model_test_util.h"
 
 namespace ckpt::model {
@@ -86,8 +87,7 @@ class FusedEqualsSeparateTest : public ::testing::TestWithParam<FusedCase> {};
 
 TEST_P(FusedEqualsSeparateTest, ParametersMatchAfterTwentySteps) {
   const FusedCase& c = GetParam();
-  auto trainer = MakeTrainer(
-      BaseOptions(c.batchnorm ? testing::kSmoothBn : "lenet5", c.optimizer));
+  auto trainer = MakeTrainer(BaseOptions(c.batchnorm ? testing::kSmoothBn : "lenet5", c.optimizer));
   ASSERT_NE(trainer, nullptr);
   // Members start from different points: fresh, then a few plain steps each,
   // so step counts, momentum buffers and Adam moments differ per member.
@@ -100,7 +100,8 @@ TEST_P(FusedEqualsSeparateTest, ParametersMatchAfterTwentySteps) {
   }
   std::vector<MemberTask> tasks;
   for (int i = 0; i < c.k; ++i) {
-    tasks.push_back(Task("m" + std::to_string(i), &starts[i], 0, 20, MemberHparams(c.optimizer, i)));
+    tasks.push_back(
+        Task("m" + std::to_string(i), &starts[i], 0, 20, MemberHparams(c.optimizer, i)));
   }
   std::vector<MemberOutcome> fused = trainer->TrainFused(tasks);
   ASSERT_EQ(fused.size(), tasks.size());
@@ -117,19 +118,18 @@ TEST_P(FusedEqualsSeparateTest, ParametersMatchAfterTwentySteps) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Cases, FusedEqualsSeparateTest,
-    ::testing::Values(FusedCase{"sgd", 1, false}, FusedCase{"sgd", 3, false},
-                      FusedCase{"sgd", 8, false}, FusedCase{"sgd", 1, true},
-                      FusedCase{"sgd", 3, true}, FusedCase{"sgd", 8, true},
-                      FusedCase{"adam", 1, false}, FusedCase{"adam", 3, false},
-                      FusedCase{"adam", 8, false}, FusedCase{"adam", 1, true},
-                      FusedCase{"adam", 3, true}, FusedCase{"adam", 8, true},
-                      FusedCase{"adamw", 3, true}),
-    [](const ::testing::TestParamInfo<FusedCase>& info) {
-      return info.param.optimizer + "_k" + std::to_string(info.param.k) +
-             (info.param.batchnorm ? "_bn" : "");
-    });
+INSTANTIATE_TEST_SUITE_P(Cases, FusedEqualsSeparateTest,
+                         ::testing::Values(FusedCase{"sgd", 1, false}, FusedCase{"sgd", 3, false},
+                                           FusedCase{"sgd", 8, false}, FusedCase{"sgd", 1, true},
+                                           FusedCase{"sgd", 3, true}, FusedCase{"sgd", 8, true},
+                                           FusedCase{"adam", 1, false}, FusedCase{"adam", 3, false},
+                                           FusedCase{"adam", 8, false}, FusedCase{"adam", 1, true},
+                                           FusedCase{"adam", 3, true}, FusedCase{"adam", 8, true},
+                                           FusedCase{"adamw", 3, true}),
+                         [](const ::testing::TestParamInfo<FusedCase>& info) {
+                           return info.param.optimizer + "_k" + std::to_string(info.param.k) +
+                                  (info.param.batchnorm ? "_bn" : "");
+                         });
 
 TEST(FusedTest, GroupsMembersByStepsAndEvaluates) {
   auto o = BaseOptions("lenet5", "sgd");
@@ -248,8 +248,10 @@ TEST_P(ContinuityTest, RestoreInFreshProcessIsBitIdentical) {
   auto trainer = MakeTrainer(o);
   ASSERT_NE(trainer, nullptr);
   std::map<std::string, double> hp =
-      c.optimizer == "sgd" ? std::map<std::string, double>{{"lr", 0.05}, {"momentum", 0.9},
-                                                           {"weight_decay", 5e-4}, {"nesterov", 1}}
+      c.optimizer == "sgd" ? std::map<std::string, double>{{"lr", 0.05},
+                                                           {"momentum", 0.9},
+                                                           {"weight_decay", 5e-4},
+                                                           {"nesterov", 1}}
                            : std::map<std::string, double>{{"lr", 0.002}, {"weight_decay", 1e-3}};
   auto train = [&](const MemberTask& t) {
     return c.fused ? trainer->TrainFused({t}).front() : trainer->TrainPlain(t);
@@ -286,7 +288,8 @@ INSTANTIATE_TEST_SUITE_P(Cases, ContinuityTest,
                                            ContinuityCase{testing::kLenet5Bn, "adamw", false},
                                            ContinuityCase{testing::kLenet5Bn, "adam", true}),
                          [](const ::testing::TestParamInfo<ContinuityCase>& info) {
-                           return std::string(info.param.spec == "lenet5" ? "lenet5" : "bn_dropout") +
+                           return std::string(info.param.spec == "lenet5" ? "lenet5"
+                                                                          : "bn_dropout") +
                                   "_" + info.param.optimizer + (info.param.fused ? "_fused" : "");
                          });
 
@@ -340,11 +343,10 @@ TEST(NonFiniteTest, FusedMemberFailsAloneAndOthersAreUntouched) {
   MemberOutcome init = trainer->TrainPlain(Task("m", nullptr, 4, 0));
   ASSERT_TRUE(init.ok());
   std::string nan_state = WithValue(init.EncodeState(), "bn1.running_var", 0, NAN);
-  std::vector<MemberTask> tasks = {
-      Task("good0", nullptr, 1, 15, {{"lr", 0.05}, {"momentum", 0.9}}),
-      Task("wild", nullptr, 2, 15, {{"lr", 1e12}, {"momentum", 0.9}}),
-      Task("nan", &nan_state, 0, 15),
-      Task("good1", nullptr, 3, 15, {{"lr", 0.01}})};
+  std::vector<MemberTask> tasks = {Task("good0", nullptr, 1, 15, {{"lr", 0.05}, {"momentum", 0.9}}),
+                                   Task("wild", nullptr, 2, 15, {{"lr", 1e12}, {"momentum", 0.9}}),
+                                   Task("nan", &nan_state, 0, 15),
+                                   Task("good1", nullptr, 3, 15, {{"lr", 0.01}})};
   auto out = trainer->TrainFused(tasks);
   ASSERT_EQ(out.size(), 4u);
   EXPECT_TRUE(out[0].ok()) << out[0].status.ToString();
@@ -478,7 +480,8 @@ TEST_F(MalformedStateTest, RandomDamageNeverCrashesOrYieldsAResult) {
   for (int i = 0; i < 60; ++i) {
     std::string blob = good_;
     const int flips = 1 + static_cast<int>(next() % 4);
-    for (int f = 0; f < flips; ++f) blob[next() % blob.size()] ^= static_cast<char>(1 + next() % 255);
+    for (int f = 0; f < flips; ++f)
+      blob[next() % blob.size()] ^= static_cast<char>(1 + next() % 255);
     MemberOutcome o = trainer_->TrainPlain(Task("fuzz", &blob, 0, 1));
     EXPECT_FALSE(o.ok());
     EXPECT_EQ(o.fail_code, kFailBadState) << o.status.ToString();

@@ -30,10 +30,9 @@ StatusOr<double> MeasureBareLibTorchLoop(const BaselineOptions& options) {
       return Status::Unavailable("baseline: device " + device + " is not available");
     }
     const int64_t n = data->train.count;
-    torch::Tensor images =
-        torch::from_blob(const_cast<uint8_t*>(data->train.images.data()), {n, 1, 28, 28},
-                         torch::kUInt8)
-            .to(dev);
+    torch::Tensor images = torch::from_blob(const_cast<uint8_t*>(data->train.images.data()),
+                                            {n, 1, 28, 28}, torch::kUInt8)
+                               .to(dev);
     torch::Tensor labels =
         torch::from_blob(const_cast<uint8_t*>(data->train.labels.data()), {n}, torch::kUInt8)
             .to(dev, torch::kLong);
@@ -49,7 +48,8 @@ StatusOr<double> MeasureBareLibTorchLoop(const BaselineOptions& options) {
     torch::Tensor loss;
     auto step = [&] {
       torch::Tensor idx = torch::randint(n, {o.batch_size}, gen, torch::kLong).to(dev);
-      torch::Tensor x = images.index_select(0, idx).to(torch::kFloat).mul_(data->scale).add_(data->shift);
+      torch::Tensor x =
+          images.index_select(0, idx).to(torch::kFloat).mul_(data->scale).add_(data->shift);
       torch::Tensor y = labels.index_select(0, idx);
       opt.zero_grad();
       loss = torch::nn::functional::cross_entropy(net->forward(x), y);

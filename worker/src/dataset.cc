@@ -18,7 +18,8 @@ constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
 constexpr size_t kMaxIdxBytes = size_t{1} << 32;
 
 bool EndsWith(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 bool FileExists(const std::string& path) {
@@ -145,7 +146,8 @@ StatusOr<std::shared_ptr<const DatasetSplits>> LoadDataset(const std::string& na
     if (x.dims.size() != 3 && x.dims.size() != 4) {
       return Status::Corruption(dir + ": " + which + " images must have rank 3 or 4");
     }
-    if (y.dims.size() != 1) return Status::Corruption(dir + ": " + which + " labels must have rank 1");
+    if (y.dims.size() != 1)
+      return Status::Corruption(dir + ": " + which + " labels must have rank 1");
     if (x.dims[0] != y.dims[0]) {
       return Status::Corruption(dir + ": " + which + " has " + std::to_string(x.dims[0]) +
                                 " images but " + std::to_string(y.dims[0]) + " labels");

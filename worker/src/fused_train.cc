@@ -70,8 +70,8 @@ at::Tensor ForwardFused(const Context& ctx, const std::vector<at::Tensor>& P, at
           x = x * at::cat(masks, 1);
         } else {
           for (const MemberState* m : members) {
-            masks.push_back(DropoutMask(m->data_seed, m->step, i, l.p, {x.size(1), x.size(2)},
-                                        ctx.device));
+            masks.push_back(
+                DropoutMask(m->data_seed, m->step, i, l.p, {x.size(1), x.size(2)}, ctx.device));
           }
           x = x * at::stack(masks, 0);
         }
@@ -153,7 +153,8 @@ FusedHparams MakeHparams(const Context& ctx, const std::vector<MemberState*>& me
   return f;
 }
 
-void FusedSgdStep(const Context& ctx, const FusedHparams& h, std::vector<at::Tensor>& P, int64_t K) {
+void FusedSgdStep(const Context& ctx, const FusedHparams& h, std::vector<at::Tensor>& P,
+                  int64_t K) {
   for (const auto& tr : ctx.trainables) {
     at::Tensor p = P[tr.param].view({K, -1});
     at::Tensor g = P[tr.param].grad();
@@ -236,8 +237,8 @@ std::vector<int64_t> EvaluateFused(const Context& ctx, const std::vector<at::Ten
 }  // namespace
 
 Status TrainFusedGroup(const Context& ctx, std::vector<MemberState*>& members, int64_t steps,
-                       bool eval_val, bool eval_test, FusedResult* result, double* pack_s, double* unpack_s,
-                       double* compute_s) {
+                       bool eval_val, bool eval_test, FusedResult* result, double* pack_s,
+                       double* unpack_s, double* compute_s) {
   const int64_t K = static_cast<int64_t>(members.size());
   const int64_t batch = ctx.options.batch_size;
   auto start = std::chrono::steady_clock::now();
@@ -267,8 +268,8 @@ Status TrainFusedGroup(const Context& ctx, std::vector<MemberState*>& members, i
       return Status::Aborted("fused group: training cancelled");
     }
     for (size_t k = 0; k < members.size(); ++k) {
-      BatchIndices(members[k]->data_seed, members[k]->data_cursor, batch, ctx.train.count,
-                   &idx[k], &epoch_cache[k], &cached_epoch[k]);
+      BatchIndices(members[k]->data_seed, members[k]->data_cursor, batch, ctx.train.count, &idx[k],
+                   &epoch_cache[k], &cached_epoch[k]);
       std::copy(idx[k].begin(), idx[k].end(), all_idx.begin() + static_cast<int64_t>(k) * batch);
     }
     at::Tensor x, y;
@@ -300,7 +301,8 @@ Status TrainFusedGroup(const Context& ctx, std::vector<MemberState*>& members, i
   for (const auto& tr : ctx.trainables) P[tr.param].mutable_grad() = at::Tensor();
 
   const int64_t val_count = std::min<int64_t>(ctx.options.eval_size, ctx.validation.count);
-  if (eval_val && val_count > 0) result->correct_val = EvaluateFused(ctx, P, members, ctx.validation, val_count);
+  if (eval_val && val_count > 0)
+    result->correct_val = EvaluateFused(ctx, P, members, ctx.validation, val_count);
   if (eval_test) result->correct_test = EvaluateFused(ctx, P, members, ctx.test, ctx.test.count);
   // The time is the device's, not the launches': wait for the last step.
   if (!ctx.device.is_cpu() && !result->losses.empty()) result->losses.back().sum().item<float>();

@@ -19,8 +19,7 @@ Status Apply(OptimizerKind kind, const std::map<std::string, double>& values, co
     for (const auto& n : names) known = known || n == key;
     if (!known) {
       return Status::InvalidArgument(std::string(source) + " hyperparameter \"" + key +
-                                     "\" is not used by " +
-                                     std::string(OptimizerKindName(kind)));
+                                     "\" is not used by " + std::string(OptimizerKindName(kind)));
     }
     if (!std::isfinite(v)) {
       return Status::InvalidArgument(std::string(source) + " hyperparameter \"" + key +
@@ -68,7 +67,9 @@ StatusOr<Hyperparameters> ResolveHyperparameters(OptimizerKind kind,
   Hyperparameters h = DefaultHyperparameters(kind);
   CKPT_RETURN_IF_ERROR(Apply(kind, base, "checkpoint", &h));
   CKPT_RETURN_IF_ERROR(Apply(kind, overrides, "requested", &h));
-  auto bad = [](const std::string& what) { return Status::InvalidArgument("hyperparameter " + what); };
+  auto bad = [](const std::string& what) {
+    return Status::InvalidArgument("hyperparameter " + what);
+  };
   if (h.lr < 0) return bad("\"lr\" must be >= 0");
   if (h.weight_decay < 0) return bad("\"weight_decay\" must be >= 0");
   if (kind == OptimizerKind::kSgd) {

@@ -110,8 +110,8 @@ void InitScriptModel(const Context& ctx, at::Generator& gen, std::vector<at::Ten
           (dot == std::string::npos ? std::string() : spec.name.substr(0, dot + 1)) + "weight";
       auto it = ctx.index.find(weight);
       if (it != ctx.index.end() && ctx.layout[it->second].shape.size() >= 2) {
-        fan_in = static_cast<double>(ctx.layout[it->second].numel() /
-                                     ctx.layout[it->second].shape[0]);
+        fan_in =
+            static_cast<double>(ctx.layout[it->second].numel() / ctx.layout[it->second].shape[0]);
       }
     }
     if (fan_in > 0) {
@@ -214,9 +214,9 @@ std::optional<Failure> LoadMember(const Context& ctx, const MemberTask& task, Me
         const double s = host[tr.step].item<float>();
         if (!std::isfinite(s)) continue;  // reported by the finiteness check below
         if (s < 0 || s != std::floor(s)) {
-          return Fail(kFailBadState, Status::Corruption(who + ": tensor " +
-                                                        ctx.layout[tr.step].name +
-                                                        " is not a step count"));
+          return Fail(kFailBadState,
+                      Status::Corruption(who + ": tensor " + ctx.layout[tr.step].name +
+                                         " is not a step count"));
         }
         if (!first && s != st->adam_step) {
           return Fail(kFailBadState,
@@ -287,8 +287,8 @@ StatusOr<std::shared_ptr<EncodedState>> EncodeMember(const Context& ctx, const M
     if (!t.device().is_cpu()) t = t.to(at::kCPU);
     t = t.contiguous();
     const TensorSpec& spec = ctx.layout[i];
-    CKPT_RETURN_IF_ERROR(enc->writer.AddTensor(spec.name, spec.dtype, spec.shape, t.data_ptr(),
-                                               t.nbytes()));
+    CKPT_RETURN_IF_ERROR(
+        enc->writer.AddTensor(spec.name, spec.dtype, spec.shape, t.data_ptr(), t.nbytes()));
     enc->host.push_back(std::move(t));
   }
   enc->size = enc->writer.EncodedSize();
@@ -306,8 +306,8 @@ at::Tensor DropoutMask(uint64_t data_seed, int64_t step, size_t layer, double p,
 
 void GatherBatch(const Context& ctx, const DeviceSplit& split, const std::vector<int64_t>& idx,
                  at::Tensor* x, at::Tensor* y) {
-  at::Tensor i = at::from_blob(const_cast<int64_t*>(idx.data()),
-                               {static_cast<int64_t>(idx.size())}, at::kLong);
+  at::Tensor i = at::from_blob(const_cast<int64_t*>(idx.data()), {static_cast<int64_t>(idx.size())},
+                               at::kLong);
   if (!ctx.device.is_cpu()) i = i.to(ctx.device);
   *x = split.images.index_select(0, i).to(at::kFloat).mul_(ctx.scale).add_(ctx.shift);
   *y = split.labels.index_select(0, i);
@@ -340,8 +340,9 @@ const format::CheckpointMeta& MemberOutcome::state_meta() const {
 size_t MemberOutcome::state_size() const { return state_ ? state_->size : 0; }
 
 Status MemberOutcome::EncodeStateTo(void* dst, size_t size) const {
-  if (!state_) return Status::FailedPrecondition("member " + member + ": no state (" +
-                                                 status.ToString() + ")");
+  if (!state_)
+    return Status::FailedPrecondition("member " + member + ": no state (" + status.ToString() +
+                                      ")");
   return state_->writer.EncodeTo(dst, size);
 }
 

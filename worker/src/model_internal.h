@@ -65,9 +65,9 @@ struct Context {
   double scale = 1;
   double shift = 0;
 
-  std::vector<TensorSpec> model_tensors;  // the model part of the layout
-  std::vector<TensorSpec> layout;         // model tensors, then optimizer slots
-  std::map<std::string, int> index;       // name -> layout index
+  std::vector<TensorSpec> model_tensors;    // the model part of the layout
+  std::vector<TensorSpec> layout;           // model tensors, then optimizer slots
+  std::map<std::string, int> index;         // name -> layout index
   std::vector<LayerTensors> layer_tensors;  // per spec layer
   std::vector<TrainableSlots> trainables;
 
@@ -143,8 +143,8 @@ struct FusedResult {
   std::vector<int64_t> correct_test;
 };
 Status TrainFusedGroup(const Context& ctx, std::vector<MemberState*>& members, int64_t steps,
-                       bool eval_val, bool eval_test, FusedResult* result, double* pack_s, double* unpack_s,
-                       double* compute_s);
+                       bool eval_val, bool eval_test, FusedResult* result, double* pack_s,
+                       double* unpack_s, double* compute_s);
 
 // Sets the calling thread's OpenMP thread count once per value (see trainer.h).
 void SetThreadIntraOpThreads(int n);

@@ -32,10 +32,14 @@ struct KindName {
   const char* name;
 };
 constexpr KindName kKinds[] = {
-    {LayerKind::kConv2d, "conv2d"},       {LayerKind::kLinear, "linear"},
-    {LayerKind::kRelu, "relu"},           {LayerKind::kTanh, "tanh"},
-    {LayerKind::kMaxPool2d, "maxpool2d"}, {LayerKind::kAvgPool2d, "avgpool2d"},
-    {LayerKind::kBatchNorm2d, "batchnorm2d"}, {LayerKind::kDropout, "dropout"},
+    {LayerKind::kConv2d, "conv2d"},
+    {LayerKind::kLinear, "linear"},
+    {LayerKind::kRelu, "relu"},
+    {LayerKind::kTanh, "tanh"},
+    {LayerKind::kMaxPool2d, "maxpool2d"},
+    {LayerKind::kAvgPool2d, "avgpool2d"},
+    {LayerKind::kBatchNorm2d, "batchnorm2d"},
+    {LayerKind::kDropout, "dropout"},
     {LayerKind::kFlatten, "flatten"},
 };
 

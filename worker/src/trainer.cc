@@ -5,8 +5,13 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
 #include <thread>
 
 #include "model_internal.h"
@@ -178,7 +183,8 @@ class TrainerImpl final : public Trainer {
                   const std::vector<MemberTask>& tasks, bool evaluate,
                   std::vector<MemberOutcome>* out);
   // Samples per second of `slots` threads running `body` until `seconds` pass.
-  double Measure(int slots, double seconds, const std::function<int64_t(int slot, int round)>& body);
+  double Measure(int slots, double seconds,
+                 const std::function<int64_t(int slot, int round)>& body);
 
   std::unique_ptr<Context> ctx_;
 };
@@ -254,8 +260,7 @@ MemberOutcome TrainerImpl::Plain(const MemberTask& task, bool evaluate) {
   return out;
 }
 
-std::vector<MemberOutcome> TrainerImpl::Fused(const std::vector<MemberTask>& tasks,
-                                              bool evaluate) {
+std::vector<MemberOutcome> TrainerImpl::Fused(const std::vector<MemberTask>& tasks, bool evaluate) {
   const Context& ctx = *ctx_;
   std::vector<MemberOutcome> out(tasks.size());
   std::vector<MemberState> states(tasks.size());
@@ -279,8 +284,9 @@ std::vector<MemberOutcome> TrainerImpl::Fused(const std::vector<MemberTask>& tas
   } catch (const c10::OutOfMemoryError& e) {
     for (size_t i = 0; i < tasks.size(); ++i) {
       if (out[i].ok() && out[i].state_size() == 0) {
-        SetFailure(&out[i], kFailOutOfMemory,
-                   Status::ResourceExhausted("member " + tasks[i].member + " (fused): " + Brief(e)));
+        SetFailure(
+            &out[i], kFailOutOfMemory,
+            Status::ResourceExhausted("member " + tasks[i].member + " (fused): " + Brief(e)));
       }
     }
   } catch (const std::exception& e) {
@@ -310,8 +316,8 @@ void TrainerImpl::FusedGroup(std::vector<MemberState>& states, const std::vector
   const double k = static_cast<double>(which.size());
   FusedResult result;
   double pack_s = 0, unpack_s = 0, compute_s = 0;
-  Status s = TrainFusedGroup(ctx, members, steps, evaluate, evaluate && eval_test, &result,
-                             &pack_s, &unpack_s, &compute_s);
+  Status s = TrainFusedGroup(ctx, members, steps, evaluate, evaluate && eval_test, &result, &pack_s,
+                             &unpack_s, &compute_s);
   if (!s.ok()) {
     for (size_t i : which) {
       SetFailure(&(*out)[i], s.IsAborted() ? kFailAborted : kFailInternal,
@@ -334,8 +340,8 @@ void TrainerImpl::FusedGroup(std::vector<MemberState>& states, const std::vector
       o.val_acc = static_cast<double>(result.correct_val[j]) / static_cast<double>(val);
     }
     if (tasks[which[j]].eval_test && !result.correct_test.empty()) {
-      o.test_acc = static_cast<double>(result.correct_test[j]) /
-                   static_cast<double>(ctx.test.count);
+      o.test_acc =
+          static_cast<double>(result.correct_test[j]) / static_cast<double>(ctx.test.count);
     }
   }
 }
@@ -434,7 +440,8 @@ Status InspectScript(Context* ctx) {
   torch::jit::Module probe = module.clone();
   probe.eval();
   const int64_t n = std::min<int64_t>(2, ctx->validation.count);
-  at::Tensor x = ctx->validation.images.slice(0, 0, n).to(at::kFloat).mul_(ctx->scale).add_(ctx->shift);
+  at::Tensor x =
+      ctx->validation.images.slice(0, 0, n).to(at::kFloat).mul_(ctx->scale).add_(ctx->shift);
   torch::jit::IValue y = probe.forward({x});
   if (!y.isTensor() || y.toTensor().dim() != 2 || y.toTensor().size(0) != n ||
       y.toTensor().size(1) != ctx->data->num_classes) {
@@ -448,9 +455,11 @@ DeviceSplit ToDevice(const Context& ctx, const ImageSet& set) {
   DeviceSplit split;
   split.count = set.count;
   const auto* data = ctx.data.get();
-  at::Tensor images = at::from_blob(const_cast<uint8_t*>(set.images.data()),
-                                    {set.count, data->channels, data->height, data->width}, at::kByte);
-  at::Tensor labels = at::from_blob(const_cast<uint8_t*>(set.labels.data()), {set.count}, at::kByte);
+  at::Tensor images =
+      at::from_blob(const_cast<uint8_t*>(set.images.data()),
+                    {set.count, data->channels, data->height, data->width}, at::kByte);
+  at::Tensor labels =
+      at::from_blob(const_cast<uint8_t*>(set.labels.data()), {set.count}, at::kByte);
   // On the CPU the images stay where the (shared, immutable) dataset holds them.
   split.images = ctx.device.is_cpu() ? images : images.to(ctx.device);
   split.labels = labels.to(ctx.device, at::kLong);
@@ -500,8 +509,8 @@ StatusOr<std::unique_ptr<Trainer>> Create(const TrainerOptions& options) {
   }
   ctx->scale = data.scale;
   ctx->shift = data.shift;
-  CKPT_ASSIGN_OR_RETURN(ctx->spec,
-                        ModelSpec::Parse(options.model_spec, {data.channels, data.height, data.width}));
+  CKPT_ASSIGN_OR_RETURN(
+      ctx->spec, ModelSpec::Parse(options.model_spec, {data.channels, data.height, data.width}));
 
   try {
     ThreadScope scope(*ctx);
@@ -523,10 +532,9 @@ StatusOr<std::unique_ptr<Trainer>> Create(const TrainerOptions& options) {
       if (!inspected.ok()) return inspected.WithPrefix(path);
     } else {
       if (ctx->spec.num_outputs() != data.num_classes) {
-        return Status::InvalidArgument("model spec produces " +
-                                       std::to_string(ctx->spec.num_outputs()) + " logits, " +
-                                       data.name + " has " + std::to_string(data.num_classes) +
-                                       " classes");
+        return Status::InvalidArgument(
+            "model spec produces " + std::to_string(ctx->spec.num_outputs()) + " logits, " +
+            data.name + " has " + std::to_string(data.num_classes) + " classes");
       }
       ctx->model_tensors = ctx->spec.ModelTensors();
     }

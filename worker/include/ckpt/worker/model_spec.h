@@ -63,16 +63,16 @@ std::string_view LayerKindName(LayerKind kind);
 
 struct LayerSpec {
   LayerKind kind = LayerKind::kRelu;
-  std::string name;        // state_dict prefix; "" for layers without state
-  int64_t in = 0;          // conv2d: in channels; linear: in features; batchnorm2d: features
-  int64_t out = 0;         // conv2d: out channels; linear: out features
-  int64_t kernel = 0;      // conv2d, pooling
-  int64_t stride = 1;      // conv2d, pooling
-  int64_t padding = 0;     // conv2d, pooling
-  bool bias = true;        // conv2d, linear
-  double eps = 1e-5;       // batchnorm2d
-  double momentum = 0.1;   // batchnorm2d: running-stat update factor
-  double p = 0.5;          // dropout probability
+  std::string name;       // state_dict prefix; "" for layers without state
+  int64_t in = 0;         // conv2d: in channels; linear: in features; batchnorm2d: features
+  int64_t out = 0;        // conv2d: out channels; linear: out features
+  int64_t kernel = 0;     // conv2d, pooling
+  int64_t stride = 1;     // conv2d, pooling
+  int64_t padding = 0;    // conv2d, pooling
+  bool bias = true;       // conv2d, linear
+  double eps = 1e-5;      // batchnorm2d
+  double momentum = 0.1;  // batchnorm2d: running-stat update factor
+  double p = 0.5;         // dropout probability
   // Activation shape after this layer, without the batch dimension:
   // [C, H, W] before the flatten, [F] after it.
   std::vector<int64_t> output_shape;

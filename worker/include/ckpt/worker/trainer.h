@@ -138,15 +138,15 @@ class MemberOutcome {
   // "" when ok(); else one of the kFail* strings.
   std::string fail_code;
   std::string member;
-  int64_t step = 0;         // the member's step after this interval
-  double train_loss = 0;    // mean training loss over this interval's steps (0 when steps = 0)
-  double val_acc = -1;      // -1 when not evaluated
-  double test_acc = -1;     // -1 when not evaluated
-  int64_t samples = 0;      // training samples this interval (steps * batch_size)
-  double compute_s = 0;     // training and evaluation; for fused members, the group's time / K
-  double pack_s = 0;        // entry: parse + validate the blob, copy to the device, pack
-  double unpack_s = 0;      // exit: unpack, copy to the host, finiteness check, checksums
-  std::string mode;         // "plain" | "fused"
+  int64_t step = 0;       // the member's step after this interval
+  double train_loss = 0;  // mean training loss over this interval's steps (0 when steps = 0)
+  double val_acc = -1;    // -1 when not evaluated
+  double test_acc = -1;   // -1 when not evaluated
+  int64_t samples = 0;    // training samples this interval (steps * batch_size)
+  double compute_s = 0;   // training and evaluation; for fused members, the group's time / K
+  double pack_s = 0;      // entry: parse + validate the blob, copy to the device, pack
+  double unpack_s = 0;    // exit: unpack, copy to the host, finiteness check, checksums
+  std::string mode;       // "plain" | "fused"
 
   // The new state's metadata (step, data seed and cursor, hparams).
   // REQUIRES: ok().
@@ -175,9 +175,9 @@ struct ModeProbe {
 };
 
 struct ModeChoice {
-  std::string mode;             // "plain" | "fused": whichever trains more samples/s
-  double plain_samples_s = 0;   // all slots busy, one member per slot
-  double fused_samples_s = 0;   // all slots busy, one K-group per slot; 0 when not supported
+  std::string mode;            // "plain" | "fused": whichever trains more samples/s
+  double plain_samples_s = 0;  // all slots busy, one member per slot
+  double fused_samples_s = 0;  // all slots busy, one K-group per slot; 0 when not supported
 };
 
 struct DeviceMemory {
