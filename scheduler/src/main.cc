@@ -23,6 +23,7 @@ int Run(const std::string& path, const std::string& store_override, const std::s
   ckpt::scheduler::SchedulerOptions options;
   options.store_path = store_override.empty() ? config->store : store_override;
   options.devices = config->devices;
+  ckpt::scheduler::ApplySupervision(config->supervision, &options);
   options.worker_binary = worker;
   options.progress = quiet ? nullptr : stdout;
   if (backoff_ms >= 0) options.restart_backoff = std::chrono::milliseconds(backoff_ms);
