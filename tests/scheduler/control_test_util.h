@@ -85,20 +85,26 @@ class RawClient {
     }
   }
 
-  // Sends one line and parses the reply (a "closed"/"timeout" string when none).
+  // Sends one line and parses the reply. Without one (closed, timed out, not
+  // JSON) it returns {"ok": false, "code": "", "error": "no reply: <why>"},
+  // so callers can always use value().
   nlohmann::json Call(const std::string& line,
                       std::chrono::milliseconds timeout = std::chrono::milliseconds(30000)) {
-    if (!Send(line + "\n")) return "send failed";
+    auto none = [](const std::string& why) {
+      return nlohmann::json{{"ok", false}, {"code", ""}, {"error", "no reply: " + why}};
+    };
+    if (!Send(line + "\n")) return none("send failed");
     std::string reply;
     switch (ReadLine(&reply, timeout)) {
       case Got::kClosed:
-        return "closed";
+        return none("connection closed");
       case Got::kTimeout:
-        return "timeout";
+        return none("timed out");
       case Got::kLine:
         break;
     }
-    return nlohmann::json::parse(reply, nullptr, false);
+    nlohmann::json j = nlohmann::json::parse(reply, nullptr, false);
+    return j.is_object() ? j : none("not a JSON object: " + reply.substr(0, 200));
   }
 
  private:

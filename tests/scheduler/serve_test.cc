@@ -81,12 +81,14 @@ class ServeTest : public ::testing::Test {
   }
 
   std::string WriteConfig(const std::string& file, const std::string& store,
-                          const std::string& control = "", const std::string& socket = "") {
+                          const std::string& control = "", const std::string& socket = "",
+                          const std::string& grace = "grace_s = 20\n") {
     std::ostringstream os;
     os << "store = \"" << dir_ << "/" << store << "\"\n"
        << "runtime_directory = \"" << dir_ << "/run\"\n";
     if (!socket.empty()) os << "socket = \"" << socket << "\"\n";
-    os << "metrics = \"\"\ngrace_s = 20\nlog_progress = true\n"
+    os << "metrics = \"\"\n"
+       << grace << "log_progress = true\n"
        << "[control]\n"
        << control << "\n"
        << "[workers]\nrestart_backoff_s = 0.1\n"
@@ -279,6 +281,13 @@ TEST_F(ServeTest, SigtermDuringTrainingExitsZeroWithinGraceAndServeResumes) {
   ASSERT_NE(client_, nullptr);
   ASSERT_TRUE(client_->Submit(Experiment("a", "pbt"), "a.toml").ok());
   ASSERT_TRUE(WaitUntil([&] { return Done("a") >= 2 * kPopulation; }, milliseconds(180000)));
+  // Training: an interval is in flight when the signal comes.
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        auto d = client_->Devices();
+        return d.ok() && !d->empty() && (*d)[0].busy > 0;
+      },
+      milliseconds(30000)));
   client_.reset();
   Terminate(serve);
   EXPECT_NE(serve->Log().find("terminated (SIGTERM)"), std::string::npos) << serve->Log();
@@ -313,6 +322,44 @@ TEST_F(ServeTest, SigtermDuringTrainingExitsZeroWithinGraceAndServeResumes) {
       },
       milliseconds(180000)))
       << again->Log();
+  Terminate(again);
+}
+
+TEST_F(ServeTest, SigtermAbandonsIntervalsLongerThanTheGraceAndTheyRerun) {
+  // Intervals of a few seconds each, a grace of one second.
+  const std::string config = WriteConfig("serve.toml", "store", "", "", "grace_s = 1\n");
+  Child* serve = StartServe(config);
+  ASSERT_NE(client_, nullptr);
+  std::string slow = Experiment("slow", "random");
+  slow.replace(slow.find("steps_per_interval = 4"), 22, "steps_per_interval = 1500");
+  ASSERT_TRUE(client_->Submit(slow, "slow.toml").ok());
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        auto d = client_->Devices();
+        return d.ok() && !d->empty() && (*d)[0].busy == 2;
+      },
+      milliseconds(60000)));
+  const int64_t before = Done("slow");
+  client_.reset();
+  const auto t0 = std::chrono::steady_clock::now();
+  Terminate(serve);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 8.0);
+  EXPECT_NE(serve->Log().find("grace period over"), std::string::npos) << serve->Log();
+  int64_t committed = 0;
+  {
+    auto s = OpenStore("store");
+    ASSERT_NE(s, nullptr);
+    auto members = s->ListMembers("slow");
+    ASSERT_TRUE(members.ok());
+    for (const auto& m : *members) committed += m.version;
+  }
+  EXPECT_GE(committed, before);
+  // The abandoned intervals rerun from the committed heads.
+  Child* again = StartServe(config);
+  ASSERT_NE(client_, nullptr);
+  ASSERT_TRUE(WaitUntil([&] { return Done("slow") > committed; }, milliseconds(180000)))
+      << again->Log();
+  client_.reset();
   Terminate(again);
 }
 
@@ -450,6 +497,11 @@ TEST_F(ServeTest, ControlApiErrorsAreClearAndTheDaemonKeepsServing) {
   // SIGHUP re-reads the file: the new limit applies, the store change is reported.
   WriteConfig("serve.toml", "elsewhere", "max_request_bytes = 2048\nclient_idle_timeout_s = 2\n");
   ASSERT_EQ(kill(serve->pid(), SIGHUP), 0);
+  ASSERT_TRUE(WaitUntil(
+      [&] { return !serve->Running() || serve->Log().find("SIGHUP") != std::string::npos; },
+      milliseconds(30000)))
+      << serve->Log();
+  ASSERT_TRUE(serve->Running()) << "serve died on SIGHUP:\n" << serve->Log();
   EXPECT_TRUE(WaitUntil(
       [&] {
         RawClient c(socket_);
