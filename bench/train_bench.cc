@@ -1,7 +1,8 @@
 // ckpt-bench train: training throughput of a LeNet-5 population on one device.
 //
 //   build/bench/ckpt-bench train [--members 30] [--batch 64] [--steps 20]
-//       [--seconds 5] [--slots N] [--device cpu] [--dataset-path DIR]
+//       [--seconds 5] [--slots N] [--fused-intra-op 1] [--device cpu]
+//       [--dataset-path DIR]
 //
 // Measures, each for --seconds of wall time after a warm-up:
 //   single_model_samples_s  one member, one thread, the bare LibTorch loop
@@ -9,8 +10,11 @@
 //                           training one member at a time with one intra-op
 //                           thread, intervals of --steps steps, every member's
 //                           state going through its checkpoint blob per interval
-//   fused_kK_samples_s      the members in groups of K trained fused; min(slots,
-//                           groups) threads, the cores shared out as intra-op threads
+//   fused_kK_samples_s      the members in groups of K trained fused by min(slots,
+//                           groups) threads with --fused-intra-op intra-op threads
+//                           each (default 1; 0 shares the cores out among the
+//                           threads, which OpenMP does badly when other work
+//                           shares the cores)
 // and the time per member spent on state handling: pack_unpack_us_per_member
 // (fused K=8: blob -> device tensors -> packed, and back) and
 // plain_load_store_us_per_member (plain: blob -> tensors -> blob). Training
@@ -157,6 +161,7 @@ int TrainBench(const Args& args) {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int slots = static_cast<int>(args.GetInt("slots", cores));
   const std::string device = args.Get("device", "cpu");
+  const int fused_intra_op = static_cast<int>(args.GetInt("fused-intra-op", 1));
 
   const double load_start = LoadAverage();
   auto data = model::LoadDataset("fashion-mnist", args.Get("dataset-path", ""));
@@ -223,7 +228,7 @@ int TrainBench(const Args& args) {
   for (int k : {1, 8, 30}) {
     const int groups = (members + k - 1) / k;
     const int threads = std::max(1, std::min(slots, groups));
-    const int intra = std::max(1, cores / threads);
+    const int intra = fused_intra_op > 0 ? fused_intra_op : std::max(1, cores / threads);
     auto trainer = make(intra);
     if (!trainer.ok()) {
       std::fprintf(stderr, "train: %s\n", trainer.status().ToString().c_str());
