@@ -3,9 +3,13 @@
 // real RocksDB store, Fashion-MNIST, and the control socket through the client
 // library and raw sockets.
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -552,6 +556,48 @@ TEST_F(ServeTest, SecondServeOnTheSameStoreExitsNonZeroAndLeavesTheFirstAlone) {
   EXPECT_TRUE(first->Running());
   client_.reset();
   Terminate(first);
+}
+
+TEST_F(ServeTest, NotifiesTheServiceManagerReadyAndStopping) {
+  // A datagram socket standing in for systemd's $NOTIFY_SOCKET.
+  const std::string notify_path = dir_ + "/notify";
+  int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, notify_path.c_str(), sizeof addr.sun_path - 1);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  auto next_message = [&]() -> std::string {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, 60000) <= 0) return "(none within 60 s)";
+    char buf[4096];
+    ssize_t n = recv(fd, buf, sizeof buf, 0);
+    return n > 0 ? std::string(buf, static_cast<size_t>(n)) : "(recv failed)";
+  };
+  setenv("NOTIFY_SOCKET", notify_path.c_str(), 1);
+  Child* serve = StartServe(WriteConfig("serve.toml", "store"));
+  unsetenv("NOTIFY_SOCKET");
+  ASSERT_NE(client_, nullptr);
+  EXPECT_EQ(next_message(), "READY=1");
+  client_.reset();
+  ASSERT_EQ(kill(serve->pid(), SIGTERM), 0);
+  EXPECT_EQ(next_message(), "STOPPING=1");
+  ASSERT_TRUE(serve->WaitFor(milliseconds(40000)));
+  const int st = serve->Wait();
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << serve->Log();
+  close(fd);
+}
+
+TEST_F(ServeTest, BadConfigurationExitsTwoNamingTheKeyAndLine) {
+  const std::string path = dir_ + "/bad.toml";
+  std::ofstream(path) << "store = \"" << dir_ << "/store\"\n[control]\nmax_clients = 0\n";
+  Child c({binary_, "serve", "--config", path}, dir_ + "/bad.log");
+  ASSERT_TRUE(c.WaitFor(milliseconds(30000)));
+  const int st = c.Wait();
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 2) << st << "\n" << c.Log();
+  EXPECT_NE(c.Log().find("control.max_clients (" + path + " line 3)"), std::string::npos)
+      << c.Log();
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/store")) << "a bad file must not touch the store";
 }
 
 }  // namespace
