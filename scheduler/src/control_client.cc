@@ -247,31 +247,30 @@ StatusOr<std::unique_ptr<ControlClient>> ControlClient::Connect(
   if (fd < 0) return Status::IOError("socket(): " + Errno(errno));
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+  // A Unix socket whose listen backlog is full refuses a non-blocking connect
+  // with EAGAIN and stays unconnected: try again until the timeout.
+  const auto deadline = Clock::now() + options.timeout;
+  while (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
     const int err = errno;
-    if (err == EAGAIN || err == EINPROGRESS) {
-      // The server's backlog is full: wait for it within the timeout.
-      pollfd p{fd, POLLOUT, 0};
-      int rc = poll(&p, 1, static_cast<int>(options.timeout.count()));
-      int so_error = 0;
-      socklen_t len = sizeof so_error;
-      if (rc <= 0 || getsockopt(fd, SOL_SOCKET, SO_ERROR, &so_error, &len) != 0 || so_error != 0) {
-        close(fd);
-        return Status::Unavailable("connecting to " + path + ": the scheduler is not accepting");
-      }
-    } else {
-      close(fd);
-      if (err == ECONNREFUSED) {
-        return Status::Unavailable("nothing listens on " + path +
-                                   " (a stale socket: is ckpt-scheduler serve running?)");
-      }
-      if (err == ENOENT) return Status::NotFound("no control socket at " + path);
-      if (err == EACCES) {
-        return Status::Unavailable("permission denied connecting to " + path +
-                                   " (join the scheduler's group?)");
-      }
-      return Status::IOError("connecting to " + path + ": " + Errno(err));
+    if (err == EINTR) continue;
+    if (err == EAGAIN && Clock::now() < deadline) {
+      poll(nullptr, 0, 10);
+      continue;
     }
+    close(fd);
+    if (err == EAGAIN) {
+      return Status::Unavailable("connecting to " + path + ": the scheduler is not accepting");
+    }
+    if (err == ECONNREFUSED) {
+      return Status::Unavailable("nothing listens on " + path +
+                                 " (a stale socket: is ckpt-scheduler serve running?)");
+    }
+    if (err == ENOENT) return Status::NotFound("no control socket at " + path);
+    if (err == EACCES) {
+      return Status::Unavailable("permission denied connecting to " + path +
+                                 " (join the scheduler's group?)");
+    }
+    return Status::IOError("connecting to " + path + ": " + Errno(err));
   }
   return std::unique_ptr<ControlClient>(new ControlClientImpl(fd, options));
 }
