@@ -406,6 +406,16 @@ struct Core {
   std::map<uint64_t, std::weak_ptr<Connection>> connections;
 };
 
+// Timer cancellation cannot fail on Linux's reactor, but its signature may
+// throw; nothing may escape the event loop or a destructor.
+void CancelTimer(asio::steady_timer* timer) {
+  try {
+    timer->cancel();
+  } catch (const boost::system::system_error&) {
+    // The timer fires later and finds its owner closed.
+  }
+}
+
 void Log(const std::string& line) {
   std::fprintf(stderr, "control: %s\n", line.c_str());
   std::fflush(stderr);
@@ -435,7 +445,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (closed_) return;
     closed_ = true;
     boost::system::error_code ignored;
-    deadline_.cancel();
+    CancelTimer(&deadline_);
     socket_.shutdown(local::socket::shutdown_both, ignored);
     socket_.close(ignored);
     core_->connections.erase(id_);
@@ -638,7 +648,7 @@ class ControlServerImpl : public ControlServer {
  public:
   ControlServerImpl(std::shared_ptr<Core> core, dev_t dev, ino_t ino)
       : core_(std::move(core)), dev_(dev), ino_(ino) {}
-  ~ControlServerImpl() override { Close(); }
+  ~ControlServerImpl() override { CloseNow(); }
 
   std::string Reconfigure(const ControlOptions& next) override {
     std::vector<std::string> not_applied;
@@ -663,11 +673,14 @@ class ControlServerImpl : public ControlServer {
     return out;
   }
 
-  void Close() override {
+  void Close() override { CloseNow(); }
+
+ private:
+  void CloseNow() {
     if (core_->closed) return;
     core_->closed = true;
     boost::system::error_code ignored;
-    core_->retry.cancel();
+    CancelTimer(&core_->retry);
     core_->acceptor.close(ignored);
     std::vector<std::shared_ptr<Connection>> open;
     for (auto& [id, weak] : core_->connections) {
@@ -683,7 +696,6 @@ class ControlServerImpl : public ControlServer {
     }
   }
 
- private:
   std::shared_ptr<Core> core_;
   dev_t dev_;
   ino_t ino_;
