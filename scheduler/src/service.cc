@@ -420,8 +420,8 @@ Status RunService(const std::string& config_path, const ServiceRunOptions& run_o
   }
   char grace[32];
   std::snprintf(grace, sizeof grace, "%.1f", static_cast<double>(config.grace.count()) / 1000);
-  LogLine(log,
-          "serving store " + config.store + " on " + config.socket + " (grace " + grace + " s)");
+  LogLine(log, "starting: store " + config.store + ", control socket " + config.socket +
+                   ", grace " + grace + " s");
   Status run = (*scheduler)->Run();
   scheduler->reset();  // closes the store
   if (!run.ok()) return run;
