@@ -16,9 +16,7 @@
 #include "ckpt/scheduler/policy.h"
 #include "ckpt/store/store.h"
 #include "control_target.h"
-#ifdef CKPT_HAVE_CONTROL_SERVER
 #include "control_server.h"
-#endif
 #include "worker_handle.h"
 
 namespace ckpt::scheduler {
@@ -272,9 +270,7 @@ class SchedulerImpl : public Scheduler, public ControlTarget {
   bool finished_ = false;
   Status run_status_;
   bool progress_tty_ = false;
-#ifdef CKPT_HAVE_CONTROL_SERVER
   std::unique_ptr<ControlServer> control_;
-#endif
   asio::signal_set sighup_{io_};
   Clock::time_point last_line_ = Clock::now() - std::chrono::hours(1);
 };
@@ -822,10 +818,8 @@ void SchedulerImpl::BeginStop(const std::string& why) {
   if (stopping_) return;
   stopping_ = true;
   if (options_.notify) options_.notify("STOPPING=1");
-#ifdef CKPT_HAVE_CONTROL_SERVER
   // No new requests while stopping; the socket goes away with the server.
   if (control_) control_->Close();
-#endif
   if (why != "all experiments ended") Log("stopping: " + why);
   grace_timer_.expires_after(options_.grace);
   grace_timer_.async_wait([this](const boost::system::error_code& ec) {
@@ -857,9 +851,7 @@ void SchedulerImpl::ShutdownWorkers(bool graceful) {
   tick_.cancel();
   grace_timer_.cancel();
   sighup_.cancel();
-#ifdef CKPT_HAVE_CONTROL_SERVER
   if (control_) control_->Close();
-#endif
   signals_.cancel();
   sigchld_.cancel();
   (void)store_->Flush();
@@ -877,9 +869,7 @@ void SchedulerImpl::OnReload() {
     return;
   }
   std::string not_applied;
-#ifdef CKPT_HAVE_CONTROL_SERVER
   if (control_) not_applied = control_->Reconfigure(*next);
-#endif
   options_.control = *next;
   Log("SIGHUP: reloaded users, groups and limits" +
       (not_applied.empty() ? std::string() : "; not applied: " + not_applied));
@@ -975,19 +965,19 @@ Status SchedulerImpl::Run() {
     finished_ = true;
     return Status::OK();
   }
+  // Declared at function scope: the handler re-arms itself with a reference
+  // to it, so it must live as long as io_.run() below.
+  std::function<void(const boost::system::error_code&, int)> on_hup =
+      [this, &on_hup](const boost::system::error_code& ec, int) {
+        if (ec) return;
+        OnReload();
+        sighup_.async_wait(on_hup);
+      };
   if (options_.serve) {
-#ifdef CKPT_HAVE_CONTROL_SERVER
     if (!options_.control.socket_path.empty()) {
       CKPT_ASSIGN_OR_RETURN(control_, ControlServer::Start(this, options_.control));
     }
-#endif
     sighup_.add(SIGHUP);
-    std::function<void(const boost::system::error_code&, int)> on_hup =
-        [this, &on_hup](const boost::system::error_code& ec, int) {
-          if (ec) return;
-          OnReload();
-          sighup_.async_wait(on_hup);
-        };
     sighup_.async_wait(on_hup);
   }
   for (size_t i = 0; i < workers_.size(); ++i) StartWorker(i);
