@@ -25,14 +25,14 @@ json NumberMap(const std::map<std::string, double>& m) {
 
 // The decoders below call nlohmann accessors that throw on a type mismatch;
 // Decode() turns that into Corruption.
-double ToDouble(const json& j) {
+double JsonNumber(const json& j) {
   if (j.is_null()) return kNaN;
   return j.get<double>();
 }
 
 std::map<std::string, double> ToNumberMap(const json& j) {
   std::map<std::string, double> m;
-  for (const auto& [k, v] : j.items()) m[k] = ToDouble(v);
+  for (const auto& [k, v] : j.items()) m[k] = JsonNumber(v);
   return m;
 }
 
@@ -92,7 +92,7 @@ StatusOr<MemberHead> DecodeHead(std::string_view member, std::string_view value)
     h.member = std::string(member);
     h.version = j.at("version").get<int64_t>();
     h.state = j.at("state").get<std::string>();
-    h.last_score = ToDouble(j.at("last_score"));
+    h.last_score = JsonNumber(j.at("last_score"));
     h.hparams = ToNumberMap(j.at("hparams"));
     h.step = j.at("step").get<int64_t>();
     const json& b = j.at("blob");
