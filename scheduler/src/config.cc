@@ -54,13 +54,7 @@ Status ParseSearchSpace(const toml::table& space, const std::string& origin,
 
 StatusOr<ExperimentConfig> ParseExperimentConfig(const std::string& toml_text,
                                                  const std::string& origin) {
-  toml::table doc;
-  try {
-    doc = toml::parse(toml_text, origin);
-  } catch (const toml::parse_error& e) {
-    return Status::InvalidArgument(origin + " line " + std::to_string(e.source().begin.line) +
-                                   ": " + std::string(e.description()));
-  }
+  CKPT_ASSIGN_OR_RETURN(toml::table doc, ParseToml(toml_text, origin));
   ExperimentConfig c;
   c.source = toml_text;
   TableReader top(doc, "", origin);

@@ -131,13 +131,7 @@ void LogLine(FILE* log, const std::string& line) {
 
 StatusOr<ServiceConfig> ParseServiceConfig(const std::string& toml_text,
                                            const std::string& origin) {
-  toml::table doc;
-  try {
-    doc = toml::parse(toml_text, origin);
-  } catch (const toml::parse_error& e) {
-    return Status::InvalidArgument(origin + " line " + std::to_string(e.source().begin.line) +
-                                   ": " + std::string(e.description()));
-  }
+  CKPT_ASSIGN_OR_RETURN(toml::table doc, ParseToml(toml_text, origin));
   ServiceConfig c;
   c.origin = origin;
   Reader top(doc, "", origin);

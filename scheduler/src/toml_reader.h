@@ -18,6 +18,17 @@
 
 namespace ckpt::scheduler {
 
+// Parses a TOML document; a syntax error is InvalidArgument naming `origin`,
+// the line and what is wrong. toml++'s exception stops here.
+inline StatusOr<toml::table> ParseToml(const std::string& text, const std::string& origin) {
+  try {
+    return toml::parse(text, origin);
+  } catch (const toml::parse_error& e) {
+    return Status::InvalidArgument(origin + " line " + std::to_string(e.source().begin.line) +
+                                   ": " + std::string(e.description()));
+  }
+}
+
 // Reads one TOML table, checking types and that every key is known; errors
 // name the key with its table prefix, the file and the line.
 class TomlTableReader {
