@@ -6,6 +6,7 @@
 // Thin: parses flags, fills SchedulerOptions, calls the library.
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <utility>
 
 #include "ckpt/scheduler/config.h"
 #include "ckpt/scheduler/scheduler.h"
@@ -28,6 +29,12 @@ int Run(const std::string& path, const std::string& store_override, const std::s
   options.progress = quiet ? nullptr : stdout;
   if (backoff_ms >= 0) options.restart_backoff = std::chrono::milliseconds(backoff_ms);
   if (grace_ms >= 0) options.grace = std::chrono::milliseconds(grace_ms);
+  auto kill_point = ckpt::scheduler::KillPointFromEnvironment();
+  if (!kill_point.ok()) {
+    std::fprintf(stderr, "ckpt-scheduler: %s\n", kill_point.status().ToString().c_str());
+    return 2;
+  }
+  options.kill_point = std::move(*kill_point);
   auto scheduler = ckpt::scheduler::Scheduler::Create(options);
   if (!scheduler.ok()) {
     std::fprintf(stderr, "ckpt-scheduler: %s\n", scheduler.status().ToString().c_str());

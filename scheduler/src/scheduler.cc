@@ -4,11 +4,15 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <boost/asio.hpp>
 #include <cmath>
+#include <csignal>
+#include <cstdlib>
 #include <deque>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <memory>
 #include <mutex>
 #include <set>
 
@@ -484,6 +488,7 @@ void SchedulerImpl::OnWorkerEvent(size_t i, uint64_t inc, WorkerEvent ev) {
       e->samples += ev.result.samples;
       e->intervals_this_run++;
       e->last_result = Clock::now();
+      if (options_.kill_point) options_.kill_point("scheduler.committed");
       AfterInterval(e, m);
       break;
     case WorkerEvent::Kind::kEvaluated:
@@ -700,9 +705,13 @@ void SchedulerImpl::MaybeAdvance(Experiment* e) {
         gen = std::min(gen, m.interval);
         busy = busy || m.status == MemberStatus::kRunning || m.status == MemberStatus::kQueued;
       }
+      // A member past the generation (only in a resumed run) means its barrier
+      // was already applied: deciding it again would rank the laggards against
+      // newer scores and exploit them a second time. Finished members count:
+      // they are the usual case when a run is killed in its last generation.
       bool behind = false;
       for (const auto& m : e->members) {
-        if (m.active() && m.interval > gen && m.status != MemberStatus::kDone) behind = true;
+        if (m.active() && m.interval > gen) behind = true;
       }
       // Members ahead of the generation (a resumed run) wait; those at it run.
       if (!busy && gen < c.intervals) {
@@ -766,6 +775,7 @@ void SchedulerImpl::ApplyDecisions(Experiment* e, const std::map<std::string, De
       m.hparams = d.hparams;
       m.last_exploit = m.interval;
       e->exploits++;
+      if (options_.kill_point) options_.kill_point("scheduler.exploited");
       (void)store_->SetMemberState(e->config.name, name, StateJson(m));
     } else if (d.kind == Decision::Kind::kStop) {
       m.status = MemberStatus::kStopped;
@@ -1145,6 +1155,7 @@ StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(const SchedulerOptions& o
   store::StoreOptions so;
   so.path = options.store_path;
   so.sync_interval_commits = options.sync_interval_commits;
+  so.kill_point = options.kill_point;
   CKPT_ASSIGN_OR_RETURN(auto store, store::Store::Open(so));
   return std::unique_ptr<Scheduler>(new SchedulerImpl(options, std::move(store)));
 }
@@ -1180,6 +1191,23 @@ void PrintSummary(const ExperimentSummary& s, FILE* out) {
   }
   std::fprintf(out, "store: %s (inspect with ckpt-tool, or reopen read-only while running)\n",
                s.store_path.c_str());
+}
+
+StatusOr<std::function<void(std::string_view)>> KillPointFromEnvironment() {
+  const char* spec = std::getenv("CKPT_KILL_AT");
+  if (spec == nullptr || *spec == '\0') return std::function<void(std::string_view)>();
+  const std::string text = spec;
+  const size_t colon = text.rfind(':');
+  char* end = nullptr;
+  const long n = colon == std::string::npos ? 0 : std::strtol(text.c_str() + colon + 1, &end, 10);
+  if (colon == std::string::npos || colon == 0 || n <= 0 || end == nullptr || *end != '\0') {
+    return Status::InvalidArgument("CKPT_KILL_AT=" + text + " is not POINT:N (N >= 1)");
+  }
+  auto hits = std::make_shared<std::atomic<long>>(0);
+  return std::function<void(std::string_view)>(
+      [point = text.substr(0, colon), n, hits](std::string_view p) {
+        if (p == point && hits->fetch_add(1) + 1 == n) raise(SIGKILL);
+      });
 }
 
 }  // namespace ckpt::scheduler

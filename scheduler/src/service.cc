@@ -270,6 +270,7 @@ std::string SettingsNeedingRestart(const ServiceConfig& a, const ServiceConfig& 
 Status RunService(const std::string& config_path, const ServiceRunOptions& run_options) {
   CKPT_ASSIGN_OR_RETURN(ServiceConfig config, LoadServiceConfig(config_path));
   SchedulerOptions options = SchedulerOptionsFor(config);
+  CKPT_ASSIGN_OR_RETURN(options.kill_point, KillPointFromEnvironment());
   FILE* log = run_options.log;
   // Reloads compare against the configuration the service started with:
   // what needs a restart keeps being reported until it happens.

@@ -7,6 +7,7 @@
 #include <map>
 #include <random>
 #include <set>
+#include <thread>
 
 #include "ckpt/store/store.h"
 #include "process_util.h"
@@ -232,6 +233,55 @@ TEST_F(PbtRunTest, SchedulerKilledAndRerunEndsAsUninterrupted) {
   ASSERT_EQ(rough.size(), 6u);
   for (const auto& [m, h] : rough) EXPECT_EQ(h.step, 36) << m;
   EXPECT_TRUE(calm == rough);
+}
+
+// The same, with the kill placed at each kind of point a crash can fall on
+// (CKPT_KILL_AT), so that every reconciliation path runs on every CI run:
+// between a commit and its state record, between an exploit and its state
+// record, in the middle of a barrier, and in the last generation with some
+// members finished (a resumed run once re-decided that barrier and trained a
+// laggard a seventh interval).
+TEST_F(PbtRunTest, SchedulerKilledAtEachKindOfPointResumesAsUninterrupted) {
+  const std::string config = WriteConfig("kp.toml", Config("kp", "sync", 1, 6, 6));
+  ASSERT_EQ(RunToEnd(config, dir_ + "/calm"), 0);
+  const auto calm = Heads(dir_ + "/calm", "kp");
+  const std::vector<std::string> points = {
+      "commit.after_write:4",      // committed, state record not yet written
+      "scheduler.committed:9",     // generation 2 under way
+      "scheduler.exploited:1",     // first exploit of a barrier, its state record not written
+      "exploit.before_write:4",    // the second barrier, half applied
+      "scheduler.committed:33",    // last generation, three members finished
+      "scheduler.committed:35",    // last generation, one member left
+  };
+  for (size_t i = 0; i < points.size(); ++i) {
+    SCOPED_TRACE(points[i]);
+    const std::string store = dir_ + "/kp" + std::to_string(i);
+    std::vector<std::string> args = {"/usr/bin/env", "CKPT_KILL_AT=" + points[i]};
+    for (const auto& a : RunArgs(config, store)) args.push_back(a);
+    Child killed(args, dir_ + "/kp" + std::to_string(i) + ".log");
+    ASSERT_TRUE(killed.WaitFor(milliseconds(300000))) << killed.Log();
+    const int st = killed.Wait();
+    ASSERT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL) << "never reached\n" << killed.Log();
+    std::this_thread::sleep_for(milliseconds(100));  // its workers notice and exit
+    ASSERT_EQ(RunToEnd(config, store), 0);
+    const auto resumed = Heads(store, "kp");
+    ASSERT_EQ(resumed.size(), 6u);
+    for (const auto& [m, h] : resumed) EXPECT_EQ(h.step, 36) << m;
+    EXPECT_TRUE(calm == resumed);
+  }
+}
+
+TEST_F(PbtRunTest, MalformedKillAtIsRefusedByName) {
+  const std::string config = WriteConfig("kb.toml", Config("kb", "sync", 1));
+  std::vector<std::string> args = {"/usr/bin/env", "CKPT_KILL_AT=commit.after_write"};
+  for (const auto& a : RunArgs(config, dir_ + "/kb")) args.push_back(a);
+  Child c(args, dir_ + "/kb.log");
+  ASSERT_TRUE(c.WaitFor(milliseconds(30000)));
+  const int st = c.Wait();
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 2) << c.Log();
+  EXPECT_NE(c.Log().find("CKPT_KILL_AT=commit.after_write is not POINT:N"), std::string::npos)
+      << c.Log();
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/kb"));
 }
 
 TEST_F(PbtRunTest, BadConfigurationsFailBeforeAnythingStarts) {

@@ -27,6 +27,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 #include <cstdint>
 
@@ -103,7 +104,18 @@ struct SchedulerOptions {
   // serve: service-manager notifications ("READY=1", "STOPPING=1",
   // "STATUS=..."), e.g. sd_notify. Default: none.
   std::function<void(const std::string&)> notify;
+  // Fault-injection seam for crash tests: called at named points of the
+  // engine ("scheduler.committed" after an interval's commit and state record,
+  // "scheduler.exploited" between an exploit and its state record) and handed
+  // to the store for its own points. Default: none. ckpt-scheduler sets it from
+  // CKPT_KILL_AT=POINT:N (SIGKILL itself at the Nth time POINT is reached).
+  std::function<void(std::string_view point)> kill_point;
 };
+
+// SchedulerOptions::kill_point from $CKPT_KILL_AT ("POINT:N": SIGKILL this
+// process the Nth time POINT is reached): empty when the variable is unset;
+// InvalidArgument quoting it when it is malformed.
+StatusOr<std::function<void(std::string_view)>> KillPointFromEnvironment();
 
 // One member's line in an experiment's summary.
 struct MemberSummary {
