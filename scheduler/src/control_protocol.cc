@@ -25,6 +25,7 @@ json SummaryToJson(const ExperimentSummary& s, bool with_members) {
   if (!with_members) return j;
   j["wall_s"] = Finite(s.wall_s);
   j["training_s"] = Finite(s.training_s);
+  j["first_result_s"] = Finite(s.first_result_s);
   j["store"] = s.store_path;
   json members = json::array();
   for (const auto& m : s.members) {
@@ -65,6 +66,7 @@ StatusOr<ExperimentSummary> SummaryFromJson(const json& j) {
     s.train_samples = j.at("train_samples").get<int64_t>();
     s.wall_s = j.value("wall_s", 0.0);
     s.training_s = j.value("training_s", 0.0);
+    s.first_result_s = j.value("first_result_s", 0.0);
     s.store_path = j.value("store", "");
     for (const auto& m : j.value("members", json::array())) {
       MemberSummary ms;

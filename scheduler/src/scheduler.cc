@@ -84,6 +84,7 @@ struct Experiment {
   int64_t intervals_this_run = 0;
   Clock::time_point start = Clock::now();
   Clock::time_point first_dispatch{};
+  Clock::time_point first_result{};
   Clock::time_point last_result{};
   std::string status = "running";
 };
@@ -488,6 +489,7 @@ void SchedulerImpl::OnWorkerEvent(size_t i, uint64_t inc, WorkerEvent ev) {
       e->samples += ev.result.samples;
       e->intervals_this_run++;
       e->last_result = Clock::now();
+      if (e->first_result == Clock::time_point{}) e->first_result = e->last_result;
       if (options_.kill_point) options_.kill_point("scheduler.committed");
       AfterInterval(e, m);
       break;
@@ -623,12 +625,17 @@ void SchedulerImpl::Enqueue(Experiment* e, int member, bool eval, bool front) {
   }
 }
 
+// Members in flight per worker slot: one training, one whose state is already
+// in the worker and waits for the slot, so that the transfer and the commit of
+// one member overlap another's training (null intervals: +20% at 300 members).
+constexpr int kInFlightPerSlot = 2;
+
 void SchedulerImpl::Dispatch() {
   if (stopping_) return;
   while (true) {
     WorkerSlot* best = nullptr;
     for (auto& w : workers_) {
-      if (!w->handle || !w->ready || w->busy >= w->capacity) continue;
+      if (!w->handle || !w->ready || w->busy >= kInFlightPerSlot * w->capacity) continue;
       if (best == nullptr || w->capacity - w->busy > best->capacity - best->busy) best = w.get();
     }
     if (best == nullptr) return;
@@ -1121,6 +1128,7 @@ StatusOr<ExperimentSummary> SchedulerImpl::Summary(const std::string& id) {
   s.member_intervals = e->intervals_this_run;
   if (e->first_dispatch != Clock::time_point{} && e->last_result > e->first_dispatch) {
     s.training_s = std::chrono::duration<double>(e->last_result - e->first_dispatch).count();
+    s.first_result_s = std::chrono::duration<double>(e->first_result - e->first_dispatch).count();
   }
   s.store_path = options_.store_path;
   for (const auto& m : e->members) {

@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iterator>
 #include <thread>
@@ -301,7 +302,10 @@ std::string WithValue(const std::string& blob, const std::string& tensor, size_t
   OwnedBlob b = Decode(blob);
   auto* t = b.Find(tensor);
   EXPECT_NE(t, nullptr) << tensor;
-  if (t != nullptr) t->f32()[index] = value;
+  if (t == nullptr) return blob;
+  EXPECT_LT(index, t->bytes.size() / sizeof(float)) << tensor;
+  if (index >= t->bytes.size() / sizeof(float)) return blob;
+  t->f32()[index] = value;
   return Encode(b);
 }
 
@@ -322,6 +326,26 @@ TEST(NonFiniteTest, NanInStateFailsNamingTensor) {
   }
   std::string inf = WithValue(init.EncodeState(), "conv1.bias", 0, INFINITY);
   EXPECT_EQ(trainer->TrainPlain(Task("m", &inf, 0, 1)).fail_code, kFailNonFinite);
+  // Every position the scan treats apart (first, inside and at the edges of its
+  // 64-float blocks, the tail after the last block, the last element) and
+  // every kind of non-finite value, including a NaN with a payload.
+  const size_t n = Decode(init.EncodeState()).Find("fc1.weight")->count();
+  ASSERT_GT(n, 2373u);
+  float payload_nan;
+  const uint32_t payload_bits = 0x7fc12345u;
+  std::memcpy(&payload_nan, &payload_bits, sizeof payload_nan);
+  for (size_t index : {size_t{0}, size_t{63}, size_t{64}, size_t{2373}, n - 1}) {
+    for (float v : {NAN, -NAN, INFINITY, -INFINITY, payload_nan}) {
+      std::string bad = WithValue(init.EncodeState(), "fc1.weight", index, v);
+      EXPECT_EQ(trainer->TrainPlain(Task("m", &bad, 0, 0)).fail_code, kFailNonFinite)
+          << "index " << index << " value " << v;
+    }
+  }
+  // The largest finite values and denormals are finite.
+  for (float v : {3.4028235e38f, -3.4028235e38f, 1e-45f}) {
+    std::string fine = WithValue(init.EncodeState(), "fc1.weight", n - 1, v);
+    EXPECT_TRUE(trainer->TrainPlain(Task("m", &fine, 0, 0)).ok()) << v;
+  }
 }
 
 TEST(NonFiniteTest, AbsurdLearningRateFailsNamingStep) {

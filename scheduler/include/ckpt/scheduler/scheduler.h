@@ -154,6 +154,9 @@ struct ExperimentSummary {
   int64_t member_intervals = 0;   // intervals committed by this run
   double wall_s = 0;              // this run, from Submit
   double training_s = 0;          // this run, from the first dispatch to the last result
+  // This run, from the first dispatch to the first committed result: worker
+  // start-up (CONFIGURE loads the dataset) and one member's interval.
+  double first_result_s = 0;
   std::vector<MemberSummary> members;  // best first
   std::string store_path;
 };
