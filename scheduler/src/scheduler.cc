@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <boost/asio.hpp>
+#include <cctype>
 #include <cmath>
 #include <csignal>
 #include <cstdlib>
@@ -17,6 +18,7 @@
 #include <set>
 
 #include "ckpt/format/checksum.h"
+#include "ckpt/ipc/channel.h"
 #include "ckpt/scheduler/policy.h"
 #include "ckpt/store/store.h"
 #include "control_target.h"
@@ -166,6 +168,20 @@ std::string FormatDuration(double s) {
                   static_cast<int>(s) % 3600 / 60);
   }
   return buf;
+}
+
+// "ckpt-" + 10 hex digits (the default instance) + "-w" + worker index.
+bool IsDefaultSegmentName(const std::string& name) {
+  constexpr size_t kHex = 10;
+  if (name.size() < 5 + kHex + 3 || name.compare(0, 5, "ckpt-") != 0) return false;
+  for (size_t i = 5; i < 5 + kHex; ++i) {
+    if (!std::isxdigit(static_cast<unsigned char>(name[i]))) return false;
+  }
+  if (name.compare(5 + kHex, 2, "-w") != 0) return false;
+  for (size_t i = 5 + kHex + 2; i < name.size(); ++i) {
+    if (!std::isdigit(static_cast<unsigned char>(name[i]))) return false;
+  }
+  return true;
 }
 
 class SchedulerImpl : public Scheduler, public ControlTarget {
@@ -942,6 +958,17 @@ void SchedulerImpl::PrintProgress(bool force_line) {
 Status SchedulerImpl::Run() {
   const auto devices = ExpandDevices(options_.devices);
   if (devices.empty()) return Status::InvalidArgument("no devices configured");
+  // Segments left in /dev/shm by schedulers that were killed, of any store:
+  // names of the default shape, whose owner is gone.
+  auto swept = ipc::Channel::RemoveStale(IsDefaultSegmentName);
+  if (!swept.ok()) {
+    Log("could not sweep stale shared-memory segments: " + swept.status().ToString());
+  } else if (!swept->empty()) {
+    std::string names;
+    for (const auto& n : *swept) names += (names.empty() ? "" : ", ") + n;
+    Log("removed " + std::to_string(swept->size()) +
+        " shared-memory segment(s) of schedulers that died: " + names);
+  }
   for (size_t i = 0; i < devices.size(); ++i) {
     auto w = std::make_unique<WorkerSlot>();
     w->spec.index = static_cast<int>(i);

@@ -7,6 +7,8 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <random>
 #include <string>
 #include <thread>
@@ -363,6 +365,43 @@ TEST_F(ProcessTest, StaleSegmentOfKilledOwnerIsReclaimed) {
     ASSERT_TRUE(Channel::Remove(name_).ok());
     owner_proc.Reap();
   }
+}
+
+TEST_F(ProcessTest, SweepRemovesOnlySegmentsOfDeadOwners) {
+  const std::string dead = name_ + "-dead", live = name_ + "-live", junk = name_ + "-junk";
+  Child owner_proc;
+  ASSERT_TRUE(owner_proc.Start(CKPT_IPC_PEER, {"own", dead}));
+  std::string line;
+  ASSERT_TRUE(owner_proc.Expect("ready", kLineTimeout, &line)) << line;
+  owner_proc.Kill(SIGKILL);
+  owner_proc.Reap();
+  auto mine = Channel::Create(live, Options());
+  ASSERT_TRUE(mine.ok()) << mine.status().ToString();
+  { std::ofstream("/dev/shm/" + junk) << "not a ckpt segment"; }
+  ASSERT_TRUE(std::filesystem::exists("/dev/shm/" + dead));
+
+  const std::string prefix = name_ + "-";
+  auto mine_only = [&](const std::string& n) { return n.compare(0, prefix.size(), prefix) == 0; };
+  auto removed = Channel::RemoveStale(mine_only);
+  ASSERT_TRUE(removed.ok()) << removed.status().ToString();
+  EXPECT_EQ(*removed, std::vector<std::string>{dead});
+  EXPECT_FALSE(std::filesystem::exists("/dev/shm/" + dead));
+  EXPECT_TRUE(std::filesystem::exists("/dev/shm/" + live));
+  EXPECT_TRUE(std::filesystem::exists("/dev/shm/" + junk));
+  // The live owner's segment still works: a worker opens it.
+  auto worker = Channel::Open(live, Options());
+  EXPECT_TRUE(worker.ok()) << worker.status().ToString();
+  // Nothing is left to sweep; a missing directory is no error.
+  removed = Channel::RemoveStale(mine_only);
+  ASSERT_TRUE(removed.ok());
+  EXPECT_TRUE(removed->empty());
+  removed = Channel::RemoveStale(mine_only, "/nonexistent-shm-dir");
+  EXPECT_TRUE(removed.ok() && removed->empty());
+  EXPECT_TRUE(Channel::RemoveStale(nullptr).status().IsInvalidArgument());
+  worker->reset();
+  mine->reset();
+  EXPECT_TRUE(Channel::Remove(live).ok());
+  std::filesystem::remove("/dev/shm/" + junk);
 }
 
 TEST_F(ProcessTest, SegmentOfLiveOwnerIsRefused) {

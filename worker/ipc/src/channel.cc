@@ -1,10 +1,13 @@
 // ChannelImpl: a Channel over one segment of layout.h.
 #include "ckpt/ipc/channel.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
+#include <filesystem>
 #include <mutex>
 #include <system_error>
 #include <thread>
@@ -621,5 +624,48 @@ StatusOr<std::unique_ptr<Channel>> Channel::Open(const std::string& name,
 }
 
 Status Channel::Remove(const std::string& name) { return SharedSegment::Remove(name); }
+
+StatusOr<std::vector<std::string>> Channel::RemoveStale(
+    const std::function<bool(const std::string& name)>& select, const std::string& shm_dir) {
+  if (!select) return Status::InvalidArgument("RemoveStale needs a selector");
+  std::vector<std::string> removed;
+  std::error_code ec;
+  std::filesystem::directory_iterator it(shm_dir, ec);
+  if (ec) {
+    if (ec == std::errc::no_such_file_or_directory) return removed;
+    return Status::IOError("shared-memory directory " + shm_dir + ": " + ec.message());
+  }
+  for (const auto& entry : it) {
+    const std::string name = entry.path().filename().string();
+    if (!internal::ValidateSegmentName(name).ok() || !select(name)) continue;
+    struct stat before;
+    if (::stat(entry.path().c_str(), &before) != 0 || !S_ISREG(before.st_mode)) continue;
+    bool stale = false;
+    {
+      auto seg = SharedSegment::Open(name, /*writable=*/false);
+      if (!seg.ok() || (*seg)->size() < sizeof(layout::ControlBlock)) continue;
+      layout::ControlBlock cb;
+      std::memcpy(&cb, (*seg)->data(), sizeof(cb));
+      // Only a segment that is ours beyond doubt: our magic, an owner that had
+      // attached, and that owner gone. Half-initialised segments (no magic
+      // yet) and anything else stay.
+      std::string why;
+      stale = cb.magic.raw == layout::kSegmentMagic &&
+              cb.owner.state.raw == layout::kSlotAttached &&
+              !internal::ProcessAlive(IdentityOf(cb.owner), &why);
+    }
+    if (!stale) continue;
+    // The name must still be the file we looked at: a scheduler may have
+    // reclaimed and recreated it meanwhile (it would then be a live one).
+    struct stat now;
+    if (::stat(entry.path().c_str(), &now) != 0 || now.st_ino != before.st_ino ||
+        now.st_dev != before.st_dev) {
+      continue;
+    }
+    CKPT_RETURN_IF_ERROR(SharedSegment::Remove(name));
+    removed.push_back(name);
+  }
+  return removed;
+}
 
 }  // namespace ckpt::ipc

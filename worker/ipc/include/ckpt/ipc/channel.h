@@ -33,8 +33,10 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "ckpt/format/status.h"
 #include "ckpt/ipc/messages.h"
@@ -122,6 +124,14 @@ class Channel {
                                                  const ChannelOptions& options);
   // Removes segment `name` if present (owner side, at shutdown).
   static Status Remove(const std::string& name);
+  // Removes every segment in `shm_dir` that `select` picks by name and whose
+  // owner has died (a SIGKILLed scheduler leaves its segments, up to
+  // 2 x ring_bytes each, in /dev/shm). Segments of live owners, half-initialised
+  // ones and files that are not ckpt segments are left alone. Returns the names
+  // removed; IOError when `shm_dir` cannot be read (none when it is absent).
+  static StatusOr<std::vector<std::string>> RemoveStale(
+      const std::function<bool(const std::string& name)>& select,
+      const std::string& shm_dir = "/dev/shm");
 
   // Sends one record. Blocks until there is room or `deadline`; Unavailable
   // naming the peer when it is dead, closed or stopped heart-beating, Aborted
