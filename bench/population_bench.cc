@@ -5,6 +5,7 @@
 //   ckpt-bench population [--config examples/fashion-mnist-pbt.toml]
 //       [--members N] [--intervals I] [--steps S] [--eval-size E] [--slots K]
 //       [--workers W] [--null-members N] [--null-intervals I] [--skip-train]
+//       [--ring-mb M]
 //
 // The null run trains 0 steps and evaluates nothing: what is left is the
 // pipeline's own cost per member-interval (store read, ring, worker decode and
@@ -40,9 +41,10 @@ struct RunResult {
 };
 
 StatusOr<RunResult> RunPipeline(scheduler::ExperimentConfig config, const std::string& store,
-                                int workers, int slots) {
+                                int workers, int slots, size_t ring_bytes) {
   scheduler::SchedulerOptions o;
   o.store_path = store;
+  if (ring_bytes > 0) o.ring_bytes = ring_bytes;
   scheduler::DeviceConfig d;
   d.device = "cpu";
   d.count = workers;
@@ -129,6 +131,8 @@ int Population(const Args& args) {
   c.name = "bench-population";
   const int workers = static_cast<int>(args.GetInt("workers", 1));
   const int slots = static_cast<int>(args.GetInt("slots", 2));
+  // 0: the scheduler's default.
+  const size_t ring_bytes = static_cast<size_t>(args.GetInt("ring-mb", 0)) << 20;
   const std::string root =
       (std::filesystem::temp_directory_path() / ("ckpt-bench-pop-" + std::to_string(getpid())))
           .string();
@@ -146,7 +150,7 @@ int Population(const Args& args) {
     // reference, so a load change during the run shows in both.
     std::fprintf(stderr, "measuring the bare loop (%d slots)...\n", slots * workers);
     const double bare_before = BareLoopSamplesPerSecond(c, slots * workers, 8.0);
-    auto r = RunPipeline(c, root + "/train", workers, slots);
+    auto r = RunPipeline(c, root + "/train", workers, slots, ring_bytes);
     if (!r.ok()) {
       std::fprintf(stderr, "population: %s\n", r.status().ToString().c_str());
       return 1;
@@ -192,7 +196,7 @@ int Population(const Args& args) {
     z.intervals = static_cast<int>(args.GetInt("null-intervals", 10));
     z.steps_per_interval = 0;
     z.eval_size = 0;
-    auto r = RunPipeline(z, root + "/null-" + std::to_string(n), workers, slots);
+    auto r = RunPipeline(z, root + "/null-" + std::to_string(n), workers, slots, ring_bytes);
     if (!r.ok()) {
       std::fprintf(stderr, "population (null): %s\n", r.status().ToString().c_str());
       return 1;
