@@ -34,9 +34,20 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+double CpuSeconds(int who) {
+  rusage u{};
+  getrusage(who, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
 struct RunResult {
   scheduler::ExperimentSummary summary;
   double wall_s = 0;
+  // CPU time of the scheduler (this process) and of the workers (reaped
+  // children) over the run.
+  double scheduler_cpu_s = 0;
+  double workers_cpu_s = 0;
   int64_t workers_peak_rss = 0;
 };
 
@@ -56,6 +67,7 @@ StatusOr<RunResult> RunPipeline(scheduler::ExperimentConfig config, const std::s
   o.final_eval_top = config.eval_size > 0 ? 3 : 0;
   config.devices = o.devices;
   const auto t0 = Clock::now();
+  const double self0 = CpuSeconds(RUSAGE_SELF), children0 = CpuSeconds(RUSAGE_CHILDREN);
   CKPT_ASSIGN_OR_RETURN(auto s, scheduler::Scheduler::Create(o));
   CKPT_RETURN_IF_ERROR(s->Submit(config));
   CKPT_RETURN_IF_ERROR(s->Run());
@@ -63,6 +75,9 @@ StatusOr<RunResult> RunPipeline(scheduler::ExperimentConfig config, const std::s
   r.wall_s = std::chrono::duration<double>(Clock::now() - t0).count();
   CKPT_ASSIGN_OR_RETURN(r.summary, s->Summary(config.name));
   r.workers_peak_rss = s->WorkersPeakRssBytes();
+  s.reset();  // stops and reaps the workers
+  r.scheduler_cpu_s = CpuSeconds(RUSAGE_SELF) - self0;
+  r.workers_cpu_s = CpuSeconds(RUSAGE_CHILDREN) - children0;
   return r;
 }
 
@@ -171,6 +186,9 @@ int Population(const Args& args) {
     add("steps_per_interval", static_cast<double>(c.steps_per_interval));
     add("wall_s", r->wall_s);
     add("training_s", s.training_s);
+    add("first_result_s", s.first_result_s);
+    add("scheduler_cpu_s", r->scheduler_cpu_s);
+    add("workers_cpu_s", r->workers_cpu_s);
     add("train_samples", static_cast<double>(s.train_samples));
     add("samples_per_s", samples_per_s);
     add("bare_loop_samples_per_s", bare);

@@ -71,6 +71,17 @@ Status WorkerHandle::Spawn() {
     return Status::NotFound("worker binary " + spec_.binary + " is not executable: " +
                             std::strerror(errno));
   }
+  // The environment is built before fork: setenv in the child of a threaded
+  // process is not async-signal-safe (it takes a lock and may allocate; another
+  // thread may have held either at fork, and the child would hang).
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    if (std::strncmp(*e, "CUDA_MODULE_LOADING=", 20) != 0) env.emplace_back(*e);
+  }
+  env.push_back("CUDA_MODULE_LOADING=LAZY");
+  std::vector<char*> envp;
+  for (auto& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
   const pid_t parent = getpid();
   pid_t pid = fork();
   if (pid < 0) return Status::IOError(std::string("fork: ") + std::strerror(errno));
@@ -79,8 +90,7 @@ Status WorkerHandle::Spawn() {
     // heartbeat, but this needs no polling.
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent) _exit(127);
-    setenv("CUDA_MODULE_LOADING", "LAZY", 1);
-    execv(argv[0], argv.data());
+    execve(argv[0], argv.data(), envp.data());
     _exit(127);
   }
   pid_ = pid;
