@@ -112,7 +112,7 @@ double BareLoopSamplesPerSecond(const scheduler::ExperimentConfig& c, int slots,
         task.init_seed = static_cast<uint64_t>(s + 1);
         task.state = reinterpret_cast<const uint8_t*>(state.data());
         task.state_size = state.size();
-        task.hparams = {{"lr", 0.05}, {"momentum", 0.9}};
+        task.hparams = {{"lr", 0.05}, {"momentum", 0.9}, {"weight_decay", 1e-4}};
         task.steps = c.steps_per_interval;
         auto o = (*trainer)->TrainPlain(task);
         if (!o.ok()) break;
@@ -128,6 +128,27 @@ double BareLoopSamplesPerSecond(const scheduler::ExperimentConfig& c, int slots,
   for (auto& th : threads) th.join();
   const double dt = std::chrono::duration<double>(Clock::now() - start).count();
   return dt > 0 ? static_cast<double>(samples.load()) / dt : 0;
+}
+
+// The bare loop in a fresh process of this program (a worker is a separate
+// process; this separates "another process" from "the pipeline"). 0 on error.
+double BareLoopInChildProcess(const std::string& config, const scheduler::ExperimentConfig& c,
+                              int slots) {
+  const std::string cmd = "/proc/" + std::to_string(getpid()) + "/exe";
+  char exe[4096];
+  const ssize_t n = readlink(cmd.c_str(), exe, sizeof exe - 1);
+  if (n <= 0) return 0;
+  exe[n] = '\0';
+  const std::string line = std::string("'") + exe + "' population --bare-only --config '" +
+                           config + "' --steps " + std::to_string(c.steps_per_interval) +
+                           " --eval-size " + std::to_string(c.eval_size) + " --slots " +
+                           std::to_string(slots) + " --workers 1";
+  FILE* f = popen(line.c_str(), "r");
+  if (f == nullptr) return 0;
+  double v = 0;
+  if (std::fscanf(f, "%lf", &v) != 1) v = 0;
+  pclose(f);
+  return v;
 }
 
 int Population(const Args& args) {
@@ -148,6 +169,12 @@ int Population(const Args& args) {
   const int slots = static_cast<int>(args.GetInt("slots", 2));
   // 0: the scheduler's default.
   const size_t ring_bytes = static_cast<size_t>(args.GetInt("ring-mb", 0)) << 20;
+  if (args.Has("bare-only")) {
+    // The child of BareLoopInChildProcess: the bare loop alone in a fresh
+    // process, as a worker is one.
+    std::printf("%.6g\n", BareLoopSamplesPerSecond(c, slots * workers, 8.0));
+    return 0;
+  }
   const std::string root =
       (std::filesystem::temp_directory_path() / ("ckpt-bench-pop-" + std::to_string(getpid())))
           .string();
@@ -176,6 +203,8 @@ int Population(const Args& args) {
     std::fprintf(stderr, "measuring the bare loop again...\n");
     const double bare_after = BareLoopSamplesPerSecond(c, slots * workers, 8.0);
     const double bare = 0.5 * (bare_before + bare_after);
+    std::fprintf(stderr, "measuring the bare loop in a separate process...\n");
+    const double bare_child = BareLoopInChildProcess(path, c, slots * workers);
     double best_val = 0, best_test = -1;
     for (const auto& m : s.members) {
       best_val = std::max(best_val, m.val_acc);
@@ -195,6 +224,9 @@ int Population(const Args& args) {
     add("bare_loop_before_samples_per_s", bare_before);
     add("bare_loop_after_samples_per_s", bare_after);
     add("overhead_share", bare > 0 ? 1.0 - samples_per_s / bare : NAN);
+    add("bare_loop_separate_process_samples_per_s", bare_child);
+    add("overhead_share_vs_separate_process",
+        bare_child > 0 ? 1.0 - samples_per_s / bare_child : NAN);
     add("best_val_acc", best_val);
     add("best_test_acc", best_test);
     add("exploits", static_cast<double>(s.exploits));
