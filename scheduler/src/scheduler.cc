@@ -1224,7 +1224,7 @@ void PrintSummary(const ExperimentSummary& s, FILE* out) {
     std::fprintf(out, "%-8s %-8s %9.4f %9s %8lld  %s\n", m.member.c_str(), m.status.c_str(),
                  m.val_acc, test, static_cast<long long>(m.version), hp.c_str());
   }
-  std::fprintf(out, "store: %s (inspect with ckpt-tool, or reopen read-only while running)\n",
+  std::fprintf(out, "store: %s (run the same command again to see this table)\n",
                s.store_path.c_str());
 }
 
