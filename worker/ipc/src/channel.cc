@@ -99,17 +99,20 @@ void Attach(layout::Participant* slot, const internal::ProcessIdentity& self) {
   slot->state.StoreRelease(layout::kSlotAttached);
 }
 
-// Whether the owner of a segment that exists already still runs. The control
-// block is copied out first: the segment may be anyone's.
-bool OwnerAlive(const SharedSegment& segment, std::string* who) {
-  if (segment.size() < sizeof(layout::ControlBlock)) return false;
+enum class Owner { kNotACkptSegment, kAlive, kDead };
+
+// Who owns a segment that exists already: not a (fully initialised) ckpt
+// segment, a live owner or a dead one. The control block is copied out first:
+// the segment may be anyone's.
+Owner OwnerOf(const SharedSegment& segment, std::string* who) {
+  if (segment.size() < sizeof(layout::ControlBlock)) return Owner::kNotACkptSegment;
   layout::ControlBlock cb;
   std::memcpy(&cb, segment.data(), sizeof(cb));
-  if (cb.magic.raw != layout::kSegmentMagic) return false;
-  if (cb.owner.state.raw != layout::kSlotAttached) return false;
+  if (cb.magic.raw != layout::kSegmentMagic) return Owner::kNotACkptSegment;
+  if (cb.owner.state.raw != layout::kSlotAttached) return Owner::kNotACkptSegment;
   std::string why;
   *who = "pid " + std::to_string(cb.owner.pid);
-  return internal::ProcessAlive(IdentityOf(cb.owner), &why);
+  return internal::ProcessAlive(IdentityOf(cb.owner), &why) ? Owner::kAlive : Owner::kDead;
 }
 
 class ChannelImpl final : public Channel {
@@ -548,7 +551,7 @@ StatusOr<std::unique_ptr<Channel>> Channel::Create(const std::string& name,
     auto old = SharedSegment::Open(name, /*writable=*/false);
     if (old.ok()) {
       std::string who;
-      if (OwnerAlive(**old, &who)) {
+      if (OwnerOf(**old, &who) == Owner::kAlive) {
         return Status::AlreadyExists("shared-memory segment '" + name +
                                      "' is in use by its live owner, " + who);
       }
@@ -635,24 +638,20 @@ StatusOr<std::vector<std::string>> Channel::RemoveStale(
     if (ec == std::errc::no_such_file_or_directory) return removed;
     return Status::IOError("shared-memory directory " + shm_dir + ": " + ec.message());
   }
-  for (const auto& entry : it) {
+  for (; it != std::filesystem::directory_iterator(); it.increment(ec)) {
+    const auto& entry = *it;
     const std::string name = entry.path().filename().string();
     if (!internal::ValidateSegmentName(name).ok() || !select(name)) continue;
     struct stat before;
     if (::stat(entry.path().c_str(), &before) != 0 || !S_ISREG(before.st_mode)) continue;
+    // Only a segment that is ours beyond doubt: our magic, an owner that had
+    // attached, and that owner gone. Half-initialised segments (no magic yet)
+    // and anything else stay.
     bool stale = false;
     {
       auto seg = SharedSegment::Open(name, /*writable=*/false);
-      if (!seg.ok() || (*seg)->size() < sizeof(layout::ControlBlock)) continue;
-      layout::ControlBlock cb;
-      std::memcpy(&cb, (*seg)->data(), sizeof(cb));
-      // Only a segment that is ours beyond doubt: our magic, an owner that had
-      // attached, and that owner gone. Half-initialised segments (no magic
-      // yet) and anything else stay.
-      std::string why;
-      stale = cb.magic.raw == layout::kSegmentMagic &&
-              cb.owner.state.raw == layout::kSlotAttached &&
-              !internal::ProcessAlive(IdentityOf(cb.owner), &why);
+      std::string who;
+      stale = seg.ok() && OwnerOf(**seg, &who) == Owner::kDead;
     }
     if (!stale) continue;
     // The name must still be the file we looked at: a scheduler may have
@@ -665,6 +664,7 @@ StatusOr<std::vector<std::string>> Channel::RemoveStale(
     CKPT_RETURN_IF_ERROR(SharedSegment::Remove(name));
     removed.push_back(name);
   }
+  if (ec) return Status::IOError("shared-memory directory " + shm_dir + ": " + ec.message());
   return removed;
 }
 
