@@ -60,7 +60,7 @@ StatusOr<RunResult> RunPipeline(scheduler::ExperimentConfig config, const std::s
   d.device = "cpu";
   d.count = workers;
   d.slots = slots;
-  d.fusion = "plain";
+  d.fusion = scheduler::FusionMode::kPlain;
   d.intra_op_threads = 1;
   o.devices = {d};
   o.progress = stderr;

@@ -2,12 +2,14 @@
 
 #include <sys/stat.h>
 
+#include <cctype>
 #include <cmath>
 #include <fstream>
 #include <set>
 #include <sstream>
 #include <toml++/toml.h>
 
+#include "config_tables.h"
 #include "toml_reader.h"
 
 namespace ckpt::scheduler {
@@ -50,7 +52,114 @@ Status ParseSearchSpace(const toml::table& space, const std::string& origin,
   return Status::OK();
 }
 
+constexpr std::string_view kTorchScriptPrefix = "torchscript:";
+
+// What can be known of a model spec without LibTorch (the worker parses it
+// fully at CONFIGURE, and a refusal there ends the experiment): a TorchScript
+// file must be readable and be a zip archive (torch.jit.save writes one); a
+// layer list must be JSON.
+Status CheckModelSpec(TableReader* r, const std::string& spec) {
+  if (spec.empty()) return r->Error("spec", "must not be empty");
+  if (spec.compare(0, kTorchScriptPrefix.size(), kTorchScriptPrefix) == 0) {
+    const std::string path = spec.substr(kTorchScriptPrefix.size());
+    if (path.empty()) return r->Error("spec", "\"torchscript:\" names no file");
+    std::ifstream in(path, std::ios::binary);
+    if (!in) {
+      return r->Error("spec", "cannot read the TorchScript file '" + path + "'" +
+                                  (FileExists(path) ? " (permission denied)" : " (no such file)"));
+    }
+    char magic[4] = {};
+    in.read(magic, sizeof magic);
+    if (in.gcount() != 4 || magic[0] != 'P' || magic[1] != 'K' || magic[2] != 3 || magic[3] != 4) {
+      return r->Error("spec", "'" + path +
+                                  "' is not a TorchScript archive (torch.jit.save writes a zip "
+                                  "file; this one does not start like one)");
+    }
+    return Status::OK();
+  }
+  if (spec == "lenet5") return Status::OK();
+  const size_t first = spec.find_first_not_of(" \t\r\n");
+  if (first == std::string::npos || (spec[first] != '[' && spec[first] != '{')) {
+    return r->Error("spec", "must be lenet5, torchscript:PATH or a JSON layer list, not '" +
+                                spec.substr(0, 64) + "'");
+  }
+  return Status::OK();
+}
+
 }  // namespace
+
+bool ValidDeviceName(const std::string& name, bool allow_auto) {
+  if (name == "cpu" || (allow_auto && name == "auto")) return true;
+  if (name.compare(0, 5, "cuda:") != 0 || name.size() == 5 || name.size() > 9) return false;
+  for (size_t i = 5; i < name.size(); ++i) {
+    if (!std::isdigit(static_cast<unsigned char>(name[i]))) return false;
+  }
+  return true;
+}
+
+Status ReadDevices(TomlTableReader* top, const std::string& origin,
+                   const std::string& default_device, std::vector<DeviceConfig>* out) {
+  const toml::node* devices = top->Use("devices");
+  if (devices == nullptr) return Status::OK();
+  const toml::array* arr = devices->as_array();
+  if (arr == nullptr) return top->Error("devices", "must be an array of tables ([[devices]])");
+  for (size_t i = 0; i < arr->size(); ++i) {
+    const toml::table* t = (*arr)[i].as_table();
+    if (t == nullptr) return top->Error("devices", "entries must be tables");
+    TableReader r(*t, "devices[" + std::to_string(i) + "]", origin);
+    DeviceConfig d;
+    d.device = default_device;
+    CKPT_RETURN_IF_ERROR(r.String("device", &d.device));
+    if (!ValidDeviceName(d.device, /*allow_auto=*/true)) {
+      return r.Error("device", "must be cpu, auto or cuda:N, not '" + d.device + "'");
+    }
+    CKPT_RETURN_IF_ERROR(r.Int("count", 1, 64, &d.count));
+    CKPT_RETURN_IF_ERROR(r.Int("slots", 1, 256, &d.slots));
+    std::string fusion = FusionModeName(d.fusion);
+    CKPT_RETURN_IF_ERROR(r.OneOf("fusion", {"auto", "plain", "fused"}, &fusion));
+    d.fusion = fusion == "plain" ? FusionMode::kPlain
+                                 : (fusion == "fused" ? FusionMode::kFused : FusionMode::kAuto);
+    CKPT_RETURN_IF_ERROR(r.Int("fusion_width", 1, 1024, &d.fusion_width));
+    CKPT_RETURN_IF_ERROR(r.Int("intra_op_threads", 1, 256, &d.intra_op_threads));
+    CKPT_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
+    out->push_back(d);
+  }
+  return Status::OK();
+}
+
+Status ReadSupervision(TomlTableReader* r, SupervisionOptions* v) {
+  CKPT_RETURN_IF_ERROR(r->Seconds("restart_backoff_s", 0, 86400, &v->restart_backoff));
+  CKPT_RETURN_IF_ERROR(r->Seconds("max_restart_backoff_s", 0, 86400, &v->max_restart_backoff));
+  if (v->max_restart_backoff < v->restart_backoff) {
+    return r->Error("max_restart_backoff_s", "must not be below restart_backoff_s");
+  }
+  CKPT_RETURN_IF_ERROR(r->Seconds("healthy_reset_s", 0, 86400 * 30.0, &v->healthy_reset));
+  CKPT_RETURN_IF_ERROR(r->Int("max_restarts", 0, 1000000, &v->max_restarts));
+  CKPT_RETURN_IF_ERROR(r->Int("max_member_failures", 1, 1000000, &v->max_member_failures));
+  return Status::OK();
+}
+
+const char* PolicyKindName(PolicyKind kind) {
+  switch (kind) {
+    case PolicyKind::kPbt: return "pbt";
+    case PolicyKind::kRandom: return "random";
+    case PolicyKind::kSuccessiveHalving: return "successive_halving";
+  }
+  return "?";
+}
+
+const char* PolicyModeName(PolicyMode mode) {
+  return mode == PolicyMode::kAsync ? "async" : "sync";
+}
+
+const char* FusionModeName(FusionMode mode) {
+  switch (mode) {
+    case FusionMode::kAuto: return "auto";
+    case FusionMode::kPlain: return "plain";
+    case FusionMode::kFused: return "fused";
+  }
+  return "?";
+}
 
 StatusOr<ExperimentConfig> ParseExperimentConfig(const std::string& toml_text,
                                                  const std::string& origin) {
@@ -75,6 +184,7 @@ StatusOr<ExperimentConfig> ParseExperimentConfig(const std::string& toml_text,
   if (model != nullptr) {
     TableReader r(*model, "model", origin);
     CKPT_RETURN_IF_ERROR(r.String("spec", &c.model_spec));
+    CKPT_RETURN_IF_ERROR(CheckModelSpec(&r, c.model_spec));
     CKPT_RETURN_IF_ERROR(r.OneOf("optimizer", {"sgd", "adam", "adamw"}, &c.optimizer));
     CKPT_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
   }
@@ -131,8 +241,12 @@ StatusOr<ExperimentConfig> ParseExperimentConfig(const std::string& toml_text,
   if (policy != nullptr) {
     PolicyConfig& p = c.policy;
     TableReader r(*policy, "policy", origin);
-    CKPT_RETURN_IF_ERROR(r.OneOf("kind", {"pbt", "random", "successive_halving"}, &p.kind));
-    CKPT_RETURN_IF_ERROR(r.OneOf("mode", {"sync", "async"}, &p.mode));
+    std::string kind = PolicyKindName(p.kind), mode = PolicyModeName(p.mode);
+    CKPT_RETURN_IF_ERROR(r.OneOf("kind", {"pbt", "random", "successive_halving"}, &kind));
+    p.kind = kind == "random" ? PolicyKind::kRandom
+                              : (kind == "pbt" ? PolicyKind::kPbt : PolicyKind::kSuccessiveHalving);
+    CKPT_RETURN_IF_ERROR(r.OneOf("mode", {"sync", "async"}, &mode));
+    p.mode = mode == "async" ? PolicyMode::kAsync : PolicyMode::kSync;
     CKPT_RETURN_IF_ERROR(r.Double("quantile", 0, 0.5, &p.quantile));
     CKPT_RETURN_IF_ERROR(r.Doubles("perturb", &p.perturb));
     for (double f : p.perturb) {
@@ -145,40 +259,13 @@ StatusOr<ExperimentConfig> ParseExperimentConfig(const std::string& toml_text,
     CKPT_RETURN_IF_ERROR(r.Int("min_intervals", 1, 1000000, &p.min_intervals));
     CKPT_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
   }
-  const toml::node* devices = top.Use("devices");
-  if (devices != nullptr) {
-    const toml::array* arr = devices->as_array();
-    if (arr == nullptr) return top.Error("devices", "must be an array of tables ([[devices]])");
-    for (size_t i = 0; i < arr->size(); ++i) {
-      const toml::table* t = (*arr)[i].as_table();
-      const std::string prefix = "devices[" + std::to_string(i) + "]";
-      if (t == nullptr) return top.Error("devices", "entries must be tables");
-      TableReader r(*t, prefix, origin);
-      DeviceConfig d;
-      CKPT_RETURN_IF_ERROR(r.String("device", &d.device));
-      if (!(d.device == "cpu" || d.device == "auto" || d.device.rfind("cuda:", 0) == 0)) {
-        return r.Error("device", "must be cpu, auto or cuda:N, not '" + d.device + "'");
-      }
-      CKPT_RETURN_IF_ERROR(r.Int("count", 1, 64, &d.count));
-      CKPT_RETURN_IF_ERROR(r.Int("slots", 1, 256, &d.slots));
-      CKPT_RETURN_IF_ERROR(r.OneOf("fusion", {"auto", "plain", "fused"}, &d.fusion));
-      CKPT_RETURN_IF_ERROR(r.Int("fusion_width", 1, 1024, &d.fusion_width));
-      CKPT_RETURN_IF_ERROR(r.Int("intra_op_threads", 1, 256, &d.intra_op_threads));
-      CKPT_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
-      c.devices.push_back(d);
-    }
-  }
+  CKPT_RETURN_IF_ERROR(ReadDevices(&top, origin, "cpu", &c.devices));
   if (c.devices.empty()) c.devices.push_back(DeviceConfig{});
   CKPT_ASSIGN_OR_RETURN(const toml::table* sup, top.Table("supervision"));
   if (sup != nullptr) {
-    SupervisionConfig& v = c.supervision;
     TableReader r(*sup, "supervision", origin);
-    CKPT_RETURN_IF_ERROR(r.Double("restart_backoff_s", 0, 86400, &v.restart_backoff_s));
-    CKPT_RETURN_IF_ERROR(r.Double("max_restart_backoff_s", 0, 86400, &v.max_restart_backoff_s));
-    CKPT_RETURN_IF_ERROR(r.Double("healthy_reset_s", 0, 1e7, &v.healthy_reset_s));
-    CKPT_RETURN_IF_ERROR(r.Int("max_restarts", 0, 1000000, &v.max_restarts));
-    CKPT_RETURN_IF_ERROR(r.Int("max_member_failures", 1, 1000000, &v.max_member_failures));
-    CKPT_RETURN_IF_ERROR(r.Double("grace_s", 0, 86400, &v.grace_s));
+    CKPT_RETURN_IF_ERROR(ReadSupervision(&r, &c.supervision));
+    CKPT_RETURN_IF_ERROR(r.Seconds("grace_s", 0, 86400, &c.supervision.grace));
     CKPT_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
   }
   CKPT_RETURN_IF_ERROR(top.CheckNoUnknownKeys());

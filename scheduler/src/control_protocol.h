@@ -10,7 +10,7 @@
 #include <string>
 
 #include "ckpt/format/status.h"
-#include "ckpt/scheduler/scheduler.h"
+#include "ckpt/scheduler/summary.h"
 
 namespace ckpt::scheduler::protocol {
 

@@ -6,6 +6,7 @@
 // Thin: parses flags, fills SchedulerOptions, calls the library.
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <exception>
 #include <utility>
 
 #include "ckpt/scheduler/config.h"
@@ -24,11 +25,11 @@ int Run(const std::string& path, const std::string& store_override, const std::s
   ckpt::scheduler::SchedulerOptions options;
   options.store_path = store_override.empty() ? config->store : store_override;
   options.devices = config->devices;
-  ckpt::scheduler::ApplySupervision(config->supervision, &options);
+  options.supervision = config->supervision;
   options.worker_binary = worker;
   options.progress = quiet ? nullptr : stdout;
-  if (backoff_ms >= 0) options.restart_backoff = std::chrono::milliseconds(backoff_ms);
-  if (grace_ms >= 0) options.grace = std::chrono::milliseconds(grace_ms);
+  if (backoff_ms >= 0) options.supervision.restart_backoff = std::chrono::milliseconds(backoff_ms);
+  if (grace_ms >= 0) options.supervision.grace = std::chrono::milliseconds(grace_ms);
   auto kill_point = ckpt::scheduler::KillPointFromEnvironment();
   if (!kill_point.ok()) {
     std::fprintf(stderr, "ckpt-scheduler: %s\n", kill_point.status().ToString().c_str());
@@ -66,7 +67,7 @@ int Serve(const std::string& config_path) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int Main(int argc, char** argv) {
   CLI::App app{"ckpt-scheduler: population-based training with an embedded checkpoint store"};
   app.require_subcommand(1);
   std::string path, store, worker;
@@ -88,4 +89,18 @@ int main(int argc, char** argv) {
   if (run->parsed()) return Run(path, store, worker, quiet, backoff_ms, grace_ms);
   if (serve->parsed()) return Serve(service_config);
   return 2;
+}
+
+// Process root: an escaping exception (none is expected; library calls return
+// a Status) is reported and the process exits non-zero, so systemd's
+// Restart=on-failure restarts it rather than it hanging.
+int main(int argc, char** argv) {
+  try {
+    return Main(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ckpt-scheduler: unexpected exception: %s\n", e.what());
+  } catch (...) {
+    std::fprintf(stderr, "ckpt-scheduler: unexpected non-standard exception\n");
+  }
+  return 1;
 }

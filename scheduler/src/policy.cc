@@ -35,7 +35,7 @@ std::string Fmt(double v) {
 class PbtPolicy : public Policy {
  public:
   explicit PbtPolicy(const ExperimentConfig& config) : config_(config) {}
-  bool synchronous() const override { return config_.policy.mode == "sync"; }
+  bool synchronous() const override { return config_.policy.mode == PolicyMode::kSync; }
 
   std::map<std::string, Decision> Decide(int generation, const std::vector<MemberProgress>& members,
                                          const std::vector<MemberProgress>& population)
@@ -79,7 +79,7 @@ class PbtPolicy : public Policy {
 class RandomSearchPolicy : public Policy {
  public:
   explicit RandomSearchPolicy(const ExperimentConfig& config) : config_(config) {}
-  bool synchronous() const override { return config_.policy.mode == "sync"; }
+  bool synchronous() const override { return config_.policy.mode == PolicyMode::kSync; }
   std::map<std::string, Decision> Decide(int, const std::vector<MemberProgress>&,
                                          const std::vector<MemberProgress>&) const override {
     return {};
@@ -94,7 +94,7 @@ class RandomSearchPolicy : public Policy {
 class SuccessiveHalvingPolicy : public Policy {
  public:
   explicit SuccessiveHalvingPolicy(const ExperimentConfig& config) : config_(config) {}
-  bool synchronous() const override { return config_.policy.mode == "sync"; }
+  bool synchronous() const override { return config_.policy.mode == PolicyMode::kSync; }
 
   bool IsRung(int intervals) const {
     for (long long r = config_.policy.min_intervals; r <= intervals; r *= config_.policy.eta) {
@@ -189,12 +189,15 @@ HParams Explore(const ExperimentConfig& config, const HParams& from, uint64_t rn
 }
 
 StatusOr<std::unique_ptr<Policy>> Policy::Create(const ExperimentConfig& config) {
-  if (config.policy.kind == "pbt") return std::unique_ptr<Policy>(new PbtPolicy(config));
-  if (config.policy.kind == "random") return std::unique_ptr<Policy>(new RandomSearchPolicy(config));
-  if (config.policy.kind == "successive_halving") {
-    return std::unique_ptr<Policy>(new SuccessiveHalvingPolicy(config));
+  switch (config.policy.kind) {
+    case PolicyKind::kPbt:
+      return std::unique_ptr<Policy>(new PbtPolicy(config));
+    case PolicyKind::kRandom:
+      return std::unique_ptr<Policy>(new RandomSearchPolicy(config));
+    case PolicyKind::kSuccessiveHalving:
+      return std::unique_ptr<Policy>(new SuccessiveHalvingPolicy(config));
   }
-  return Status::InvalidArgument("policy.kind: unknown policy '" + config.policy.kind + "'");
+  return Status::InvalidArgument("policy.kind: unknown policy");
 }
 
 }  // namespace ckpt::scheduler

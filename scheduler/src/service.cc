@@ -14,6 +14,8 @@
 #include <set>
 #include <sstream>
 
+#include "config_tables.h"
+#include "log.h"
 #include "toml_reader.h"
 
 namespace ckpt::scheduler {
@@ -70,33 +72,6 @@ Status CheckNames(Reader* r, const toml::table& table, const std::string& key,
   return Status::OK();
 }
 
-Status ParseDevices(Reader* top, const std::string& origin, ServiceConfig* c) {
-  const toml::node* devices = top->Use("devices");
-  if (devices == nullptr) return Status::OK();
-  const toml::array* arr = devices->as_array();
-  if (arr == nullptr) return top->Error("devices", "must be an array of tables ([[devices]])");
-  for (size_t i = 0; i < arr->size(); ++i) {
-    const toml::table* t = (*arr)[i].as_table();
-    if (t == nullptr) return top->Error("devices", "entries must be tables");
-    Reader r(*t, "devices[" + std::to_string(i) + "]", origin);
-    DeviceConfig d;
-    d.device = "auto";
-    CKPT_RETURN_IF_ERROR(r.String("device", &d.device));
-    if (!(d.device == "cpu" || d.device == "auto" ||
-          (d.device.rfind("cuda:", 0) == 0 && AllDigits(d.device.substr(5))))) {
-      return r.Error("device", "must be cpu, auto or cuda:N, not '" + d.device + "'");
-    }
-    CKPT_RETURN_IF_ERROR(r.Int("count", 1, 64, &d.count));
-    CKPT_RETURN_IF_ERROR(r.Int("slots", 1, 256, &d.slots));
-    CKPT_RETURN_IF_ERROR(r.OneOf("fusion", {"auto", "plain", "fused"}, &d.fusion));
-    CKPT_RETURN_IF_ERROR(r.Int("fusion_width", 1, 1024, &d.fusion_width));
-    CKPT_RETURN_IF_ERROR(r.Int("intra_op_threads", 1, 256, &d.intra_op_threads));
-    CKPT_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
-    c->devices.push_back(d);
-  }
-  return Status::OK();
-}
-
 // "host:port" with a port in 1..65535, or "".
 bool ValidAddress(const std::string& a) {
   if (a.empty()) return true;
@@ -123,8 +98,7 @@ bool SameDevices(const std::vector<DeviceConfig>& a, const std::vector<DeviceCon
 
 void LogLine(FILE* log, const std::string& line) {
   if (log == nullptr) return;
-  std::fprintf(log, "ckpt-scheduler: %s\n", line.c_str());
-  std::fflush(log);
+  Logger().info("{}", line);
 }
 
 }  // namespace
@@ -150,7 +124,7 @@ StatusOr<ServiceConfig> ParseServiceConfig(const std::string& toml_text,
     return top.Error("metrics",
                      "must be host:port (port 1-65535) or \"\", not '" + c.metrics + "'");
   }
-  CKPT_RETURN_IF_ERROR(top.Seconds("grace_s", 0, 86400, &c.grace));
+  CKPT_RETURN_IF_ERROR(top.Seconds("grace_s", 0, 86400, &c.supervision.grace));
   CKPT_RETURN_IF_ERROR(top.Bool("sync_interval_commits", &c.sync_interval_commits));
   CKPT_RETURN_IF_ERROR(top.Int("final_eval_top", 0, 1000000, &c.final_eval_top));
   CKPT_RETURN_IF_ERROR(top.Bool("log_progress", &c.log_progress));
@@ -176,18 +150,12 @@ StatusOr<ServiceConfig> ParseServiceConfig(const std::string& toml_text,
     int64_t ring_mib = static_cast<int64_t>(c.ring_bytes >> 20);
     CKPT_RETURN_IF_ERROR(r.Int("ring_mib", 1, 16384, &ring_mib));
     c.ring_bytes = static_cast<size_t>(ring_mib) << 20;
-    CKPT_RETURN_IF_ERROR(r.Seconds("heartbeat_timeout_s", 0.1, 86400, &c.heartbeat_timeout));
-    CKPT_RETURN_IF_ERROR(r.Seconds("restart_backoff_s", 0, 86400, &c.restart_backoff));
-    CKPT_RETURN_IF_ERROR(r.Seconds("max_restart_backoff_s", 0, 86400, &c.max_restart_backoff));
-    if (c.max_restart_backoff < c.restart_backoff) {
-      return r.Error("max_restart_backoff_s", "must not be below restart_backoff_s");
-    }
-    CKPT_RETURN_IF_ERROR(r.Seconds("healthy_reset_s", 0, 86400 * 30.0, &c.healthy_reset));
-    CKPT_RETURN_IF_ERROR(r.Int("max_restarts", 0, 1000000, &c.max_restarts));
-    CKPT_RETURN_IF_ERROR(r.Int("max_member_failures", 1, 1000000, &c.max_member_failures));
+    CKPT_RETURN_IF_ERROR(
+        r.Seconds("heartbeat_timeout_s", 0.1, 86400, &c.supervision.heartbeat_timeout));
+    CKPT_RETURN_IF_ERROR(ReadSupervision(&r, &c.supervision));
     CKPT_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
   }
-  CKPT_RETURN_IF_ERROR(ParseDevices(&top, origin, &c));
+  CKPT_RETURN_IF_ERROR(ReadDevices(&top, origin, "auto", &c.devices));
   if (c.devices.empty()) {
     DeviceConfig d;
     d.device = "auto";
@@ -229,13 +197,7 @@ SchedulerOptions SchedulerOptionsFor(const ServiceConfig& c) {
   o.devices = c.devices;
   o.worker_binary = c.worker_binary;
   o.ring_bytes = c.ring_bytes;
-  o.heartbeat_timeout = c.heartbeat_timeout;
-  o.restart_backoff = c.restart_backoff;
-  o.max_restart_backoff = c.max_restart_backoff;
-  o.healthy_reset = c.healthy_reset;
-  o.max_restarts = c.max_restarts;
-  o.max_member_failures = c.max_member_failures;
-  o.grace = c.grace;
+  o.supervision = c.supervision;
   o.final_eval_top = c.final_eval_top;
   o.progress = c.log_progress ? stdout : nullptr;
   o.sync_interval_commits = c.sync_interval_commits;
@@ -250,16 +212,18 @@ std::string SettingsNeedingRestart(const ServiceConfig& a, const ServiceConfig& 
   if (a.socket != b.socket) changed.push_back("socket");
   if (a.metrics != b.metrics) changed.push_back("metrics");
   if (!SameDevices(a.devices, b.devices)) changed.push_back("devices");
-  if (a.grace != b.grace) changed.push_back("grace_s");
+  if (a.supervision.grace != b.supervision.grace) changed.push_back("grace_s");
   if (a.sync_interval_commits != b.sync_interval_commits) {
     changed.push_back("sync_interval_commits");
   }
   if (a.final_eval_top != b.final_eval_top) changed.push_back("final_eval_top");
   if (a.log_progress != b.log_progress) changed.push_back("log_progress");
+  const SupervisionOptions& x = a.supervision;
+  const SupervisionOptions& y = b.supervision;
   if (a.worker_binary != b.worker_binary || a.ring_bytes != b.ring_bytes ||
-      a.heartbeat_timeout != b.heartbeat_timeout || a.restart_backoff != b.restart_backoff ||
-      a.max_restart_backoff != b.max_restart_backoff || a.healthy_reset != b.healthy_reset ||
-      a.max_restarts != b.max_restarts || a.max_member_failures != b.max_member_failures) {
+      x.heartbeat_timeout != y.heartbeat_timeout || x.restart_backoff != y.restart_backoff ||
+      x.max_restart_backoff != y.max_restart_backoff || x.healthy_reset != y.healthy_reset ||
+      x.max_restarts != y.max_restarts || x.max_member_failures != y.max_member_failures) {
     changed.push_back("[workers]");
   }
   std::string out;
@@ -298,7 +262,7 @@ Status RunService(const std::string& config_path, const ServiceRunOptions& run_o
     return scheduler.status();
   }
   char grace[32];
-  std::snprintf(grace, sizeof grace, "%.1f", static_cast<double>(config.grace.count()) / 1000);
+  std::snprintf(grace, sizeof grace, "%.1f", static_cast<double>(config.supervision.grace.count()) / 1000);
   LogLine(log, "starting: store " + config.store + ", control socket " + config.socket +
                    ", grace " + grace + " s");
   Status run = (*scheduler)->Run();

@@ -11,25 +11,19 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <exception>
 #include <nlohmann/json.hpp>
+
+#include "log.h"
 
 namespace ckpt::scheduler {
 namespace {
 
 using std::chrono::milliseconds;
 
-// CKPT_TRACE=1: one stderr line per record sent and received, for debugging.
-const bool kTrace = [] {
-  const char* v = std::getenv("CKPT_TRACE");
-  return v != nullptr && *v == '1';
-}();
-
-std::string StateJson(const Task& task, double score) {
-  nlohmann::json j = {{"interval", task.interval_after},
-                      {"last_exploit", task.last_exploit},
-                      {"score", std::isfinite(score) ? score : -1.0}};
-  return j.dump();
-}
+// The FAILED code a worker gives, with task id 0, when it cannot set up an
+// experiment from its CONFIGURE (worker_loop.cc).
+constexpr const char kConfigureRefused[] = "configure-refused";
 
 }  // namespace
 
@@ -60,7 +54,7 @@ Status WorkerHandle::Spawn() {
                                    "--segment", spec_.segment,
                                    "--device", spec_.device.device,
                                    "--slots", std::to_string(spec_.device.slots),
-                                   "--fusion", spec_.device.fusion,
+                                   "--fusion", FusionModeName(spec_.device.fusion),
                                    "--fusion-width", std::to_string(spec_.device.fusion_width),
                                    "--intra-op-threads",
                                    std::to_string(spec_.device.intra_op_threads)};
@@ -108,6 +102,34 @@ void WorkerHandle::Enqueue(Task task) {
 }
 
 void WorkerHandle::SendLoop() {
+  try {
+    SendLoopBody();
+  } catch (const std::exception& e) {
+    CountRootException();
+    Logger().error("worker {} sender thread: unexpected exception: {}", spec_.index, e.what());
+    ReportLost(std::string("sender thread failed: ") + e.what());
+  } catch (...) {
+    CountRootException();
+    Logger().error("worker {} sender thread: unexpected non-standard exception", spec_.index);
+    ReportLost("sender thread failed");
+  }
+}
+
+void WorkerHandle::ReceiveLoop() {
+  try {
+    ReceiveLoopBody();
+  } catch (const std::exception& e) {
+    CountRootException();
+    Logger().error("worker {} receiver thread: unexpected exception: {}", spec_.index, e.what());
+    ReportLost(std::string("receiver thread failed: ") + e.what());
+  } catch (...) {
+    CountRootException();
+    Logger().error("worker {} receiver thread: unexpected non-standard exception", spec_.index);
+    ReportLost("receiver thread failed");
+  }
+}
+
+void WorkerHandle::SendLoopBody() {
   while (true) {
     Task task;
     {
@@ -119,11 +141,8 @@ void WorkerHandle::SendLoop() {
       in_flight_[task.id] = task;
     }
     Status s = SendTask(task);
-    if (kTrace) {
-      std::fprintf(stderr, "trace scheduler w%d: sent TRAIN task %llu %s: %s\n", spec_.index,
-                   static_cast<unsigned long long>(task.id), task.member.c_str(),
-                   s.ToString().c_str());
-    }
+    Logger().trace("worker {}: sent TRAIN task {} {}/{}: {}", spec_.index, task.id, task.exp,
+                   task.member, s.ToString());
     if (!s.ok()) {
       if (stopping_.load()) return;
       ReportLost("sending " + task.member + ": " + s.ToString());
@@ -179,7 +198,7 @@ Status WorkerHandle::SendTask(const Task& task) {
   }
 }
 
-void WorkerHandle::ReceiveLoop() {
+void WorkerHandle::ReceiveLoopBody() {
   while (!stopping_.load()) {
     auto rec = channel_->Receive(ipc::DeadlineIn(milliseconds(200)));
     if (!rec.ok()) {
@@ -200,6 +219,13 @@ void WorkerHandle::ReceiveLoop() {
           return;
         }
         WorkerEvent e;
+        if (f->task_id == 0 && f->code == kConfigureRefused) {
+          e.kind = WorkerEvent::Kind::kConfigureRefused;
+          e.exp = f->member;
+          e.reason = f->reason;
+          on_event_(std::move(e));
+          break;
+        }
         e.kind = WorkerEvent::Kind::kFailed;
         {
           std::lock_guard<std::mutex> lock(mu_);
@@ -252,10 +278,7 @@ void WorkerHandle::HandleResult(const ipc::Received& rec) {
     return;
   }
   WorkerEvent e;
-  if (kTrace) {
-    std::fprintf(stderr, "trace scheduler w%d: got RESULT task %llu\n", spec_.index,
-                 static_cast<unsigned long long>(r->task_id));
-  }
+  Logger().trace("worker {}: got RESULT task {}", spec_.index, r->task_id);
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = in_flight_.find(r->task_id);
@@ -304,7 +327,14 @@ void WorkerHandle::HandleResult(const ipc::Received& rec) {
   }
   // The head's state record follows the commit; a crash between the two is
   // reconciled from the head manifest at start-up.
-  (void)store_->SetMemberState(e.task.exp, e.task.member, StateJson(e.task, r->val_acc));
+  MemberState state = e.task.state_after;
+  state.score = r->val_acc;
+  Status saved = store_->SetMemberState(e.task.exp, e.task.member, EncodeMemberState(state));
+  if (!saved.ok()) {
+    Logger().error("{}/{}: writing the state record after v{}: {} (reconciled from the head at "
+                   "the next start)",
+                   e.task.exp, e.task.member, *version, saved.ToString());
+  }
   e.kind = WorkerEvent::Kind::kCommitted;
   e.version = *version;
   on_event_(std::move(e));

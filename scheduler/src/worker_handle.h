@@ -8,6 +8,13 @@
 // the ring space released, and only then is the event loop told (`on_event`).
 //
 // Ownership: the Scheduler owns handles; a handle owns its process until Stop.
+// The commit of a RESULT is followed by the member's state record
+// (Task::state_after with the result's score): one encoder, EncodeMemberState.
+//
+// Failure containment: an exception escaping either thread (none is expected:
+// every library call returns a Status) is caught at the thread's root, logged,
+// counted, and reported as the loss of the worker, which is then restarted.
+//
 // Thread-safety: Enqueue, TakeUnfinished and Stop may be called from any one
 // thread (the event loop); callbacks run on the handle's own threads.
 #ifndef CKPT_SCHEDULER_WORKER_HANDLE_H_
@@ -33,26 +40,31 @@
 #include "ckpt/ipc/messages.h"
 #include "ckpt/scheduler/policy.h"
 #include "ckpt/store/store.h"
+#include "experiment.h"
 
 namespace ckpt::scheduler {
 
-// One member-interval sent to a worker.
-struct Task {
+// One member-interval sent to a worker: the experiment's work item, with the
+// task id the worker's answer carries and the experiment it belongs to.
+struct Task : WorkItem {
   uint64_t id = 0;
   std::string exp;
-  std::string member;
-  int64_t head_version = 0;  // state the task trains from (0: initialise)
-  int64_t steps = 0;
-  HParams hparams;
-  uint64_t init_seed = 0;
-  bool eval_only = false;     // steps 0, evaluate validation and test, commit nothing
-  int interval_after = 0;     // the member's interval count once committed
-  int last_exploit = 0;       // carried into the member's state record
 };
 
 // What the receiver reports to the event loop.
 struct WorkerEvent {
-  enum class Kind { kHello, kCommitted, kEvaluated, kFailed, kCommitError, kStats, kLost };
+  // kConfigureRefused: the worker could not set up experiment `exp` (its
+  // FAILED record with task id 0 and code "configure-refused").
+  enum class Kind {
+    kHello,
+    kCommitted,
+    kEvaluated,
+    kFailed,
+    kCommitError,
+    kStats,
+    kLost,
+    kConfigureRefused
+  };
   Kind kind = Kind::kLost;
   Task task;                // kCommitted, kEvaluated, kFailed, kCommitError
   int64_t version = 0;      // kCommitted
@@ -60,7 +72,8 @@ struct WorkerEvent {
   ipc::Hello hello;         // kHello
   ipc::Stats stats;         // kStats
   std::string code;         // kFailed: worker's code; kCommitError: status code name
-  std::string reason;       // kFailed / kCommitError / kLost
+  std::string reason;       // kFailed / kCommitError / kLost / kConfigureRefused
+  std::string exp;          // kConfigureRefused
 };
 
 struct WorkerSpec {
@@ -107,6 +120,8 @@ class WorkerHandle {
   Status Spawn();
   void SendLoop();
   void ReceiveLoop();
+  void SendLoopBody();
+  void ReceiveLoopBody();
   Status SendTask(const Task& task);
   void HandleResult(const ipc::Received& rec);
   void ReportLost(const std::string& reason);

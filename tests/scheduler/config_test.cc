@@ -65,7 +65,7 @@ TEST(ConfigTest, ParsesEveryField) {
   ASSERT_EQ(c->search_space.size(), 3u);
   EXPECT_EQ(c->search_space["lr"].kind, SearchDim::Kind::kLogUniform);
   EXPECT_EQ(c->search_space["nesterov"].values.size(), 2u);
-  EXPECT_EQ(c->policy.mode, "async");
+  EXPECT_EQ(c->policy.mode, PolicyMode::kAsync);
   EXPECT_DOUBLE_EQ(c->policy.quantile, 0.25);
   ASSERT_EQ(c->devices.size(), 1u);
   EXPECT_EQ(c->devices[0].count, 2);

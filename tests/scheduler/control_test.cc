@@ -71,13 +71,13 @@ class ControlTest : public ::testing::Test {
     DeviceConfig d;
     d.device = "cpu";
     d.slots = 1;
-    d.fusion = "plain";
+    d.fusion = FusionMode::kPlain;
     o.devices = {d};
     o.worker_binary = CKPT_WORKER_BIN;
     o.progress = nullptr;
     o.serve = true;
-    o.grace = milliseconds(5000);
-    o.restart_backoff = milliseconds(100);
+    o.supervision.grace = milliseconds(5000);
+    o.supervision.restart_backoff = milliseconds(100);
     o.control = control;
     o.reload = std::move(reload);
     o.notify = [this](const std::string& n) {
@@ -515,7 +515,7 @@ TEST(ServiceConfigTest, ExampleFileParses) {
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_EQ(c->store, "/var/lib/ckpt/store");
   EXPECT_EQ(c->socket, "/run/ckpt/control.sock");
-  EXPECT_EQ(c->grace, milliseconds(30000));
+  EXPECT_EQ(c->supervision.grace, milliseconds(30000));
   ASSERT_EQ(c->devices.size(), 1u);
   EXPECT_EQ(c->devices[0].device, "auto");
   EXPECT_EQ(c->devices[0].slots, 4);

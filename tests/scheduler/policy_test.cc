@@ -15,7 +15,7 @@ ExperimentConfig PbtConfig(int population) {
   c.intervals = 10;
   c.search_space["lr"] = SearchDim{SearchDim::Kind::kLogUniform, 1e-3, 1e-1, {}};
   c.search_space["momentum"] = SearchDim{SearchDim::Kind::kUniform, 0.5, 0.99, {}};
-  c.policy.kind = "pbt";
+  c.policy.kind = PolicyKind::kPbt;
   c.policy.quantile = 0.2;
   return c;
 }
@@ -102,7 +102,7 @@ TEST(PolicyTest, ExplorePerturbsWithinBounds) {
 
 TEST(PolicyTest, SuccessiveHalvingStopsAllButTheTopThirdAtARung) {
   auto c = PbtConfig(9);
-  c.policy.kind = "successive_halving";
+  c.policy.kind = PolicyKind::kSuccessiveHalving;
   c.policy.eta = 3;
   c.policy.min_intervals = 1;
   auto policy = Policy::Create(c);
@@ -118,7 +118,7 @@ TEST(PolicyTest, SuccessiveHalvingStopsAllButTheTopThirdAtARung) {
 
 TEST(PolicyTest, RandomSearchNeverIntervenes) {
   auto c = PbtConfig(6);
-  c.policy.kind = "random";
+  c.policy.kind = PolicyKind::kRandom;
   auto policy = Policy::Create(c);
   auto pop = Population(c, 5);
   EXPECT_TRUE((*policy)->Decide(5, pop, pop).empty());

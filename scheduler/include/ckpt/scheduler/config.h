@@ -14,6 +14,8 @@
 //                resample_probability = 0.25; ready_intervals = 1; eta = 3
 //   [[devices]]  device = "cpu"; slots = 2; fusion = "auto"; fusion_width = 8;
 //                intra_op_threads = 1; count = 1
+//   (model.spec = "torchscript:PATH": the file must exist and be a TorchScript
+//    archive; checked here, before anything starts)
 //   [supervision] restart_backoff_s = 10; max_restart_backoff_s = 300;
 //                healthy_reset_s = 600; max_restarts = 10; max_member_failures = 3;
 //                grace_s = 10
@@ -24,6 +26,7 @@
 #ifndef CKPT_SCHEDULER_CONFIG_H_
 #define CKPT_SCHEDULER_CONFIG_H_
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -41,12 +44,20 @@ struct SearchDim {
   std::vector<double> values;  // kChoice
 };
 
+enum class PolicyKind { kPbt, kRandom, kSuccessiveHalving };
+// "pbt", "random", "successive_halving".
+const char* PolicyKindName(PolicyKind kind);
+
+// kSync: generations (every active member finishes interval g before the
+// decisions of g); kAsync: a member is decided on when its own interval ends.
+enum class PolicyMode { kSync, kAsync };
+const char* PolicyModeName(PolicyMode mode);  // "sync", "async"
+
 struct PolicyConfig {
-  // "pbt" | "random" | "successive_halving". Default: "pbt".
-  std::string kind = "pbt";
-  // "sync" (generations: every member finishes interval g before decisions)
-  // or "async" (a member decides when its own interval ends). Default: "sync".
-  std::string mode = "sync";
+  // Default: PBT.
+  PolicyKind kind = PolicyKind::kPbt;
+  // Default: synchronous.
+  PolicyMode mode = PolicyMode::kSync;
   // PBT: the bottom `quantile` copies from the top `quantile`. Default: 0.2.
   double quantile = 0.2;
   // PBT explore: multiply each hyperparameter by one of these. Default: 0.8, 1.2.
@@ -62,6 +73,12 @@ struct PolicyConfig {
   int min_intervals = 1;
 };
 
+// How a worker trains its slots' members: kPlain one model per slot, kFused K
+// members as one wide model, kAuto whichever a short probe at CONFIGURE finds
+// faster.
+enum class FusionMode { kAuto, kPlain, kFused };
+const char* FusionModeName(FusionMode mode);  // "auto", "plain", "fused"
+
 struct DeviceConfig {
   // "cpu", "cuda:N" or "auto" (every visible GPU, else the CPU). Default: "cpu".
   std::string device = "cpu";
@@ -69,28 +86,33 @@ struct DeviceConfig {
   int count = 1;
   // Members trained at once per worker. Default: 2.
   int slots = 2;
-  // "auto" | "plain" | "fused". Default: "auto".
-  std::string fusion = "auto";
+  // Default: kAuto.
+  FusionMode fusion = FusionMode::kAuto;
   // K members per fused group. Default: 8.
   int fusion_width = 8;
   // Intra-op threads per slot. Default: 1.
   int intra_op_threads = 1;
 };
 
-// How `run` supervises its workers ([supervision] table).
-struct SupervisionConfig {
+// How workers and members are supervised: the [supervision] table of an
+// experiment file, the [workers] table (and grace_s) of the service file, and
+// SchedulerOptions::supervision. One struct for all three.
+struct SupervisionOptions {
   // First restart delay of a dead worker, doubling per restart. Default: 10 s.
-  double restart_backoff_s = 10;
-  // Cap of that delay. Default: 300 s.
-  double max_restart_backoff_s = 300;
+  std::chrono::milliseconds restart_backoff{10000};
+  // Cap of that delay. Default: 300 s. REQUIRES: >= restart_backoff.
+  std::chrono::milliseconds max_restart_backoff{300000};
   // Uptime after which a worker's backoff starts again from the first delay. Default: 600 s.
-  double healthy_reset_s = 600;
-  // Restarts of one device before it is given up on. Default: 10.
+  std::chrono::milliseconds healthy_reset{600000};
+  // Restarts of one worker before it is given up on. Default: 10.
   int max_restarts = 10;
   // FAILED intervals in a row before a member is stopped. Default: 3.
   int max_member_failures = 3;
-  // On Ctrl-C / SIGTERM, how long in-flight intervals may finish. Default: 10 s.
-  double grace_s = 10;
+  // On Ctrl-C / SIGTERM, how long in-flight intervals may finish before they
+  // are abandoned (they rerun from committed heads). Default: 10 s.
+  std::chrono::milliseconds grace{10000};
+  // A worker silent this long is declared hung and restarted. Default: 10 s.
+  std::chrono::milliseconds heartbeat_timeout{10000};
 };
 
 struct ExperimentConfig {
@@ -113,7 +135,7 @@ struct ExperimentConfig {
   std::map<std::string, double> fixed_hparams;  // [hparams] constants
   PolicyConfig policy;
   std::vector<DeviceConfig> devices;
-  SupervisionConfig supervision;
+  SupervisionOptions supervision;
   // The file's text, kept in the store with the experiment.
   std::string source;
 };

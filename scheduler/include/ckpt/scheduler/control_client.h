@@ -49,7 +49,7 @@
 #include <vector>
 
 #include "ckpt/format/status.h"
-#include "ckpt/scheduler/scheduler.h"
+#include "ckpt/scheduler/summary.h"
 
 namespace ckpt::scheduler {
 

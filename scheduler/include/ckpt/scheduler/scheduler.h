@@ -5,9 +5,21 @@
 // their shared-memory rings, commits what comes back, and asks each
 // experiment's policy what a member does next.
 //
+// Units (scheduler/src): `experiment` (the PBT logic of one experiment: members,
+// generations, barrier, policy calls; no threads or I/O of its own),
+// `experiment_store` (its records in the store), `worker_pool` (spawn, reap,
+// heartbeat, backoff, restart, give up), `worker_handle` (one worker's process,
+// ring and threads), `dispatcher`, `progress` (terminal and log lines), and
+// this event loop that glues them (scheduler.cc).
+//
 // Threads: one event loop (Boost.Asio io_context, the thread that calls Run)
 // owns all scheduling state; each worker has a sender and a receiver thread
-// that do the store reads and commits (disk work never runs on the loop).
+// that do the bulk disk work: reading a member's blob into the ring, and
+// committing a result (blob, manifest, head, event; then its state record).
+// The loop itself does only small metadata writes, each one RocksDB WriteBatch
+// (unsynced unless sync_interval_commits): exploit manifests (no blob bytes),
+// state records of stopped and failed members, events, experiment status; and
+// the synced control writes of the control API (submit, restore, pin).
 //
 // Crash safety: every result is committed before the loop hears of it; an
 // experiment's scheduling state (interval counts, exploit marks) is derived
@@ -22,6 +34,7 @@
 #define CKPT_SCHEDULER_SCHEDULER_H_
 
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <functional>
 #include <map>
@@ -29,10 +42,10 @@
 #include <string>
 #include <string_view>
 #include <vector>
-#include <cstdint>
 
 #include "ckpt/format/status.h"
 #include "ckpt/scheduler/config.h"
+#include "ckpt/scheduler/summary.h"
 
 namespace ckpt::store {
 class Store;
@@ -71,20 +84,10 @@ struct SchedulerOptions {
   std::string instance;
   // Bytes of each ring. Default: 64 MiB.
   size_t ring_bytes = size_t{64} << 20;
-  // A worker silent this long is declared hung and restarted. Default: 10 s.
-  std::chrono::milliseconds heartbeat_timeout{10000};
-  // Restart backoff: first delay, doubling up to max; reset after `healthy`
-  // of uptime. Defaults: 10 s, 300 s, 600 s.
-  std::chrono::milliseconds restart_backoff{10000};
-  std::chrono::milliseconds max_restart_backoff{300000};
-  std::chrono::milliseconds healthy_reset{600000};
-  // Restarts of one device before giving up on it. Default: 10.
-  int max_restarts = 10;
-  // FAILED results of one member before it is stopped. Default: 3.
-  int max_member_failures = 3;
-  // On stop: wait this long for in-flight intervals, then abandon them (they
-  // rerun from the committed head). Default: 10 s.
-  std::chrono::milliseconds grace{10000};
+  // Worker restarts, heartbeat, member failures and the stop grace.
+  // Defaults: as in SupervisionOptions. `run` takes an experiment file's
+  // [supervision]; `serve` its file's [workers] and grace_s.
+  SupervisionOptions supervision;
   // Members evaluated on the test split when an experiment ends. Default: 5.
   int final_eval_top = 5;
   // Progress output (nullptr: none). Lines are rewritten in place on a TTY.
@@ -117,50 +120,6 @@ struct SchedulerOptions {
 // InvalidArgument quoting it when it is malformed.
 StatusOr<std::function<void(std::string_view)>> KillPointFromEnvironment();
 
-// One member's line in an experiment's summary.
-struct MemberSummary {
-  std::string member;
-  int intervals_done = 0;
-  std::string status;  // "done", "stopped", "failed", "running"
-  double val_acc = 0;
-  double test_acc = -1;  // -1: not evaluated
-  int64_t version = 0;
-  int64_t step = 0;
-  std::map<std::string, double> hparams;
-};
-
-// One worker process as the scheduler sees it.
-struct WorkerStatus {
-  int index = 0;
-  std::string device;
-  int64_t pid = 0;           // 0 while not running
-  bool ready = false;        // said HELLO
-  std::string mode;          // "plain" | "fused" | ""
-  int capacity = 0;
-  int busy = 0;
-  int restarts = 0;
-  bool given_up = false;
-  double samples_per_s = 0;  // last STATS
-};
-
-struct ExperimentSummary {
-  std::string id;
-  std::string status;  // "running", "done", "stopped", "failed"
-  int population = 0;
-  int intervals = 0;
-  int generation = 0;             // min intervals done over active members
-  int64_t exploits = 0;
-  int64_t train_samples = 0;      // this run
-  int64_t member_intervals = 0;   // intervals committed by this run
-  double wall_s = 0;              // this run, from Submit
-  double training_s = 0;          // this run, from the first dispatch to the last result
-  // This run, from the first dispatch to the first committed result: worker
-  // start-up (CONFIGURE loads the dataset) and one member's interval.
-  double first_result_s = 0;
-  std::vector<MemberSummary> members;  // best first
-  std::string store_path;
-};
-
 class Scheduler {
  public:
   virtual ~Scheduler() = default;
@@ -172,12 +131,15 @@ class Scheduler {
   // Adds an experiment: created in the store when new, resumed from its
   // committed state when present with the same configuration (a different
   // configuration under the same name is InvalidArgument). Done experiments are
-  // reported, not rerun.
+  // reported, not rerun. Corruption naming the experiment and member when a
+  // stored member-state record is damaged.
   virtual Status Submit(const ExperimentConfig& config) = 0;
 
   // Runs until every submitted experiment has ended or RequestStop; then
   // stops the workers and returns. Errors: no worker could be started, or
-  // every device was given up on.
+  // every device was given up on (Unavailable naming the last reason);
+  // Internal when the event loop caught an unexpected exception (logged; the
+  // workers are stopped and the store flushed before returning).
   virtual Status Run() = 0;
 
   // Asks Run to stop gracefully (in-flight intervals finish within the grace).
@@ -189,9 +151,6 @@ class Scheduler {
   virtual int64_t WorkersPeakRssBytes() const = 0;
   virtual store::Store* store() = 0;
 };
-
-// Copies an experiment file's [supervision] settings into `options`.
-void ApplySupervision(const SupervisionConfig& s, SchedulerOptions* options);
 
 // Prints the table of best members (hyperparameters, validation and test
 // accuracy) and where the store is.

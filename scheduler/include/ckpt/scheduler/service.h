@@ -56,19 +56,18 @@ struct ServiceConfig {
   size_t max_request_bytes = size_t{1} << 20;
   int max_clients = 64;
   std::chrono::milliseconds client_idle_timeout{30000};
-  // See SchedulerOptions for these. Defaults: as there, except grace 30 s.
-  std::chrono::milliseconds grace{30000};
+  // grace_s and [workers]. Defaults: as in SupervisionOptions, except grace 30 s.
+  SupervisionOptions supervision = [] {
+    SupervisionOptions s;
+    s.grace = std::chrono::milliseconds(30000);
+    return s;
+  }();
+  // See SchedulerOptions for these.
   bool sync_interval_commits = false;
   int final_eval_top = 5;
   bool log_progress = true;
   std::string worker_binary;
   size_t ring_bytes = size_t{64} << 20;
-  std::chrono::milliseconds heartbeat_timeout{10000};
-  std::chrono::milliseconds restart_backoff{10000};
-  std::chrono::milliseconds max_restart_backoff{300000};
-  std::chrono::milliseconds healthy_reset{600000};
-  int max_restarts = 10;
-  int max_member_failures = 3;
   // Where the configuration was read from (for messages and reloads).
   std::string origin;
 };

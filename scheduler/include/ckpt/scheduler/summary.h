@@ -1,0 +1,63 @@
+// What the scheduler reports of its experiments and workers: the values of
+// the control API (`status`, `list`, `devices`), of `ckpt-scheduler run`'s
+// summary table and of `ckpt-tool`. Plain values, std only, so that the
+// control client and the tool need nothing of the scheduler's engine.
+//
+// Thread-safety: values.
+#ifndef CKPT_SCHEDULER_SUMMARY_H_
+#define CKPT_SCHEDULER_SUMMARY_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace ckpt::scheduler {
+
+// One member's line in an experiment's summary.
+struct MemberSummary {
+  std::string member;
+  int intervals_done = 0;
+  std::string status;  // "done", "stopped", "failed", "running"
+  double val_acc = 0;
+  double test_acc = -1;  // -1: not evaluated
+  int64_t version = 0;
+  int64_t step = 0;
+  std::map<std::string, double> hparams;
+};
+
+// One worker process as the scheduler sees it.
+struct WorkerStatus {
+  int index = 0;
+  std::string device;
+  int64_t pid = 0;           // 0 while not running
+  bool ready = false;        // said HELLO
+  std::string mode;          // "plain" | "fused" | ""
+  int capacity = 0;
+  int busy = 0;
+  int restarts = 0;
+  bool given_up = false;
+  double samples_per_s = 0;  // last STATS
+};
+
+struct ExperimentSummary {
+  std::string id;
+  std::string status;  // "running", "done", "stopped", "failed"
+  int population = 0;
+  int intervals = 0;
+  int generation = 0;             // min intervals done over active members
+  int64_t exploits = 0;
+  int64_t train_samples = 0;      // this run
+  int64_t member_intervals = 0;   // intervals committed by this run
+  double wall_s = 0;              // this run, from Submit
+  double training_s = 0;          // this run, from the first dispatch to the last result
+  // This run, from the first dispatch to the first committed result: worker
+  // start-up (CONFIGURE loads the dataset) and one member's interval.
+  double first_result_s = 0;
+  std::vector<MemberSummary> members;  // best first
+  std::string store_path;
+};
+
+}  // namespace ckpt::scheduler
+
+#endif  // CKPT_SCHEDULER_SUMMARY_H_

@@ -1,0 +1,457 @@
+#include "experiment.h"
+
+#include <algorithm>
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "log.h"
+
+namespace ckpt::scheduler {
+namespace {
+
+using json = nlohmann::json;
+
+// Salt of the per-member initial-weights seed (kept: stores depend on it).
+constexpr uint64_t kInitSeedSalt = 0x1A1A;
+
+}  // namespace
+
+const char* ExperimentStatusName(ExperimentStatus status) {
+  switch (status) {
+    case ExperimentStatus::kRunning: return "running";
+    case ExperimentStatus::kPaused: return "paused";
+    case ExperimentStatus::kDone: return "done";
+    case ExperimentStatus::kStopped: return "stopped";
+    case ExperimentStatus::kFailed: return "failed";
+  }
+  return "running";
+}
+
+StatusOr<ExperimentStatus> ParseExperimentStatus(std::string_view name) {
+  if (name == "running" || name == "created") return ExperimentStatus::kRunning;
+  if (name == "paused") return ExperimentStatus::kPaused;
+  if (name == "done") return ExperimentStatus::kDone;
+  if (name == "stopped") return ExperimentStatus::kStopped;
+  if (name == "failed") return ExperimentStatus::kFailed;
+  return Status::InvalidArgument("unknown experiment status '" + std::string(name.substr(0, 32)) +
+                                 "'");
+}
+
+Experiment::Experiment(ExperimentConfig config, std::unique_ptr<Policy> policy,
+                       std::vector<Member> members, ExperimentStatus status,
+                       const ExperimentOptions& options, ExperimentIo* io, Clock::time_point now)
+    : config_(std::move(config)),
+      policy_(std::move(policy)),
+      options_(options),
+      io_(io),
+      members_(std::move(members)),
+      status_(status),
+      start_(now) {
+  for (size_t i = 0; i < members_.size(); ++i) by_name_[members_[i].name] = static_cast<int>(i);
+  if (status_ == ExperimentStatus::kDone || status_ == ExperimentStatus::kStopped ||
+      status_ == ExperimentStatus::kFailed) {
+    phase_ = Phase::kDone;
+  }
+}
+
+void Experiment::Start() {
+  if (phase_ == Phase::kDone) return;
+  MaybeAdvance();
+}
+
+int Experiment::Find(const std::string& member) const {
+  auto it = by_name_.find(member);
+  return it == by_name_.end() ? -1 : it->second;
+}
+
+MemberProgress Experiment::Progress(const Member& m) const {
+  return MemberProgress{m.name,         m.state.index, m.state.interval, m.state.last_exploit,
+                        m.state.score,  m.hparams,     m.active()};
+}
+
+std::string Experiment::MemberEvent(const char* type, const Member& m) const {
+  return json{{"type", type}, {"member", m.name}}.dump();
+}
+
+void Experiment::Enqueue(int member, bool eval, bool front) {
+  Member& m = members_[member];
+  if (!eval) m.state.status = MemberStatus::kQueued;
+  if (front) {
+    ready_.push_front(Pending{member, eval});
+  } else {
+    ready_.push_back(Pending{member, eval});
+  }
+}
+
+WorkItem Experiment::TakeNext(Clock::time_point now) {
+  CKPT_CHECK(Runnable());
+  const Pending p = ready_.front();
+  ready_.pop_front();
+  Member& m = members_[p.member];
+  WorkItem w;
+  w.member = m.name;
+  w.head_version = m.version;
+  w.steps = p.eval ? 0 : config_.steps_per_interval;
+  w.hparams = m.hparams;
+  w.init_seed = MixSeed(config_.seed, kInitSeedSalt, static_cast<uint64_t>(m.state.index));
+  w.eval_only = p.eval;
+  w.interval_after = p.eval ? m.state.interval : m.state.interval + 1;
+  w.state_after = m.state;
+  w.state_after.interval = w.interval_after;
+  w.state_after.failures = 0;
+  w.state_after.status =
+      w.interval_after >= config_.intervals ? MemberStatus::kDone : MemberStatus::kIdle;
+  if (!p.eval) m.state.status = MemberStatus::kRunning;
+  if (first_dispatch_ == Clock::time_point{}) first_dispatch_ = now;
+  ++in_flight_;
+  return w;
+}
+
+void Experiment::OnCommitted(const WorkItem& item, int64_t version, int64_t step, double score,
+                             int64_t samples, Clock::time_point now) {
+  --in_flight_;
+  const int i = Find(item.member);
+  if (i < 0) return;
+  Member* m = &members_[i];
+  m->state.status = MemberStatus::kIdle;
+  m->state.interval = item.interval_after;
+  m->state.score = score;
+  m->state.failures = 0;
+  m->version = version;
+  m->step = step;
+  samples_ += samples;
+  ++intervals_this_run_;
+  last_result_ = now;
+  if (first_result_ == Clock::time_point{}) first_result_ = now;
+  io_->KillPoint("scheduler.committed");
+  if (phase_ != Phase::kTraining) {
+    if (m->state.interval >= config_.intervals) m->state.status = MemberStatus::kDone;
+    return;
+  }
+  AfterInterval(m, now);
+}
+
+void Experiment::AfterInterval(Member* m, Clock::time_point now) {
+  const auto& c = config_;
+  if (m->state.interval >= c.intervals) m->state.status = MemberStatus::kDone;
+  if (c.target_metric > 0 && m->state.score >= c.target_metric && !training_closed_) {
+    training_closed_ = true;
+    Logger().info("{}: {} reached the target {} (score {:.4f}); no new intervals", c.name,
+                  m->name, c.target_metric, m->state.score);
+    io_->AppendEvent(json{{"type", "target_reached"},
+                          {"member", m->name},
+                          {"score", m->state.score},
+                          {"target", c.target_metric}}
+                         .dump());
+  }
+  if (c.max_wall_s > 0 && !training_closed_ &&
+      std::chrono::duration<double>(now - start_).count() >= c.max_wall_s) {
+    training_closed_ = true;
+    Logger().info("{}: wall-time limit of {} s reached; no new intervals", c.name, c.max_wall_s);
+    io_->AppendEvent(json{{"type", "wall_time_reached"}, {"max_wall_s", c.max_wall_s}}.dump());
+  }
+  if (!policy_->synchronous() && !training_closed_ && m->state.status == MemberStatus::kIdle) {
+    std::vector<MemberProgress> all;
+    for (const auto& o : members_) all.push_back(Progress(o));
+    ApplyDecisions(policy_->Decide(m->state.interval, {Progress(*m)}, all));
+    if (m->state.status == MemberStatus::kIdle) Enqueue(Find(m->name), false);
+  }
+  MaybeAdvance();
+}
+
+void Experiment::MaybeAdvance() {
+  if (phase_ != Phase::kTraining) return;
+  const auto& c = config_;
+  if (!training_closed_) {
+    if (policy_->synchronous()) {
+      int gen = c.intervals;
+      bool busy = false;
+      for (const auto& m : members_) {
+        if (!m.active()) continue;
+        gen = std::min(gen, m.state.interval);
+        busy = busy || m.state.status == MemberStatus::kRunning ||
+               m.state.status == MemberStatus::kQueued;
+      }
+      // A member past the generation (only in a resumed run) means its barrier
+      // was already applied: deciding it again would rank the laggards against
+      // newer scores and exploit them a second time. Finished members count:
+      // they are the usual case when a run is killed in its last generation.
+      bool ahead = false;
+      for (const auto& m : members_) {
+        if (m.active() && m.state.interval > gen) ahead = true;
+      }
+      if (!busy && gen < c.intervals) {
+        if (!ahead && gen > 0 && gen != generation_) {
+          std::vector<MemberProgress> all, at_gen;
+          for (const auto& o : members_) {
+            all.push_back(Progress(o));
+            if (o.active() && o.state.interval == gen) at_gen.push_back(Progress(o));
+          }
+          ApplyDecisions(policy_->Decide(gen, at_gen, all));
+        }
+        generation_ = gen;
+        // Members ahead of the generation (a resumed run) wait; those at it run.
+        for (size_t i = 0; i < members_.size(); ++i) {
+          Member& m = members_[i];
+          if (m.active() && m.state.status == MemberStatus::kIdle && m.state.interval == gen) {
+            Enqueue(static_cast<int>(i), false);
+          }
+        }
+      }
+    } else {
+      for (size_t i = 0; i < members_.size(); ++i) {
+        Member& m = members_[i];
+        if (m.state.status == MemberStatus::kIdle && m.state.interval < c.intervals) {
+          Enqueue(static_cast<int>(i), false);
+        }
+      }
+      int gen = c.intervals;
+      for (const auto& m : members_) {
+        if (m.active()) gen = std::min(gen, m.state.interval);
+      }
+      generation_ = gen;
+    }
+  }
+  bool open = false;
+  for (const auto& m : members_) {
+    if (m.state.status == MemberStatus::kRunning || m.state.status == MemberStatus::kQueued) {
+      open = true;
+    }
+    if (!training_closed_ && m.state.status == MemberStatus::kIdle &&
+        m.state.interval < c.intervals) {
+      open = true;
+    }
+  }
+  if (!open && in_flight_ == 0) StartFinalEval();
+}
+
+void Experiment::ApplyDecisions(const std::map<std::string, Decision>& decisions) {
+  for (const auto& [name, d] : decisions) {
+    const int i = Find(name);
+    if (i < 0) continue;
+    Member& m = members_[i];
+    if (d.kind == Decision::Kind::kExploit) {
+      const int donor_index = Find(d.donor);
+      if (donor_index < 0 || donor_index == i) continue;
+      json ev = {{"type", "exploit"},        {"member", name}, {"donor", d.donor},
+                 {"interval", m.state.interval}, {"why", d.why},  {"hparams", d.hparams}};
+      auto v = io_->Exploit(name, d.donor, d.hparams, ev.dump());
+      if (!v.ok()) {
+        Logger().warn("{}: exploit {} <- {} failed: {}", config_.name, name, d.donor,
+                      v.status().ToString());
+        continue;
+      }
+      const Member& donor = members_[donor_index];
+      m.version = *v;
+      m.step = donor.step;
+      m.hparams = d.hparams;
+      m.state.last_exploit = m.state.interval;
+      ++exploits_;
+      io_->KillPoint("scheduler.exploited");
+      io_->SaveState(name, m.state);
+    } else if (d.kind == Decision::Kind::kStop) {
+      m.state.status = MemberStatus::kStopped;
+      io_->SaveState(name, m.state);
+      io_->AppendEvent(json{{"type", "member_stopped"}, {"member", name}, {"why", d.why}}.dump());
+    }
+  }
+}
+
+void Experiment::OnEvaluated(const WorkItem& item, double test_acc) {
+  --in_flight_;
+  const int i = Find(item.member);
+  if (i < 0 || phase_ != Phase::kFinalEval) return;
+  members_[i].state.test_acc = test_acc;
+  if (--evals_pending_ == 0) Finish();
+}
+
+void Experiment::OnFailed(const WorkItem& item, const std::string& code,
+                          const std::string& reason, bool head_moved) {
+  --in_flight_;
+  const int i = Find(item.member);
+  if (i < 0) return;
+  Member* m = &members_[i];
+  if (!item.eval_only) m->state.status = MemberStatus::kIdle;
+  if (phase_ == Phase::kDone) return;
+  if (!head_moved) ++m->state.failures;
+  io_->AppendEvent(json{{"type", "failed"},
+                        {"member", m->name},
+                        {"code", code},
+                        {"reason", reason},
+                        {"failures", m->state.failures}}
+                       .dump());
+  Logger().warn("{}: member {} failed ({}): {}", config_.name, m->name, code, reason);
+  if (item.eval_only) {
+    // A member that cannot be evaluated keeps its trained state; it is
+    // reported without a test accuracy.
+    if (m->state.failures < options_.max_member_failures) {
+      Enqueue(i, true);
+    } else if (--evals_pending_ == 0) {
+      Finish();
+    }
+    return;
+  }
+  if (m->state.failures >= options_.max_member_failures) {
+    m->state.status = MemberStatus::kFailed;
+    io_->SaveState(m->name, m->state);
+    io_->AppendEvent(json{{"type", "member_stopped"},
+                          {"member", m->name},
+                          {"why", "failed " + std::to_string(m->state.failures) +
+                                      " times; last: " + reason},
+                          {"kept_version", m->version}}
+                         .dump());
+    Logger().warn("{}: member {} stopped after {} failures; its last good version {} is kept",
+                  config_.name, m->name, m->state.failures, m->version);
+    MaybeAdvance();
+  } else {
+    Enqueue(i, false, /*front=*/true);
+  }
+}
+
+void Experiment::OnReturned(const WorkItem& item) {
+  --in_flight_;
+  const int i = Find(item.member);
+  if (i < 0) return;
+  if (!item.eval_only) members_[i].state.status = MemberStatus::kIdle;
+  if (phase_ == Phase::kDone) return;
+  Enqueue(i, item.eval_only, /*front=*/true);
+}
+
+void Experiment::OnConfigureRefused(const std::string& reason) {
+  if (phase_ == Phase::kDone) return;
+  Logger().error("{}: a worker refused the experiment: {}; the experiment has failed",
+                 config_.name, reason);
+  io_->AppendEvent(json{{"type", "configure_refused"}, {"reason", reason}}.dump());
+  End(ExperimentStatus::kFailed);
+}
+
+void Experiment::End(ExperimentStatus status) {
+  for (const auto& p : ready_) {
+    Member& m = members_[p.member];
+    if (m.state.status == MemberStatus::kQueued) m.state.status = MemberStatus::kIdle;
+  }
+  ready_.clear();
+  phase_ = Phase::kDone;
+  status_ = status;
+  Status s = io_->SetStatus(status);
+  if (!s.ok()) {
+    Logger().error("{}: recording its end ({}): {}", id(), ExperimentStatusName(status),
+                   s.ToString());
+  }
+}
+
+Status Experiment::Pause() {
+  if (phase_ == Phase::kDone) {
+    return Status::FailedPrecondition("experiment " + id() + " has ended (" +
+                                      ExperimentStatusName(status_) + ")");
+  }
+  CKPT_RETURN_IF_ERROR(io_->SetStatus(ExperimentStatus::kPaused));
+  status_ = ExperimentStatus::kPaused;
+  io_->AppendEvent(json{{"type", "paused"}}.dump());
+  return Status::OK();
+}
+
+Status Experiment::Resume() {
+  if (phase_ == Phase::kDone) {
+    return Status::FailedPrecondition("experiment " + id() + " has ended (" +
+                                      ExperimentStatusName(status_) + ")");
+  }
+  CKPT_RETURN_IF_ERROR(io_->SetStatus(ExperimentStatus::kRunning));
+  status_ = ExperimentStatus::kRunning;
+  io_->AppendEvent(json{{"type", "resumed"}}.dump());
+  return Status::OK();
+}
+
+Status Experiment::Stop() {
+  if (phase_ == Phase::kDone) {
+    return Status::FailedPrecondition("experiment " + id() + " has ended (" +
+                                      ExperimentStatusName(status_) + ")");
+  }
+  CKPT_RETURN_IF_ERROR(io_->SetStatus(ExperimentStatus::kStopped));
+  io_->AppendEvent(json{{"type", "stopped"}}.dump());
+  End(ExperimentStatus::kStopped);
+  return Status::OK();
+}
+
+Status Experiment::OnRestored(const std::string& member, int64_t version, const HParams& hparams,
+                              int64_t step) {
+  const int i = Find(member);
+  if (i < 0) return Status::NotFound("member " + member + " of experiment " + id());
+  // A task in flight was sent the old head: its commit is refused (the head
+  // moved) and the member reruns from this version.
+  Member& m = members_[i];
+  m.version = version;
+  m.hparams = hparams;
+  m.step = step;
+  return Status::OK();
+}
+
+void Experiment::StartFinalEval() {
+  phase_ = Phase::kFinalEval;
+  std::vector<MemberProgress> all;
+  for (const auto& o : members_) {
+    if (o.version > 0) all.push_back(Progress(o));
+  }
+  int n = 0;
+  for (const auto* p : RankByScore(all)) {
+    if (n >= options_.final_eval_top) break;
+    Enqueue(Find(p->member), true);
+    ++n;
+  }
+  evals_pending_ = n;
+  if (n == 0) Finish();
+}
+
+// The test accuracies are kept in the members' state records (written before
+// the experiment is marked done), so a finished experiment reports them after
+// a restart without reading its event log.
+void Experiment::Finish() {
+  json results = json::array();
+  for (const auto& m : members_) {
+    if (std::isnan(m.state.test_acc)) continue;
+    io_->SaveState(m.name, m.state);
+    results.push_back({{"member", m.name},
+                       {"val_acc", m.state.score},
+                       {"test_acc", m.state.test_acc},
+                       {"version", m.version}});
+  }
+  io_->AppendEvent(json{{"type", "final_eval"}, {"results", results}}.dump());
+  End(ExperimentStatus::kDone);
+}
+
+ExperimentSummary Experiment::Summary(Clock::time_point now) const {
+  ExperimentSummary s;
+  s.id = id();
+  s.status = ExperimentStatusName(status_);
+  s.population = config_.population;
+  s.intervals = config_.intervals;
+  s.generation = generation_;
+  s.exploits = exploits_;
+  s.train_samples = samples_;
+  s.wall_s = std::chrono::duration<double>(now - start_).count();
+  s.member_intervals = intervals_this_run_;
+  if (first_dispatch_ != Clock::time_point{} && last_result_ > first_dispatch_) {
+    s.training_s = std::chrono::duration<double>(last_result_ - first_dispatch_).count();
+    s.first_result_s = std::chrono::duration<double>(first_result_ - first_dispatch_).count();
+  }
+  for (const auto& m : members_) {
+    MemberSummary ms;
+    ms.member = m.name;
+    ms.intervals_done = m.state.interval;
+    ms.status = MemberStatusName(m.state.status);
+    ms.val_acc = std::isfinite(m.state.score) ? m.state.score : 0;
+    ms.test_acc = std::isfinite(m.state.test_acc) ? m.state.test_acc : -1;
+    ms.version = m.version;
+    ms.step = m.step;
+    ms.hparams = m.hparams;
+    s.members.push_back(ms);
+  }
+  std::sort(s.members.begin(), s.members.end(),
+            [](const MemberSummary& a, const MemberSummary& b) {
+              if (a.val_acc != b.val_acc) return a.val_acc > b.val_acc;
+              return a.member < b.member;
+            });
+  return s;
+}
+
+}  // namespace ckpt::scheduler

@@ -1,0 +1,206 @@
+// Experiment: one experiment's population-based-training logic, and nothing
+// else (private to ckpt::scheduler).
+//
+// It holds the members' scheduling state, the queue of member-intervals ready
+// to run, the synchronous barrier and the final evaluation, asks the policy
+// for decisions and applies them. It is driven by events (a result committed,
+// an evaluation back, a failure, a task returned by a lost worker, a control
+// verb) and hands out work (TakeNext). It owns no thread, process, socket or
+// timer, reads no clock (callers pass `now`) and does its few writes through
+// ExperimentIo, so a unit test drives it alone, in any order of events.
+//
+// Sync mode: generation g is decided once, when every active member has
+// finished interval g and none is queued or running: the policy sees every
+// member at g (Decide), its exploits and stops are applied, and the members
+// at g are queued for g+1. A member past g (only in a resumed run) means the
+// barrier of g was already applied before the crash: it is not decided again.
+// Decisions are pure functions of the committed generation and the seed, so an
+// interrupted run ends with the same heads as an uninterrupted one.
+// Async mode: each member is decided on as soon as its own interval ends.
+//
+// Ownership: the caller owns the ExperimentIo, which must outlive this.
+// Thread-safety: none; one thread (the scheduler's event loop) calls it.
+#ifndef CKPT_SCHEDULER_EXPERIMENT_H_
+#define CKPT_SCHEDULER_EXPERIMENT_H_
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ckpt/format/status.h"
+#include "ckpt/scheduler/config.h"
+#include "ckpt/scheduler/policy.h"
+#include "ckpt/scheduler/summary.h"
+#include "member_state.h"
+
+namespace ckpt::scheduler {
+
+using Clock = std::chrono::steady_clock;
+
+// An experiment's status as the store keeps it ("running", "paused", "done",
+// "stopped", "failed"; the store's "created" reads as running).
+enum class ExperimentStatus { kRunning, kPaused, kDone, kStopped, kFailed };
+const char* ExperimentStatusName(ExperimentStatus status);
+// InvalidArgument quoting an unknown name.
+StatusOr<ExperimentStatus> ParseExperimentStatus(std::string_view name);
+
+// One member as the scheduler tracks it: its head and its state record.
+struct Member {
+  std::string name;
+  MemberState state;  // index, interval, last exploit, score, status, failures, test accuracy
+  HParams hparams;    // of the head
+  int64_t version = 0;
+  int64_t step = 0;
+
+  bool active() const {
+    return state.status != MemberStatus::kStopped && state.status != MemberStatus::kFailed;
+  }
+};
+
+// One member-interval (or final evaluation) to hand to a worker.
+struct WorkItem {
+  std::string member;
+  int64_t head_version = 0;  // the state it trains from (0: initialise)
+  int64_t steps = 0;         // 0 for an evaluation
+  HParams hparams;
+  uint64_t init_seed = 0;
+  bool eval_only = false;    // steps 0, evaluate validation and test, commit nothing
+  int interval_after = 0;    // the member's interval count once committed
+  // The member's state record once the result is committed (its score is
+  // filled in from the result); written right after the commit.
+  MemberState state_after;
+};
+
+// The experiment's writes. Implemented over the store (StoreExperimentIo) for
+// the scheduler and its tests.
+class ExperimentIo {
+ public:
+  virtual ~ExperimentIo() = default;
+  // PBT exploit: `member`'s new head points at `donor`'s head blob, with
+  // `hparams`; logs `event_json`. Returns the new version.
+  virtual StatusOr<int64_t> Exploit(const std::string& member, const std::string& donor,
+                                    const HParams& hparams, const std::string& event_json) = 0;
+  // Writes a member's state record. Failures are logged by the implementation.
+  virtual void SaveState(const std::string& member, const MemberState& state) = 0;
+  // Appends one event (a JSON object) to the experiment's log.
+  virtual void AppendEvent(const std::string& json) = 0;
+  // Records the experiment's status. Errors: the store's.
+  virtual Status SetStatus(ExperimentStatus status) = 0;
+  // Crash-test seam (SchedulerOptions::kill_point).
+  virtual void KillPoint(std::string_view point) = 0;
+};
+
+struct ExperimentOptions {
+  // FAILED results in a row before a member is stopped. Default: 3.
+  int max_member_failures = 3;
+  // Members evaluated on the test split when the experiment ends. Default: 5.
+  int final_eval_top = 5;
+};
+
+enum class Phase { kTraining, kFinalEval, kDone };
+
+class Experiment {
+ public:
+  // `members` as LoadMembers derived them from the store (in population order);
+  // `status` the stored one: kDone/kStopped/kFailed start ended, kPaused paused.
+  Experiment(ExperimentConfig config, std::unique_ptr<Policy> policy, std::vector<Member> members,
+             ExperimentStatus status, const ExperimentOptions& options, ExperimentIo* io,
+             Clock::time_point now);
+
+  // Queues what can run now (and decides a barrier that a crash left
+  // undecided). Call once, after construction.
+  void Start();
+
+  const std::string& id() const { return config_.name; }
+  const ExperimentConfig& config() const { return config_; }
+  ExperimentStatus status() const { return status_; }
+  Phase phase() const { return phase_; }
+  bool ended() const { return phase_ == Phase::kDone; }
+  // Whether TakeNext has work to give (running, not paused, queue not empty).
+  bool Runnable() const { return status_ == ExperimentStatus::kRunning && !ready_.empty(); }
+  int in_flight() const { return in_flight_; }
+  int generation() const { return generation_; }
+  int64_t exploits() const { return exploits_; }
+  const std::vector<Member>& members() const { return members_; }
+  // Member-intervals queued, oldest first (for tests and progress).
+  size_t queued() const { return ready_.size(); }
+
+  // The next member-interval. REQUIRES: Runnable().
+  WorkItem TakeNext(Clock::time_point now);
+
+  // A dispatched interval's result was committed as `version`.
+  void OnCommitted(const WorkItem& item, int64_t version, int64_t step, double score,
+                   int64_t samples, Clock::time_point now);
+  // A dispatched evaluation came back.
+  void OnEvaluated(const WorkItem& item, double test_acc);
+  // A dispatched item failed: the worker's FAILED (`code`, `reason`), or a
+  // commit error. `head_moved`: the commit was refused because the head moved
+  // (a restore): no failure is counted, the member reruns from its new head.
+  void OnFailed(const WorkItem& item, const std::string& code, const std::string& reason,
+                bool head_moved);
+  // A dispatched item will never be reported (its worker was lost): it goes
+  // back to the front of the queue, from the committed head.
+  void OnReturned(const WorkItem& item);
+  // A worker refused the experiment's CONFIGURE (its model or dataset cannot
+  // be loaded): the experiment ends at once as failed, with the reason.
+  void OnConfigureRefused(const std::string& reason);
+
+  // Control verbs. FailedPrecondition when the experiment has ended.
+  Status Pause();
+  Status Resume();
+  Status Stop();
+  // The store made `version` the member's head (a restore): later intervals
+  // train from it. NotFound naming the member.
+  Status OnRestored(const std::string& member, int64_t version, const HParams& hparams,
+                    int64_t step);
+
+  ExperimentSummary Summary(Clock::time_point now) const;
+  // Member position by name, -1 when unknown.
+  int Find(const std::string& member) const;
+
+ private:
+  void AfterInterval(Member* m, Clock::time_point now);
+  void MaybeAdvance();
+  void ApplyDecisions(const std::map<std::string, Decision>& decisions);
+  void Enqueue(int member, bool eval, bool front = false);
+  void StartFinalEval();
+  void Finish();
+  void End(ExperimentStatus status);
+  MemberProgress Progress(const Member& m) const;
+  std::string MemberEvent(const char* type, const Member& m) const;
+
+  struct Pending {
+    int member;
+    bool eval;
+  };
+
+  const ExperimentConfig config_;
+  const std::unique_ptr<Policy> policy_;
+  const ExperimentOptions options_;
+  ExperimentIo* const io_;
+  std::vector<Member> members_;
+  std::map<std::string, int> by_name_;
+  std::deque<Pending> ready_;
+  ExperimentStatus status_ = ExperimentStatus::kRunning;
+  Phase phase_ = Phase::kTraining;
+  bool training_closed_ = false;  // target reached / wall time: no new intervals
+  int generation_ = 0;
+  int in_flight_ = 0;
+  int evals_pending_ = 0;
+  int64_t exploits_ = 0;
+  int64_t samples_ = 0;
+  int64_t intervals_this_run_ = 0;
+  Clock::time_point start_;
+  Clock::time_point first_dispatch_{};
+  Clock::time_point first_result_{};
+  Clock::time_point last_result_{};
+};
+
+}  // namespace ckpt::scheduler
+
+#endif  // CKPT_SCHEDULER_EXPERIMENT_H_

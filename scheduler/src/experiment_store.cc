@@ -1,0 +1,108 @@
+#include "experiment_store.h"
+
+#include <algorithm>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "log.h"
+
+namespace ckpt::scheduler {
+
+std::string MemberName(int index, int population) {
+  const int width = std::max(3, static_cast<int>(std::to_string(std::max(0, population - 1)).size()));
+  const std::string n = std::to_string(index);
+  return "m" + std::string(width > static_cast<int>(n.size()) ? width - n.size() : 0, '0') + n;
+}
+
+Status CreateExperimentRecords(store::Store* store, const ExperimentConfig& config) {
+  const std::string& id = config.name;
+  CKPT_RETURN_IF_ERROR(
+      store->CreateExperiment(id, nlohmann::json{{"toml", config.source}}.dump()));
+  std::map<std::string, std::map<std::string, double>> hparams;
+  for (int i = 0; i < config.population; ++i) {
+    hparams[MemberName(i, config.population)] = SampleInitial(config, i);
+  }
+  CKPT_RETURN_IF_ERROR(store->CreateMembers(id, hparams));
+  for (int i = 0; i < config.population; ++i) {
+    MemberState s;
+    s.index = i;
+    CKPT_RETURN_IF_ERROR(
+        store->SetMemberState(id, MemberName(i, config.population), EncodeMemberState(s)));
+  }
+  return Status::OK();
+}
+
+StatusOr<std::vector<Member>> LoadMembers(store::Store* store, const ExperimentConfig& config) {
+  const std::string& exp = config.name;
+  CKPT_ASSIGN_OR_RETURN(auto heads, store->ListMembers(exp));
+  std::vector<Member> members;
+  members.reserve(heads.size());
+  for (const auto& h : heads) {
+    Member m;
+    m.name = h.member;
+    m.version = h.version;
+    m.step = h.step;
+    m.hparams = h.hparams;
+    CKPT_ASSIGN_OR_RETURN(m.state, DecodeMemberState(h.state, exp, h.member));
+    // A record without an index (a fresh or version-1 one): the position in
+    // the population, which the zero-padded names keep in key order.
+    if (m.state.index < 0) m.state.index = static_cast<int>(members.size());
+    if (h.version > 0) {
+      auto man = store->GetManifest(exp, h.member, h.version);
+      if (!man.ok()) {
+        return man.status().WithPrefix("experiment " + exp + " member " + h.member + " head v" +
+                                       std::to_string(h.version));
+      }
+      if (man->reason == store::kReasonTrained) {
+        auto it = man->metrics.find("interval");
+        const int iv = it == man->metrics.end() ? 0 : static_cast<int>(it->second);
+        if (iv > m.state.interval) {
+          m.state.interval = iv;
+          m.state.score = man->score();
+          m.state.failures = 0;
+        }
+      } else if (man->reason == store::kReasonExploit) {
+        // An exploit always follows the member's own interval-`interval` result.
+        m.state.last_exploit = m.state.interval;
+      }
+    }
+    if (m.state.status != MemberStatus::kStopped && m.state.status != MemberStatus::kFailed) {
+      m.state.status =
+          m.state.interval >= config.intervals ? MemberStatus::kDone : MemberStatus::kIdle;
+    }
+    members.push_back(std::move(m));
+  }
+  return members;
+}
+
+StoreExperimentIo::StoreExperimentIo(store::Store* store, std::string exp,
+                                     std::function<void(std::string_view)> kill_point)
+    : store_(store), exp_(std::move(exp)), kill_point_(std::move(kill_point)) {}
+
+StatusOr<int64_t> StoreExperimentIo::Exploit(const std::string& member, const std::string& donor,
+                                             const HParams& hparams,
+                                             const std::string& event_json) {
+  return store_->Exploit(exp_, member, donor, hparams, event_json);
+}
+
+void StoreExperimentIo::SaveState(const std::string& member, const MemberState& state) {
+  Status s = store_->SetMemberState(exp_, member, EncodeMemberState(state));
+  if (!s.ok()) {
+    Logger().error("{}: writing the state record of {}: {}", exp_, member, s.ToString());
+  }
+}
+
+void StoreExperimentIo::AppendEvent(const std::string& json) {
+  auto s = store_->AppendEvent(exp_, json);
+  if (!s.ok()) Logger().error("{}: appending an event: {}", exp_, s.status().ToString());
+}
+
+Status StoreExperimentIo::SetStatus(ExperimentStatus status) {
+  return store_->SetExperimentStatus(exp_, ExperimentStatusName(status));
+}
+
+void StoreExperimentIo::KillPoint(std::string_view point) {
+  if (kill_point_) kill_point_(point);
+}
+
+}  // namespace ckpt::scheduler

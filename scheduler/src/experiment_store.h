@@ -1,0 +1,64 @@
+// An experiment's records in the store: creating them, deriving the members'
+// scheduling state from them at start, and ExperimentIo over the store
+// (private to ckpt::scheduler).
+//
+// Crash safety: an interval's commit (blob, manifest, head, event) is one
+// WriteBatch; the member's state record follows it, and an exploit's state
+// record follows the exploit. A crash between the two is reconciled here from
+// the head manifest, which is always the newer: a trained head whose
+// "interval" metric is past the record's wins, an exploit head means the
+// exploit of the record's interval happened.
+//
+// Thread-safety: as store::Store (any thread); a StoreExperimentIo is used by
+// the one thread that drives its Experiment.
+#ifndef CKPT_SCHEDULER_EXPERIMENT_STORE_H_
+#define CKPT_SCHEDULER_EXPERIMENT_STORE_H_
+
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ckpt/format/status.h"
+#include "ckpt/scheduler/config.h"
+#include "ckpt/store/store.h"
+#include "experiment.h"
+
+namespace ckpt::scheduler {
+
+// "m007": member `index` of a population of `population`, zero-padded to at
+// least 3 digits, so names sort in index order.
+std::string MemberName(int index, int population);
+
+// Creates the experiment (config JSON {"toml": source}), its members with their
+// initial hyperparameters (SampleInitial) and their first state records
+// (index, interval 0). Errors: the store's.
+Status CreateExperimentRecords(store::Store* store, const ExperimentConfig& config);
+
+// The members of `config.name` in population order, with their state as the
+// store has it. Corruption naming the experiment and member when a state
+// record does not decode; the store's errors otherwise.
+StatusOr<std::vector<Member>> LoadMembers(store::Store* store, const ExperimentConfig& config);
+
+class StoreExperimentIo : public ExperimentIo {
+ public:
+  // `kill_point` may be empty. The store must outlive this.
+  StoreExperimentIo(store::Store* store, std::string exp,
+                    std::function<void(std::string_view)> kill_point);
+
+  StatusOr<int64_t> Exploit(const std::string& member, const std::string& donor,
+                            const HParams& hparams, const std::string& event_json) override;
+  void SaveState(const std::string& member, const MemberState& state) override;
+  void AppendEvent(const std::string& json) override;
+  Status SetStatus(ExperimentStatus status) override;
+  void KillPoint(std::string_view point) override;
+
+ private:
+  store::Store* const store_;
+  const std::string exp_;
+  const std::function<void(std::string_view)> kill_point_;
+};
+
+}  // namespace ckpt::scheduler
+
+#endif  // CKPT_SCHEDULER_EXPERIMENT_STORE_H_

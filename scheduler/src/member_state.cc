@@ -1,0 +1,123 @@
+// The only file that knows the member-state record's JSON; nlohmann's
+// exceptions never leave it (parsing without exceptions, every field checked
+// for its type before it is read).
+#include "member_state.h"
+
+#include <limits>
+#include <nlohmann/json.hpp>
+
+namespace ckpt::scheduler {
+namespace {
+
+using json = nlohmann::json;
+
+bool SameDouble(double a, double b) { return (std::isnan(a) && std::isnan(b)) || a == b; }
+
+json NumberOrNull(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
+
+}  // namespace
+
+const char* MemberStatusName(MemberStatus status) {
+  switch (status) {
+    case MemberStatus::kIdle:
+    case MemberStatus::kQueued:
+    case MemberStatus::kRunning:
+      return "running";
+    case MemberStatus::kDone:
+      return "done";
+    case MemberStatus::kStopped:
+      return "stopped";
+    case MemberStatus::kFailed:
+      return "failed";
+  }
+  return "running";
+}
+
+bool operator==(const MemberState& a, const MemberState& b) {
+  return a.index == b.index && a.interval == b.interval && a.last_exploit == b.last_exploit &&
+         SameDouble(a.score, b.score) && MemberStatusName(a.status) == std::string_view(MemberStatusName(b.status)) &&
+         a.failures == b.failures && SameDouble(a.test_acc, b.test_acc);
+}
+
+std::string EncodeMemberState(const MemberState& s) {
+  json j = {{"v", kMemberStateVersion},
+            {"index", s.index},
+            {"interval", s.interval},
+            {"last_exploit", s.last_exploit},
+            {"score", NumberOrNull(s.score)},
+            {"status", MemberStatusName(s.status)},
+            {"failures", s.failures},
+            {"test_acc", NumberOrNull(s.test_acc)}};
+  return j.dump();
+}
+
+StatusOr<MemberState> DecodeMemberState(std::string_view bytes, const std::string& exp,
+                                        const std::string& member) {
+  MemberState s;
+  if (bytes.empty() || bytes == "created") return s;
+  auto bad = [&](const std::string& what) {
+    return Status::Corruption("experiment " + exp + " member " + member + ": state record " +
+                              what);
+  };
+  const json j = json::parse(bytes.begin(), bytes.end(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return bad("is not JSON");
+  if (!j.is_object()) return bad("is not a JSON object");
+  int version = 1;
+  if (auto it = j.find("v"); it != j.end()) {
+    if (!it->is_number_integer()) return bad("field 'v' is not an integer");
+    version = it->get<int>();
+    if (version < 2 || version > kMemberStateVersion) {
+      return bad("has version " + std::to_string(version) + "; this scheduler reads 1 to " +
+                 std::to_string(kMemberStateVersion));
+    }
+  }
+  auto read_int = [&](const char* key, int lo, int* out) -> Status {
+    auto it = j.find(key);
+    if (it == j.end()) return Status::OK();
+    if (!it->is_number_integer()) return bad(std::string("field '") + key + "' is not an integer");
+    const int64_t v = it->get<int64_t>();
+    if (v < lo || v > std::numeric_limits<int>::max()) {
+      return bad(std::string("field '") + key + "' is out of range: " + std::to_string(v));
+    }
+    *out = static_cast<int>(v);
+    return Status::OK();
+  };
+  auto read_score = [&](const char* key, double* out) -> Status {
+    auto it = j.find(key);
+    if (it == j.end() || it->is_null()) return Status::OK();
+    if (!it->is_number()) return bad(std::string("field '") + key + "' is not a number or null");
+    *out = it->get<double>();
+    // Version 1 wrote "none" as -1.
+    if (version == 1 && *out < 0) *out = std::nan("");
+    return Status::OK();
+  };
+  CKPT_RETURN_IF_ERROR(read_int("index", version == 1 ? 0 : -1, &s.index));
+  if (version == 1) s.index = -1;
+  CKPT_RETURN_IF_ERROR(read_int("interval", 0, &s.interval));
+  CKPT_RETURN_IF_ERROR(read_int("last_exploit", 0, &s.last_exploit));
+  CKPT_RETURN_IF_ERROR(read_int("failures", 0, &s.failures));
+  CKPT_RETURN_IF_ERROR(read_score("score", &s.score));
+  CKPT_RETURN_IF_ERROR(read_score("test_acc", &s.test_acc));
+  if (s.last_exploit > s.interval) {
+    return bad("has last_exploit " + std::to_string(s.last_exploit) + " after interval " +
+               std::to_string(s.interval));
+  }
+  if (auto it = j.find("status"); it != j.end()) {
+    if (!it->is_string()) return bad("field 'status' is not a string");
+    const std::string& st = it->get_ref<const std::string&>();
+    if (st == "running") {
+      s.status = MemberStatus::kIdle;
+    } else if (st == "done") {
+      s.status = MemberStatus::kDone;
+    } else if (st == "stopped") {
+      s.status = MemberStatus::kStopped;
+    } else if (st == "failed") {
+      s.status = MemberStatus::kFailed;
+    } else {
+      return bad("has unknown status '" + st.substr(0, 32) + "'");
+    }
+  }
+  return s;
+}
+
+}  // namespace ckpt::scheduler

@@ -1,0 +1,66 @@
+// MemberState: the scheduling state of one member, kept in the `state` field
+// of its head (store::Store::SetMemberState), and its one encoder and decoder.
+//
+// Stored form: a JSON object, written only by EncodeMemberState:
+//   {"v": 2,                 format version
+//    "index": 7,             position in the population (seeds its data order
+//                            and initial weights; never parsed from the name)
+//    "interval": 3,          intervals trained
+//    "last_exploit": 2,      `interval` at its last exploit, 0 when never
+//    "score": 0.81 | null,   validation score at `interval`; null when none
+//                            (NaN), so any finite score, negative included,
+//                            reads back as written
+//    "status": "running" | "done" | "stopped" | "failed",
+//    "failures": 0,          FAILED intervals in a row
+//    "test_acc": 0.87 | null}  final evaluation on the test split, null until then
+//
+// Readers: the store's initial state "created" (and "") is a fresh member.
+// A record without "v" was written before this codec (version 1): its score -1
+// meant none, and it has no index (the caller supplies the member's position).
+// A version above 2 is refused: a newer scheduler wrote it. Anything that is not
+// one of these shapes is Corruption naming the experiment and member; decoding
+// never throws. Unknown fields are ignored (a newer minor writer may add some).
+//
+// Thread-safety: values and pure functions.
+#ifndef CKPT_SCHEDULER_MEMBER_STATE_H_
+#define CKPT_SCHEDULER_MEMBER_STATE_H_
+
+#include <cmath>
+#include <string>
+#include <string_view>
+
+#include "ckpt/format/status.h"
+
+namespace ckpt::scheduler {
+
+// What a member is doing. The first three are the event loop's; the store
+// keeps kIdle/kQueued/kRunning as "running".
+enum class MemberStatus { kIdle, kQueued, kRunning, kDone, kStopped, kFailed };
+
+// "running" (idle, queued, running), "done", "stopped", "failed".
+const char* MemberStatusName(MemberStatus status);
+
+inline constexpr int kMemberStateVersion = 2;
+
+struct MemberState {
+  int index = -1;  // -1: not recorded (a version-1 or fresh record)
+  int interval = 0;
+  int last_exploit = 0;
+  double score = std::nan("");
+  MemberStatus status = MemberStatus::kIdle;
+  int failures = 0;
+  double test_acc = std::nan("");
+
+  // Exact comparison (NaN equals NaN), for tests and round trips.
+  friend bool operator==(const MemberState& a, const MemberState& b);
+};
+
+std::string EncodeMemberState(const MemberState& state);
+
+// `exp` and `member` name the record in errors.
+StatusOr<MemberState> DecodeMemberState(std::string_view bytes, const std::string& exp,
+                                        const std::string& member);
+
+}  // namespace ckpt::scheduler
+
+#endif  // CKPT_SCHEDULER_MEMBER_STATE_H_

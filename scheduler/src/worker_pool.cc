@@ -1,0 +1,251 @@
+#include "worker_pool.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <boost/asio/post.hpp>
+#include <cstdlib>
+#include <filesystem>
+
+#include "log.h"
+
+namespace ckpt::scheduler {
+
+namespace asio = boost::asio;
+using std::chrono::milliseconds;
+
+std::vector<DeviceConfig> ExpandDevices(const std::vector<DeviceConfig>& in) {
+  std::vector<DeviceConfig> out;
+  for (const auto& d : in) {
+    std::vector<std::string> names;
+    if (d.device == "auto") {
+      std::error_code ec;
+      int gpus = 0;
+      for (auto it = std::filesystem::directory_iterator("/proc/driver/nvidia/gpus", ec);
+           !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+        ++gpus;
+      }
+      if (gpus == 0) names.push_back("cpu");
+      for (int g = 0; g < gpus; ++g) names.push_back("cuda:" + std::to_string(g));
+    } else {
+      names.push_back(d.device);
+    }
+    for (const auto& n : names) {
+      for (int c = 0; c < d.count; ++c) {
+        DeviceConfig one = d;
+        one.device = n;
+        one.count = 1;
+        out.push_back(one);
+      }
+    }
+  }
+  return out;
+}
+
+std::string FindWorkerBinary(const std::string& configured) {
+  if (!configured.empty()) return configured;
+  if (const char* env = std::getenv("CKPT_WORKER"); env != nullptr && *env) return env;
+  std::error_code ec;
+  auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    for (const char* rel : {"ckpt-worker", "../bin/ckpt-worker", "../lib/ckpt/ckpt-worker"}) {
+      auto p = self.parent_path() / rel;
+      if (access(p.c_str(), X_OK) == 0) return std::filesystem::weakly_canonical(p, ec).string();
+    }
+  }
+  return "ckpt-worker";
+}
+
+milliseconds NextRestartDelay(milliseconds previous, Clock::duration uptime,
+                              const SupervisionOptions& s) {
+  if (uptime >= s.healthy_reset) previous = milliseconds(0);
+  if (previous.count() == 0) return s.restart_backoff;
+  return std::min(previous * 2, s.max_restart_backoff);
+}
+
+WorkerPool::WorkerPool(asio::io_context& io, store::Store* store, WorkerPoolOptions options,
+                       std::function<StatusOr<ipc::Configure>(const std::string&)> configure,
+                       WorkerPoolListener* listener)
+    : io_(io),
+      store_(store),
+      options_(std::move(options)),
+      configure_(std::move(configure)),
+      listener_(listener) {
+  for (size_t i = 0; i < options_.devices.size(); ++i) {
+    auto w = std::make_unique<Worker>();
+    w->spec.index = static_cast<int>(i);
+    w->spec.device = options_.devices[i];
+    w->spec.binary = options_.binary;
+    w->spec.segment = options_.instance + "-w" + std::to_string(i);
+    w->spec.ring_bytes = options_.ring_bytes;
+    w->spec.heartbeat_timeout = options_.supervision.heartbeat_timeout;
+    workers_.push_back(std::move(w));
+  }
+}
+
+WorkerPool::~WorkerPool() {
+  for (auto& w : workers_) {
+    if (w->restart_timer) w->restart_timer->cancel();
+    if (w->handle) w->handle->Stop(false, milliseconds(0));
+  }
+}
+
+void WorkerPool::StartAll() {
+  for (size_t i = 0; i < workers_.size(); ++i) Start(i);
+}
+
+void WorkerPool::Start(size_t i) {
+  Worker& w = *workers_[i];
+  const uint64_t inc = ++w.incarnation;
+  auto h = WorkerHandle::Start(w.spec, store_, configure_, [this, i, inc](WorkerEvent ev) {
+    asio::post(io_, [this, i, inc, ev = std::move(ev)]() mutable { OnEvent(i, inc, std::move(ev)); });
+  });
+  w.started = Clock::now();
+  w.ready = false;
+  w.capacity = 0;
+  w.busy = 0;
+  if (!h.ok()) {
+    Logger().error("worker {} ({}) failed to start: {}", i, w.spec.device.device,
+                   h.status().ToString());
+    OnLost(i, h.status().ToString());
+    return;
+  }
+  w.handle = std::move(*h);
+}
+
+void WorkerPool::OnEvent(size_t i, uint64_t inc, WorkerEvent ev) {
+  Worker& w = *workers_[i];
+  if (stopped_ || inc != w.incarnation || w.handle == nullptr) return;
+  switch (ev.kind) {
+    case WorkerEvent::Kind::kLost:
+      OnLost(i, ev.reason);
+      return;
+    case WorkerEvent::Kind::kHello:
+      w.ready = true;
+      w.capacity = std::max(1, ev.hello.slots);
+      w.mode = ev.hello.mode;
+      listener_->OnWorkerReady(i);
+      return;
+    case WorkerEvent::Kind::kStats:
+      w.samples_per_s = ev.stats.samples_per_s;
+      w.mode = ev.stats.mode;
+      return;
+    case WorkerEvent::Kind::kConfigureRefused:
+      listener_->OnTaskEvent(i, std::move(ev));
+      return;
+    default:
+      w.busy = std::max(0, w.busy - 1);
+      listener_->OnTaskEvent(i, std::move(ev));
+      return;
+  }
+}
+
+void WorkerPool::OnLost(size_t i, const std::string& reason) {
+  Worker& w = *workers_[i];
+  std::vector<Task> unfinished;
+  if (w.handle) {
+    w.peak_rss_total += w.handle->PeakRssBytes();
+    w.handle->Stop(false, milliseconds(0));
+    unfinished = w.handle->TakeUnfinished();
+    w.handle.reset();
+  }
+  w.ready = false;
+  w.busy = 0;
+  Logger().warn("worker {} ({}) lost: {}{}", i, w.spec.device.device, reason,
+                unfinished.empty()
+                    ? std::string()
+                    : "; " + std::to_string(unfinished.size()) +
+                          " member(s) requeued from their committed heads");
+  if (stopped_ || draining_) {
+    listener_->OnWorkerLost(i, reason, std::move(unfinished), true);
+    return;
+  }
+  w.backoff = NextRestartDelay(w.backoff, Clock::now() - w.started, options_.supervision);
+  const bool given_up = ++w.restarts > options_.supervision.max_restarts;
+  if (given_up) {
+    w.given_up = true;
+    Logger().error("giving up on worker {} ({}) after {} restarts", i, w.spec.device.device,
+                   options_.supervision.max_restarts);
+  } else {
+    w.restart_timer = std::make_unique<asio::steady_timer>(io_, w.backoff);
+    w.restart_timer->async_wait([this, i](const boost::system::error_code& ec) {
+      if (!ec && !stopped_) Start(i);
+    });
+  }
+  listener_->OnWorkerLost(i, reason, std::move(unfinished), given_up);
+  if (given_up) {
+    const bool any = std::any_of(workers_.begin(), workers_.end(),
+                                 [](const auto& o) { return !o->given_up; });
+    if (!any) listener_->OnAllGivenUp(reason);
+  }
+}
+
+void WorkerPool::Reap() {
+  for (auto& wp : workers_) {
+    Worker& w = *wp;
+    if (!w.handle || w.handle->exited()) continue;
+    int status = 0;
+    if (waitpid(w.handle->pid(), &status, WNOHANG) == w.handle->pid()) {
+      w.handle->MarkExited(status);  // reports kLost through the event path
+    }
+  }
+}
+
+int WorkerPool::PickFree(int per_slot) const {
+  int best = -1;
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    const Worker& w = *workers_[i];
+    if (!w.handle || !w.ready || w.busy >= per_slot * w.capacity) continue;
+    if (best < 0 || w.capacity - w.busy > workers_[best]->capacity - workers_[best]->busy) {
+      best = static_cast<int>(i);
+    }
+  }
+  return best;
+}
+
+void WorkerPool::Send(size_t i, Task task) {
+  Worker& w = *workers_[i];
+  CKPT_CHECK(w.handle != nullptr);
+  ++w.busy;
+  w.handle->Enqueue(std::move(task));
+}
+
+void WorkerPool::StopAll(bool graceful) {
+  if (stopped_) return;
+  stopped_ = true;
+  for (auto& w : workers_) {
+    if (w->restart_timer) w->restart_timer->cancel();
+    if (w->handle) {
+      w->peak_rss_total += w->handle->PeakRssBytes();
+      w->handle->Stop(graceful, milliseconds(2000));
+    }
+  }
+}
+
+std::vector<WorkerStatus> WorkerPool::Status() const {
+  std::vector<WorkerStatus> out;
+  for (const auto& w : workers_) {
+    WorkerStatus s;
+    s.index = w->spec.index;
+    s.device = w->spec.device.device;
+    s.pid = w->handle ? w->handle->pid() : 0;
+    s.ready = w->ready;
+    s.mode = w->mode;
+    s.capacity = w->capacity;
+    s.busy = w->busy;
+    s.restarts = w->restarts;
+    s.given_up = w->given_up;
+    s.samples_per_s = w->samples_per_s;
+    out.push_back(s);
+  }
+  return out;
+}
+
+int64_t WorkerPool::PeakRssBytes() const {
+  int64_t sum = 0;
+  for (const auto& w : workers_) sum += w->peak_rss_total;
+  return sum;
+}
+
+}  // namespace ckpt::scheduler

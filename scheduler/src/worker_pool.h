@@ -1,0 +1,148 @@
+// WorkerPool: the scheduler's worker processes, one per expanded device entry
+// (private to ckpt::scheduler). It spawns them (WorkerHandle), reaps them,
+// restarts a lost one after a backoff, gives up on one that keeps dying, and
+// reports what its workers say to a listener on the event loop.
+//
+// Supervision: a worker that dies, hangs (heartbeat) or breaks its ring is
+// lost: its handle is stopped, its unfinished tasks go to the listener to be
+// requeued, and it is restarted after a delay that doubles per restart up to
+// max_restart_backoff and starts again from restart_backoff after a healthy
+// uptime. After max_restarts restarts it is given up on; when every worker is,
+// the listener hears OnAllGivenUp.
+//
+// Ownership: the pool owns its handles and timers; the store, io_context and
+// listener must outlive it.
+// Thread-safety: every method runs on the event loop (the io_context's
+// thread); handle callbacks are posted there, and events of a previous
+// incarnation of a worker are dropped.
+#ifndef CKPT_SCHEDULER_WORKER_POOL_H_
+#define CKPT_SCHEDULER_WORKER_POOL_H_
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ckpt/format/status.h"
+#include "ckpt/scheduler/config.h"
+#include "ckpt/scheduler/summary.h"
+#include "dispatcher.h"
+#include "worker_handle.h"
+
+namespace ckpt::scheduler {
+
+using Clock = std::chrono::steady_clock;
+
+// Device entries with `count` and "auto" expanded: one entry per worker.
+// "auto" is every GPU the NVIDIA driver lists (/proc/driver/nvidia/gpus), else
+// the CPU.
+std::vector<DeviceConfig> ExpandDevices(const std::vector<DeviceConfig>& devices);
+
+// The ckpt-worker to run: `configured` when set, else $CKPT_WORKER, else one
+// beside this executable (or in ../bin, ../lib/ckpt), else "ckpt-worker".
+std::string FindWorkerBinary(const std::string& configured);
+
+// The delay before restarting a worker that was lost after `uptime`, whose
+// previous delay was `previous` (0: none yet).
+std::chrono::milliseconds NextRestartDelay(std::chrono::milliseconds previous,
+                                           Clock::duration uptime, const SupervisionOptions& s);
+
+class WorkerPoolListener {
+ public:
+  virtual ~WorkerPoolListener() = default;
+  // A worker said HELLO: it has capacity for tasks.
+  virtual void OnWorkerReady(size_t worker) = 0;
+  // A task's outcome (kCommitted, kEvaluated, kFailed, kCommitError) or a
+  // refused CONFIGURE (kConfigureRefused), from the worker's current
+  // incarnation. The worker's busy count is already decremented.
+  virtual void OnTaskEvent(size_t worker, WorkerEvent event) = 0;
+  // A worker was lost; `unfinished` are the tasks it was given and never
+  // reported (to requeue). `given_up`: it will not be restarted.
+  virtual void OnWorkerLost(size_t worker, const std::string& reason,
+                            std::vector<Task> unfinished, bool given_up) = 0;
+  // Every worker has been given up on.
+  virtual void OnAllGivenUp(const std::string& last_reason) = 0;
+};
+
+struct WorkerPoolOptions {
+  // Expanded device entries (ExpandDevices), one worker each. Required.
+  std::vector<DeviceConfig> devices;
+  // Path of ckpt-worker (FindWorkerBinary). Required.
+  std::string binary;
+  // Segment name prefix; worker i uses "<instance>-w<i>". Required.
+  std::string instance;
+  // Bytes of each ring. Default: 64 MiB.
+  size_t ring_bytes = size_t{64} << 20;
+  SupervisionOptions supervision;
+};
+
+class WorkerPool : public TaskSink {
+ public:
+  // `configure` gives the CONFIGURE of an experiment (called from sender threads).
+  WorkerPool(boost::asio::io_context& io, store::Store* store, WorkerPoolOptions options,
+             std::function<StatusOr<ipc::Configure>(const std::string& exp)> configure,
+             WorkerPoolListener* listener);
+  ~WorkerPool();
+
+  // Spawns every worker; one that fails to start is handled as lost.
+  void StartAll();
+  // Reaps exited children (on SIGCHLD); their loss is reported.
+  void Reap();
+
+  // The ready worker with the most free capacity, counting `per_slot`
+  // in-flight tasks per slot; -1 when none has room.
+  int PickFree(int per_slot) const override;
+  // Hands a task to worker `i`. REQUIRES: PickFree returned i.
+  void Send(size_t i, Task task) override;
+
+  // The scheduler is stopping: a worker lost from now on is not restarted.
+  void Drain() { draining_ = true; }
+  // Stops every worker (graceful: SHUTDOWN, then up to 2 s) and cancels
+  // restarts. Idempotent.
+  void StopAll(bool graceful);
+
+  std::vector<WorkerStatus> Status() const;
+  size_t size() const { return workers_.size(); }
+  // Sum over every worker process run of its peak resident set.
+  int64_t PeakRssBytes() const;
+  const std::vector<DeviceConfig>& devices() const { return options_.devices; }
+
+ private:
+  struct Worker {
+    WorkerSpec spec;
+    std::unique_ptr<WorkerHandle> handle;
+    uint64_t incarnation = 0;
+    bool ready = false;
+    int capacity = 0;
+    int busy = 0;
+    int restarts = 0;
+    std::chrono::milliseconds backoff{0};
+    Clock::time_point started;
+    bool given_up = false;
+    std::unique_ptr<boost::asio::steady_timer> restart_timer;
+    double samples_per_s = 0;
+    std::string mode;
+    int64_t peak_rss_total = 0;  // over this worker's incarnations
+  };
+
+  void Start(size_t i);
+  void OnEvent(size_t i, uint64_t incarnation, WorkerEvent ev);
+  void OnLost(size_t i, const std::string& reason);
+
+  boost::asio::io_context& io_;
+  store::Store* const store_;
+  const WorkerPoolOptions options_;
+  const std::function<StatusOr<ipc::Configure>(const std::string&)> configure_;
+  WorkerPoolListener* const listener_;
+  std::vector<std::unique_ptr<Worker>> workers_;
+  bool draining_ = false;
+  bool stopped_ = false;
+};
+
+}  // namespace ckpt::scheduler
+
+#endif  // CKPT_SCHEDULER_WORKER_POOL_H_
