@@ -54,12 +54,16 @@
 //     ckpt_scheduler_cpu_seconds_total  counter    this process (process sampler)
 //     ckpt_scheduler_resident_memory_bytes  gauge  this process (process sampler)
 //     ckpt_host_cpus                    gauge      CPUs this process may run on
+//     ckpt_metrics_dropped_updates_total  counter  updates over the bounds below
 //   labels {device} (GPU sampler; absent without NVML):
 //     ckpt_gpu_utilization_ratio        gauge      busy fraction of the last sample period
 //     ckpt_gpu_memory_used_bytes        gauge
 //     ckpt_gpu_memory_total_bytes       gauge
 //   labels {device, worker} (GPU sampler; absent without NVML):
 //     ckpt_gpu_process_memory_bytes     gauge      a worker process's own GPU memory
+//
+// GET /metrics also carries prometheus-cpp's own exposer_* families (scrapes,
+// bytes served, request latency); RenderText() does not.
 //
 // Labels are bounded: experiment, device and worker are names the scheduler
 // chose from its configuration; op, state, reason and direction come from the
