@@ -1,0 +1,492 @@
+#include "pickle_reader.h"
+
+#include <cstring>
+#include <map>
+
+namespace ckpt::tool {
+namespace {
+
+// Bounds that keep a hostile pickle from exhausting the stack (destroying a
+// deeply nested value recurses) or memory (memo copies).
+constexpr size_t kMaxStack = 8192;
+constexpr size_t kMaxMemo = 1 << 22;
+constexpr int kMaxCopyDepth = 64;
+constexpr size_t kMaxCopiedNodes = size_t{1} << 22;
+
+PyRef Make(PyValue::Kind kind) {
+  auto v = std::make_shared<PyValue>();
+  v->kind = kind;
+  return v;
+}
+
+std::string Hex2(uint8_t b) {
+  const char* d = "0123456789abcdef";
+  return std::string{'0', 'x', d[b >> 4], d[b & 15]};
+}
+
+class Unpickler {
+ public:
+  explicit Unpickler(std::string_view p) : p_(p) {}
+
+  StatusOr<PyRef> Run() {
+    while (true) {
+      if (pos_ >= p_.size()) return Bad("the pickle ends without STOP");
+      const size_t at = pos_;
+      const uint8_t op = static_cast<uint8_t>(p_[pos_++]);
+      Status s = Step(op, at);
+      if (!s.ok()) return s;
+      if (stopped_) break;
+    }
+    if (stack_.size() != 1 || !marks_.empty()) return Bad("the pickle leaves its stack unbalanced");
+    return stack_.back();
+  }
+
+ private:
+  Status Bad(const std::string& why) const {
+    return Status::Corruption("pickle offset " + std::to_string(pos_) + ": " + why);
+  }
+
+  Status Need(size_t n) const {
+    if (p_.size() - pos_ < n) return Bad("truncated");
+    return Status::OK();
+  }
+
+  StatusOr<uint64_t> ReadLe(size_t n) {
+    CKPT_RETURN_IF_ERROR(Need(n));
+    uint64_t v = 0;
+    for (size_t i = 0; i < n; ++i) v |= uint64_t{static_cast<uint8_t>(p_[pos_ + i])} << (8 * i);
+    pos_ += n;
+    return v;
+  }
+
+  StatusOr<std::string> ReadBytes(uint64_t n) {
+    if (n > p_.size() - pos_) return Bad("a string runs past the end");
+    std::string s(p_.substr(pos_, static_cast<size_t>(n)));
+    pos_ += static_cast<size_t>(n);
+    return s;
+  }
+
+  StatusOr<std::string> ReadLine() {
+    size_t nl = p_.find('\n', pos_);
+    if (nl == std::string_view::npos || nl - pos_ > 256) return Bad("a GLOBAL name is malformed");
+    std::string s(p_.substr(pos_, nl - pos_));
+    pos_ = nl + 1;
+    return s;
+  }
+
+  Status Push(PyRef v) {
+    if (stack_.size() >= kMaxStack) return Bad("the stack is too deep");
+    stack_.push_back(std::move(v));
+    return Status::OK();
+  }
+
+  StatusOr<PyRef> Pop() {
+    if (stack_.empty() || (!marks_.empty() && stack_.size() <= marks_.back())) {
+      return Bad("pop from an empty stack");
+    }
+    PyRef v = std::move(stack_.back());
+    stack_.pop_back();
+    return v;
+  }
+
+  StatusOr<PyRef*> Top() {
+    if (stack_.empty() || (!marks_.empty() && stack_.size() <= marks_.back())) {
+      return Bad("empty stack");
+    }
+    return &stack_.back();
+  }
+
+  // The items above the last MARK, removed from the stack.
+  StatusOr<std::vector<PyRef>> PopMark() {
+    if (marks_.empty()) return Bad("no MARK");
+    size_t m = marks_.back();
+    marks_.pop_back();
+    std::vector<PyRef> items(stack_.begin() + static_cast<std::ptrdiff_t>(m), stack_.end());
+    stack_.resize(m);
+    return items;
+  }
+
+  Status Memo(uint64_t index) {
+    if (stack_.empty()) return Bad("memoize with an empty stack");
+    if (index >= kMaxMemo) return Bad("memo index too large");
+    memo_[index] = stack_.back();
+    return Status::OK();
+  }
+
+  // A memo read is a copy of the value as it is now, so no value can come to
+  // contain itself; copies are bounded in depth and in total size.
+  StatusOr<PyRef> Copy(const PyRef& v, int depth) {
+    if (depth > kMaxCopyDepth) return Bad("a memoized value nests too deep");
+    if (++copied_ > kMaxCopiedNodes) return Bad("memoized values are copied too often");
+    if (v->kind != PyValue::Kind::kList && v->kind != PyValue::Kind::kTuple &&
+        v->kind != PyValue::Kind::kDict) {
+      return v;  // immutable here
+    }
+    auto c = std::make_shared<PyValue>();
+    c->kind = v->kind;
+    for (const auto& x : v->items) {
+      CKPT_ASSIGN_OR_RETURN(PyRef y, Copy(x, depth + 1));
+      c->items.push_back(std::move(y));
+    }
+    for (const auto& [k, x] : v->dict) {
+      CKPT_ASSIGN_OR_RETURN(PyRef y, Copy(x, depth + 1));
+      c->dict.emplace_back(k, std::move(y));
+    }
+    return c;
+  }
+
+  Status GetMemo(uint64_t index) {
+    auto it = memo_.find(index);
+    if (it == memo_.end()) return Bad("memo " + std::to_string(index) + " is not set");
+    CKPT_ASSIGN_OR_RETURN(PyRef v, Copy(it->second, 0));
+    return Push(std::move(v));
+  }
+
+  Status Global(const std::string& module, const std::string& name) {
+    const std::string full = module + "." + name;
+    bool allowed = full == "collections.OrderedDict" || full == "torch._utils._rebuild_tensor_v2" ||
+                   full == "torch._utils._rebuild_parameter";
+    if (module == "torch" && StorageDType(name).ok()) allowed = true;
+    if (!allowed) {
+      return Status::FailedPrecondition(
+          "the pickle refers to " + full +
+          ": pickled code or objects are refused (only tensors, numbers, strings and containers "
+          "are read; nothing is executed)");
+    }
+    PyRef g = Make(PyValue::Kind::kGlobal);
+    g->s = full;
+    return Push(g);
+  }
+
+  Status SetItems(const std::vector<PyRef>& kv) {
+    if (kv.size() % 2 != 0) return Bad("SETITEMS with an odd number of items");
+    CKPT_ASSIGN_OR_RETURN(PyRef * top, Top());
+    if ((*top)->kind != PyValue::Kind::kDict) return Bad("SETITEMS on something not a dict");
+    for (size_t i = 0; i < kv.size(); i += 2) DictSet(top->get(), kv[i], kv[i + 1]);
+    return Status::OK();
+  }
+
+  Status Appends(const std::vector<PyRef>& items) {
+    CKPT_ASSIGN_OR_RETURN(PyRef * top, Top());
+    if ((*top)->kind != PyValue::Kind::kList) return Bad("APPENDS on something not a list");
+    for (const auto& v : items) (*top)->items.push_back(v);
+    return Status::OK();
+  }
+
+  StatusOr<std::vector<int64_t>> IntTuple(const PyValue& v, const char* what) {
+    if (v.kind != PyValue::Kind::kTuple && v.kind != PyValue::Kind::kList) {
+      return Bad(std::string(what) + " is not a tuple");
+    }
+    if (v.items.size() > static_cast<size_t>(format::kMaxRank)) {
+      return Bad(std::string(what) + " has more than 8 dimensions");
+    }
+    std::vector<int64_t> out;
+    for (const auto& x : v.items) {
+      if (x->kind != PyValue::Kind::kInt || x->i < 0) {
+        return Bad(std::string(what) + " holds something not a non-negative int");
+      }
+      out.push_back(x->i);
+    }
+    return out;
+  }
+
+  Status Reduce() {
+    CKPT_ASSIGN_OR_RETURN(PyRef args, Pop());
+    CKPT_ASSIGN_OR_RETURN(PyRef fn, Pop());
+    if (fn->kind != PyValue::Kind::kGlobal || args->kind != PyValue::Kind::kTuple) {
+      return Bad("REDUCE of something not a known callable");
+    }
+    if (fn->s == "collections.OrderedDict") {
+      if (!args->items.empty()) return Bad("OrderedDict with arguments");
+      return Push(Make(PyValue::Kind::kDict));
+    }
+    if (fn->s == "torch._utils._rebuild_parameter") {
+      if (args->items.empty() || args->items[0]->kind != PyValue::Kind::kTensor) {
+        return Bad("_rebuild_parameter of something not a tensor");
+      }
+      return Push(args->items[0]);
+    }
+    if (fn->s == "torch._utils._rebuild_tensor_v2") {
+      if (args->items.size() < 4) return Bad("_rebuild_tensor_v2 with too few arguments");
+      const PyValue& st = *args->items[0];
+      if (st.kind != PyValue::Kind::kStorage) return Bad("_rebuild_tensor_v2 of no storage");
+      if (args->items[1]->kind != PyValue::Kind::kInt || args->items[1]->i < 0) {
+        return Bad("_rebuild_tensor_v2 with a bad storage offset");
+      }
+      PyRef t = Make(PyValue::Kind::kTensor);
+      t->dtype = st.dtype;
+      t->storage_key = st.s;
+      t->storage_offset = args->items[1]->i;
+      CKPT_ASSIGN_OR_RETURN(t->shape, IntTuple(*args->items[2], "a tensor's size"));
+      CKPT_ASSIGN_OR_RETURN(t->stride, IntTuple(*args->items[3], "a tensor's stride"));
+      if (t->shape.size() != t->stride.size())
+        return Bad("a tensor's size and stride differ in rank");
+      return Push(t);
+    }
+    return Bad("REDUCE of " + fn->s);
+  }
+
+  Status PersistentId() {
+    CKPT_ASSIGN_OR_RETURN(PyRef pid, Pop());
+    if (pid->kind != PyValue::Kind::kTuple || pid->items.size() < 3 ||
+        pid->items[0]->kind != PyValue::Kind::kString || pid->items[0]->s != "storage" ||
+        pid->items[1]->kind != PyValue::Kind::kGlobal ||
+        pid->items[2]->kind != PyValue::Kind::kString) {
+      return Bad("a persistent id that is not ('storage', torch.<T>Storage, key, ...)");
+    }
+    const std::string& g = pid->items[1]->s;
+    CKPT_ASSIGN_OR_RETURN(format::DType dtype, StorageDType(g.substr(g.rfind('.') + 1)));
+    PyRef st = Make(PyValue::Kind::kStorage);
+    st->dtype = dtype;
+    st->s = pid->items[2]->s;
+    for (char c : st->s) {
+      if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+            c == '_')) {
+        return Bad("a storage key with a bad character");
+      }
+    }
+    return Push(st);
+  }
+
+  Status Step(uint8_t op, size_t at) {
+    using K = PyValue::Kind;
+    switch (op) {
+      case 0x80: {  // PROTO
+        CKPT_ASSIGN_OR_RETURN(uint64_t v, ReadLe(1));
+        if (v > 5) return Bad("pickle protocol " + std::to_string(v));
+        return Status::OK();
+      }
+      case 0x95:  // FRAME
+        return ReadLe(8).status();
+      case '(':
+        marks_.push_back(stack_.size());
+        return Status::OK();
+      case '.':
+        stopped_ = true;
+        return Status::OK();
+      case '}':
+        return Push(Make(K::kDict));
+      case ']':
+        return Push(Make(K::kList));
+      case ')':
+        return Push(Make(K::kTuple));
+      case 't': {
+        CKPT_ASSIGN_OR_RETURN(auto items, PopMark());
+        PyRef t = Make(K::kTuple);
+        t->items = std::move(items);
+        return Push(t);
+      }
+      case 0x85:
+      case 0x86:
+      case 0x87: {
+        const size_t n = op - 0x84;
+        PyRef t = Make(K::kTuple);
+        t->items.resize(n);
+        for (size_t i = n; i-- > 0;) {
+          CKPT_ASSIGN_OR_RETURN(t->items[i], Pop());
+        }
+        return Push(t);
+      }
+      case 's': {
+        CKPT_ASSIGN_OR_RETURN(PyRef v, Pop());
+        CKPT_ASSIGN_OR_RETURN(PyRef k, Pop());
+        return SetItems({k, v});
+      }
+      case 'u': {
+        CKPT_ASSIGN_OR_RETURN(auto kv, PopMark());
+        return SetItems(kv);
+      }
+      case 'a': {
+        CKPT_ASSIGN_OR_RETURN(PyRef v, Pop());
+        return Appends({v});
+      }
+      case 'e': {
+        CKPT_ASSIGN_OR_RETURN(auto items, PopMark());
+        return Appends(items);
+      }
+      case 'q': {
+        CKPT_ASSIGN_OR_RETURN(uint64_t i, ReadLe(1));
+        return Memo(i);
+      }
+      case 'r': {
+        CKPT_ASSIGN_OR_RETURN(uint64_t i, ReadLe(4));
+        return Memo(i);
+      }
+      case 0x94:  // MEMOIZE
+        return Memo(memo_.size());
+      case 'h': {
+        CKPT_ASSIGN_OR_RETURN(uint64_t i, ReadLe(1));
+        return GetMemo(i);
+      }
+      case 'j': {
+        CKPT_ASSIGN_OR_RETURN(uint64_t i, ReadLe(4));
+        return GetMemo(i);
+      }
+      case 'c': {
+        CKPT_ASSIGN_OR_RETURN(std::string module, ReadLine());
+        CKPT_ASSIGN_OR_RETURN(std::string name, ReadLine());
+        return Global(module, name);
+      }
+      case 0x93: {  // STACK_GLOBAL
+        CKPT_ASSIGN_OR_RETURN(PyRef name, Pop());
+        CKPT_ASSIGN_OR_RETURN(PyRef module, Pop());
+        if (name->kind != K::kString || module->kind != K::kString) {
+          return Bad("STACK_GLOBAL of something not two strings");
+        }
+        return Global(module->s, name->s);
+      }
+      case 'Q':
+        return PersistentId();
+      case 'R':
+        return Reduce();
+      case 'b': {  // BUILD: only the state of an OrderedDict (its _metadata), dropped
+        CKPT_ASSIGN_OR_RETURN(PyRef state, Pop());
+        CKPT_ASSIGN_OR_RETURN(PyRef * top, Top());
+        if ((*top)->kind != K::kDict) return Bad("BUILD of something not a dict");
+        (void)state;
+        return Status::OK();
+      }
+      case 'J': {
+        CKPT_ASSIGN_OR_RETURN(uint64_t v, ReadLe(4));
+        return Push(MakeInt(static_cast<int32_t>(static_cast<uint32_t>(v))));
+      }
+      case 'K': {
+        CKPT_ASSIGN_OR_RETURN(uint64_t v, ReadLe(1));
+        return Push(MakeInt(static_cast<int64_t>(v)));
+      }
+      case 'M': {
+        CKPT_ASSIGN_OR_RETURN(uint64_t v, ReadLe(2));
+        return Push(MakeInt(static_cast<int64_t>(v)));
+      }
+      case 0x8a: {  // LONG1
+        CKPT_ASSIGN_OR_RETURN(uint64_t n, ReadLe(1));
+        if (n > 8) return Bad("an integer wider than 64 bits");
+        if (n == 0) return Push(MakeInt(0));
+        CKPT_ASSIGN_OR_RETURN(uint64_t v, ReadLe(n));
+        if (n < 8 && (v >> (8 * n - 1)) & 1) v |= ~uint64_t{0} << (8 * n);  // sign-extend
+        return Push(MakeInt(static_cast<int64_t>(v)));
+      }
+      case 'G': {  // BINFLOAT, big-endian
+        CKPT_RETURN_IF_ERROR(Need(8));
+        uint64_t bits = 0;
+        for (int i = 0; i < 8; ++i) bits = (bits << 8) | static_cast<uint8_t>(p_[pos_ + i]);
+        pos_ += 8;
+        double d;
+        std::memcpy(&d, &bits, sizeof(d));
+        return Push(MakeFloat(d));
+      }
+      case 'X':
+      case 0x8c:
+      case 0x8d:
+      case 'T':
+      case 'U':
+      case 'B':
+      case 'C': {
+        const size_t width = (op == 0x8c || op == 'U' || op == 'C') ? 1 : (op == 0x8d ? 8 : 4);
+        CKPT_ASSIGN_OR_RETURN(uint64_t n, ReadLe(width));
+        CKPT_ASSIGN_OR_RETURN(std::string s, ReadBytes(n));
+        PyRef v = MakeString(std::move(s));
+        if (op == 'B' || op == 'C') v->kind = K::kBytes;
+        return Push(v);
+      }
+      case 'N':
+        return Push(MakeNone());
+      case 0x88:
+        return Push(MakeBool(true));
+      case 0x89:
+        return Push(MakeBool(false));
+      case '0':
+        return Pop().status();
+      case '1':
+        return PopMark().status();
+      case '2': {
+        CKPT_ASSIGN_OR_RETURN(PyRef * top, Top());
+        return Push(*top);
+      }
+      default:
+        pos_ = at;
+        return Bad("pickle opcode " + Hex2(op) + " is outside the data subset read here");
+    }
+  }
+
+  std::string_view p_;
+  size_t pos_ = 0;
+  bool stopped_ = false;
+  size_t copied_ = 0;
+  std::vector<PyRef> stack_;
+  std::vector<size_t> marks_;
+  std::map<uint64_t, PyRef> memo_;
+};
+
+}  // namespace
+
+const PyValue* PyValue::Get(std::string_view key) const {
+  if (kind != Kind::kDict) return nullptr;
+  for (const auto& [k, v] : dict) {
+    if (k->kind == Kind::kString && k->s == key) return v.get();
+  }
+  return nullptr;
+}
+
+PyRef MakeNone() { return Make(PyValue::Kind::kNone); }
+PyRef MakeBool(bool v) {
+  PyRef r = Make(PyValue::Kind::kBool);
+  r->b = v;
+  return r;
+}
+PyRef MakeInt(int64_t v) {
+  PyRef r = Make(PyValue::Kind::kInt);
+  r->i = v;
+  return r;
+}
+PyRef MakeFloat(double v) {
+  PyRef r = Make(PyValue::Kind::kFloat);
+  r->f = v;
+  return r;
+}
+PyRef MakeString(std::string v) {
+  PyRef r = Make(PyValue::Kind::kString);
+  r->s = std::move(v);
+  return r;
+}
+PyRef MakeList() { return Make(PyValue::Kind::kList); }
+PyRef MakeTuple() { return Make(PyValue::Kind::kTuple); }
+PyRef MakeDict() { return Make(PyValue::Kind::kDict); }
+PyRef MakeTensor(format::DType dtype, std::vector<int64_t> shape, std::string data) {
+  PyRef r = Make(PyValue::Kind::kTensor);
+  r->dtype = dtype;
+  r->shape = std::move(shape);
+  r->data = std::move(data);
+  return r;
+}
+
+void DictSet(PyValue* dict, PyRef key, PyRef value) {
+  for (auto& [k, v] : dict->dict) {
+    bool same = k->kind == key->kind && ((k->kind == PyValue::Kind::kString && k->s == key->s) ||
+                                         (k->kind == PyValue::Kind::kInt && k->i == key->i));
+    if (same) {
+      v = std::move(value);
+      return;
+    }
+  }
+  dict->dict.emplace_back(std::move(key), std::move(value));
+}
+
+StatusOr<format::DType> StorageDType(std::string_view name) {
+  using format::DType;
+  static const std::pair<const char*, DType> kMap[] = {
+      {"FloatStorage", DType::kF32}, {"DoubleStorage", DType::kF64},
+      {"HalfStorage", DType::kF16},  {"BFloat16Storage", DType::kBF16},
+      {"LongStorage", DType::kI64},  {"IntStorage", DType::kI32},
+      {"ShortStorage", DType::kI16}, {"CharStorage", DType::kI8},
+      {"ByteStorage", DType::kU8},   {"BoolStorage", DType::kBool},
+  };
+  for (const auto& [n, d] : kMap) {
+    if (name == n) return d;
+  }
+  return Status::InvalidArgument("unknown storage type torch." + std::string(name));
+}
+
+StatusOr<PyRef> Unpickle(std::string_view pickle) { return Unpickler(pickle).Run(); }
+
+}  // namespace ckpt::tool

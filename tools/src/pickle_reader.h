@@ -1,0 +1,97 @@
+// PyValue and a restricted unpickler for the data.pkl of a torch.save archive.
+//
+// torch.save writes a zip archive whose data.pkl is a pickle (protocol 2 by
+// default) of the saved object, with each tensor's storage as a persistent id
+// ('storage', torch.<T>Storage, key, location, numel) whose bytes are the
+// archive record data/<key>, and each tensor rebuilt by
+// torch._utils._rebuild_tensor_v2(storage, offset, size, stride, ...).
+//
+// The unpickler reads data only: None, bools, ints, floats, strings, bytes,
+// lists, tuples, dicts (and collections.OrderedDict, read as a dict; the
+// _metadata a state_dict carries is dropped), storages and tensors. Any other
+// global (a class, a function: pickled code) is refused before anything is
+// built; nothing is ever called or imported. Input is untrusted: every length
+// and index is bounds-checked, nesting is bounded.
+//
+// Thread-safety: pure functions over values.
+#ifndef CKPT_TOOLS_SRC_PICKLE_READER_H_
+#define CKPT_TOOLS_SRC_PICKLE_READER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "ckpt/format/checkpoint.h"
+#include "ckpt/format/status.h"
+
+namespace ckpt::tool {
+
+struct PyValue;
+using PyRef = std::shared_ptr<PyValue>;
+
+struct PyValue {
+  enum class Kind {
+    kNone,
+    kBool,
+    kInt,
+    kFloat,
+    kString,
+    kBytes,
+    kList,
+    kTuple,
+    kDict,
+    kTensor,
+    kStorage,
+    kGlobal
+  };
+  Kind kind = Kind::kNone;
+  bool b = false;
+  int64_t i = 0;
+  double f = 0;
+  // kString, kBytes: the value; kGlobal: "module.name"; kStorage: its key.
+  std::string s;
+  std::vector<PyRef> items;                   // kList, kTuple
+  std::vector<std::pair<PyRef, PyRef>> dict;  // kDict, in insertion order
+
+  // kStorage and kTensor.
+  format::DType dtype = format::DType::kF32;
+  // kTensor: its storage's key, offset (elements), size and stride.
+  std::string storage_key;
+  int64_t storage_offset = 0;
+  std::vector<int64_t> shape;
+  std::vector<int64_t> stride;
+  // kTensor: the bytes, row-major contiguous, once the archive's record is read
+  // (or, when writing, the bytes to write).
+  std::string data;
+
+  // Lookup in a kDict with string keys; nullptr when absent or not a dict.
+  const PyValue* Get(std::string_view key) const;
+};
+
+PyRef MakeNone();
+PyRef MakeBool(bool v);
+PyRef MakeInt(int64_t v);
+PyRef MakeFloat(double v);
+PyRef MakeString(std::string v);
+PyRef MakeList();
+PyRef MakeTuple();
+PyRef MakeDict();
+PyRef MakeTensor(format::DType dtype, std::vector<int64_t> shape, std::string data);
+void DictSet(PyValue* dict, PyRef key, PyRef value);
+
+// The storage dtype torch names `torch.<name>` ("FloatStorage" -> F32);
+// InvalidArgument for another name.
+StatusOr<format::DType> StorageDType(std::string_view name);
+
+// Reads a pickle. Returns the object; its tensors have storage_key, offset,
+// shape and stride filled but no data. FailedPrecondition naming the global
+// for pickled code; Corruption naming the offset for malformed input or an
+// opcode outside the data subset.
+StatusOr<PyRef> Unpickle(std::string_view pickle);
+
+}  // namespace ckpt::tool
+
+#endif  // CKPT_TOOLS_SRC_PICKLE_READER_H_

@@ -1,0 +1,110 @@
+// Session: what one ckpt-tool command works with: the store (a read-only
+// view, or the writer when the command changes something and no scheduler
+// holds the store) and, for restore/pin/unpin, the running scheduler's
+// control client. Resolves where they are from ToolOptions (see tool.h).
+//
+// Thread-safety: one command on one thread.
+#ifndef CKPT_TOOLS_SRC_SESSION_H_
+#define CKPT_TOOLS_SRC_SESSION_H_
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ckpt/format/status.h"
+#include "ckpt/scheduler/control_client.h"
+#include "ckpt/store/store.h"
+#include "member_ref.h"
+#include "tool.h"
+
+namespace ckpt::tool {
+
+class Session {
+ public:
+  explicit Session(const ToolOptions& options) : options_(options) {}
+
+  const ToolOptions& options() const { return options_; }
+
+  // The store directory (see ToolOptions::store_path). NotFound naming what
+  // was tried when there is none.
+  StatusOr<std::string> StorePath();
+
+  // A read-only view of the store, opened on first use. NotFound when the
+  // directory is missing or holds no ckpt store.
+  StatusOr<store::Store*> Reader();
+  // Reopens the read-only view on the store's current state.
+  Status RefreshReader();
+
+  // The store opened for writing with `options` (path filled in).
+  // FailedPrecondition naming the store when a running scheduler holds it.
+  StatusOr<std::unique_ptr<store::Store>> OpenWriter(store::StoreOptions options);
+
+  // The control client of a scheduler serving this store: the explicit
+  // --socket (Unavailable / NotFound when it does not answer), else the
+  // default socket when it answers and serves the same store; nullptr when
+  // there is none.
+  StatusOr<scheduler::ControlClient*> Control();
+
+  // The member's manifest at ref.version, or at its head. NotFound naming
+  // the reference. REQUIRES: !ref.member.empty().
+  StatusOr<store::Manifest> ResolveManifest(const MemberRef& ref);
+
+ private:
+  StatusOr<std::unique_ptr<scheduler::ControlClient>> ConnectTo(const std::string& path);
+
+  ToolOptions options_;
+  std::optional<std::string> store_path_;
+  std::unique_ptr<store::Store> reader_;
+  std::unique_ptr<scheduler::ControlClient> control_;
+  bool control_resolved_ = false;
+};
+
+// What the tool reads of an experiment's configuration (the TOML file the
+// scheduler keeps with it; ckpt/scheduler/config.h). Fields missing from the
+// file keep the scheduler's defaults.
+struct ExperimentSettings {
+  std::string model_spec = "lenet5";
+  std::string optimizer = "sgd";
+  std::string dataset = "fashion-mnist";
+  std::string dataset_path = "/usr/share/datasets/fashion-mnist";
+  int population = 0;
+  int intervals = 10;
+  int64_t steps_per_interval = 100;
+  // False when the experiment carries no TOML (created by something else).
+  bool from_toml = false;
+};
+
+// Reads `info.config_json` ({"toml": "..."}). Corruption naming the
+// experiment when its TOML does not parse.
+StatusOr<ExperimentSettings> ReadExperimentSettings(const store::ExperimentInfo& info);
+
+// A member's scheduling record (MemberHead::state, JSON written by the
+// scheduler): intervals done and status; defaults when it is not JSON.
+struct MemberProgress {
+  int interval = 0;
+  std::string status;  // "" when the record has none
+};
+MemberProgress ReadMemberProgress(const store::MemberHead& head);
+
+// "done" when interval >= intervals, else the record's status, else "running"
+// when the experiment runs, else "idle".
+std::string MemberStateName(const MemberProgress& progress, int intervals,
+                            const std::string& experiment_status);
+
+// Formatting shared by the commands.
+std::string FormatScore(double score);                                    // "0.8123" or "-"
+std::string FormatHparams(const std::map<std::string, double>& hparams);  // "lr=0.01 momentum=0.9"
+std::string FormatNumber(double value);                                   // %.6g
+std::string FormatShape(const std::vector<int64_t>& shape);               // "[6, 1, 5, 5]"
+std::string FormatTime(int64_t unix_ms);                                  // "2026-12-03T05:40:01Z"
+std::string FormatBytes(uint64_t bytes);                                  // "1.2 MiB"
+std::string VersionName(const std::string& member, int64_t version);      // "m3@14"
+
+// Writes `text` to `out`; IOError when it fails (a closed pipe).
+Status Print(FILE* out, const std::string& text);
+
+}  // namespace ckpt::tool
+
+#endif  // CKPT_TOOLS_SRC_SESSION_H_
