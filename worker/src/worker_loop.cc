@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <exception>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -30,6 +31,9 @@ const bool kTrace = [] {
   const char* v = std::getenv("CKPT_TRACE");
   return v != nullptr && *v == '1';
 }();
+
+// FAILED code (with task id 0) for a CONFIGURE this worker cannot set up.
+constexpr const char kConfigureRefused[] = "configure-refused";
 
 struct Job {
   uint64_t task_id = 0;
@@ -63,6 +67,12 @@ class WorkerLoop {
   void HandleTrain(const ipc::Received& rec);
   void SlotLoop();
   void StatsLoop();
+  void SlotLoopBody();
+  void StatsLoopBody();
+  // Thread root: an escaping exception is logged and the process exits with
+  // status 70 (EX_SOFTWARE) at once: the scheduler sees the worker lost and
+  // restarts it, its members rerun from their committed heads; never a hang.
+  void RunThreadRoot(const char* name, void (WorkerLoop::*body)());
   void StopThreads();
 
   const WorkerOptions options_;
@@ -191,7 +201,9 @@ Status WorkerLoop::HandleConfigure(const ipc::Received& rec) {
   if (!trainer.ok()) {
     std::fprintf(stderr, "ckpt-worker: CONFIGURE %s: %s\n", c->experiment.c_str(),
                  trainer.status().ToString().c_str());
-    // Every TRAIN of this experiment will fail with the reason.
+    // The scheduler ends the experiment at once with this reason (task id 0,
+    // the experiment in `member`); its TRAINs here fail as not configured.
+    SendFailed(0, c->experiment, kConfigureRefused, trainer.status().ToString());
     return Status::OK();
   }
   std::string mode = options_.fusion == "fused" ? "fused" : "plain";
@@ -253,7 +265,27 @@ void WorkerLoop::HandleTrain(const ipc::Received& rec) {
   cv_.notify_one();
 }
 
-void WorkerLoop::SlotLoop() {
+void WorkerLoop::RunThreadRoot(const char* name, void (WorkerLoop::*body)()) {
+  std::string what;
+  try {
+    (this->*body)();
+    return;
+  } catch (const std::exception& e) {
+    what = e.what();
+  } catch (...) {
+    what = "a non-standard exception";
+  }
+  std::fprintf(stderr, "ckpt-worker %s: %s thread failed: %s; exiting\n",
+               options_.segment.c_str(), name, what.c_str());
+  std::fflush(stderr);
+  _exit(70);
+}
+
+void WorkerLoop::SlotLoop() { RunThreadRoot("slot", &WorkerLoop::SlotLoopBody); }
+
+void WorkerLoop::StatsLoop() { RunThreadRoot("stats", &WorkerLoop::StatsLoopBody); }
+
+void WorkerLoop::SlotLoopBody() {
   while (true) {
     std::vector<Job> group;
     std::shared_ptr<model::Trainer> trainer;
@@ -304,7 +336,7 @@ void WorkerLoop::SlotLoop() {
   }
 }
 
-void WorkerLoop::StatsLoop() {
+void WorkerLoop::StatsLoopBody() {
   uint64_t last = 0;
   auto last_t = Clock::now();
   std::unique_lock<std::mutex> lock(mu_);

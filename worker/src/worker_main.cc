@@ -3,6 +3,7 @@
 // Started by ckpt-scheduler, one per device. Thin: flags -> WorkerOptions -> RunWorker.
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <exception>
 
 #include "ckpt/worker/worker_loop.h"
 
@@ -21,7 +22,18 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 256));
   app.add_option("--probe-seconds", o.probe_seconds, "plain-vs-fused measurement per mode");
   CLI11_PARSE(app, argc, argv);
-  ckpt::Status s = ckpt::worker::RunWorker(o);
+  ckpt::Status s;
+  // Process root: an escaping exception (none is expected) is reported and
+  // the worker exits non-zero; the scheduler restarts it.
+  try {
+    s = ckpt::worker::RunWorker(o);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ckpt-worker %s: unexpected exception: %s\n", o.segment.c_str(), e.what());
+    return 1;
+  } catch (...) {
+    std::fprintf(stderr, "ckpt-worker %s: unexpected non-standard exception\n", o.segment.c_str());
+    return 1;
+  }
   if (!s.ok()) {
     std::fprintf(stderr, "ckpt-worker %s: %s\n", o.segment.c_str(), s.ToString().c_str());
     return s.IsUnavailable() ? 3 : 1;

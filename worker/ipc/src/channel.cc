@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <mutex>
 #include <system_error>
@@ -460,7 +462,22 @@ class ChannelImpl final : public Channel {
     }
   }
 
+  // Thread root: nothing below is expected to throw (std::string allocation
+  // aside); if it does, the peer is declared dead so both sides notice and
+  // the scheduler restarts the worker, instead of the process terminating.
   void HeartbeatLoop() {
+    try {
+      HeartbeatLoopBody();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "ckpt ipc %s: heartbeat thread failed: %s\n", name_.c_str(), e.what());
+      MarkPeerDead(std::string("heartbeat thread failed: ") + e.what());
+    } catch (...) {
+      std::fprintf(stderr, "ckpt ipc %s: heartbeat thread failed\n", name_.c_str());
+      MarkPeerDead("heartbeat thread failed");
+    }
+  }
+
+  void HeartbeatLoopBody() {
     std::unique_lock<std::mutex> lock(heartbeat_mu_);
     while (!heartbeat_stop_) {
       // Relaxed: the peer only checks that the counter moves.

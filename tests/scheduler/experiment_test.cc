@@ -1,0 +1,832 @@
+// The experiment logic alone (scheduler/src/experiment.h), driven event by
+// event with no process and no thread, over a real RocksDB store in a temp
+// dir: PBT exploit and explore, truncation, async PBT, successive halving,
+// member failures, ends by target and wall time, a refused CONFIGURE, crash
+// and resume, and thousands of random event orders checked for invariants.
+#include "experiment.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <set>
+
+#include "ckpt/scheduler/policy.h"
+#include "experiment_store.h"
+#include "member_state.h"
+#include "store/test_util.h"
+
+namespace ckpt::scheduler {
+namespace {
+
+using json = nlohmann::json;
+using store::testing::TempDir;
+
+ExperimentConfig BaseConfig(int population, int intervals) {
+  ExperimentConfig c;
+  c.name = "exp";
+  c.seed = 7;
+  c.population = population;
+  c.intervals = intervals;
+  c.steps_per_interval = 10;
+  c.search_space["lr"] = SearchDim{SearchDim::Kind::kLogUniform, 1e-3, 1e-1, {}};
+  c.search_space["momentum"] = SearchDim{SearchDim::Kind::kUniform, 0.5, 0.99, {}};
+  c.policy.kind = PolicyKind::kPbt;
+  c.policy.quantile = 0.25;
+  c.policy.resample_probability = 0;
+  c.source = "test " + std::to_string(population) + "x" + std::to_string(intervals);
+  return c;
+}
+
+// A deterministic validation score of a member's interval: a function of the
+// hyperparameters it trained with and the interval, as real training would
+// be (for the same starting state).
+double ScoreOf(const HParams& h, int interval) {
+  double x = 0.3 + 0.05 * interval;
+  for (const auto& [k, v] : h) x += 0.01 * std::fmod(std::fabs(std::log(v + 1e-9)) * 7.3, 3.0);
+  return x;
+}
+
+// Counts the policy's synchronous decisions per generation (the real policy
+// decides; this only records).
+class RecordingPolicy : public Policy {
+ public:
+  RecordingPolicy(std::unique_ptr<Policy> inner, std::map<int, int>* decided)
+      : inner_(std::move(inner)), decided_(decided) {}
+  bool synchronous() const override { return inner_->synchronous(); }
+  std::map<std::string, Decision> Decide(int generation, const std::vector<MemberProgress>& members,
+                                         const std::vector<MemberProgress>& population)
+      const override {
+    if (synchronous()) ++(*decided_)[generation];
+    return inner_->Decide(generation, members, population);
+  }
+
+ private:
+  std::unique_ptr<Policy> inner_;
+  std::map<int, int>* decided_;
+};
+
+// An experiment over a real store, with a "worker" that commits real blobs.
+class Harness {
+ public:
+  // `shared`: a store to create the experiment in (many harnesses, one
+  // store); nullptr: a store of its own in a temp dir.
+  explicit Harness(ExperimentConfig config, ExperimentOptions options = {},
+                   store::Store* shared = nullptr)
+      : config_(std::move(config)), options_(options), store_(shared) {
+    if (store_ == nullptr) {
+      dir_ = std::make_unique<TempDir>();
+      store::StoreOptions so;
+      so.path = dir_->Sub("store");
+      so.keep_last_n = 2;
+      auto s = store::Store::Open(so);
+      CKPT_CHECK(s.ok());
+      own_store_ = std::move(*s);
+      store_ = own_store_.get();
+    }
+    CKPT_CHECK_OK(CreateExperimentRecords(store_, config_));
+    Open();
+  }
+
+  // (Re)builds the experiment from the store, as a restarted scheduler does.
+  void Open() {
+    e_.reset();
+    io_ = std::make_unique<StoreExperimentIo>(store_, config_.name, [this](std::string_view p) {
+      if (p == crash_at_ && --crash_countdown_ == 0) throw Crash{};
+    });
+    auto members = LoadMembers(store_, config_);
+    CKPT_CHECK(members.ok());
+    auto info = store_->GetExperiment(config_.name);
+    CKPT_CHECK(info.ok());
+    auto status = ParseExperimentStatus(info->status);
+    CKPT_CHECK(status.ok());
+    auto policy = Policy::Create(config_);
+    CKPT_CHECK(policy.ok());
+    decided_.clear();
+    e_ = std::make_unique<Experiment>(
+        config_, std::make_unique<RecordingPolicy>(std::move(*policy), &decided_),
+        std::move(*members), *status, options_, io_.get(), now_);
+    e_->Start();
+  }
+
+  struct Crash {};
+
+  Experiment& e() { return *e_; }
+  store::Store& store() { return *store_; }
+  std::map<int, int>& decided() { return decided_; }
+  void Advance(double seconds) {
+    now_ += std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  }
+  Clock::time_point now() const { return now_; }
+  void CrashAt(std::string point, int nth) {
+    crash_at_ = std::move(point);
+    crash_countdown_ = nth;
+  }
+
+  WorkItem Take() { return e_->TakeNext(now_); }
+
+  // What the worker handle does with a RESULT: commit the blob, then the
+  // state record; then the loop hears of it. `crash_before_state`: the process
+  // dies between the two (the record is reconciled at the next Open).
+  void Commit(const WorkItem& w, double score, bool crash_before_state = false) {
+    const std::string blob = store::testing::MakeBlob(++blob_seed_, 64, 0);
+    store::CommitRequest c;
+    c.exp = config_.name;
+    c.member = w.member;
+    c.expected_head_version = w.head_version;
+    c.blob = blob.data();
+    c.blob_size = blob.size();
+    c.step = StepOf(w) + w.steps;
+    c.metrics = {{store::kScoreMetric, score}, {"interval", w.interval_after}};
+    c.hparams = w.hparams;
+    auto v = store_->CommitResult(c);
+    ASSERT_TRUE(v.ok()) << v.status().ToString();
+    trained_[{w.member, w.interval_after}]++;
+    trained_hparams_[{w.member, w.interval_after}] = w.hparams;
+    if (crash_before_state) throw Crash{};
+    MemberState st = w.state_after;
+    st.score = score;
+    ASSERT_TRUE(store_->SetMemberState(config_.name, w.member, EncodeMemberState(st)).ok());
+    e_->OnCommitted(w, *v, c.step, score, w.steps * 64, now_);
+  }
+
+  // Runs every queued item to completion in order, scores from ScoreOf.
+  void RunToEnd(int limit = 100000) {
+    for (int i = 0; i < limit && e_->Runnable(); ++i) {
+      WorkItem w = Take();
+      if (w.eval_only) {
+        e_->OnEvaluated(w, 0.5 + 0.001 * e_->members()[e_->Find(w.member)].state.index);
+      } else {
+        Commit(w, ScoreOf(w.hparams, w.interval_after));
+      }
+    }
+  }
+
+  int64_t StepOf(const WorkItem& w) {
+    auto head = store_->GetMember(config_.name, w.member);
+    CKPT_CHECK(head.ok());
+    return head->step;
+  }
+
+  std::vector<json> Events(const std::string& type) {
+    auto ev = store_->ListEvents(config_.name, 0, 1 << 20);
+    CKPT_CHECK(ev.ok());
+    std::vector<json> out;
+    for (const auto& e : *ev) {
+      json j = json::parse(e.json);
+      if (j.value("type", "") == type) out.push_back(j);
+    }
+    return out;
+  }
+
+  // (member, interval) -> times committed.
+  std::map<std::pair<std::string, int>, int>& trained() { return trained_; }
+  std::map<std::pair<std::string, int>, HParams>& trained_hparams() { return trained_hparams_; }
+
+ private:
+  std::unique_ptr<TempDir> dir_;
+  ExperimentConfig config_;
+  ExperimentOptions options_;
+  std::unique_ptr<store::Store> own_store_;
+  store::Store* store_;
+  std::unique_ptr<StoreExperimentIo> io_;
+  std::unique_ptr<Experiment> e_;
+  std::map<int, int> decided_;
+  Clock::time_point now_ = Clock::time_point() + std::chrono::hours(1);
+  std::string crash_at_;
+  int crash_countdown_ = 0;
+  uint64_t blob_seed_ = 0;
+  std::map<std::pair<std::string, int>, int> trained_;
+  std::map<std::pair<std::string, int>, HParams> trained_hparams_;
+};
+
+// --- The member-state record -------------------------------------------------
+
+TEST(MemberStateTest, NegativeAndNanScoresReadBackEqual) {
+  for (double score : {-2.5, -1.0, 0.0, 0.75, std::nan("")}) {
+    MemberState s;
+    s.index = 12;
+    s.interval = 4;
+    s.last_exploit = 3;
+    s.score = score;
+    s.status = MemberStatus::kStopped;
+    s.failures = 2;
+    s.test_acc = score < 0 ? std::nan("") : 0.5;
+    auto back = DecodeMemberState(EncodeMemberState(s), "e", "m012");
+    ASSERT_TRUE(back.ok()) << back.status().ToString();
+    EXPECT_EQ(*back, s) << EncodeMemberState(s);
+  }
+  EXPECT_NE(EncodeMemberState(MemberState{}).find("\"score\":null"), std::string::npos);
+}
+
+TEST(MemberStateTest, VersionOneRecordsReadTheirMinusOneAsNoScore) {
+  auto s = DecodeMemberState(R"({"interval":3,"last_exploit":1,"score":-1.0,"status":"running"})",
+                             "e", "m001");
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_TRUE(std::isnan(s->score));
+  EXPECT_EQ(s->interval, 3);
+  EXPECT_EQ(s->index, -1);  // the caller supplies the position
+  auto fresh = DecodeMemberState("created", "e", "m001");
+  ASSERT_TRUE(fresh.ok());
+  EXPECT_EQ(fresh->interval, 0);
+}
+
+TEST(MemberStateTest, DamagedRecordsAreCorruptionNamingExperimentAndMember) {
+  for (const char* bad : {"{not json", "[1,2]", R"({"v":2,"interval":"three"})",
+                          R"({"v":2,"score":"high"})", R"({"v":2,"status":"dancing"})",
+                          R"({"v":9,"interval":1})", R"({"v":2,"interval":-4})",
+                          R"({"v":2,"interval":1,"last_exploit":5})", "\xff\xfe"}) {
+    auto s = DecodeMemberState(bad, "fmnist", "m007");
+    ASSERT_FALSE(s.ok()) << bad;
+    EXPECT_TRUE(s.status().IsCorruption()) << s.status().ToString();
+    EXPECT_NE(s.status().message().find("experiment fmnist member m007"), std::string::npos)
+        << s.status().ToString();
+  }
+}
+
+TEST(ExperimentStoreTest, DamagedRecordInTheStoreFailsLoadWithCorruption) {
+  TempDir dir;
+  store::StoreOptions so;
+  so.path = dir.Sub("s");
+  auto st = store::Store::Open(so);
+  ASSERT_TRUE(st.ok());
+  auto c = BaseConfig(3, 2);
+  ASSERT_TRUE(CreateExperimentRecords(st->get(), c).ok());
+  ASSERT_TRUE((*st)->SetMemberState("exp", "m001", "{\"v\":2,\"interval\":").ok());
+  auto members = LoadMembers(st->get(), c);
+  ASSERT_FALSE(members.ok());
+  EXPECT_TRUE(members.status().IsCorruption());
+  EXPECT_NE(members.status().message().find("experiment exp member m001"), std::string::npos);
+}
+
+TEST(ExperimentStoreTest, MemberIndexComesFromTheRecordNotTheName) {
+  TempDir dir;
+  store::StoreOptions so;
+  so.path = dir.Sub("s");
+  auto st = store::Store::Open(so);
+  ASSERT_TRUE(st.ok());
+  auto c = BaseConfig(12, 2);
+  ASSERT_TRUE(CreateExperimentRecords(st->get(), c).ok());
+  auto members = LoadMembers(st->get(), c);
+  ASSERT_TRUE(members.ok());
+  ASSERT_EQ(members->size(), 12u);
+  for (size_t i = 0; i < members->size(); ++i) {
+    EXPECT_EQ((*members)[i].state.index, static_cast<int>(i));
+    EXPECT_EQ((*members)[i].name, MemberName(static_cast<int>(i), 12));
+  }
+  MemberState moved;
+  moved.index = 40;
+  ASSERT_TRUE((*st)->SetMemberState("exp", "m003", EncodeMemberState(moved)).ok());
+  members = LoadMembers(st->get(), c);
+  ASSERT_TRUE(members.ok());
+  EXPECT_EQ((*members)[3].state.index, 40);
+}
+
+// --- PBT exploit and explore -------------------------------------------------
+
+TEST(ExperimentTest, ExploitPointsAtTheDonorBlobWithPerturbedHparamsUsedNext) {
+  auto c = BaseConfig(8, 3);
+  Harness h(c);
+  // Generation 1: every member trains once; the barrier then decides.
+  std::vector<WorkItem> first;
+  while (h.e().Runnable()) first.push_back(h.Take());
+  ASSERT_EQ(first.size(), 8u);
+  for (const auto& w : first) h.Commit(w, ScoreOf(w.hparams, 1));
+  const auto exploits = h.Events("exploit");
+  ASSERT_EQ(exploits.size(), 2u);  // floor(0.25 * 8)
+  EXPECT_EQ(h.e().exploits(), 2);
+  std::map<std::string, HParams> explored;
+  for (const auto& ev : exploits) {
+    const std::string m = ev["member"], d = ev["donor"];
+    auto head = h.store().GetMember("exp", m);
+    auto donor = h.store().GetMember("exp", d);
+    ASSERT_TRUE(head.ok() && donor.ok());
+    auto man = h.store().GetManifest("exp", m, head->version);
+    ASSERT_TRUE(man.ok());
+    EXPECT_EQ(man->reason, store::kReasonExploit);
+    ASSERT_TRUE(head->blob && donor->blob);
+    EXPECT_EQ(head->blob->Hex(), donor->blob->Hex()) << m << " <- " << d;
+    // Each hyperparameter is the donor's times 0.8 or 1.2, clamped to the space.
+    for (const auto& [k, v] : head->hparams) {
+      const double dv = donor->hparams.at(k);
+      const auto& dim = c.search_space.at(k);
+      const double lo = std::clamp(dv * 0.8, dim.min, dim.max);
+      const double hi = std::clamp(dv * 1.2, dim.min, dim.max);
+      EXPECT_TRUE(std::fabs(v - lo) < 1e-12 || std::fabs(v - hi) < 1e-12)
+          << m << "." << k << " = " << v << ", donor " << dv;
+    }
+    explored[m] = head->hparams;
+  }
+  // The next interval of each recipient trains from the exploit version with
+  // exactly those hyperparameters.
+  int seen = 0;
+  while (h.e().Runnable()) {
+    WorkItem w = h.Take();
+    if (explored.count(w.member) && w.interval_after == 2) {
+      ++seen;
+      EXPECT_EQ(w.hparams, explored[w.member]);
+      auto head = h.store().GetMember("exp", w.member);
+      EXPECT_EQ(w.head_version, head->version);
+      EXPECT_EQ(w.state_after.last_exploit, 1);
+    }
+    h.Commit(w, ScoreOf(w.hparams, w.interval_after));
+  }
+  EXPECT_EQ(seen, 2);
+  for (const auto& [m, hp] : explored) EXPECT_EQ((h.trained_hparams()[{m, 2}]), hp);
+}
+
+TEST(ExperimentTest, ResampleProbabilityOneDrawsFromTheSearchSpace) {
+  auto c = BaseConfig(10, 2);
+  c.search_space["batch_norm"] = SearchDim{SearchDim::Kind::kChoice, 0, 0, {1, 2, 4}};
+  c.policy.resample_probability = 1.0;
+  Harness h(c);
+  std::vector<WorkItem> first;
+  while (h.e().Runnable()) first.push_back(h.Take());
+  for (const auto& w : first) h.Commit(w, ScoreOf(w.hparams, 1));
+  const auto exploits = h.Events("exploit");
+  ASSERT_EQ(exploits.size(), 2u);
+  for (const auto& ev : exploits) {
+    auto head = h.store().GetMember("exp", ev["member"].get<std::string>());
+    auto donor = h.store().GetMember("exp", ev["donor"].get<std::string>());
+    for (const auto& [k, dim] : c.search_space) {
+      const double v = head->hparams.at(k);
+      if (dim.kind == SearchDim::Kind::kChoice) {
+        EXPECT_NE(std::find(dim.values.begin(), dim.values.end(), v), dim.values.end());
+      } else {
+        EXPECT_GE(v, dim.min);
+        EXPECT_LE(v, dim.max);
+        // A resample, not a perturbation of the donor's value.
+        EXPECT_GT(std::fabs(v - donor->hparams.at(k) * 0.8), 1e-12);
+        EXPECT_GT(std::fabs(v - donor->hparams.at(k) * 1.2), 1e-12);
+      }
+    }
+  }
+}
+
+// --- Truncation selection ----------------------------------------------------
+
+// The documented count (policy.h): 0 below 2 active members, else
+// clamp(floor(quantile * n), 1, floor(n / 2)).
+size_t ExpectedExploits(size_t n, double q) {
+  if (n < 2) return 0;
+  size_t k = static_cast<size_t>(std::floor(q * static_cast<double>(n)));
+  return std::clamp<size_t>(k, 1, n / 2);
+}
+
+TEST(TruncationTest, ExploitCountRecipientsAndDonorsForEverySizeAndQuantile) {
+  for (int n = 1; n <= 40; ++n) {
+    for (double q : {0.1, 0.2, 0.25, 0.3, 0.4, 0.5}) {
+      auto c = BaseConfig(n, 5);
+      c.policy.quantile = q;
+      auto policy = Policy::Create(c);
+      ASSERT_TRUE(policy.ok());
+      std::vector<MemberProgress> pop;
+      for (int i = 0; i < n; ++i) {
+        // Scores decrease with the index, so the bottom k are the last k.
+        pop.push_back(MemberProgress{MemberName(i, n), i, 2, 0, 1.0 - 0.01 * i,
+                                     SampleInitial(c, i), true});
+      }
+      auto d = (*policy)->Decide(2, pop, pop);
+      const size_t k = ExpectedExploits(static_cast<size_t>(n), q);
+      ASSERT_EQ(d.size(), k) << "n=" << n << " q=" << q;
+      for (const auto& [m, dec] : d) {
+        const int idx = std::stoi(m.substr(1));
+        EXPECT_GE(idx, n - static_cast<int>(k)) << "recipient " << m << " n=" << n << " q=" << q;
+        const int donor = std::stoi(dec.donor.substr(1));
+        EXPECT_LT(donor, static_cast<int>(k)) << "donor " << dec.donor << " n=" << n;
+      }
+    }
+  }
+}
+
+TEST(TruncationTest, TiesBreakByNameNanRanksLastInactiveTakeNoPart) {
+  auto c = BaseConfig(10, 5);
+  c.policy.quantile = 0.2;
+  auto policy = Policy::Create(c);
+  ASSERT_TRUE(policy.ok());
+  std::vector<MemberProgress> pop;
+  for (int i = 0; i < 10; ++i) {
+    pop.push_back(MemberProgress{MemberName(i, 10), i, 1, 0, 0.5, SampleInitial(c, i), true});
+  }
+  pop[3].score = std::nan("");  // ranks last: a recipient
+  pop[0].active = false;        // stopped: neither recipient nor donor
+  pop[0].score = 0.99;
+  pop[9].active = false;
+  pop[9].score = 0.01;
+  auto d1 = (*policy)->Decide(1, pop, pop);
+  std::vector<MemberProgress> shuffled = pop;
+  std::shuffle(shuffled.begin(), shuffled.end(), std::mt19937(3));
+  auto d2 = (*policy)->Decide(1, shuffled, shuffled);
+  ASSERT_EQ(d1.size(), 1u);  // floor(0.2 * 8 active)
+  EXPECT_EQ(d1.begin()->first, "m003");
+  // Ties (all 0.5) break by name: the top one is m001 (m000 is inactive).
+  EXPECT_EQ(d1.begin()->second.donor, "m001");
+  ASSERT_EQ(d2.size(), d1.size());
+  EXPECT_EQ(d2.begin()->first, d1.begin()->first);
+  EXPECT_EQ(d2.begin()->second.donor, d1.begin()->second.donor);
+  EXPECT_EQ(d2.begin()->second.hparams, d1.begin()->second.hparams);
+}
+
+// --- Async PBT ---------------------------------------------------------------
+
+TEST(ExperimentTest, AsyncPbtDecidesWhenAMembersIntervalEndsWithoutABarrier) {
+  auto c = BaseConfig(6, 4);
+  c.policy.mode = PolicyMode::kAsync;
+  c.policy.quantile = 0.34;
+  Harness h(c);
+  std::vector<WorkItem> running;
+  while (h.e().Runnable()) running.push_back(h.Take());
+  ASSERT_EQ(running.size(), 6u);
+  // Five members finish interval 1 with high scores; m005 stays in flight.
+  for (int i = 0; i < 5; ++i) h.Commit(running[i], 0.8 + 0.01 * i);
+  running.erase(running.begin(), running.begin() + 5);
+  // No barrier: the five are queued for interval 2 at once.
+  EXPECT_EQ(h.e().queued(), 5u);
+  // m000 (worst so far, 0.80) trains interval 2 and scores badly: it is
+  // decided on alone, at once, and exploits a top member while m005 is
+  // still on its first interval.
+  WorkItem w;
+  do {
+    w = h.Take();
+    if (w.member != "m000") running.push_back(w);
+  } while (w.member != "m000");
+  ASSERT_EQ(w.interval_after, 2);
+  const size_t before = h.Events("exploit").size();
+  h.Commit(w, 0.1);
+  const auto exploits = h.Events("exploit");
+  ASSERT_EQ(exploits.size(), before + 1);
+  EXPECT_EQ(exploits.back()["member"], "m000");
+  EXPECT_EQ(h.e().members()[5].state.interval, 0);
+  // m000 is queued for interval 3 from its exploit version.
+  EXPECT_EQ(h.e().members()[0].state.status, MemberStatus::kQueued);
+  EXPECT_TRUE(h.decided().empty());
+  // The rest runs out; every member ends with all its intervals.
+  for (auto& r : running) {
+    if (r.member == "m000") continue;
+    h.Commit(r, ScoreOf(r.hparams, r.interval_after));
+  }
+  h.RunToEnd();
+  EXPECT_TRUE(h.e().ended());
+  EXPECT_EQ(h.e().status(), ExperimentStatus::kDone);
+  for (const auto& m : h.e().members()) EXPECT_EQ(m.state.interval, 4) << m.name;
+}
+
+// --- Successive halving -------------------------------------------------------
+
+TEST(ExperimentTest, SyncSuccessiveHalvingStopsAllButTheTopThirdAtEachRung) {
+  auto c = BaseConfig(9, 4);
+  c.policy.kind = PolicyKind::kSuccessiveHalving;
+  c.policy.eta = 3;
+  c.policy.min_intervals = 1;
+  Harness h(c);
+  // Scores by index: m008 best. Rungs at 1 and 3.
+  auto score = [](const WorkItem& w) { return 0.1 * std::stoi(w.member.substr(1)) + w.interval_after; };
+  std::vector<WorkItem> batch;
+  while (h.e().Runnable()) batch.push_back(h.Take());
+  for (const auto& w : batch) h.Commit(w, score(w));
+  std::set<std::string> stopped;
+  for (const auto& ev : h.Events("member_stopped")) stopped.insert(ev["member"]);
+  EXPECT_EQ(stopped, (std::set<std::string>{"m000", "m001", "m002", "m003", "m004", "m005"}));
+  while (h.e().Runnable()) {
+    WorkItem w = h.Take();
+    if (w.eval_only) {
+      h.e().OnEvaluated(w, 0.5);
+    } else {
+      EXPECT_GE(std::stoi(w.member.substr(1)), 6) << "a stopped member trained: " << w.member;
+      h.Commit(w, score(w));
+    }
+  }
+  stopped.clear();
+  for (const auto& ev : h.Events("member_stopped")) stopped.insert(ev["member"]);
+  EXPECT_EQ(stopped.size(), 8u);
+  EXPECT_EQ(stopped.count("m008"), 0u);
+  EXPECT_EQ(h.e().members()[8].state.interval, 4);
+  EXPECT_EQ(h.e().members()[7].state.interval, 3);
+  EXPECT_EQ(h.e().members()[7].state.status, MemberStatus::kStopped);
+  EXPECT_TRUE(h.e().ended());
+}
+
+TEST(ExperimentTest, AsyncSuccessiveHalvingStopsLateArrivalsBelowTheRungsCut) {
+  auto c = BaseConfig(6, 3);
+  c.policy.kind = PolicyKind::kSuccessiveHalving;
+  c.policy.mode = PolicyMode::kAsync;
+  c.policy.eta = 2;
+  Harness h(c);
+  std::vector<WorkItem> batch;
+  while (h.e().Runnable()) batch.push_back(h.Take());
+  // m005 arrives first with the best score: kept (1 of 1). Then worse ones.
+  std::map<std::string, double> score = {{"m005", 0.9}, {"m004", 0.8}, {"m000", 0.1},
+                                         {"m003", 0.7}, {"m001", 0.2}, {"m002", 0.6}};
+  std::sort(batch.begin(), batch.end(),
+            [](const WorkItem& a, const WorkItem& b) { return a.member > b.member; });
+  for (const auto& w : batch) h.Commit(w, score[w.member]);
+  std::set<std::string> stopped;
+  for (const auto& ev : h.Events("member_stopped")) stopped.insert(ev["member"]);
+  // Order of arrival: m005 (1/1 kept), m004 (2/2: keep 1 -> stopped),
+  // m003 (3rd of 3: keep 2 -> stopped), m002 (4th of 4 -> stopped),
+  // m001 (5th of 5 -> stopped), m000 (6th of 6 -> stopped).
+  EXPECT_EQ(stopped, (std::set<std::string>{"m000", "m001", "m002", "m003", "m004"}));
+}
+
+// --- Failures ----------------------------------------------------------------
+
+TEST(ExperimentTest, MemberFailingMaxTimesIsStoppedAndTheGenerationGoesOn) {
+  auto c = BaseConfig(4, 2);
+  ExperimentOptions o;
+  o.max_member_failures = 3;
+  Harness h(c, o);
+  for (int attempt = 1; attempt <= 3; ++attempt) {
+    std::vector<WorkItem> batch;
+    while (h.e().Runnable()) batch.push_back(h.Take());
+    for (const auto& w : batch) {
+      if (w.member == "m002") {
+        h.e().OnFailed(w, "non-finite", "loss is nan at step 3", false);
+      } else {
+        h.Commit(w, ScoreOf(w.hparams, w.interval_after));
+      }
+    }
+    const Member& m = h.e().members()[2];
+    if (attempt < 3) {
+      EXPECT_EQ(m.state.failures, attempt);
+      EXPECT_EQ(m.state.status, MemberStatus::kQueued) << "retried";
+    } else {
+      EXPECT_EQ(m.state.status, MemberStatus::kFailed);
+    }
+  }
+  auto head = h.store().GetMember("exp", "m002");
+  auto st = DecodeMemberState(head->state, "exp", "m002");
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->status, MemberStatus::kFailed);
+  EXPECT_EQ(h.Events("failed").size(), 3u);
+  // The others went past the barrier without it.
+  h.RunToEnd();
+  EXPECT_TRUE(h.e().ended());
+  for (int i : {0, 1, 3}) EXPECT_EQ(h.e().members()[i].state.interval, 2);
+  EXPECT_EQ(h.e().members()[2].state.interval, 0);
+}
+
+TEST(ExperimentTest, CommitRefusedBecauseTheHeadMovedCountsNoFailure) {
+  Harness h(BaseConfig(2, 1));
+  WorkItem w = h.Take();
+  h.e().OnFailed(w, "Aborted", "head moved", /*head_moved=*/true);
+  EXPECT_EQ(h.e().members()[h.e().Find(w.member)].state.failures, 0);
+  EXPECT_EQ(h.e().members()[h.e().Find(w.member)].state.status, MemberStatus::kQueued);
+}
+
+TEST(ExperimentTest, ReturnedTasksRunAgainFromTheCommittedHead) {
+  Harness h(BaseConfig(3, 1));
+  WorkItem w = h.Take();
+  h.e().OnReturned(w);
+  EXPECT_EQ(h.e().in_flight(), 0);
+  WorkItem again = h.Take();
+  EXPECT_EQ(again.member, w.member);
+  EXPECT_EQ(again.head_version, w.head_version);
+  EXPECT_EQ(again.interval_after, w.interval_after);
+}
+
+TEST(ExperimentTest, RefusedConfigureEndsTheExperimentAtOnceAsFailed) {
+  Harness h(BaseConfig(4, 3));
+  WorkItem w = h.Take();
+  h.e().OnConfigureRefused("worker 0: model spec torchscript:/x.pt: cannot load");
+  EXPECT_TRUE(h.e().ended());
+  EXPECT_EQ(h.e().status(), ExperimentStatus::kFailed);
+  EXPECT_FALSE(h.e().Runnable());
+  EXPECT_EQ(h.store().GetExperiment("exp")->status, "failed");
+  ASSERT_EQ(h.Events("configure_refused").size(), 1u);
+  EXPECT_NE(h.Events("configure_refused")[0]["reason"].get<std::string>().find("cannot load"),
+            std::string::npos);
+  // The in-flight task's FAILED, when it comes, counts nothing.
+  h.e().OnFailed(w, "bad-request", "no CONFIGURE", false);
+  EXPECT_EQ(h.e().members()[h.e().Find(w.member)].state.failures, 0);
+  EXPECT_TRUE(h.Events("failed").empty());
+}
+
+// --- Ends --------------------------------------------------------------------
+
+TEST(ExperimentTest, TargetMetricEndsTrainingAndTheExperiment) {
+  auto c = BaseConfig(4, 10);
+  c.target_metric = 0.9;
+  Harness h(c);
+  std::vector<WorkItem> batch;
+  while (h.e().Runnable()) batch.push_back(h.Take());
+  h.Commit(batch[0], 0.95);  // reaches the target
+  for (size_t i = 1; i < batch.size(); ++i) h.Commit(batch[i], 0.5);
+  // No new intervals: only the final evaluation runs.
+  while (h.e().Runnable()) {
+    WorkItem w = h.Take();
+    ASSERT_TRUE(w.eval_only) << w.member << " trained after the target";
+    h.e().OnEvaluated(w, 0.9);
+  }
+  EXPECT_TRUE(h.e().ended());
+  EXPECT_EQ(h.e().status(), ExperimentStatus::kDone);
+  EXPECT_EQ(h.Events("target_reached").size(), 1u);
+  for (const auto& m : h.e().members()) EXPECT_EQ(m.state.interval, 1);
+}
+
+TEST(ExperimentTest, MaxWallTimeEndsTrainingAndTheExperiment) {
+  auto c = BaseConfig(3, 10);
+  c.max_wall_s = 60;
+  Harness h(c);
+  h.RunToEnd(6);  // two generations
+  h.Advance(61);
+  h.RunToEnd();
+  EXPECT_TRUE(h.e().ended());
+  EXPECT_EQ(h.Events("wall_time_reached").size(), 1u);
+  for (const auto& m : h.e().members()) EXPECT_LE(m.state.interval, 3);
+}
+
+TEST(ExperimentTest, FinalTestAccuraciesSurviveARestartWithoutTheEventLog) {
+  auto c = BaseConfig(4, 1);
+  Harness h(c, ExperimentOptions{3, 2});
+  h.RunToEnd();
+  ASSERT_TRUE(h.e().ended());
+  int evaluated = 0;
+  for (const auto& m : h.e().members()) evaluated += std::isnan(m.state.test_acc) ? 0 : 1;
+  EXPECT_EQ(evaluated, 2);
+  h.Open();
+  int after = 0;
+  for (const auto& m : h.e().Summary(h.now()).members) after += m.test_acc >= 0 ? 1 : 0;
+  EXPECT_EQ(after, 2);
+}
+
+// --- Crash and resume ----------------------------------------------------------
+
+TEST(ExperimentTest, CrashBetweenCommitAndStateRecordIsReconciledNotRetrained) {
+  auto c = BaseConfig(4, 3);
+  Harness h(c);
+  WorkItem w = h.Take();
+  EXPECT_THROW(h.Commit(w, 0.7, /*crash_before_state=*/true), Harness::Crash);
+  h.Open();
+  const Member& m = h.e().members()[h.e().Find(w.member)];
+  EXPECT_EQ(m.state.interval, 1);
+  EXPECT_DOUBLE_EQ(m.state.score, 0.7);
+  h.RunToEnd();
+  for (const auto& [key, times] : h.trained()) EXPECT_EQ(times, 1) << key.first << "@" << key.second;
+}
+
+TEST(ExperimentTest, CrashMidBarrierEndsAsTheUndisturbedRun) {
+  auto c = BaseConfig(8, 3);
+  Harness undisturbed(c);
+  undisturbed.RunToEnd();
+  Harness h(c);
+  h.CrashAt("scheduler.exploited", 1);  // first exploit written, its state record not
+  EXPECT_THROW(h.RunToEnd(), Harness::Crash);
+  h.CrashAt("", 0);
+  h.Open();
+  h.RunToEnd();
+  ASSERT_TRUE(h.e().ended());
+  for (size_t i = 0; i < 8; ++i) {
+    const Member& a = undisturbed.e().members()[i];
+    const Member& b = h.e().members()[i];
+    EXPECT_EQ(a.hparams, b.hparams) << a.name;
+    EXPECT_EQ(a.step, b.step) << a.name;
+    EXPECT_EQ(a.state.interval, b.state.interval) << a.name;
+    EXPECT_EQ(a.state.last_exploit, b.state.last_exploit) << a.name;
+  }
+  EXPECT_EQ(undisturbed.Events("exploit").size(), h.Events("exploit").size());
+}
+
+// --- Random event orders -------------------------------------------------------
+
+struct Outcome {
+  std::map<std::string, std::tuple<HParams, int64_t, int, int>> members;
+  std::set<std::tuple<std::string, std::string, int>> exploits;
+};
+
+Outcome OutcomeOf(Harness& h) {
+  Outcome o;
+  for (const auto& m : h.e().members()) {
+    o.members[m.name] = {m.hparams, m.step, m.state.interval, static_cast<int>(m.state.status)};
+  }
+  for (const auto& ev : h.Events("exploit")) {
+    o.exploits.insert({ev["member"], ev["donor"], ev["interval"].get<int>()});
+  }
+  return o;
+}
+
+// Thousands of random sequences of results, failures, worker losses and
+// scheduler restarts; the invariants are checked after every event.
+TEST(ExperimentRandomTest, InvariantsHoldUnderRandomEventOrders) {
+  constexpr int kSequences = 2000;
+  TempDir dir;
+  store::StoreOptions so;
+  so.path = dir.Sub("store");
+  so.keep_last_n = 2;
+  auto shared = store::Store::Open(so);
+  ASSERT_TRUE(shared.ok());
+  std::mt19937_64 rng(20261203);
+  int sequences = 0, events = 0, restarts = 0;
+  for (int seq = 0; seq < kSequences; ++seq) {
+    const int population = 2 + static_cast<int>(rng() % 7);
+    const int intervals = 1 + static_cast<int>(rng() % 4);
+    auto c = BaseConfig(population, intervals);
+    c.seed = rng();
+    c.source = "random " + std::to_string(seq);
+    const int kind = static_cast<int>(rng() % 3);
+    c.policy.kind = kind == 0 ? PolicyKind::kPbt
+                              : (kind == 1 ? PolicyKind::kSuccessiveHalving : PolicyKind::kRandom);
+    c.policy.eta = 2;
+    c.policy.quantile = 0.25 + 0.05 * static_cast<double>(rng() % 5);
+    const bool sync = rng() % 4 != 0;
+    c.policy.mode = sync ? PolicyMode::kSync : PolicyMode::kAsync;
+    ExperimentOptions opts;
+    opts.max_member_failures = 3;
+    opts.final_eval_top = 2;
+
+    Outcome expected;
+    if (sync) {
+      ExperimentConfig rc = c;
+      rc.name = "ref" + std::to_string(seq);
+      Harness ref(rc, opts, shared->get());
+      ref.RunToEnd();
+      ASSERT_TRUE(ref.e().ended());
+      expected = OutcomeOf(ref);
+    }
+    c.name = "run" + std::to_string(seq);
+    Harness h(c, opts, shared->get());
+    std::vector<WorkItem> in_flight;
+    std::set<std::tuple<std::string, int>> exploited;
+    for (int step = 0; step < 5000 && !h.e().ended(); ++step) {
+      ++events;
+      const int action = static_cast<int>(rng() % 10);
+      if (action < 4 && h.e().Runnable()) {
+        in_flight.push_back(h.Take());
+      } else if (!in_flight.empty() && action < 8) {
+        const size_t i = rng() % in_flight.size();
+        WorkItem w = in_flight[i];
+        in_flight.erase(in_flight.begin() + static_cast<long>(i));
+        const Member& m = h.e().members()[h.e().Find(w.member)];
+        if (action == 7 && m.state.failures + 1 < opts.max_member_failures) {
+          h.e().OnFailed(w, "non-finite", "random failure", false);
+        } else if (w.eval_only) {
+          h.e().OnEvaluated(w, 0.5);
+        } else {
+          h.Commit(w, ScoreOf(w.hparams, w.interval_after));
+        }
+      } else if (!in_flight.empty() && action == 8) {
+        // A worker is lost with everything it held.
+        for (const auto& w : in_flight) h.e().OnReturned(w);
+        in_flight.clear();
+      } else if (action == 9 && rng() % 8 == 0) {
+        // The scheduler is killed: in-flight work is never reported.
+        in_flight.clear();
+        ++restarts;
+        h.Open();
+      } else if (h.e().Runnable()) {
+        in_flight.push_back(h.Take());
+      } else if (!in_flight.empty()) {
+        WorkItem w = in_flight.front();
+        in_flight.erase(in_flight.begin());
+        if (w.eval_only) {
+          h.e().OnEvaluated(w, 0.5);
+        } else {
+          h.Commit(w, ScoreOf(w.hparams, w.interval_after));
+        }
+      }
+      // Invariants.
+      for (const auto& [key, times] : h.trained()) {
+        ASSERT_EQ(times, 1) << "seq " << seq << ": " << key.first << " trained interval "
+                            << key.second << " " << times << " times";
+      }
+      for (const auto& [gen, times] : h.decided()) {
+        ASSERT_EQ(times, 1) << "seq " << seq << ": barrier " << gen << " decided " << times
+                            << " times";
+      }
+      for (const auto& m : h.e().members()) {
+        ASSERT_LE(m.state.interval, intervals) << "seq " << seq << " " << m.name;
+        ASSERT_LE(m.state.last_exploit, m.state.interval);
+      }
+      ASSERT_GE(h.e().in_flight(), 0);
+      ASSERT_EQ(static_cast<size_t>(h.e().in_flight()), in_flight.size()) << "seq " << seq;
+    }
+    ASSERT_TRUE(h.e().ended()) << "seq " << seq << " did not end";
+    for (const auto& ev : h.Events("exploit")) {
+      ASSERT_TRUE(exploited.insert({ev["member"], ev["interval"].get<int>()}).second)
+          << "seq " << seq << ": " << ev.dump() << " exploited twice";
+    }
+    for (const auto& m : h.e().members()) {
+      if (m.state.status == MemberStatus::kDone && sync) {
+        EXPECT_EQ(m.step, static_cast<int64_t>(intervals) * c.steps_per_interval)
+            << "seq " << seq << " " << m.name;
+      }
+      if (m.state.status == MemberStatus::kDone) {
+        EXPECT_EQ(m.state.interval, intervals);
+      }
+    }
+    if (sync) {
+      const Outcome got = OutcomeOf(h);
+      EXPECT_EQ(got.members, expected.members) << "seq " << seq;
+      EXPECT_EQ(got.exploits, expected.exploits) << "seq " << seq;
+    }
+    ++sequences;
+  }
+  std::printf("%d sequences, %d events, %d scheduler restarts\n", sequences, events, restarts);
+  EXPECT_EQ(sequences, kSequences);
+  EXPECT_GT(restarts, 5 * kSequences / 40);
+}
+
+}  // namespace
+}  // namespace ckpt::scheduler
