@@ -1,0 +1,234 @@
+// ckpt-bench metrics: what ckpt::metrics costs the scheduler.
+//
+// hot_path_ns: one labelled counter update as the scheduler makes it
+// (Metrics::Exploited: the experiment's series looked up, one atomic add),
+// the mean over --updates calls; interval_committed_ns, store_operation_ns,
+// worker_stats_ns and ring_stats_ns the same for the other per-event calls.
+// scrape_ms: the median (and p99) wall time of a full GET /metrics over HTTP
+// on 127.0.0.1, with the families populated as in a 30-member run on two
+// workers (real child processes, so the process sampler reads real /proc
+// entries) and a thread reporting that run's updates all the while.
+//
+// Throughput with metrics on against off needs the scheduler's wiring and is
+// measured by the population benchmark, not here.
+//
+//   ckpt-bench metrics [--updates 2000000] [--scrapes 200] [--members 30]
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench.h"
+#include "ckpt/metrics/metrics.h"
+
+namespace ckpt::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using metrics::Metrics;
+
+constexpr char kExperiment[] = "bench";
+
+// A stand-in worker process: forked, it only waits to be killed.
+pid_t StartIdleChild() {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    for (;;) ::pause();
+  }
+  return pid;
+}
+
+// One full scrape: GET /metrics over a fresh connection, read to the end.
+// Returns the bytes received, or -1.
+long Scrape(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  long total = -1;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) {
+    static const char kRequest[] =
+        "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+    if (::send(fd, kRequest, sizeof(kRequest) - 1, MSG_NOSIGNAL) ==
+        static_cast<ssize_t>(sizeof(kRequest) - 1)) {
+      total = 0;
+      char buf[65536];
+      ssize_t n;
+      while ((n = ::recv(fd, buf, sizeof(buf), 0)) > 0) total += n;
+      if (n < 0) total = -1;
+    }
+  }
+  ::close(fd);
+  return total;
+}
+
+// Calls `fn` `n` times; the mean time per call in ns.
+template <typename Fn>
+double NsPerCall(long long n, Fn fn) {
+  const auto t0 = Clock::now();
+  for (long long i = 0; i < n; ++i) fn(i);
+  const auto t1 = Clock::now();
+  return std::chrono::duration<double, std::nano>(t1 - t0).count() / static_cast<double>(n);
+}
+
+// The updates a run makes per committed interval on worker `w`.
+struct RunFeeder {
+  Metrics* m;
+  int members;
+  std::vector<std::string> workers{"w0", "w1"};
+  std::vector<uint64_t> samples{0, 0};
+  std::vector<uint64_t> ring{0, 0};
+  long long intervals = 0;
+
+  void Interval() {
+    const size_t w = static_cast<size_t>(intervals % 2);
+    const long long member = intervals % members;
+    ++intervals;
+    m->StoreOperation(metrics::StoreOp::kReadHeadBlob, 60e-6, 250 << 10);
+    m->RingSendObserved(workers[w], "cpu", 40e-6);
+    m->IntervalCommitted(kExperiment, "cpu", 0.2 + 0.05 * static_cast<double>(member % 10), 6400);
+    m->StoreOperation(metrics::StoreOp::kCommitResult, 300e-6, 250 << 10);
+    m->StoreOperation(metrics::StoreOp::kSetMemberState, 25e-6, 300);
+    m->StoreOperation(metrics::StoreOp::kAppendEvent, 20e-6, 200);
+    if (intervals % 4 == 0) {
+      m->Exploited(kExperiment);
+      m->StoreOperation(metrics::StoreOp::kExploit, 150e-6, 600);
+    }
+    if (intervals % 25 == 0) m->MemberFailed(kExperiment, metrics::FailureReason::kNonFinite);
+    samples[w] += 6400;
+    metrics::WorkerStats stats;
+    stats.samples_total = samples[w];
+    stats.slots = 4;
+    stats.slots_busy = 1 + intervals % 4;
+    stats.allocator_allocated_bytes = int64_t{90} << 20;
+    stats.allocator_reserved_bytes = int64_t{128} << 20;
+    m->SetWorkerStats(workers[w], "cpu", stats);
+    ring[w] += 256 << 10;
+    metrics::RingStats rs;
+    rs.bytes_to_worker_total = ring[w];
+    rs.bytes_from_worker_total = ring[w];
+    rs.used_bytes = 256 << 10;
+    rs.capacity_bytes = uint64_t{64} << 20;
+    m->SetRingStats(workers[w], "cpu", rs);
+    metrics::MemberCounts counts;
+    counts.running = 8;
+    counts.queued = members - 8;
+    m->SetMemberCounts(kExperiment, counts);
+    m->SetScores(kExperiment, 0.9, 0.8);
+  }
+};
+
+int MetricsBench(const Args& args) {
+  const long long updates = args.GetInt("updates", 2000000);
+  const int scrapes = static_cast<int>(args.GetInt("scrapes", 200));
+  const int members = static_cast<int>(args.GetInt("members", 30));
+
+  metrics::MetricsOptions options;
+  options.listen = "127.0.0.1:0";
+  auto opened = Metrics::Open(options);
+  if (!opened.ok()) {
+    std::fprintf(stderr, "ckpt-bench metrics: %s\n", opened.status().ToString().c_str());
+    return 1;
+  }
+  Metrics& m = **opened;
+  std::vector<pid_t> children{StartIdleChild(), StartIdleChild()};
+  m.WorkerStarted("w0", "cpu", children[0]);
+  m.WorkerStarted("w1", "cpu", children[1]);
+  RunFeeder feeder{&m, members};
+  for (int i = 0; i < members * 4; ++i) feeder.Interval();
+
+  // Per-call costs, one thread, no scrape running.
+  const double hot_path_ns = NsPerCall(updates, [&](long long) { m.Exploited(kExperiment); });
+  const double interval_ns =
+      NsPerCall(updates, [&](long long i) { m.IntervalCommitted(kExperiment, "cpu", 0.25, 6400); });
+  const double store_ns = NsPerCall(
+      updates, [&](long long) { m.StoreOperation(metrics::StoreOp::kCommitResult, 3e-4, 4096); });
+  metrics::WorkerStats stats;
+  stats.slots = 4;
+  stats.slots_busy = 3;
+  stats.allocator_allocated_bytes = 1 << 20;
+  stats.allocator_reserved_bytes = 2 << 20;
+  const double worker_stats_ns = NsPerCall(updates / 4, [&](long long i) {
+    stats.samples_total = static_cast<uint64_t>(i) * 64;
+    m.SetWorkerStats("w0", "cpu", stats);
+  });
+  metrics::RingStats rs;
+  rs.capacity_bytes = 64 << 20;
+  const double ring_stats_ns = NsPerCall(updates / 4, [&](long long i) {
+    rs.bytes_to_worker_total = static_cast<uint64_t>(i) * 4096;
+    m.SetRingStats("w0", "cpu", rs);
+  });
+  std::printf(
+      "per call: Exploited %.1f ns, IntervalCommitted %.1f ns, StoreOperation %.1f ns, "
+      "SetWorkerStats %.1f ns, SetRingStats %.1f ns\n",
+      hot_path_ns, interval_ns, store_ns, worker_stats_ns, ring_stats_ns);
+
+  // Scrapes while a run keeps reporting (about 1,000 intervals a second).
+  std::atomic<bool> stop{false};
+  std::thread run([&] {
+    while (!stop.load(std::memory_order_relaxed)) {
+      feeder.Interval();
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  });
+  std::vector<double> ms;
+  long bytes = 0;
+  for (int i = 0; i < scrapes; ++i) {
+    const auto t0 = Clock::now();
+    bytes = Scrape(m.port());
+    const auto t1 = Clock::now();
+    if (bytes <= 0) break;
+    ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+  }
+  stop.store(true);
+  run.join();
+  for (pid_t pid : children) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+  }
+  if (ms.empty()) {
+    std::fprintf(stderr, "ckpt-bench metrics: scrape of 127.0.0.1:%d failed\n", m.port());
+    return 1;
+  }
+  std::sort(ms.begin(), ms.end());
+  const double median = ms[ms.size() / 2];
+  const double p99 = ms[std::min(ms.size() - 1, ms.size() * 99 / 100)];
+  std::printf("scrape (%zu, %ld bytes, %s): median %.3f ms, p99 %.3f ms\n", ms.size(), bytes,
+              m.gpu_status().empty() ? "with NVML" : "without NVML", median, p99);
+
+  nlohmann::json out{{"bench", "metrics"},
+                     {"hot_path_ns", hot_path_ns},
+                     {"interval_committed_ns", interval_ns},
+                     {"store_operation_ns", store_ns},
+                     {"worker_stats_ns", worker_stats_ns},
+                     {"ring_stats_ns", ring_stats_ns},
+                     {"scrape_ms", median},
+                     {"scrape_p99_ms", p99},
+                     {"scrape_bytes", bytes},
+                     {"scrapes", ms.size()},
+                     {"members", members},
+                     {"gpu_sampler", m.gpu_status().empty()}};
+  std::printf("%s\n", out.dump().c_str());
+  return 0;
+}
+
+}  // namespace
+
+CKPT_BENCHMARK("metrics", "ckpt::metrics: hot-path update cost and full scrape time", MetricsBench);
+
+}  // namespace ckpt::bench
