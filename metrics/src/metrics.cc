@@ -156,19 +156,22 @@ struct PairLess {
   }
 };
 
-// "HOST:PORT" with a numeric IPv4 host or a bracketed IPv6 one.
+// "HOST:PORT" with a numeric IPv4 host. IPv6 is refused: Debian's civetweb,
+// which prometheus-cpp serves with, is built without it.
 struct ListenAddress {
-  sockaddr_storage addr{};
-  socklen_t len = 0;
+  sockaddr_in addr{};
 };
 
 StatusOr<ListenAddress> ParseListen(const std::string& listen) {
   auto bad = [&](const std::string& why) {
     return Status::InvalidArgument("metrics listen address \"" + listen + "\": " + why);
   };
+  if (!listen.empty() && listen.front() == '[') {
+    return bad("IPv6 is not supported by the HTTP server (civetweb built without it)");
+  }
   const size_t colon = listen.rfind(':');
   if (colon == std::string::npos || colon == 0) {
-    return bad("expected HOST:PORT with a numeric host (127.0.0.1:9464, [::1]:9464, 0.0.0.0:9464)");
+    return bad("expected HOST:PORT with a numeric IPv4 host (127.0.0.1:9464, 0.0.0.0:9464)");
   }
   const std::string port_text = listen.substr(colon + 1);
   if (port_text.empty() || port_text.size() > 5 ||
@@ -176,24 +179,12 @@ StatusOr<ListenAddress> ParseListen(const std::string& listen) {
       std::stoi(port_text) > 65535) {
     return bad("port must be a number in 0..65535");
   }
-  const auto port = static_cast<uint16_t>(std::stoi(port_text));
-  std::string host = listen.substr(0, colon);
+  const std::string host = listen.substr(0, colon);
   ListenAddress out;
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-    auto* a6 = reinterpret_cast<sockaddr_in6*>(&out.addr);
-    a6->sin6_family = AF_INET6;
-    a6->sin6_port = htons(port);
-    if (inet_pton(AF_INET6, host.c_str(), &a6->sin6_addr) != 1) return bad("not an IPv6 address");
-    out.len = sizeof(sockaddr_in6);
-  } else {
-    auto* a4 = reinterpret_cast<sockaddr_in*>(&out.addr);
-    a4->sin_family = AF_INET;
-    a4->sin_port = htons(port);
-    if (inet_pton(AF_INET, host.c_str(), &a4->sin_addr) != 1) {
-      return bad("host must be a numeric IPv4 address or a bracketed IPv6 one");
-    }
-    out.len = sizeof(sockaddr_in);
+  out.addr.sin_family = AF_INET;
+  out.addr.sin_port = htons(static_cast<uint16_t>(std::stoi(port_text)));
+  if (inet_pton(AF_INET, host.c_str(), &out.addr.sin_addr) != 1) {
+    return bad("host must be a numeric IPv4 address");
   }
   return out;
 }
@@ -202,13 +193,14 @@ StatusOr<ListenAddress> ParseListen(const std::string& listen) {
 // the listener does (SO_REUSEADDR), so a port in TIME_WAIT is not reported
 // busy, and closes at once without listening.
 std::string BindProbe(const ListenAddress& a) {
-  const int fd = ::socket(a.addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return std::string("socket: ") + std::strerror(errno);
   const int one = 1;
   (void)::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
   std::string why;
-  if (::bind(fd, reinterpret_cast<const sockaddr*>(&a.addr), a.len) != 0)
+  if (::bind(fd, reinterpret_cast<const sockaddr*>(&a.addr), sizeof(a.addr)) != 0) {
     why = std::strerror(errno);
+  }
   ::close(fd);
   return why;
 }

@@ -629,7 +629,7 @@ TEST(MetricsTest, BusyPortIsAnUnavailableStatusNamingTheAddress) {
 
 TEST(MetricsTest, MalformedListenAddressIsInvalidArgument) {
   for (const char* bad : {"9464", ":9464", "localhost:9464", "127.0.0.1:", "127.0.0.1:65536",
-                          "127.0.0.1:94x4", "[::1:9464", "::1:9464"}) {
+                          "127.0.0.1:94x4", "[::1]:9464", "::1:9464"}) {
     MetricsOptions o;
     o.listen = bad;
     auto m = Metrics::Open(o);

@@ -99,8 +99,10 @@
 namespace ckpt::metrics {
 
 struct MetricsOptions {
-  // "HOST:PORT" the HTTP listener binds ("127.0.0.1:9464", "[::1]:9464",
-  // "0.0.0.0:9464" for every interface). PORT 0 picks a free port (see port()).
+  // "HOST:PORT" the HTTP listener binds, HOST a numeric IPv4 address
+  // ("127.0.0.1:9464"; "0.0.0.0:9464" for every interface; IPv6 is refused,
+  // the HTTP server being built without it). PORT 0 picks a free port (see
+  // port()).
   // "" runs no listener: the registry still records, RenderText() still works.
   // A bare port is refused (InvalidArgument): the listener never binds every
   // interface unless the address says so. Default: "127.0.0.1:9464".
@@ -193,7 +195,8 @@ class Metrics {
   // permitted); Internal for a failure inside prometheus-cpp.
   static StatusOr<std::unique_ptr<Metrics>> Open(const MetricsOptions& options);
 
-  // Stops the listener (an in-progress scrape completes first).
+  // Stops the listener (an in-progress scrape completes first). After a scrape
+  // this takes up to 2 s: civetweb stops its threads on a 2-second poll.
   ~Metrics();
   Metrics(const Metrics&) = delete;
   Metrics& operator=(const Metrics&) = delete;
