@@ -8,6 +8,8 @@
 // and the few that can still throw are wrapped.
 #include "control_server.h"
 
+#include "log.h"
+
 #include <fcntl.h>
 #include <grp.h>
 #include <pwd.h>
@@ -416,10 +418,7 @@ void CancelTimer(asio::steady_timer* timer) {
   }
 }
 
-void Log(const std::string& line) {
-  std::fprintf(stderr, "control: %s\n", line.c_str());
-  std::fflush(stderr);
-}
+void Log(const std::string& line) { Logger().info("control: {}", line); }
 
 class Connection : public std::enable_shared_from_this<Connection> {
  public:

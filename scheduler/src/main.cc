@@ -52,6 +52,13 @@ int Run(const std::string& path, const std::string& store_override, const std::s
     std::fprintf(stderr, "ckpt-scheduler: %s\n", run.ToString().c_str());
     return 1;
   }
+  if (summary.ok() && summary->status == "failed") {
+    std::fprintf(stderr,
+                 "ckpt-scheduler: experiment %s failed; the reason is in the log above and in its "
+                 "events\n",
+                 config->name.c_str());
+    return 1;
+  }
   if (summary.ok() && summary->status != "done") {
     std::printf("stopped before the end; run the same command again to resume\n");
   }

@@ -466,8 +466,10 @@ Status SchedulerImpl::RunLoop() {
     // reported and left as it is, and the others go on.
     CKPT_ASSIGN_OR_RETURN(auto stored, store_->ListExperiments());
     for (const auto& x : stored) {
-      if (x.status == "done" || x.status == "stopped" || x.status == "failed" ||
-          Find(x.id) != nullptr) {
+      auto status = ParseExperimentStatus(x.status);
+      if (Find(x.id) != nullptr ||
+          (status.ok() && *status != scheduler::ExperimentStatus::kRunning &&
+           *status != scheduler::ExperimentStatus::kPaused)) {
         continue;
       }
       json j = json::parse(x.config_json, nullptr, false);

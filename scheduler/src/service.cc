@@ -261,10 +261,9 @@ Status RunService(const std::string& config_path, const ServiceRunOptions& run_o
     }
     return scheduler.status();
   }
-  char grace[32];
-  std::snprintf(grace, sizeof grace, "%.1f", static_cast<double>(config.supervision.grace.count()) / 1000);
-  LogLine(log, "starting: store " + config.store + ", control socket " + config.socket +
-                   ", grace " + grace + " s");
+  LogLine(log, fmt::format("starting: store {}, control socket {}, grace {:.1f} s", config.store,
+                           config.socket,
+                           static_cast<double>(config.supervision.grace.count()) / 1000));
   Status run = (*scheduler)->Run();
   scheduler->reset();  // closes the store
   if (!run.ok()) return run;

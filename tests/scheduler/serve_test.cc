@@ -600,5 +600,39 @@ TEST_F(ServeTest, BadConfigurationExitsTwoNamingTheKeyAndLine) {
   EXPECT_FALSE(std::filesystem::exists(dir_ + "/store")) << "a bad file must not touch the store";
 }
 
+// A damaged member-state record in the store: `serve` starts anyway, reports
+// the experiment it cannot resume (naming the member) and runs the others,
+// instead of crashing into a Restart=on-failure loop.
+TEST_F(ServeTest, DamagedMemberRecordIsReportedAndServeKeepsServing) {
+  {
+    auto s = OpenStore("store");
+    ASSERT_NE(s, nullptr);
+    const std::string toml = Experiment("damaged", "pbt");
+    ASSERT_TRUE(s->CreateExperiment("damaged", json{{"toml", toml}}.dump()).ok());
+    ASSERT_TRUE(s->SetExperimentStatus("damaged", "running").ok());
+    std::map<std::string, std::map<std::string, double>> hp;
+    for (int i = 0; i < kPopulation; ++i) {
+      hp["m00" + std::to_string(i)] = {{"lr", 0.01}, {"momentum", 0.9}};
+    }
+    ASSERT_TRUE(s->CreateMembers("damaged", hp).ok());
+    ASSERT_TRUE(s->SetMemberState("damaged", "m001", "{\"v\":2,\"interval\":\"x").ok());
+  }
+  Child* serve = StartServe(WriteConfig("scheduler.toml", "store"));
+  ASSERT_NE(client_, nullptr);
+  EXPECT_TRUE(WaitUntil(
+      [&] { return serve->Log().find("cannot resume experiment damaged") != std::string::npos; },
+      milliseconds(20000)))
+      << serve->Log();
+  EXPECT_NE(serve->Log().find("experiment damaged member m001: state record is not JSON"),
+            std::string::npos)
+      << serve->Log();
+  // It keeps serving: a new experiment runs.
+  auto id = client_->Submit(Experiment("healthy", "pbt"), "healthy.toml");
+  ASSERT_TRUE(id.ok()) << id.status().ToString();
+  EXPECT_TRUE(WaitUntil([&] { return Done("healthy") >= kPopulation; }, milliseconds(120000)))
+      << serve->Log();
+  Terminate(serve);
+}
+
 }  // namespace
 }  // namespace ckpt

@@ -87,7 +87,9 @@ ControlOptions ControlOptionsFor(const ServiceConfig& config);
 std::string SettingsNeedingRestart(const ServiceConfig& running, const ServiceConfig& reloaded);
 
 struct ServiceRunOptions {
-  // Where the service logs (start, reloads, the reason it stopped). Default: stderr.
+  // The service's own lines (start, reloads, the reason it stopped) go to the
+  // scheduler's logger (stderr; plain lines under journald); nullptr silences
+  // them. Default: stderr.
   FILE* log = stderr;
   // Tell systemd (sd_notify) READY=1 / STOPPING=1; a no-op when $NOTIFY_SOCKET
   // is unset. Default: true.
