@@ -229,7 +229,7 @@ MetricFamily MakeFamily(const char* name, const char* help, MetricType type) {
 // from the scheduler's threads; Collect from the listener's.
 class SamplerCollectable : public prometheus::Collectable {
  public:
-  SamplerCollectable(std::unique_ptr<NvmlSampler> nvml) : nvml_(std::move(nvml)) {}
+  explicit SamplerCollectable(std::unique_ptr<NvmlSampler> nvml) : nvml_(std::move(nvml)) {}
 
   void AddWorker(std::string_view worker, std::string_view device, pid_t pid) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -675,7 +675,8 @@ Metrics::Impl::ExperimentSeries* Metrics::Impl::Experiment(std::string_view expe
   e.exploits = &exploits_->Add({{"experiment", name}});
   for (int i = 0; i < kFailureReasonCount; ++i) {
     e.failures[i] = &failures_->Add(
-        {{"experiment", name}, {"reason", std::string(FailureReasonName(FailureReason(i)))}});
+        {{"experiment", name},
+         {"reason", std::string(FailureReasonName(static_cast<FailureReason>(i)))}});
   }
   return &e;
 }
@@ -744,8 +745,9 @@ void Metrics::Impl::SetMemberCounts(std::string_view experiment, const MemberCou
                                                       counts.done, counts.stopped, counts.failed};
   for (int i = 0; i < kMemberStateCount; ++i) {
     if (e->members[i] == nullptr) {
-      e->members[i] = &members_->Add({{"experiment", std::string(experiment)},
-                                      {"state", std::string(MemberStateName(MemberState(i)))}});
+      e->members[i] =
+          &members_->Add({{"experiment", std::string(experiment)},
+                          {"state", std::string(MemberStateName(static_cast<MemberState>(i)))}});
     }
     e->members[i]->Set(static_cast<double>(values[i]));
   }

@@ -61,7 +61,7 @@ std::string FamilyOf(const std::string& name, const Exposition& families) {
   for (const char* suffix : {"_bucket", "_sum", "_count"}) {
     const std::string_view sv(suffix);
     if (name.size() > sv.size() && name.compare(name.size() - sv.size(), sv.size(), sv) == 0) {
-      const std::string base = name.substr(0, name.size() - sv.size());
+      std::string base = name.substr(0, name.size() - sv.size());
       auto it = families.find(base);
       if (it != families.end() &&
           (it->second.type == "histogram" || it->second.type == "summary")) {

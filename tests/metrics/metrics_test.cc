@@ -300,7 +300,7 @@ TEST(MetricsTest, LabelCardinalityStaysBoundedWith300Members) {
   const size_t series_after_first = SeriesCount(CkptFamilies(ParseOrFail(*first)));
   ASSERT_GT(series_after_first, 0u);
   // Every one of the 300 members trains several intervals.
-  while (run.intervals() < 300 * 5) run.Step();
+  while (run.intervals() < int64_t{300} * 5) run.Step();
   auto last = ScrapeText(*m);
   ASSERT_TRUE(last.ok()) << last.status().ToString();
   const Exposition e = CkptFamilies(ParseOrFail(*last));
@@ -501,8 +501,8 @@ std::vector<ListeningSocket> OwnListeningSockets() {
         in6_addr a{};
         for (int w = 0; w < 4; ++w) {
           const uint32_t word =
-              static_cast<uint32_t>(std::stoul(hex.substr(8 * w, 8), nullptr, 16));
-          std::memcpy(&a.s6_addr[4 * w], &word, 4);
+              static_cast<uint32_t>(std::stoul(hex.substr(size_t{8} * w, 8), nullptr, 16));
+          std::memcpy(&a.s6_addr[size_t{4} * w], &word, 4);
         }
         ::inet_ntop(AF_INET6, &a, text, sizeof(text));
       }

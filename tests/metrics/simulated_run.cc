@@ -83,8 +83,8 @@ void SimulatedRun::Restart(size_t index, pid_t pid) {
 
 void SimulatedRun::Step() {
   using metrics::StoreOp;
-  constexpr uint64_t kSamples = 100 * 64;       // 100 steps of batch 64
-  constexpr uint64_t kStateBytes = 250 * 1024;  // a LeNet-5 with SGD momentum
+  constexpr uint64_t kSamples = uint64_t{100} * 64;       // 100 steps of batch 64
+  constexpr uint64_t kStateBytes = uint64_t{250} * 1024;  // a LeNet-5 with SGD momentum
   for (size_t i = 0; i < workers_.size(); ++i) {
     const SimulatedWorker& w = workers_[i];
     const int64_t member = intervals_ % members_;
