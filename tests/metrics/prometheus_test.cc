@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "ckpt/metrics/metrics.h"
+#include "dashboard_check.h"
 #include "exposition.h"
 #include "prometheus_server.h"
 #include "simulated_run.h"
@@ -48,90 +49,15 @@ std::string ReadFile(const std::string& path) {
   return ss.str();
 }
 
-json LoadDashboard() {
-  const std::string text = ReadFile(CKPT_DASHBOARD_JSON);
-  json d = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  EXPECT_FALSE(d.is_discarded()) << CKPT_DASHBOARD_JSON << " is not JSON";
-  return d.is_discarded() ? json::object() : d;
-}
-
-struct PanelQuery {
-  std::string panel;
-  std::string ref;
-  std::string expr;
-};
-
-// Panels, rows' nested panels included, in order.
-void CollectPanels(const json& panels, std::vector<json>* out) {
-  for (const json& p : panels) {
-    out->push_back(p);
-    if (p.contains("panels")) CollectPanels(p["panels"], out);
-  }
-}
-
-std::vector<PanelQuery> DashboardQueries(const json& dashboard) {
-  std::vector<json> panels;
-  CollectPanels(dashboard.value("panels", json::array()), &panels);
-  std::vector<PanelQuery> out;
-  for (const json& p : panels) {
-    for (const json& t : p.value("targets", json::array())) {
-      out.push_back(PanelQuery{p.value("title", "?"), t.value("refId", "?"), t.value("expr", "")});
-    }
-  }
-  return out;
-}
-
-std::string ReplaceAll(std::string s, const std::string& from, const std::string& to) {
-  for (size_t pos = s.find(from); pos != std::string::npos; pos = s.find(from, pos + to.size())) {
-    s.replace(pos, from.size(), to);
-  }
-  return s;
-}
-
-// The expression as Grafana sends it with one experiment and one device
-// selected.
-std::string Substitute(std::string expr, const std::string& device) {
-  expr = ReplaceAll(expr, "$__rate_interval", kRateInterval);
-  for (const auto& [name, value] :
-       {std::pair<std::string, std::string>{"experiment", kExperiment}, {"device", device}}) {
-    expr = ReplaceAll(expr, "${" + name + "}", value);
-    expr = ReplaceAll(expr, "$" + name, value);
-  }
-  return expr;
-}
-
-bool IsGpuQuery(const std::string& expr) { return expr.find("ckpt_gpu_") != std::string::npos; }
-
-// ckpt_* names an expression refers to.
-std::set<std::string> MetricNames(const std::string& expr) {
-  std::set<std::string> out;
-  for (size_t pos = expr.find("ckpt_"); pos != std::string::npos;
-       pos = expr.find("ckpt_", pos + 1)) {
-    if (pos > 0 &&
-        (std::isalnum(static_cast<unsigned char>(expr[pos - 1])) || expr[pos - 1] == '_')) {
-      continue;
-    }
-    size_t end = pos;
-    while (end < expr.size() &&
-           (std::isalnum(static_cast<unsigned char>(expr[end])) || expr[end] == '_')) {
-      ++end;
-    }
-    std::string name = expr.substr(pos, end - pos);
-    for (const char* suffix : {"_bucket", "_sum", "_count"}) {
-      const std::string s(suffix);
-      if (name.size() > s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0 &&
-          name.find("_seconds") != std::string::npos) {
-        name = name.substr(0, name.size() - s.size());
-      }
-    }
-    out.insert(name);
-  }
-  return out;
+json Dashboard() {
+  auto d = testing::LoadDashboard(CKPT_DASHBOARD_JSON);
+  EXPECT_TRUE(d.ok()) << d.status().ToString();
+  return d.ok() ? *d : json::object();
 }
 
 TEST(DashboardTest, IsAnImportableDashboardWithDatasourceAndTemplateVariables) {
-  const json d = LoadDashboard();
-  ASSERT_TRUE(d.is_object());
+  const json d = Dashboard();
+  ASSERT_FALSE(d.empty());
   EXPECT_GE(d.value("schemaVersion", 0), 36);
   EXPECT_FALSE(d.value("uid", "").empty());
   EXPECT_FALSE(d.value("title", "").empty());
@@ -146,8 +72,7 @@ TEST(DashboardTest, IsAnImportableDashboardWithDatasourceAndTemplateVariables) {
     EXPECT_EQ(vars[name]["datasource"].value("uid", ""), "${datasource}") << name;
   }
 
-  std::vector<json> panels;
-  CollectPanels(d["panels"], &panels);
+  const std::vector<json> panels = testing::DashboardPanels(d);
   std::set<int> ids;
   int with_queries = 0;
   for (const json& p : panels) {
@@ -161,7 +86,8 @@ TEST(DashboardTest, IsAnImportableDashboardWithDatasourceAndTemplateVariables) {
     ASSERT_FALSE(p.value("targets", json::array()).empty());
     for (const json& t : p["targets"]) {
       EXPECT_EQ(t["datasource"].value("uid", ""), "${datasource}");
-      const std::string expr = Substitute(t.value("expr", ""), "cpu");
+      const std::string expr = testing::SubstituteVariables(
+          t.value("expr", ""), {{"experiment", kExperiment}, {"device", "cpu"}}, kRateInterval);
       EXPECT_EQ(expr.find('$'), std::string::npos) << "unknown variable in " << t.value("expr", "");
     }
   }
@@ -187,8 +113,8 @@ TEST(DashboardTest, IsAnImportableDashboardWithDatasourceAndTemplateVariables) {
   auto exposed = testing::ParseExposition((*m)->RenderText());
   ASSERT_TRUE(exposed.ok()) << exposed.status().ToString();
   std::set<std::string> used;
-  for (const PanelQuery& q : DashboardQueries(d)) {
-    for (const std::string& name : MetricNames(q.expr)) used.insert(name);
+  for (const testing::PanelQuery& q : testing::DashboardQueries(d)) {
+    for (const std::string& name : testing::MetricNames(q.expr)) used.insert(name);
   }
   for (const std::string& name : used) {
     if (name.rfind("ckpt_gpu_", 0) == 0 && !(*m)->gpu_status().empty()) continue;
@@ -220,9 +146,8 @@ TEST(DashboardTest, EveryPanelQueryReturnsDataFromARealPrometheus) {
   if (::access(testing::kPrometheusBinary, X_OK) != 0) {
     GTEST_SKIP() << testing::kPrometheusBinary << " is not installed";
   }
-  const json dashboard = LoadDashboard();
-  const std::vector<PanelQuery> queries = DashboardQueries(dashboard);
-  ASSERT_FALSE(queries.empty());
+  const json dashboard = Dashboard();
+  ASSERT_FALSE(testing::DashboardQueries(dashboard).empty());
 
   MetricsOptions o;
   o.listen = "127.0.0.1:0";
@@ -273,20 +198,17 @@ TEST(DashboardTest, EveryPanelQueryReturnsDataFromARealPrometheus) {
   ASSERT_TRUE(scraped.ok()) << scraped.ToString() << "\n" << (*server)->LogTail();
 
   std::vector<std::string> empty_gpu;
-  for (const PanelQuery& q : queries) {
-    const std::string expr = Substitute(q.expr, device);
-    SCOPED_TRACE(q.panel + " / " + q.ref + ": " + expr);
-    auto result = (*server)->Query(expr);
-    ASSERT_TRUE(result.ok()) << result.status().ToString();
-    size_t finite = 0;
-    for (const testing::PromSample& s : *result) finite += std::isfinite(s.value) ? 1 : 0;
-    std::printf("%-40s %s  %zu series, %zu finite\n", q.panel.c_str(), q.ref.c_str(),
-                result->size(), finite);
-    if (finite == 0 && IsGpuQuery(q.expr) && !gpu) {
-      empty_gpu.push_back(q.panel + " / " + q.ref);
+  for (const testing::PanelQueryResult& r : testing::RunDashboardQueries(
+           **server, dashboard, {{"experiment", kExperiment}, {"device", device}}, kRateInterval)) {
+    SCOPED_TRACE(r.query.panel + " / " + r.query.ref + ": " + r.sent);
+    ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+    std::printf("%-50s %s  %zu series, %zu finite\n", r.query.panel.c_str(), r.query.ref.c_str(),
+                r.series, r.finite);
+    if (r.finite == 0 && testing::IsGpuQuery(r.query.expr) && !gpu) {
+      empty_gpu.push_back(r.query.panel + " / " + r.query.ref);
       continue;
     }
-    EXPECT_GT(finite, 0u) << "no data";
+    EXPECT_GT(r.finite, 0u) << "no data";
   }
   if (!empty_gpu.empty()) {
     std::printf("GPU queries without data (no NVML here: %s):\n", metrics.gpu_status().c_str());
