@@ -1,0 +1,499 @@
+// ckpt-bench seed: the seed user's workload (issue 11) through ckpt against
+// the user's own Python setup (bench/seed_approach.py), side by side.
+//
+// Workload: --population LeNet-5 members on Fashion-MNIST, SGD with momentum
+// and weight decay, batch 64, --intervals x --steps, validation on --eval-size
+// images after each interval, synchronous PBT (bottom 20% copy a top-20%
+// member and multiply each hyperparameter by 0.8 or 1.2), test accuracy at the
+// end. Three contenders run one after the other, each round in a rotated order
+// so that a load change on the machine spreads over all of them:
+//   ckpt    `ckpt-scheduler run` on an experiment file written to a temp dir
+//           (its own store, one cpu worker with --slots slots);
+//   python  /usr/bin/python3 bench/seed_approach.py (Pool(7), torch.save /
+//           torch.load per member and interval), the same LibTorch 1.13;
+//   bare    ckpt's own training loop on the same work, no scheduler, store or
+//           ring: this program in a child process (`--bare-only`), --slots
+//           threads calling Trainer::TrainPlain member after member, each new
+//           state fed back as a blob, a barrier per interval, the test split
+//           scored for the same number of best members as the scheduler's
+//           final evaluation. Its ratio to ckpt is the pipeline's overhead.
+// Each contender is timed from spawn to exit (samples/s = training samples /
+// that wall time) while a sampler thread sums the PSS of its process tree
+// from /proc/PID/smaps_rollup every --sample-ms; the peak of the sum counts.
+// Ratios are per round (the contenders of one round ran minutes apart at
+// most) and the JSON reports their median; figures are noisy on a shared
+// machine, so compare ratios, not absolute rates across runs.
+//
+//   ckpt-bench seed [--rounds 2] [--population 30] [--intervals 4] [--steps 100]
+//       [--eval-size 2000] [--slots 2] [--fusion plain] [--seed 2026]
+//       [--final-eval-top 5] [--scheduler PATH] [--python /usr/bin/python3]
+//       [--script bench/seed_approach.py] [--dataset-path DIR] [--sample-ms 100]
+//       [--skip-bare]
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench.h"
+#include "ckpt/worker/trainer.h"
+
+extern char** environ;
+
+namespace ckpt::bench {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+using nlohmann::json;
+
+// The members the scheduler scores on the test split when an experiment
+// ends (SchedulerOptions::final_eval_top, which `run` leaves at its default).
+constexpr int kFinalEvalTop = 5;
+
+struct Workload {
+  int population = 30;
+  int intervals = 4;
+  int64_t steps = 100;
+  int batch_size = 64;
+  int eval_size = 2000;
+  int slots = 2;
+  std::string fusion = "plain";
+  uint64_t seed = 2026;
+  std::string dataset_path = "/usr/share/datasets/fashion-mnist";
+  int final_eval_top = kFinalEvalTop;
+
+  int64_t TrainSamples() const {
+    return static_cast<int64_t>(population) * intervals * steps * batch_size;
+  }
+};
+
+// Summed PSS of `root` and its descendants, read from /proc.
+int64_t TreePssBytes(pid_t root) {
+  std::map<pid_t, std::vector<pid_t>> children;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator("/proc", ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat("/proc/" + name + "/stat");
+    std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+    // "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+    const size_t close = text.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(text.substr(close + 1));
+    std::string state;
+    pid_t ppid = 0;
+    if (rest >> state >> ppid) children[ppid].push_back(static_cast<pid_t>(std::stol(name)));
+  }
+  int64_t total = 0;
+  std::vector<pid_t> stack = {root};
+  while (!stack.empty()) {
+    const pid_t pid = stack.back();
+    stack.pop_back();
+    for (pid_t c : children[pid]) stack.push_back(c);
+    std::ifstream rollup("/proc/" + std::to_string(pid) + "/smaps_rollup");
+    std::string line;
+    while (std::getline(rollup, line)) {
+      if (line.rfind("Pss:", 0) == 0) {
+        total += std::atoll(line.c_str() + 4) * 1024;
+        break;
+      }
+    }
+  }
+  return total;
+}
+
+struct ProcessRun {
+  int exit_code = -1;
+  double wall_s = 0;
+  int64_t peak_pss = 0;
+  std::string out;  // its stdout
+  std::string err;  // its stderr
+};
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// Runs argv[0] with stdout and stderr into files under `dir`, sampling the
+// summed PSS of its process tree until it exits.
+ProcessRun RunMeasured(const std::vector<std::string>& args, const std::string& dir,
+                       int sample_ms) {
+  ProcessRun r;
+  const std::string out_path = dir + "/stdout", err_path = dir + "/stderr";
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 1, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                   0644);
+  posix_spawn_file_actions_addopen(&actions, 2, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                   0644);
+  std::vector<char*> argv;
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  const auto start = Clock::now();
+  pid_t pid = 0;
+  const int rc = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (rc != 0) {
+    r.err = "cannot start " + args[0] + ": " + std::strerror(rc);
+    return r;
+  }
+  std::atomic<bool> done{false};
+  std::thread sampler([&] {
+    while (!done.load()) {
+      r.peak_pss = std::max(r.peak_pss, TreePssBytes(pid));
+      std::this_thread::sleep_for(std::chrono::milliseconds(sample_ms));
+    }
+  });
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  r.wall_s = std::chrono::duration<double>(Clock::now() - start).count();
+  done.store(true);
+  sampler.join();
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.out = ReadFile(out_path);
+  r.err = ReadFile(err_path);
+  return r;
+}
+
+std::string LastLine(const std::string& text) {
+  std::string s = text;
+  while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.pop_back();
+  const size_t nl = s.rfind('\n');
+  return nl == std::string::npos ? s : s.substr(nl + 1);
+}
+
+std::string Tail(const std::string& text, size_t n) {
+  return text.size() <= n ? text : text.substr(text.size() - n);
+}
+
+// The experiment file of the workload (keys: scheduler/include/ckpt/scheduler/config.h).
+std::string ExperimentToml(const Workload& w, const std::string& store) {
+  json path = w.dataset_path, store_path = store;
+  std::ostringstream t;
+  t << "name = \"seed\"\nseed = " << w.seed << "\nstore = " << store_path.dump() << "\n"
+    << "[model]\nspec = \"lenet5\"\noptimizer = \"sgd\"\n"
+    << "[data]\ndataset = \"fashion-mnist\"\npath = " << path.dump()
+    << "\nbatch_size = " << w.batch_size << "\neval_size = " << w.eval_size << "\n"
+    << "[population]\nsize = " << w.population << "\nsteps_per_interval = " << w.steps
+    << "\nintervals = " << w.intervals
+    << "\n"
+    // The search space of examples/fashion-mnist-pbt.toml and seed_approach.py.
+    << "[search_space.lr]\ntype = \"log_uniform\"\nmin = 0.001\nmax = 0.2\n"
+    << "[search_space.momentum]\ntype = \"uniform\"\nmin = 0.5\nmax = 0.99\n"
+    << "[search_space.weight_decay]\ntype = \"log_uniform\"\nmin = 0.000001\nmax = 0.01\n"
+    // The user's PBT: every interval, bottom 20% copy a top-20% member, then
+    // each hyperparameter times 0.8 or 1.2 (never resampled).
+    << "[policy]\nkind = \"pbt\"\nmode = \"sync\"\nquantile = 0.2\nperturb = [0.8, 1.2]\n"
+    << "resample_probability = 0.0\nready_intervals = 1\n"
+    << "[[devices]]\ndevice = \"cpu\"\nslots = " << w.slots << "\nfusion = \"" << w.fusion
+    << "\"\nfusion_width = 8\nintra_op_threads = 1\n";
+  return t.str();
+}
+
+// val_acc and test_acc of the first (best) member row of `ckpt-scheduler run`'s summary table.
+bool ParseSummary(const std::string& out, double* val_acc, double* test_acc) {
+  std::istringstream in(out);
+  std::string line;
+  bool header = false;
+  while (std::getline(in, line)) {
+    if (line.rfind("member ", 0) == 0 && line.find("val_acc") != std::string::npos) {
+      header = true;
+      continue;
+    }
+    if (!header) continue;
+    std::istringstream row(line);
+    std::string member, status, val, test;
+    if (!(row >> member >> status >> val >> test)) return false;
+    *val_acc = std::strtod(val.c_str(), nullptr);
+    *test_acc = test == "-" ? -1 : std::strtod(test.c_str(), nullptr);
+    return true;
+  }
+  return false;
+}
+
+std::string SelfExe() {
+  std::error_code ec;
+  return fs::read_symlink("/proc/self/exe", ec).string();
+}
+
+// ckpt's own loop on the workload, in this process (the `--bare-only` child).
+int BareLoop(const Workload& w) {
+  const auto start = Clock::now();
+  model::TrainerOptions t;
+  t.model_spec = "lenet5";
+  t.optimizer = "sgd";
+  t.batch_size = w.batch_size;
+  t.eval_size = w.eval_size;
+  t.dataset = "fashion-mnist";
+  t.dataset_path = w.dataset_path;
+  t.intra_op_threads = 1;
+  t.seed = w.seed;
+  auto trainer = model::Trainer::Create(t);
+  if (!trainer.ok()) {
+    std::fprintf(stderr, "bare loop: %s\n", trainer.status().ToString().c_str());
+    return 1;
+  }
+  std::mt19937_64 rng(w.seed);
+  std::uniform_real_distribution<double> u(0, 1);
+  auto log_uniform = [&](double lo, double hi) {
+    return std::exp(std::log(lo) + u(rng) * (std::log(hi) - std::log(lo)));
+  };
+  const size_t n = static_cast<size_t>(w.population);
+  std::vector<std::map<std::string, double>> hparams(n);
+  for (auto& h : hparams) {
+    h["lr"] = log_uniform(1e-3, 0.2);
+    h["momentum"] = 0.5 + 0.49 * u(rng);
+    h["weight_decay"] = log_uniform(1e-6, 1e-2);
+  }
+  std::vector<std::string> states(n);
+  std::vector<double> val(n, 0), test(n, -1);
+  std::atomic<bool> failed{false};
+  // One interval (or the final evaluation) of `members` over the slot threads.
+  auto run = [&](const std::vector<size_t>& members, int64_t steps, bool eval_test) {
+    std::atomic<size_t> next{0};
+    std::vector<std::thread> threads;
+    for (int s = 0; s < w.slots; ++s) {
+      threads.emplace_back([&] {
+        for (size_t j; (j = next.fetch_add(1)) < members.size();) {
+          const size_t i = members[j];
+          model::MemberTask task;
+          task.member = "bare/" + std::to_string(i);
+          task.init_seed = i + 1;
+          task.state = reinterpret_cast<const uint8_t*>(states[i].data());
+          task.state_size = states[i].size();
+          task.hparams = hparams[i];
+          task.steps = steps;
+          task.eval_test = eval_test;
+          auto o = (*trainer)->TrainPlain(task);
+          if (!o.ok()) {
+            std::fprintf(stderr, "bare loop: %s\n", o.status.ToString().c_str());
+            failed.store(true);
+            return;
+          }
+          states[i] = o.EncodeState();
+          val[i] = o.val_acc;
+          test[i] = o.test_acc;
+        }
+      });
+    }
+    for (auto& th : threads) th.join();
+  };
+  std::vector<size_t> all(n);
+  for (size_t i = 0; i < n; ++i) all[i] = i;
+  for (int i = 0; i < w.intervals && !failed.load(); ++i) run(all, w.steps, false);
+  std::vector<size_t> best = all;
+  std::sort(best.begin(), best.end(), [&](size_t a, size_t b) { return val[a] > val[b]; });
+  best.resize(std::min(best.size(), static_cast<size_t>(std::max(1, w.final_eval_top))));
+  if (!failed.load()) run(best, 0, true);
+  if (failed.load()) return 1;
+  const double wall_s = std::chrono::duration<double>(Clock::now() - start).count();
+  json out{{"bench", "seed_bare_loop"},
+           {"wall_s", wall_s},
+           {"train_samples", w.TrainSamples()},
+           {"samples_per_s", static_cast<double>(w.TrainSamples()) / wall_s},
+           {"best_val_acc", val[best[0]]},
+           {"test_acc", test[best[0]]}};
+  std::printf("%s\n", out.dump().c_str());
+  return 0;
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return NAN;
+  std::sort(v.begin(), v.end());
+  const size_t m = v.size() / 2;
+  return v.size() % 2 == 1 ? v[m] : 0.5 * (v[m - 1] + v[m]);
+}
+
+double Mean(const std::vector<double>& v) {
+  if (v.empty()) return NAN;
+  double s = 0;
+  for (double x : v) s += x;
+  return s / static_cast<double>(v.size());
+}
+
+struct Contender {
+  explicit Contender(std::string n) : name(std::move(n)) {}
+  std::string name;
+  std::vector<double> wall_s, samples_per_s, pss_bytes, best_val_acc, test_acc;
+};
+
+int Seed(const Args& args) {
+  Workload w;
+  w.population = static_cast<int>(args.GetInt("population", w.population));
+  w.intervals = static_cast<int>(args.GetInt("intervals", w.intervals));
+  w.steps = args.GetInt("steps", w.steps);
+  w.eval_size = static_cast<int>(args.GetInt("eval-size", w.eval_size));
+  w.slots = static_cast<int>(args.GetInt("slots", w.slots));
+  w.fusion = args.Get("fusion", w.fusion);
+  w.seed = static_cast<uint64_t>(args.GetInt("seed", static_cast<long long>(w.seed)));
+  w.dataset_path = args.Get("dataset-path", w.dataset_path);
+  w.final_eval_top = static_cast<int>(args.GetInt("final-eval-top", w.final_eval_top));
+  if (args.Has("bare-only")) return BareLoop(w);
+
+  const int rounds = static_cast<int>(args.GetInt("rounds", 2));
+  const int sample_ms = static_cast<int>(args.GetInt("sample-ms", 100));
+  const std::string exe = SelfExe();
+  const fs::path build_dir = fs::path(exe).parent_path().parent_path();
+  const std::string scheduler_bin =
+      args.Get("scheduler", (build_dir / "bin" / "ckpt-scheduler").string());
+  const std::string python = args.Get("python", "/usr/bin/python3");
+  std::string script = args.Get("script", "bench/seed_approach.py");
+  if (!fs::exists(script)) script = std::string(CKPT_SOURCE_DIR) + "/bench/seed_approach.py";
+  const bool with_bare = !args.Has("skip-bare");
+
+  const fs::path root = fs::temp_directory_path() / ("ckpt-bench-seed-" + std::to_string(getpid()));
+  fs::remove_all(root);
+  fs::create_directories(root);
+
+  Contender ckpt{"ckpt"}, python_run{"python"}, bare{"bare"};
+  std::vector<double> speedup, pss_ratio, overhead;
+  const std::vector<std::string> order = with_bare
+                                             ? std::vector<std::string>{"ckpt", "python", "bare"}
+                                             : std::vector<std::string>{"ckpt", "python"};
+  for (int round = 0; round < rounds; ++round) {
+    std::map<std::string, double> rate;
+    std::map<std::string, int64_t> pss;
+    for (size_t k = 0; k < order.size(); ++k) {
+      const std::string& who = order[(k + static_cast<size_t>(round)) % order.size()];
+      const std::string dir = (root / (who + std::to_string(round))).string();
+      fs::create_directories(dir);
+      std::vector<std::string> cmd;
+      Contender* c = nullptr;
+      if (who == "ckpt") {
+        const std::string toml = dir + "/seed.toml";
+        std::ofstream(toml) << ExperimentToml(w, dir + "/store");
+        cmd = {scheduler_bin, "run", toml, "--quiet"};
+        c = &ckpt;
+      } else if (who == "python") {
+        cmd = {python,         script,
+               "--population", std::to_string(w.population),
+               "--intervals",  std::to_string(w.intervals),
+               "--steps",      std::to_string(w.steps),
+               "--eval-size",  std::to_string(w.eval_size),
+               "--seed",       std::to_string(w.seed),
+               "--dataset",    w.dataset_path,
+               "--workdir",    dir + "/members",
+               "--no-pss"};
+        c = &python_run;
+      } else {
+        cmd = {exe,
+               "seed",
+               "--bare-only",
+               "--population",
+               std::to_string(w.population),
+               "--intervals",
+               std::to_string(w.intervals),
+               "--steps",
+               std::to_string(w.steps),
+               "--eval-size",
+               std::to_string(w.eval_size),
+               "--slots",
+               std::to_string(w.slots),
+               "--seed",
+               std::to_string(w.seed),
+               "--final-eval-top",
+               std::to_string(w.final_eval_top),
+               "--dataset-path",
+               w.dataset_path};
+        c = &bare;
+      }
+      std::fprintf(stderr, "round %d: %s...\n", round + 1, who.c_str());
+      ProcessRun r = RunMeasured(cmd, dir, sample_ms);
+      if (r.exit_code != 0) {
+        std::fprintf(stderr, "seed: %s exited with %d\n%s\n%s\n", who.c_str(), r.exit_code,
+                     Tail(r.out, 2000).c_str(), Tail(r.err, 4000).c_str());
+        return 1;
+      }
+      double val_acc = NAN, test_acc = NAN;
+      if (who == "ckpt") {
+        if (!ParseSummary(r.out, &val_acc, &test_acc)) {
+          std::fprintf(stderr, "seed: no summary table in ckpt-scheduler's output:\n%s\n",
+                       Tail(r.out, 2000).c_str());
+          return 1;
+        }
+      } else {
+        json j = json::parse(LastLine(r.out), nullptr, /*allow_exceptions=*/false);
+        if (!j.is_object() || !j.contains("best_val_acc") || !j.contains("test_acc")) {
+          std::fprintf(stderr, "seed: %s printed no result line:\n%s\n%s\n", who.c_str(),
+                       Tail(r.out, 2000).c_str(), Tail(r.err, 2000).c_str());
+          return 1;
+        }
+        val_acc = j["best_val_acc"].get<double>();
+        test_acc = j["test_acc"].get<double>();
+      }
+      const double per_s = static_cast<double>(w.TrainSamples()) / r.wall_s;
+      c->wall_s.push_back(r.wall_s);
+      c->samples_per_s.push_back(per_s);
+      c->pss_bytes.push_back(static_cast<double>(r.peak_pss));
+      c->best_val_acc.push_back(val_acc);
+      c->test_acc.push_back(test_acc);
+      rate[who] = per_s;
+      pss[who] = r.peak_pss;
+      std::fprintf(stderr,
+                   "round %d: %s %.2f s, %.0f samples/s, peak PSS %.0f MB, val %.4f test %.4f\n",
+                   round + 1, who.c_str(), r.wall_s, per_s, static_cast<double>(r.peak_pss) / 1e6,
+                   val_acc, test_acc);
+    }
+    speedup.push_back(rate["ckpt"] / rate["python"]);
+    pss_ratio.push_back(pss["python"] > 0
+                            ? static_cast<double>(pss["ckpt"]) / static_cast<double>(pss["python"])
+                            : NAN);
+    if (with_bare) overhead.push_back(1.0 - rate["ckpt"] / rate["bare"]);
+  }
+  fs::remove_all(root);
+
+  json out{{"bench", "seed"},
+           {"rounds", rounds},
+           {"population", w.population},
+           {"intervals", w.intervals},
+           {"steps_per_interval", w.steps},
+           {"batch_size", w.batch_size},
+           {"eval_size", w.eval_size},
+           {"slots", w.slots},
+           {"fusion", w.fusion},
+           {"train_samples", w.TrainSamples()}};
+  for (const Contender* c : {&ckpt, &python_run, &bare}) {
+    if (c->wall_s.empty()) continue;
+    out[c->name + "_samples_per_s"] = Median(c->samples_per_s);
+    out[c->name + "_wall_s"] = c->wall_s;
+    out[c->name + "_pss_bytes"] = Median(c->pss_bytes);
+    out[c->name + "_best_val_acc"] = Mean(c->best_val_acc);
+    out[c->name + "_test_acc"] = Mean(c->test_acc);
+  }
+  out["speedup"] = Median(speedup);
+  out["speedup_per_round"] = speedup;
+  out["pss_ratio"] = Median(pss_ratio);
+  out["pss_ratio_per_round"] = pss_ratio;
+  if (with_bare) {
+    out["overhead_share"] = Median(overhead);
+    out["overhead_share_per_round"] = overhead;
+  }
+  out["device"] = "cpu";
+  std::printf("%s\n", out.dump().c_str());
+  return 0;
+}
+
+CKPT_BENCHMARK("seed", "the seed workload: ckpt-scheduler run vs the user's Python pool", Seed);
+
+}  // namespace
+}  // namespace ckpt::bench
