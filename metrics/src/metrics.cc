@@ -22,6 +22,7 @@
 #include <cmath>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -224,12 +225,33 @@ MetricFamily MakeFamily(const char* name, const char* help, MetricType type) {
   return f;
 }
 
+using LogFn = std::function<void(LogLevel, const std::string&)>;
+
+// MetricsOptions::log, or spdlog's default logger when it is empty.
+LogFn LogOrDefault(const LogFn& log) {
+  if (log) return log;
+  return [](LogLevel level, const std::string& line) {
+    switch (level) {
+      case LogLevel::kInfo:
+        spdlog::info("{}", line);
+        break;
+      case LogLevel::kWarning:
+        spdlog::warn("{}", line);
+        break;
+      case LogLevel::kError:
+        spdlog::error("{}", line);
+        break;
+    }
+  };
+}
+
 // The samplers, run when a scrape (or RenderText) collects: /proc for this
 // process and the announced workers, NVML for the GPUs. Announcements come
 // from the scheduler's threads; Collect from the listener's.
 class SamplerCollectable : public prometheus::Collectable {
  public:
-  explicit SamplerCollectable(std::unique_ptr<NvmlSampler> nvml) : nvml_(std::move(nvml)) {}
+  SamplerCollectable(std::unique_ptr<NvmlSampler> nvml, LogFn log)
+      : nvml_(std::move(nvml)), log_(std::move(log)) {}
 
   void AddWorker(std::string_view worker, std::string_view device, pid_t pid) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -258,7 +280,7 @@ class SamplerCollectable : public prometheus::Collectable {
     try {
       return CollectOrThrow();
     } catch (const std::exception& e) {
-      spdlog::error("metrics: sampler collection failed: {}", e.what());
+      log_(LogLevel::kError, std::string("metrics: sampler collection failed: ") + e.what());
       return {};
     }
   }
@@ -367,6 +389,7 @@ class SamplerCollectable : public prometheus::Collectable {
   }
 
   const std::unique_ptr<NvmlSampler> nvml_;
+  const LogFn log_;
   mutable std::mutex mu_;
   mutable std::vector<WorkerProcess> workers_;  // GUARDED_BY(mu_)
 };
@@ -375,7 +398,8 @@ class SamplerCollectable : public prometheus::Collectable {
 
 class Metrics::Impl {
  public:
-  explicit Impl(const MetricsOptions& options) : options_(options) {}
+  explicit Impl(const MetricsOptions& options)
+      : options_(options), log_(LogOrDefault(options.log)) {}
 
   ~Impl() {
     // The listener goes first, so no scrape runs while the rest is destroyed.
@@ -447,6 +471,7 @@ class Metrics::Impl {
   void RemoveWorkerGauges(WorkerSeries* w);
 
   const MetricsOptions options_;
+  const LogFn log_;
   std::string gpu_status_;
   int port_ = 0;
   std::shared_ptr<prometheus::Registry> registry_;
@@ -511,13 +536,13 @@ Status Metrics::Impl::Init() {
       nvml = std::move(*opened);
     } else {
       gpu_status_ = opened.status().message();
-      spdlog::info("metrics: no GPU metrics (ckpt_gpu_* absent): {}", gpu_status_);
+      log_(LogLevel::kInfo, "metrics: no GPU metrics (ckpt_gpu_* absent): " + gpu_status_);
     }
   }
 
   try {
     registry_ = std::make_shared<prometheus::Registry>();
-    samplers_ = std::make_shared<SamplerCollectable>(std::move(nvml));
+    samplers_ = std::make_shared<SamplerCollectable>(std::move(nvml), log_);
     auto& r = *registry_;
     interval_seconds_ =
         &prometheus::BuildHistogram()
@@ -656,10 +681,11 @@ void Metrics::Impl::Dropped(std::string_view what) {
   dropped_->Increment();
   if (!logged_drop_) {
     logged_drop_ = true;
-    spdlog::warn(
-        "metrics: {} is over the configured bound (max_experiments {}, max_workers {}); "
-        "its updates are dropped and counted in ckpt_metrics_dropped_updates_total",
-        what, options_.max_experiments, options_.max_workers);
+    log_(LogLevel::kWarning,
+         "metrics: " + std::string(what) + " is over the configured bound (max_experiments " +
+             std::to_string(options_.max_experiments) + ", max_workers " +
+             std::to_string(options_.max_workers) +
+             "); its updates are dropped and counted in ckpt_metrics_dropped_updates_total");
   }
 }
 

@@ -328,6 +328,9 @@ TEST(MetricsTest, SeriesPerExperimentAndWorkerAreCapped) {
   MetricsOptions o = LoopbackAnyPort();
   o.max_experiments = 2;
   o.max_workers = 3;
+  o.gpu = false;
+  std::vector<std::pair<LogLevel, std::string>> lines;
+  o.log = [&lines](LogLevel level, const std::string& line) { lines.emplace_back(level, line); };
   auto m = OpenOrDie(o);
   ASSERT_NE(m, nullptr);
   for (int i = 0; i < 300; ++i) {
@@ -343,6 +346,11 @@ TEST(MetricsTest, SeriesPerExperimentAndWorkerAreCapped) {
   EXPECT_EQ(e.at("ckpt_interval_duration_seconds").SeriesLabels().size(), 2u);
   EXPECT_EQ(e.at("ckpt_worker_samples_total").SeriesLabels().size(), 3u);
   EXPECT_EQ(ValueOf(e, "ckpt_metrics_dropped_updates_total", {}), 298.0 * 2 + 297.0);
+  // One line says so, the first time.
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0].first, LogLevel::kWarning);
+  EXPECT_NE(lines[0].second.find("\"member-2\""), std::string::npos) << lines[0].second;
+  EXPECT_NE(lines[0].second.find("max_experiments 2"), std::string::npos) << lines[0].second;
   // Forgetting an experiment frees its place.
   m->ForgetExperiment("member-0");
   m->Exploited("member-300");
@@ -662,11 +670,24 @@ TEST(MetricsTest, WithoutNvmlGpuFamiliesAreAbsentAndOneLineSaysWhy) {
   const Exposition e = ParseOrFail((*m)->RenderText());
   for (const auto& f : ExpectedGpuFamilies()) EXPECT_EQ(e.count(f.name), 0u) << f.name;
 
+  // The same line through MetricsOptions::log, where the scheduler sends it.
+  std::vector<std::pair<LogLevel, std::string>> routed_lines;
+  o.log = [&routed_lines](LogLevel level, const std::string& line) {
+    routed_lines.emplace_back(level, line);
+  };
+  auto routed = Metrics::Open(o);
+  ASSERT_TRUE(routed.ok()) << routed.status().ToString();
+  ASSERT_EQ(routed_lines.size(), 1u);
+  EXPECT_EQ(routed_lines[0].first, LogLevel::kInfo);
+  EXPECT_NE(routed_lines[0].second.find((*routed)->gpu_status()), std::string::npos)
+      << routed_lines[0].second;
+
   // Turned off by options: no NVML, no log line.
   std::ostringstream quiet;
   spdlog::set_default_logger(std::make_shared<spdlog::logger>(
       "metrics-test", std::make_shared<spdlog::sinks::ostream_sink_mt>(quiet)));
   o.gpu = false;
+  o.log = nullptr;
   auto off = Metrics::Open(o);
   spdlog::set_default_logger(previous);
   ASSERT_TRUE(off.ok());

@@ -10,7 +10,7 @@
 //     dlopen("libnvidia-ml.so.1"), so neither the build nor a CPU host needs
 //     the driver. Without NVML (no library, no driver, no device) the ckpt_gpu_*
 //     families are absent, gpu_status() says why, and Open logs that reason in
-//     one line on spdlog's default logger.
+//     one line (MetricsOptions::log).
 //
 // The scheduler reports what it sees (intervals committed, worker STATS,
 // members by state, exploits, failures, store and ring figures) through the
@@ -61,6 +61,9 @@
 //     ckpt_gpu_memory_total_bytes       gauge
 //   labels {device, worker} (GPU sampler; absent without NVML):
 //     ckpt_gpu_process_memory_bytes     gauge      a worker process's own GPU memory
+//                                                  (NVML names processes by the host's
+//                                                  pids: a scheduler inside a container's
+//                                                  PID namespace gets no series)
 //
 // GET /metrics also carries prometheus-cpp's own exposer_* families (scrapes,
 // bytes served, request latency); RenderText() does not.
@@ -89,6 +92,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -97,6 +101,9 @@
 #include "ckpt/format/status.h"
 
 namespace ckpt::metrics {
+
+// Levels of the library's few log lines.
+enum class LogLevel { kInfo, kWarning, kError };
 
 struct MetricsOptions {
   // "HOST:PORT" the HTTP listener binds, HOST a numeric IPv4 address
@@ -117,6 +124,12 @@ struct MetricsOptions {
   size_t max_experiments = 64;
   // Workers that get series; updates for more are dropped. Default: 256.
   size_t max_workers = 256;
+  // Receives the library's log lines: at Open, why there are no GPU
+  // families (kInfo); the first update over max_experiments or max_workers
+  // (kWarning); a sampler that failed during a scrape (kError). Called on the
+  // thread that caused the line, possibly with the library's lock held: it
+  // must not call into this Metrics. Default (empty): spdlog's default logger.
+  std::function<void(LogLevel level, const std::string& line)> log;
 };
 
 // A member's scheduling state, as counted by ckpt_members{state}.
