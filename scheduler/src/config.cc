@@ -88,6 +88,19 @@ Status CheckModelSpec(TableReader* r, const std::string& spec) {
 
 }  // namespace
 
+bool ValidListenAddress(const std::string& a) {
+  if (a.empty()) return true;
+  const size_t colon = a.rfind(':');
+  if (colon == std::string::npos || colon == 0) return false;
+  const std::string port = a.substr(colon + 1);
+  if (port.empty() || port.size() > 5) return false;
+  for (char c : port) {
+    if (!std::isdigit(static_cast<unsigned char>(c))) return false;
+  }
+  const int p = std::stoi(port);
+  return p >= 1 && p <= 65535;
+}
+
 bool ValidDeviceName(const std::string& name, bool allow_auto) {
   if (name == "cpu" || (allow_auto && name == "auto")) return true;
   if (name.compare(0, 5, "cuda:") != 0 || name.size() == 5 || name.size() > 9) return false;
@@ -179,6 +192,10 @@ StatusOr<ExperimentConfig> ParseExperimentConfig(const std::string& toml_text,
   c.seed = static_cast<uint64_t>(seed);
   CKPT_RETURN_IF_ERROR(top.String("store", &c.store));
   CKPT_RETURN_IF_ERROR(top.String("metrics", &c.metrics));
+  if (!ValidListenAddress(c.metrics)) {
+    return top.Error("metrics",
+                     "must be host:port (port 1-65535) or \"\", not '" + c.metrics + "'");
+  }
 
   CKPT_ASSIGN_OR_RETURN(const toml::table* model, top.Table("model"));
   if (model != nullptr) {

@@ -26,6 +26,9 @@ Status ReadDevices(TomlTableReader* top, const std::string& origin,
 // present keep their value. Does not check for unknown keys.
 Status ReadSupervision(TomlTableReader* r, SupervisionOptions* out);
 
+// A `metrics` value: "host:port" with a port in 1..65535, or "" (none).
+bool ValidListenAddress(const std::string& address);
+
 // "cpu", "cuda:N" (N decimal) or, when `allow_auto`, "auto".
 bool ValidDeviceName(const std::string& name, bool allow_auto);
 

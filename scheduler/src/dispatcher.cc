@@ -22,6 +22,7 @@ void Dispatcher::Dispatch(TaskSink* sink, const std::vector<Experiment*>& experi
     static_cast<WorkItem&>(t) = e->TakeNext(now);
     t.id = next_task_++;
     t.exp = e->id();
+    t.dispatched = now;
     sink->Send(static_cast<size_t>(worker), std::move(t));
   }
 }

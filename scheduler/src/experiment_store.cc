@@ -1,6 +1,7 @@
 #include "experiment_store.h"
 
 #include <algorithm>
+#include <chrono>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -75,24 +76,54 @@ StatusOr<std::vector<Member>> LoadMembers(store::Store* store, const ExperimentC
   return members;
 }
 
+namespace {
+
+// Times one store write for the metrics (when there are any).
+class StoreTimer {
+ public:
+  StoreTimer(metrics::Metrics* m, metrics::StoreOp op, uint64_t bytes)
+      : m_(m), op_(op), bytes_(bytes), t0_(std::chrono::steady_clock::now()) {}
+  ~StoreTimer() {
+    if (m_ == nullptr) return;
+    m_->StoreOperation(
+        op_, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count(),
+        bytes_);
+  }
+
+ private:
+  metrics::Metrics* const m_;
+  const metrics::StoreOp op_;
+  const uint64_t bytes_;
+  const std::chrono::steady_clock::time_point t0_;
+};
+
+}  // namespace
+
 StoreExperimentIo::StoreExperimentIo(store::Store* store, std::string exp,
-                                     std::function<void(std::string_view)> kill_point)
-    : store_(store), exp_(std::move(exp)), kill_point_(std::move(kill_point)) {}
+                                     std::function<void(std::string_view)> kill_point,
+                                     metrics::Metrics* metrics)
+    : store_(store), exp_(std::move(exp)), kill_point_(std::move(kill_point)), metrics_(metrics) {}
 
 StatusOr<int64_t> StoreExperimentIo::Exploit(const std::string& member, const std::string& donor,
                                              const HParams& hparams,
                                              const std::string& event_json) {
-  return store_->Exploit(exp_, member, donor, hparams, event_json);
+  StoreTimer t(metrics_, metrics::StoreOp::kExploit, event_json.size());
+  auto v = store_->Exploit(exp_, member, donor, hparams, event_json);
+  if (v.ok() && metrics_) metrics_->Exploited(exp_);
+  return v;
 }
 
 void StoreExperimentIo::SaveState(const std::string& member, const MemberState& state) {
-  Status s = store_->SetMemberState(exp_, member, EncodeMemberState(state));
+  const std::string bytes = EncodeMemberState(state);
+  StoreTimer t(metrics_, metrics::StoreOp::kSetMemberState, bytes.size());
+  Status s = store_->SetMemberState(exp_, member, bytes);
   if (!s.ok()) {
     Logger().error("{}: writing the state record of {}: {}", exp_, member, s.ToString());
   }
 }
 
 void StoreExperimentIo::AppendEvent(const std::string& json) {
+  StoreTimer t(metrics_, metrics::StoreOp::kAppendEvent, json.size());
   auto s = store_->AppendEvent(exp_, json);
   if (!s.ok()) Logger().error("{}: appending an event: {}", exp_, s.status().ToString());
 }

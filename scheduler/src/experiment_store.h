@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "ckpt/format/status.h"
+#include "ckpt/metrics/metrics.h"
 #include "ckpt/scheduler/config.h"
 #include "ckpt/store/store.h"
 #include "experiment.h"
@@ -42,9 +43,11 @@ StatusOr<std::vector<Member>> LoadMembers(store::Store* store, const ExperimentC
 
 class StoreExperimentIo : public ExperimentIo {
  public:
-  // `kill_point` may be empty. The store must outlive this.
+  // `kill_point` may be empty; `metrics` (may be null) gets each write's
+  // latency. The store and metrics must outlive this.
   StoreExperimentIo(store::Store* store, std::string exp,
-                    std::function<void(std::string_view)> kill_point);
+                    std::function<void(std::string_view)> kill_point,
+                    metrics::Metrics* metrics = nullptr);
 
   StatusOr<int64_t> Exploit(const std::string& member, const std::string& donor,
                             const HParams& hparams, const std::string& event_json) override;
@@ -57,6 +60,7 @@ class StoreExperimentIo : public ExperimentIo {
   store::Store* const store_;
   const std::string exp_;
   const std::function<void(std::string_view)> kill_point_;
+  metrics::Metrics* const metrics_;
 };
 
 }  // namespace ckpt::scheduler

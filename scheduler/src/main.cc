@@ -26,6 +26,7 @@ int Run(const std::string& path, const std::string& store_override, const std::s
   options.store_path = store_override.empty() ? config->store : store_override;
   options.devices = config->devices;
   options.supervision = config->supervision;
+  options.metrics = config->metrics;
   options.worker_binary = worker;
   options.progress = quiet ? nullptr : stdout;
   if (backoff_ms >= 0) options.supervision.restart_backoff = std::chrono::milliseconds(backoff_ms);

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <boost/asio.hpp>
 #include <cctype>
+#include <cmath>
 #include <csignal>
 #include <cstdlib>
 #include <exception>
@@ -19,6 +20,7 @@
 
 #include "ckpt/format/checksum.h"
 #include "ckpt/ipc/channel.h"
+#include "ckpt/metrics/metrics.h"
 #include "ckpt/scheduler/policy.h"
 #include "ckpt/store/store.h"
 #include "control_server.h"
@@ -58,11 +60,32 @@ struct Entry {
   bool announced_end = false;  // its end was printed and counted
 };
 
+double SecondsSince(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+metrics::MemberCounts CountMembers(const Experiment& e) {
+  metrics::MemberCounts c;
+  for (const auto& m : e.members()) {
+    switch (m.state.status) {
+      case MemberStatus::kIdle: ++c.idle; break;
+      case MemberStatus::kQueued: ++c.queued; break;
+      case MemberStatus::kRunning: ++c.running; break;
+      case MemberStatus::kDone: ++c.done; break;
+      case MemberStatus::kStopped: ++c.stopped; break;
+      case MemberStatus::kFailed: ++c.failed; break;
+    }
+  }
+  return c;
+}
+
 class SchedulerImpl : public Scheduler, public ControlTarget, public WorkerPoolListener {
  public:
-  SchedulerImpl(const SchedulerOptions& options, std::unique_ptr<store::Store> store)
+  SchedulerImpl(const SchedulerOptions& options, std::unique_ptr<store::Store> store,
+                std::unique_ptr<metrics::Metrics> metrics)
       : options_(options),
         store_(std::move(store)),
+        metrics_(std::move(metrics)),
         signals_(io_),
         sigchld_(io_, SIGCHLD),
         sighup_(io_),
@@ -135,6 +158,9 @@ class SchedulerImpl : public Scheduler, public ControlTarget, public WorkerPoolL
   void Tick();
   void OnReload();
   void PrintProgress(bool force_line);
+  // Gauges that are cheaper to sample once a second than to keep on every
+  // event (members by state, scores, ring occupancy).
+  void ReportMetrics();
   Experiment* Find(const std::string& id) {
     auto it = entries_.find(id);
     return it == entries_.end() ? nullptr : it->second.experiment.get();
@@ -153,6 +179,8 @@ class SchedulerImpl : public Scheduler, public ControlTarget, public WorkerPoolL
 
   SchedulerOptions options_;
   std::unique_ptr<store::Store> store_;
+  // Declared before the pool and the experiments, which report to it.
+  std::unique_ptr<metrics::Metrics> metrics_;
   asio::io_context io_;
   asio::signal_set signals_;
   asio::signal_set sigchld_;
@@ -210,7 +238,8 @@ Status SchedulerImpl::Submit(const ExperimentConfig& config) {
     CKPT_RETURN_IF_ERROR(store_->SetExperimentStatus(id, "running"));
   }
   Entry entry;
-  entry.io = std::make_unique<StoreExperimentIo>(store_.get(), id, options_.kill_point);
+  entry.io = std::make_unique<StoreExperimentIo>(store_.get(), id, options_.kill_point,
+                                                 metrics_.get());
   ExperimentOptions eo;
   eo.max_member_failures = options_.supervision.max_member_failures;
   eo.final_eval_top = options_.final_eval_top;
@@ -262,6 +291,11 @@ void SchedulerImpl::OnTaskEvent(size_t worker, WorkerEvent ev) {
     const WorkItem& item = ev.task;
     switch (ev.kind) {
       case WorkerEvent::Kind::kCommitted:
+        if (metrics_) {
+          metrics_->IntervalCommitted(e->id(), pool_->devices()[worker].device,
+                                      SecondsSince(ev.task.dispatched),
+                                      static_cast<uint64_t>(std::max<int64_t>(0, ev.result.samples)));
+        }
         e->OnCommitted(item, ev.version, ev.result.step, ev.result.val_acc, ev.result.samples,
                        Clock::now());
         break;
@@ -269,11 +303,17 @@ void SchedulerImpl::OnTaskEvent(size_t worker, WorkerEvent ev) {
         e->OnEvaluated(item, ev.result.test_acc);
         break;
       case WorkerEvent::Kind::kFailed:
+        if (metrics_) metrics_->MemberFailed(e->id(), metrics::FailureReasonFromWorkerCode(ev.code));
         e->OnFailed(item, ev.code, ev.reason, /*head_moved=*/false);
         break;
-      case WorkerEvent::Kind::kCommitError:
-        e->OnFailed(item, ev.code, ev.reason, /*head_moved=*/ev.code == "Aborted");
+      case WorkerEvent::Kind::kCommitError: {
+        const bool moved = ev.code == "Aborted";
+        if (metrics_ && !moved) {
+          metrics_->MemberFailed(e->id(), metrics::FailureReason::kCommitError);
+        }
+        e->OnFailed(item, ev.code, ev.reason, /*head_moved=*/moved);
         break;
+      }
       default:
         break;
     }
@@ -289,7 +329,12 @@ void SchedulerImpl::OnTaskEvent(size_t worker, WorkerEvent ev) {
 void SchedulerImpl::OnWorkerLost(size_t worker, const std::string& reason,
                                  std::vector<Task> unfinished, bool given_up) {
   for (const Task& t : unfinished) {
-    if (Experiment* e = Find(t.exp)) e->OnReturned(t);
+    Experiment* e = Find(t.exp);
+    if (e == nullptr) continue;
+    if (metrics_ && !t.eval_only && !e->ended()) {
+      metrics_->MemberFailed(e->id(), metrics::FailureReason::kWorkerLost);
+    }
+    e->OnReturned(t);
   }
   const auto& device = pool_->devices()[worker].device;
   for (const auto& id : order_) {
@@ -362,7 +407,10 @@ void SchedulerImpl::ShutdownWorkers(bool graceful) {
   if (control_) control_->Close();
   signals_.cancel();
   sigchld_.cancel();
+  ReportMetrics();
+  const auto t0 = Clock::now();
   (void)store_->Flush();
+  if (metrics_) metrics_->StoreOperation(metrics::StoreOp::kFlush, SecondsSince(t0), 0);
   io_.stop();
 }
 
@@ -386,10 +434,26 @@ void SchedulerImpl::OnReload() {
 
 void SchedulerImpl::Tick() {
   PrintProgress(false);
+  ReportMetrics();
   tick_.expires_after(milliseconds(1000));
   tick_.async_wait([this](const boost::system::error_code& ec) {
     if (!ec) Tick();
   });
+}
+
+void SchedulerImpl::ReportMetrics() {
+  if (!metrics_) return;
+  if (pool_) pool_->ReportRingStats();
+  for (Experiment* e : InOrder()) {
+    metrics_->SetMemberCounts(e->id(), CountMembers(*e));
+    std::vector<double> scores;
+    for (const auto& m : e->members()) {
+      if (std::isfinite(m.state.score)) scores.push_back(m.state.score);
+    }
+    std::sort(scores.begin(), scores.end());
+    metrics_->SetScores(e->id(), scores.empty() ? std::nan("") : scores.back(),
+                        scores.empty() ? std::nan("") : scores[scores.size() / 2]);
+  }
 }
 
 void SchedulerImpl::PrintProgress(bool force_line) {
@@ -418,6 +482,7 @@ Status SchedulerImpl::Run() {
   po.instance = options_.instance;
   po.ring_bytes = options_.ring_bytes;
   po.supervision = options_.supervision;
+  po.metrics = metrics_.get();
   pool_ = std::make_unique<WorkerPool>(
       io_, store_.get(), po, [this](const std::string& exp) { return ConfigureFor(exp); }, this);
 
@@ -558,7 +623,9 @@ StatusOr<int64_t> SchedulerImpl::Restore(const std::string& exp, const std::stri
   Experiment* e = Find(exp);
   if (e == nullptr) return Status::NotFound("experiment " + exp + " is not known");
   if (e->Find(member) < 0) return Status::NotFound("member " + member + " of experiment " + exp);
+  const auto t0 = Clock::now();
   CKPT_ASSIGN_OR_RETURN(int64_t v, store_->Restore(exp, member, version));
+  if (metrics_) metrics_->StoreOperation(metrics::StoreOp::kRestore, SecondsSince(t0), 0);
   CKPT_ASSIGN_OR_RETURN(store::MemberHead head, store_->GetMember(exp, member));
   CKPT_RETURN_IF_ERROR(e->OnRestored(member, v, head.hparams, head.step));
   (void)store_->AppendEvent(exp, json{{"type", "restore"},
@@ -594,7 +661,22 @@ StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(const SchedulerOptions& o
   so.sync_interval_commits = options.sync_interval_commits;
   so.kill_point = options.kill_point;
   CKPT_ASSIGN_OR_RETURN(auto store, store::Store::Open(so));
-  return std::unique_ptr<Scheduler>(new SchedulerImpl(options, std::move(store)));
+  std::unique_ptr<metrics::Metrics> m;
+  if (!options.metrics.empty()) {
+    metrics::MetricsOptions mo;
+    mo.listen = options.metrics;
+    auto opened = metrics::Metrics::Open(mo);
+    if (opened.ok()) {
+      m = std::move(*opened);
+      Logger().info("metrics on http://{}/metrics", options.metrics);
+    } else if (options.metrics_required) {
+      return opened.status().WithPrefix("metrics endpoint");
+    } else {
+      Logger().warn("no metrics endpoint: {}; the run goes on without one",
+                    opened.status().ToString());
+    }
+  }
+  return std::unique_ptr<Scheduler>(new SchedulerImpl(options, std::move(store), std::move(m)));
 }
 
 StatusOr<std::function<void(std::string_view)>> KillPointFromEnvironment() {

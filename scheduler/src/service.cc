@@ -72,17 +72,6 @@ Status CheckNames(Reader* r, const toml::table& table, const std::string& key,
   return Status::OK();
 }
 
-// "host:port" with a port in 1..65535, or "".
-bool ValidAddress(const std::string& a) {
-  if (a.empty()) return true;
-  const size_t colon = a.rfind(':');
-  if (colon == std::string::npos || colon == 0) return false;
-  const std::string port = a.substr(colon + 1);
-  if (!AllDigits(port) || port.size() > 5) return false;
-  const int p = std::stoi(port);
-  return p >= 1 && p <= 65535;
-}
-
 bool SameDevices(const std::vector<DeviceConfig>& a, const std::vector<DeviceConfig>& b) {
   if (a.size() != b.size()) return false;
   for (size_t i = 0; i < a.size(); ++i) {
@@ -120,7 +109,7 @@ StatusOr<ServiceConfig> ParseServiceConfig(const std::string& toml_text,
                      "the socket path " + c.socket + " is longer than 107 bytes");
   }
   CKPT_RETURN_IF_ERROR(top.String("metrics", &c.metrics));
-  if (!ValidAddress(c.metrics)) {
+  if (!ValidListenAddress(c.metrics)) {
     return top.Error("metrics",
                      "must be host:port (port 1-65535) or \"\", not '" + c.metrics + "'");
   }
@@ -198,6 +187,8 @@ SchedulerOptions SchedulerOptionsFor(const ServiceConfig& c) {
   o.worker_binary = c.worker_binary;
   o.ring_bytes = c.ring_bytes;
   o.supervision = c.supervision;
+  o.metrics = c.metrics;
+  o.metrics_required = true;
   o.final_eval_top = c.final_eval_top;
   o.progress = c.log_progress ? stdout : nullptr;
   o.sync_interval_commits = c.sync_interval_commits;

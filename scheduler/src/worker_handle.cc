@@ -25,6 +25,10 @@ using std::chrono::milliseconds;
 // experiment from its CONFIGURE (worker_loop.cc).
 constexpr const char kConfigureRefused[] = "configure-refused";
 
+double SecondsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 }  // namespace
 
 WorkerHandle::WorkerHandle(const WorkerSpec& spec, store::Store* store,
@@ -176,12 +180,17 @@ Status WorkerHandle::SendTask(const Task& task) {
   if (task.head_version > 0) {
     // The worker verifies every tensor checksum; the store's read skips it.
     // Only this task changes the member's head until it is reported back.
+    const auto t0 = std::chrono::steady_clock::now();
     auto b = store_->ReadHeadBlob(task.exp, task.member, /*verify=*/false);
     if (!b.ok()) return b.status().WithPrefix("member " + task.member);
     blob = std::move(*b);
+    if (spec_.metrics) {
+      spec_.metrics->StoreOperation(metrics::StoreOp::kReadHeadBlob, SecondsSince(t0), blob.size());
+    }
     t.state.size = blob.size();
   }
   const size_t size = ipc::EncodedSize(t);
+  const auto send_start = std::chrono::steady_clock::now();
   while (true) {
     auto r = channel_->Reserve(ipc::RecordType::kTrain, size, ipc::DeadlineIn(milliseconds(500)));
     if (!r.ok()) {
@@ -192,7 +201,13 @@ Status WorkerHandle::SendTask(const Task& task) {
     if (blob.size() > 0) std::memcpy(r->data + offset, blob.data(), blob.size());
     while (true) {
       Status s = channel_->Commit(*r, ipc::DeadlineIn(milliseconds(500)));
-      if (s.ok()) return s;
+      if (s.ok()) {
+        if (spec_.metrics) {
+          spec_.metrics->RingSendObserved(spec_.name, spec_.device.device,
+                                          SecondsSince(send_start));
+        }
+        return s;
+      }
       if (!s.IsResourceExhausted() || stopping_.load()) return s;
     }
   }
@@ -316,8 +331,12 @@ void WorkerHandle::HandleResult(const ipc::Received& rec) {
                                 {"val_acc", r->val_acc},
                                 {"worker", spec_.index}}
                      .dump();
+  const auto t0 = std::chrono::steady_clock::now();
   auto version = store_->CommitResult(c);
   channel_->Release();
+  if (spec_.metrics && version.ok()) {
+    spec_.metrics->StoreOperation(metrics::StoreOp::kCommitResult, SecondsSince(t0), c.blob_size);
+  }
   if (!version.ok()) {
     e.kind = WorkerEvent::Kind::kCommitError;
     e.code = std::string(StatusCodeName(version.status().code()));

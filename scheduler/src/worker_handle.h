@@ -38,6 +38,7 @@
 #include "ckpt/format/checksum.h"
 #include "ckpt/ipc/channel.h"
 #include "ckpt/ipc/messages.h"
+#include "ckpt/metrics/metrics.h"
 #include "ckpt/scheduler/policy.h"
 #include "ckpt/store/store.h"
 #include "experiment.h"
@@ -49,6 +50,7 @@ namespace ckpt::scheduler {
 struct Task : WorkItem {
   uint64_t id = 0;
   std::string exp;
+  Clock::time_point dispatched{};  // for the interval duration histogram
 };
 
 // What the receiver reports to the event loop.
@@ -78,11 +80,14 @@ struct WorkerEvent {
 
 struct WorkerSpec {
   int index = 0;               // position in the pool
+  std::string name;            // metrics label: "w<index>"
   DeviceConfig device;
   std::string binary;          // path of ckpt-worker
   std::string segment;         // shm name
   size_t ring_bytes = size_t{64} << 20;
   std::chrono::milliseconds heartbeat_timeout{10000};
+  // Where store and ring timings go (thread-safe); nullptr: nowhere.
+  metrics::Metrics* metrics = nullptr;
 };
 
 class WorkerHandle {

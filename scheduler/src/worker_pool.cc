@@ -80,6 +80,8 @@ WorkerPool::WorkerPool(asio::io_context& io, store::Store* store, WorkerPoolOpti
     w->spec.segment = options_.instance + "-w" + std::to_string(i);
     w->spec.ring_bytes = options_.ring_bytes;
     w->spec.heartbeat_timeout = options_.supervision.heartbeat_timeout;
+    w->spec.name = "w" + std::to_string(i);
+    w->spec.metrics = options_.metrics;
     workers_.push_back(std::move(w));
   }
 }
@@ -112,6 +114,9 @@ void WorkerPool::Start(size_t i) {
     return;
   }
   w.handle = std::move(*h);
+  if (options_.metrics) {
+    options_.metrics->WorkerStarted(w.spec.name, w.spec.device.device, w.handle->pid());
+  }
 }
 
 void WorkerPool::OnEvent(size_t i, uint64_t inc, WorkerEvent ev) {
@@ -130,6 +135,17 @@ void WorkerPool::OnEvent(size_t i, uint64_t inc, WorkerEvent ev) {
     case WorkerEvent::Kind::kStats:
       w.samples_per_s = ev.stats.samples_per_s;
       w.mode = ev.stats.mode;
+      if (options_.metrics) {
+        metrics::WorkerStats ws;
+        ws.samples_total = ev.stats.samples_total;
+        ws.slots = ev.stats.slots;
+        ws.slots_busy = ev.stats.slots_busy;
+        ws.fused = ev.stats.mode == "fused";
+        // The worker reports the allocator's bytes in use (its caching
+        // allocator on a GPU); it has no separate reserved figure.
+        ws.allocator_allocated_bytes = ev.stats.allocator_bytes;
+        options_.metrics->SetWorkerStats(w.spec.name, w.spec.device.device, ws);
+      }
       return;
     case WorkerEvent::Kind::kConfigureRefused:
       listener_->OnTaskEvent(i, std::move(ev));
@@ -149,6 +165,7 @@ void WorkerPool::OnLost(size_t i, const std::string& reason) {
     w.handle->Stop(false, milliseconds(0));
     unfinished = w.handle->TakeUnfinished();
     w.handle.reset();
+    if (options_.metrics) options_.metrics->WorkerExited(w.spec.name, w.spec.device.device);
   }
   w.ready = false;
   w.busy = 0;
@@ -220,6 +237,21 @@ void WorkerPool::StopAll(bool graceful) {
       w->peak_rss_total += w->handle->PeakRssBytes();
       w->handle->Stop(graceful, milliseconds(2000));
     }
+  }
+}
+
+void WorkerPool::ReportRingStats() const {
+  if (!options_.metrics) return;
+  for (const auto& w : workers_) {
+    if (!w->handle) continue;
+    const ipc::ChannelStats c = w->handle->ChannelStats();
+    metrics::RingStats r;
+    r.bytes_to_worker_total = c.bytes_sent;
+    r.bytes_from_worker_total = c.bytes_received;
+    r.bad_records_total = c.bad_records;
+    r.used_bytes = c.send_ring_used;
+    r.capacity_bytes = c.ring_bytes;
+    options_.metrics->SetRingStats(w->spec.name, w->spec.device.device, r);
   }
 }
 

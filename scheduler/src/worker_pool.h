@@ -78,6 +78,8 @@ struct WorkerPoolOptions {
   // Bytes of each ring. Default: 64 MiB.
   size_t ring_bytes = size_t{64} << 20;
   SupervisionOptions supervision;
+  // Where worker starts, exits, STATS and ring figures go; nullptr: nowhere.
+  metrics::Metrics* metrics = nullptr;
 };
 
 class WorkerPool : public TaskSink {
@@ -104,6 +106,9 @@ class WorkerPool : public TaskSink {
   // Stops every worker (graceful: SHUTDOWN, then up to 2 s) and cancels
   // restarts. Idempotent.
   void StopAll(bool graceful);
+
+  // Hands each live worker's channel figures to the metrics (on the tick).
+  void ReportRingStats() const;
 
   std::vector<WorkerStatus> Status() const;
   size_t size() const { return workers_.size(); }

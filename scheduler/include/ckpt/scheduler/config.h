@@ -119,7 +119,9 @@ struct ExperimentConfig {
   std::string name;
   uint64_t seed = 0;
   std::string store = "var";
-  std::string metrics;  // "" = none
+  // Prometheus endpoint of `ckpt-scheduler run`, numeric IPv4 "host:port";
+  // "" = none. A busy port costs a warning, not the run. Default: 127.0.0.1:9464.
+  std::string metrics = "127.0.0.1:9464";
   std::string model_spec = "lenet5";
   std::string optimizer = "sgd";
   std::string dataset = "fashion-mnist";

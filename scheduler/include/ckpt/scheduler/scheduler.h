@@ -84,6 +84,15 @@ struct SchedulerOptions {
   std::string instance;
   // Bytes of each ring. Default: 64 MiB.
   size_t ring_bytes = size_t{64} << 20;
+  // Prometheus endpoint "HOST:PORT" (numeric IPv4; ckpt::metrics), "" for
+  // none. `run` takes an experiment file's `metrics`, `serve` its file's.
+  // Default: "" (none).
+  std::string metrics;
+  // When the endpoint cannot be bound: true, Run fails (Unavailable naming the
+  // address; the service); false, one warning and the run goes on without
+  // metrics (`run`, where a second run on the same host is common).
+  // Default: false.
+  bool metrics_required = false;
   // Worker restarts, heartbeat, member failures and the stop grace.
   // Defaults: as in SupervisionOptions. `run` takes an experiment file's
   // [supervision]; `serve` its file's [workers] and grace_s.
