@@ -391,7 +391,11 @@ std::string EventLine(const store::Event& e, const json& j) {
   std::string details;
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string& k = it.key();
-    if (k == "type" || k == "member" || k == "exp" || k == "unix_ms") continue;
+    // The store's own fields, and what the line already says.
+    if (k == "type" || k == "member" || k == "exp" || k == "unix_ms" || k == "seq" || k == "blob" ||
+        (k == "reason" && it->is_string() && it->get<std::string>() == type)) {
+      continue;
+    }
     if (!details.empty()) details += " ";
     if (it->is_string()) {
       details += k + "=" + it->get<std::string>();
@@ -407,7 +411,6 @@ std::string EventLine(const store::Event& e, const json& j) {
       details += k + "=" + it->dump();
     }
   }
-  TextTable t;
   char seq[24];
   std::snprintf(seq, sizeof(seq), "%6llu", static_cast<unsigned long long>(e.seq));
   return std::string(seq) + "  " + FormatTime(j.value("unix_ms", int64_t{0})) + "  " + type +
@@ -519,8 +522,10 @@ Status Verify(const ToolOptions& tool, const std::string& experiment) {
           auto b = s->ReadBlob(m.blob, /*verify=*/true);
           Status st = b.ok() ? Status::OK() : b.status();
           if (b.ok()) {
-            ++blobs_checked;
-            bytes_checked += b->size();
+            if (!only.empty()) {  // the whole store's counts come from Store::Verify
+              ++blobs_checked;
+              bytes_checked += b->size();
+            }
             if (b->size() != m.bytes) {
               st = Status::Corruption("blob is " + std::to_string(b->size()) +
                                       " bytes, the manifest says " + std::to_string(m.bytes));

@@ -51,6 +51,10 @@ StatusOr<std::vector<store::Manifest>> Chain(store::Store* s, const std::string&
 std::string DotQuote(const std::string& s) {
   std::string out = "\"";
   for (char c : s) {
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
     if (c == '"' || c == '\\') out += '\\';
     out += c;
   }
@@ -74,8 +78,8 @@ StatusOr<std::string> ExploitGraphDot(store::Store* s, const std::string& exp,
            "; color=gray80;\n";
     for (const auto& m : versions) {
       const std::string id = VersionName(m.member, m.version);
-      std::string label = id + "\\n" + m.reason + " step " + std::to_string(m.step);
-      if (std::isfinite(m.score())) label += "\\nscore " + FormatScore(m.score());
+      std::string label = id + "\n" + m.reason + " step " + std::to_string(m.step);
+      if (std::isfinite(m.score())) label += "\nscore " + FormatScore(m.score());
       std::string attrs = "label=" + DotQuote(label);
       if (m.version == h.version) attrs += ", peripheries=2";
       if (!m.holds_blob) attrs += ", fontcolor=gray50, color=gray60";

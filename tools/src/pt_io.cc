@@ -221,8 +221,8 @@ StatusOr<PyRef> ReadPt(const std::string& path, size_t max_bytes) {
 
 }  // namespace
 
-Status WritePtFile(const std::string& path, const PyValue& value,
-                   const std::map<std::string, std::string>& extra_records) {
+Status WritePtChecked(const std::string& path, const PyValue& value,
+                      const std::map<std::string, std::string>& extra_records) {
   try {
     return WritePt(path, value, extra_records);
   } catch (const std::exception& e) {
@@ -231,7 +231,7 @@ Status WritePtFile(const std::string& path, const PyValue& value,
   }
 }
 
-StatusOr<PyRef> ReadPtFile(const std::string& path, size_t max_bytes) {
+StatusOr<PyRef> ReadPtChecked(const std::string& path, size_t max_bytes) {
   try {
     return ReadPt(path, max_bytes);
   } catch (const std::exception& e) {
@@ -242,3 +242,20 @@ StatusOr<PyRef> ReadPtFile(const std::string& path, size_t max_bytes) {
 }
 
 }  // namespace ckpt::tool
+
+extern "C" void CkptToolWritePt(const std::string* path, const ckpt::tool::PyValue* value,
+                                const std::map<std::string, std::string>* extra_records,
+                                ckpt::Status* out) {
+  *out = ckpt::tool::WritePtChecked(*path, *value, *extra_records);
+}
+
+extern "C" void CkptToolReadPt(const std::string* path, size_t max_bytes, ckpt::tool::PyRef* value,
+                               ckpt::Status* out) {
+  auto v = ckpt::tool::ReadPtChecked(*path, max_bytes);
+  if (v.ok()) {
+    *value = *v;
+    *out = ckpt::Status::OK();
+  } else {
+    *out = v.status();
+  }
+}

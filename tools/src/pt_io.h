@@ -8,8 +8,12 @@
 // with PyTorchStreamReader and unpickles data.pkl with the restricted
 // unpickler of pickle_reader.h: pickled code is refused, never run.
 //
-// This is the only translation unit of ckpt-tool that includes LibTorch
-// headers. Built without LibTorch, both calls return Unavailable.
+// pt_io.cc is the only translation unit of ckpt-tool that includes LibTorch
+// headers. It is built as a module (ckpt-tool-pt.so, in lib/ beside the
+// bin/ of ckpt-tool) that these two functions load with dlopen on first
+// use, so that LibTorch's load time (half a second) is paid only by the
+// commands that read or write .pt. Without the module (a build without
+// LibTorch) both return Unavailable.
 //
 // Thread-safety: free functions.
 #ifndef CKPT_TOOLS_SRC_PT_IO_H_
@@ -40,5 +44,13 @@ Status WritePtFile(const std::string& path, const PyValue& value,
 StatusOr<PyRef> ReadPtFile(const std::string& path, size_t max_bytes);
 
 }  // namespace ckpt::tool
+
+// The module's entry points (C linkage, so dlsym finds them by these names).
+extern "C" {
+void CkptToolWritePt(const std::string* path, const ckpt::tool::PyValue* value,
+                     const std::map<std::string, std::string>* extra_records, ckpt::Status* out);
+void CkptToolReadPt(const std::string* path, size_t max_bytes, ckpt::tool::PyRef* value,
+                    ckpt::Status* out);
+}
 
 #endif  // CKPT_TOOLS_SRC_PT_IO_H_

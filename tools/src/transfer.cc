@@ -148,6 +148,15 @@ Status ExportSafetensors(const ExportContext& c, const store::Manifest& m,
   return WriteFileAtomically(path, w.Encode());
 }
 
+// A Python float in a .pt: a 0-dim float64 tensor, because the
+// weights_only unpickler of torch 1.13 has no opcode for floats (BINFLOAT);
+// float(x) gives the number back, and torch.optim takes it as it is.
+PyRef FloatValue(double v) {
+  std::string data(sizeof(v), '\0');
+  std::memcpy(data.data(), &v, sizeof(v));
+  return MakeTensor(format::DType::kF64, {}, std::move(data));
+}
+
 PyRef TensorValue(const format::TensorView& t) {
   return MakeTensor(t.dtype, t.shape, std::string(reinterpret_cast<const char*>(t.data), t.nbytes));
 }
@@ -180,19 +189,19 @@ StatusOr<PyRef> OptimizerValue(const format::CheckpointView& view) {
     params->items.push_back(MakeInt(static_cast<int64_t>(i)));
   }
   PyRef group = MakeDict();
-  DictSet(group.get(), MakeString("lr"), MakeFloat(get("lr", kind == "sgd" ? 0.01 : 0.001)));
+  DictSet(group.get(), MakeString("lr"), FloatValue(get("lr", kind == "sgd" ? 0.01 : 0.001)));
   if (kind == "sgd") {
-    DictSet(group.get(), MakeString("momentum"), MakeFloat(get("momentum", 0)));
-    DictSet(group.get(), MakeString("dampening"), MakeFloat(0));
-    DictSet(group.get(), MakeString("weight_decay"), MakeFloat(get("weight_decay", 0)));
+    DictSet(group.get(), MakeString("momentum"), FloatValue(get("momentum", 0)));
+    DictSet(group.get(), MakeString("dampening"), MakeInt(0));
+    DictSet(group.get(), MakeString("weight_decay"), FloatValue(get("weight_decay", 0)));
     DictSet(group.get(), MakeString("nesterov"), MakeBool(get("nesterov", 0) != 0));
   } else {
     PyRef betas = MakeTuple();
-    betas->items = {MakeFloat(get("beta1", 0.9)), MakeFloat(get("beta2", 0.999))};
+    betas->items = {FloatValue(get("beta1", 0.9)), FloatValue(get("beta2", 0.999))};
     DictSet(group.get(), MakeString("betas"), betas);
-    DictSet(group.get(), MakeString("eps"), MakeFloat(get("eps", 1e-8)));
+    DictSet(group.get(), MakeString("eps"), FloatValue(get("eps", 1e-8)));
     DictSet(group.get(), MakeString("weight_decay"),
-            MakeFloat(get("weight_decay", kind == "adamw" ? 0.01 : 0)));
+            FloatValue(get("weight_decay", kind == "adamw" ? 0.01 : 0)));
     DictSet(group.get(), MakeString("amsgrad"), MakeBool(false));
   }
   DictSet(group.get(), MakeString("maximize"), MakeBool(false));
@@ -213,7 +222,7 @@ PyRef JsonToPy(const json& j) {
     }
     return MakeInt(j.get<int64_t>());
   }
-  if (j.is_number()) return MakeFloat(j.get<double>());
+  if (j.is_number()) return FloatValue(j.get<double>());
   if (j.is_string()) return MakeString(j.get<std::string>());
   if (j.is_array()) {
     PyRef l = MakeList();
@@ -508,6 +517,10 @@ std::optional<double> NumberOf(const PyValue* v) {
   if (v->kind == PyValue::Kind::kFloat) return v->f;
   if (v->kind == PyValue::Kind::kInt) return static_cast<double>(v->i);
   if (v->kind == PyValue::Kind::kBool) return v->b ? 1.0 : 0.0;
+  // A one-element tensor (what ckpt's own .pt files hold for floats).
+  if (v->kind == PyValue::Kind::kTensor && v->data.size() == format::DTypeSize(v->dtype)) {
+    return ElementAsDouble(v->dtype, reinterpret_cast<const uint8_t*>(v->data.data()), 0);
+  }
   return std::nullopt;
 }
 
@@ -726,10 +739,12 @@ Status Import(const ToolOptions& tool, const ImportOptions& options) {
   format::CheckpointMeta meta = ref_meta;
   meta.extra.clear();
   meta.extra["ckpt.imported_from"] = fs::path(options.file).filename().string();
-  std::map<std::string, double> hparams = head->version > 0 ? head->hparams : ref_meta.hparams;
+  // The member's hyperparameters (the names the experiment explores), updated
+  // from the file where it has them.
+  std::map<std::string, double> hparams = head->hparams.empty() ? ref_meta.hparams : head->hparams;
   if (st.hparams) {
     for (const auto& [k, v] : *st.hparams) {
-      if (ref_meta.hparams.count(k)) hparams[k] = v;
+      if (hparams.count(k)) hparams[k] = v;
     }
   }
   meta.hparams = hparams;
