@@ -729,6 +729,14 @@ TEST_F(ToolTest, ExportsLoadInPyTorchAndReproduceTheReportedAccuracy) {
   json j = json::parse(py.out);
   EXPECT_LE(j["logits_max_diff"].get<double>(), 1e-5);
   EXPECT_EQ(j["samples_differing"], 0);
+  // The README's example says the same, from each kind of export.
+  char acc[16];
+  std::snprintf(acc, sizeof(acc), "%.4f", test_acc);
+  for (const char* file : {"m.pt", "m.safetensors", "opt.pt"}) {
+    Result ex = RunProcess({CKPT_TOOL_TEST_PYTHON, CKPT_TOOL_EXAMPLE_PY, tmp_ + "/" + file});
+    ASSERT_EQ(ex.code, 0) << Show(ex);
+    EXPECT_NE(ex.out.find(std::string("test accuracy ") + acc), std::string::npos) << ex.out;
+  }
 }
 
 // ---- import ----

@@ -11,7 +11,7 @@ namespace {
 constexpr size_t kMaxStack = 8192;
 constexpr size_t kMaxMemo = 1 << 22;
 constexpr int kMaxCopyDepth = 64;
-constexpr size_t kMaxCopiedNodes = size_t{1} << 22;
+constexpr size_t kMaxCopiedNodes = size_t{1} << 20;
 
 PyRef Make(PyValue::Kind kind) {
   auto v = std::make_shared<PyValue>();
