@@ -84,16 +84,21 @@ Status LsExperiments(Session* session) {
   table.AddRow({"EXPERIMENT", "STATUS", "MEMBERS", "INTERVALS", "BEST", "CREATED"});
   for (const auto& info : experiments) {
     CKPT_ASSIGN_OR_RETURN(ExperimentView e, LoadExperiment(s, info.id));
-    int min_done = e.members.empty() ? 0 : 1 << 30;
+    // Intervals every member still in the race has done (failed and stopped
+    // members are out of it), else the most any member did.
+    int min_done = 1 << 30, max_done = 0;
     double best = std::nan("");
     std::string best_member;
     for (const auto& h : e.members) {
-      min_done = std::min(min_done, ReadMemberProgress(h).interval);
+      const MemberProgress p = ReadMemberProgress(h);
+      max_done = std::max(max_done, p.interval);
+      if (p.status != "failed" && p.status != "stopped") min_done = std::min(min_done, p.interval);
       if (std::isfinite(h.last_score) && !(h.last_score <= best)) {
         best = h.last_score;
         best_member = VersionName(h.member, h.version);
       }
     }
+    if (min_done == 1 << 30) min_done = max_done;
     list.push_back({{"id", info.id},
                     {"status", info.status},
                     {"members", e.members.size()},

@@ -366,6 +366,8 @@ Status Plot(const ToolOptions& tool, const PlotOptions& options) {
   script += "set multiplot layout " + std::to_string(panels) + ",1 title '" + exp +
             ": population-based training (" + std::to_string(exploits.size()) +
             " exploits, black circles)'\n";
+  // Member and hyperparameter names are text, not gnuplot markup (weight_decay).
+  script += "set termoption noenhanced\nset format y '%g'\n";
   script += "set grid\nset key outside right top\nset xlabel 'training step'\n";
   script += "set lmargin 12\nset rmargin 16\n";
   auto plot_panel = [&](int column, const std::string& ylabel, bool log) {
