@@ -22,6 +22,7 @@ class Args {
   double GetDouble(const std::string& key, double def) const;
   long long GetInt(const std::string& key, long long def) const;
   bool Has(const std::string& key) const { return flags_.count(key) > 0; }
+  const std::map<std::string, std::string>& flags() const { return flags_; }
 
  private:
   std::map<std::string, std::string> flags_;

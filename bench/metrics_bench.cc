@@ -11,11 +11,17 @@
 // workers (real child processes, so the process sampler reads real /proc
 // entries) and a thread reporting that run's updates all the while.
 //
-// Throughput with metrics on against off needs the scheduler's wiring and is
-// measured by the population benchmark, not here.
+// pipeline_*: the same small PBT run through `ckpt-scheduler run` (real
+// workers, store, rings) with metrics off and on, alternating, --rounds
+// times each; the "on" runs are scraped once a second as Prometheus would.
+// samples/s counts the run's known training samples over its wall time
+// (start-up and final evaluation included, the same in both).
 //
 //   ckpt-bench metrics [--updates 2000000] [--scrapes 200] [--members 30]
+//                      [--rounds 3] [--run-members 8] [--run-intervals 4]
+//                      [--run-steps 40] [--skip-pipeline]
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -24,11 +30,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <filesystem>
+#include <fstream>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -144,6 +153,72 @@ struct RunFeeder {
   }
 };
 
+
+// A loopback port nobody listens on now.
+int FreePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  int port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
+    port = ntohs(a.sin_port);
+  }
+  ::close(fd);
+  return port;
+}
+
+// One `ckpt-scheduler run` of `toml` into a fresh store; its wall seconds,
+// or -1. With `scrape_port` > 0 a thread scrapes it once a second.
+double TimedRun(const std::string& scheduler, const std::string& toml, const std::string& store,
+                int scrape_port, int* scrapes) {
+  const auto t0 = Clock::now();
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const int null = ::open("/dev/null", O_WRONLY);
+    ::dup2(null, 1);
+    ::dup2(null, 2);
+    const char* argv[] = {scheduler.c_str(), "run", toml.c_str(), "--store", store.c_str(),
+                          "--quiet", nullptr};
+    ::execv(argv[0], const_cast<char* const*>(argv));
+    ::_exit(127);
+  }
+  std::atomic<bool> done{false};
+  std::thread scraper([&] {
+    while (scrape_port > 0 && !done.load()) {
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+      if (!done.load() && Scrape(scrape_port) > 0) ++*scrapes;
+    }
+  });
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
+  done.store(true);
+  scraper.join();
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? wall : -1;
+}
+
+std::string PipelineToml(const std::string& metrics, long long members, long long intervals,
+                         long long steps) {
+  std::ostringstream os;
+  os << "name = \"metrics-bench\"\nseed = 1\nmetrics = \"" << metrics << "\"\n"
+     << "[model]\nspec = \"lenet5\"\n[data]\nbatch_size = 64\neval_size = 500\n"
+     << "[population]\nsize = " << members << "\nsteps_per_interval = " << steps
+     << "\nintervals = " << intervals << "\n"
+     << "[search_space.lr]\ntype = \"log_uniform\"\nmin = 0.005\nmax = 0.1\n"
+     << "[policy]\nkind = \"pbt\"\nquantile = 0.25\n"
+     << "[[devices]]\ndevice = \"cpu\"\nslots = 2\nfusion = \"plain\"\n";
+  return os.str();
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
 int MetricsBench(const Args& args) {
   const long long updates = args.GetInt("updates", 2000000);
   const int scrapes = static_cast<int>(args.GetInt("scrapes", 200));
@@ -239,7 +314,51 @@ int MetricsBench(const Args& args) {
   std::printf("scrape (%zu, %ld bytes, %s): median %.3f ms, p99 %.3f ms\n", ms.size(), bytes,
               m.gpu_status().empty() ? "with NVML" : "without NVML", median, p99);
 
+  // The whole pipeline with metrics off and on, alternating.
+  nlohmann::json pipeline = nullptr;
+  if (!args.Has("skip-pipeline")) {
+    std::error_code ec;
+    const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+    const std::string scheduler = (self.parent_path() / "../bin/ckpt-scheduler").string();
+    const long long rounds = args.GetInt("rounds", 3);
+    const long long rm = args.GetInt("run-members", 8), ri = args.GetInt("run-intervals", 4),
+                    rsteps = args.GetInt("run-steps", 40);
+    const double samples = static_cast<double>(rm * ri * rsteps * 64);
+    char tmpl[] = "/tmp/ckpt-metrics-bench-XXXXXX";
+    const std::string dir = ::mkdtemp(tmpl) ? tmpl : "";
+    std::vector<double> off, on;
+    int scrapes_on = 0;
+    for (long long r = 0; r < rounds && !dir.empty(); ++r) {
+      for (int with : {0, 1}) {
+        const int port = with ? FreePort() : 0;
+        const std::string toml = dir + "/run.toml";
+        std::ofstream(toml) << PipelineToml(with ? "127.0.0.1:" + std::to_string(port) : "", rm,
+                                            ri, rsteps);
+        const std::string store = dir + "/store-" + std::to_string(r) + "-" + std::to_string(with);
+        const double wall = TimedRun(scheduler, toml, store, port, &scrapes_on);
+        std::filesystem::remove_all(store, ec);
+        if (wall <= 0) {
+          std::fprintf(stderr, "ckpt-bench metrics: %s run failed\n", scheduler.c_str());
+          continue;
+        }
+        (with ? on : off).push_back(samples / wall);
+        std::printf("pipeline round %lld metrics %s: %.0f samples/s\n", r + 1, with ? "on" : "off",
+                    samples / wall);
+      }
+    }
+    std::filesystem::remove_all(dir, ec);
+    if (!off.empty() && !on.empty()) {
+      pipeline = {{"samples_per_s_off", Median(off)},
+                  {"samples_per_s_on", Median(on)},
+                  {"on_over_off", Median(on) / Median(off)},
+                  {"rounds", rounds},
+                  {"scrapes_during_on_runs", scrapes_on},
+                  {"samples_per_run", samples}};
+    }
+  }
+
   nlohmann::json out{{"bench", "metrics"},
+                     {"pipeline", pipeline},
                      {"hot_path_ns", hot_path_ns},
                      {"hot_path_while_scraping_ns", hot_path_scraping_ns},
                      {"interval_committed_ns", interval_ns},
