@@ -22,7 +22,7 @@ inputs are normalized with the training split's mean and standard deviation.
 The last line printed is one JSON object: samples_per_s (training samples over
 the wall time from start to the final test accuracy), wall_s, pss_bytes (the
 peak over the run of the summed PSS of this process and its descendants,
-sampled from /proc/PID/smaps_rollup every 50 ms; 0 with --no-pss, for a
+sampled from /proc/PID/smaps_rollup once a second; 0 with --no-pss, for a
 caller that samples the tree from outside), best_val_acc, test_acc.
 """
 import argparse
@@ -152,23 +152,28 @@ def test_accuracy(path):
     return accuracy(model, "test", len(DATA["test"][0]))
 
 
+def children_of(pid):
+    """The processes pid's threads forked (/proc/PID/task/*/children)."""
+    out = []
+    try:
+        tasks = os.listdir("/proc/%d/task" % pid)
+    except OSError:
+        return out
+    for task in tasks:
+        try:
+            with open("/proc/%d/task/%s/children" % (pid, task)) as f:
+                out.extend(int(c) for c in f.read().split())
+        except OSError:
+            pass
+    return out
+
+
 def tree_pss_bytes(root_pid):
     """Summed PSS of root_pid and its descendants (0 for a process that just ended)."""
-    children = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open("/proc/%s/stat" % entry) as f:
-                stat = f.read()
-        except OSError:
-            continue
-        ppid = int(stat[stat.rindex(")") + 2:].split()[1])
-        children.setdefault(ppid, []).append(int(entry))
     total, stack = 0, [root_pid]
     while stack:
         pid = stack.pop()
-        stack.extend(children.get(pid, []))
+        stack.extend(children_of(pid))
         try:
             with open("/proc/%d/smaps_rollup" % pid) as f:
                 for line in f:
@@ -181,7 +186,11 @@ def tree_pss_bytes(root_pid):
 
 
 class PssSampler(threading.Thread):
-    """Samples the summed PSS of this process tree every 50 ms; keeps the peak."""
+    """Samples the summed PSS of this process tree once a second; keeps the peak.
+
+    Reading smaps_rollup walks a process's page tables under its mmap lock, so
+    sampling more often slows down what it measures.
+    """
 
     def __init__(self):
         super().__init__(daemon=True)
@@ -191,7 +200,7 @@ class PssSampler(threading.Thread):
     def run(self):
         while not self.done.is_set():
             self.peak = max(self.peak, tree_pss_bytes(os.getpid()))
-            self.done.wait(0.05)
+            self.done.wait(1.0)
 
     def stop(self):
         self.done.set()

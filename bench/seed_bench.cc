@@ -20,6 +20,9 @@
 // Each contender is timed from spawn to exit (samples/s = training samples /
 // that wall time) while a sampler thread sums the PSS of its process tree
 // from /proc/PID/smaps_rollup every --sample-ms; the peak of the sum counts.
+// Reading smaps_rollup walks the process's page tables under its mmap lock
+// (tens of ms for a worker, more on a loaded machine), so it is sampled once
+// a second by default: more often perturbs what it measures.
 // Ratios are per round (the contenders of one round ran minutes apart at
 // most) and the JSON reports their median; figures are noisy on a shared
 // machine, so compare ratios, not absolute rates across runs.
@@ -27,7 +30,7 @@
 //   ckpt-bench seed [--rounds 2] [--population 30] [--intervals 4] [--steps 100]
 //       [--eval-size 2000] [--slots 2] [--fusion plain] [--seed 2026]
 //       [--final-eval-top 5] [--scheduler PATH] [--python /usr/bin/python3]
-//       [--script bench/seed_approach.py] [--dataset-path DIR] [--sample-ms 100]
+//       [--script bench/seed_approach.py] [--dataset-path DIR] [--sample-ms 1000]
 //       [--skip-bare]
 #include <fcntl.h>
 #include <spawn.h>
@@ -85,34 +88,39 @@ struct Workload {
   }
 };
 
-// Summed PSS of `root` and its descendants, read from /proc.
-int64_t TreePssBytes(pid_t root) {
-  std::map<pid_t, std::vector<pid_t>> children;
+// The children of `pid`, from /proc/PID/task/*/children (each thread lists
+// the processes it forked): far cheaper than reading every /proc/*/stat.
+std::vector<pid_t> Children(pid_t pid) {
+  std::vector<pid_t> out;
+  // A process may end while it is listed: errors end the listing, never throw.
   std::error_code ec;
-  for (const auto& entry : fs::directory_iterator("/proc", ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream stat("/proc/" + name + "/stat");
-    std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
-    // "pid (comm) state ppid ...": comm may hold spaces and parentheses.
-    const size_t close = text.rfind(')');
-    if (close == std::string::npos) continue;
-    std::istringstream rest(text.substr(close + 1));
-    std::string state;
-    pid_t ppid = 0;
-    if (rest >> state >> ppid) children[ppid].push_back(static_cast<pid_t>(std::stol(name)));
+  for (fs::directory_iterator it("/proc/" + std::to_string(pid) + "/task", ec), end;
+       !ec && it != end; it.increment(ec)) {
+    std::ifstream in(it->path() / "children");
+    for (long c; in >> c;) out.push_back(static_cast<pid_t>(c));
   }
+  return out;
+}
+
+// Summed PSS of `root` and its descendants, read from /proc; `by_name`
+// receives the PSS per process name (comm).
+int64_t TreePssBytes(pid_t root, std::map<std::string, int64_t>* by_name) {
   int64_t total = 0;
   std::vector<pid_t> stack = {root};
   while (!stack.empty()) {
     const pid_t pid = stack.back();
     stack.pop_back();
-    for (pid_t c : children[pid]) stack.push_back(c);
+    for (pid_t c : Children(pid)) stack.push_back(c);
     std::ifstream rollup("/proc/" + std::to_string(pid) + "/smaps_rollup");
     std::string line;
     while (std::getline(rollup, line)) {
       if (line.rfind("Pss:", 0) == 0) {
-        total += std::atoll(line.c_str() + 4) * 1024;
+        const int64_t pss = std::atoll(line.c_str() + 4) * 1024;
+        total += pss;
+        std::ifstream comm_file("/proc/" + std::to_string(pid) + "/comm");
+        std::string comm;
+        std::getline(comm_file, comm);
+        (*by_name)[comm] += pss;
         break;
       }
     }
@@ -124,8 +132,9 @@ struct ProcessRun {
   int exit_code = -1;
   double wall_s = 0;
   int64_t peak_pss = 0;
-  std::string out;  // its stdout
-  std::string err;  // its stderr
+  std::map<std::string, int64_t> peak_pss_by_name;  // at the peak of the sum
+  std::string out;                                  // its stdout
+  std::string err;                                  // its stderr
 };
 
 std::string ReadFile(const std::string& path) {
@@ -133,9 +142,11 @@ std::string ReadFile(const std::string& path) {
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
-// Runs argv[0] with stdout and stderr into files under `dir`, sampling the
-// summed PSS of its process tree until it exits.
-ProcessRun RunMeasured(const std::vector<std::string>& args, const std::string& dir,
+// Runs argv[0] with stdout and stderr into files under `dir` and `extra_env`
+// added to this environment, sampling the summed PSS of its process tree
+// until it exits.
+ProcessRun RunMeasured(const std::vector<std::string>& args,
+                       const std::vector<std::string>& extra_env, const std::string& dir,
                        int sample_ms) {
   ProcessRun r;
   const std::string out_path = dir + "/stdout", err_path = dir + "/stderr";
@@ -148,9 +159,14 @@ ProcessRun RunMeasured(const std::vector<std::string>& args, const std::string& 
   std::vector<char*> argv;
   for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
+  std::vector<std::string> env_strings = extra_env;
+  for (char** e = environ; *e != nullptr; ++e) env_strings.emplace_back(*e);
+  std::vector<char*> envp;
+  for (auto& e : env_strings) envp.push_back(e.data());
+  envp.push_back(nullptr);
   const auto start = Clock::now();
   pid_t pid = 0;
-  const int rc = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
+  const int rc = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), envp.data());
   posix_spawn_file_actions_destroy(&actions);
   if (rc != 0) {
     r.err = "cannot start " + args[0] + ": " + std::strerror(rc);
@@ -159,7 +175,12 @@ ProcessRun RunMeasured(const std::vector<std::string>& args, const std::string& 
   std::atomic<bool> done{false};
   std::thread sampler([&] {
     while (!done.load()) {
-      r.peak_pss = std::max(r.peak_pss, TreePssBytes(pid));
+      std::map<std::string, int64_t> by_name;
+      const int64_t pss = TreePssBytes(pid, &by_name);
+      if (pss > r.peak_pss) {
+        r.peak_pss = pss;
+        r.peak_pss_by_name = std::move(by_name);
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds(sample_ms));
     }
   });
@@ -268,6 +289,8 @@ int BareLoop(const Workload& w) {
   std::vector<std::string> states(n);
   std::vector<double> val(n, 0), test(n, -1);
   std::atomic<bool> failed{false};
+  std::mutex phases_mu;
+  double decode_s = 0, train_s = 0, evaluate_s = 0, encode_s = 0, blob_s = 0;
   // One interval (or the final evaluation) of `members` over the slot threads.
   auto run = [&](const std::vector<size_t>& members, int64_t steps, bool eval_test) {
     std::atomic<size_t> next{0};
@@ -290,9 +313,17 @@ int BareLoop(const Workload& w) {
             failed.store(true);
             return;
           }
+          const auto blob_start = Clock::now();
           states[i] = o.EncodeState();
+          const double blob = std::chrono::duration<double>(Clock::now() - blob_start).count();
           val[i] = o.val_acc;
           test[i] = o.test_acc;
+          std::lock_guard<std::mutex> lock(phases_mu);
+          decode_s += o.pack_s;
+          train_s += o.compute_s - o.eval_s;
+          evaluate_s += o.eval_s;
+          encode_s += o.unpack_s;
+          blob_s += blob;
         }
       });
     }
@@ -312,7 +343,14 @@ int BareLoop(const Workload& w) {
            {"train_samples", w.TrainSamples()},
            {"samples_per_s", static_cast<double>(w.TrainSamples()) / wall_s},
            {"best_val_acc", val[best[0]]},
-           {"test_acc", test[best[0]]}};
+           {"test_acc", test[best[0]]},
+           // Summed over the slot threads; blob_s writes each new state out.
+           {"phases",
+            {{"decode_s", decode_s},
+             {"train_s", train_s},
+             {"evaluate_s", evaluate_s},
+             {"encode_s", encode_s},
+             {"blob_s", blob_s}}}};
   std::printf("%s\n", out.dump().c_str());
   return 0;
 }
@@ -335,7 +373,20 @@ struct Contender {
   explicit Contender(std::string n) : name(std::move(n)) {}
   std::string name;
   std::vector<double> wall_s, samples_per_s, pss_bytes, best_val_acc, test_acc;
+  json pss_by_process = json::array();  // per round, at the peak
+  json phases = json::array();          // per round: ckpt's worker, or the bare loop
 };
+
+// The JSON of the worker's "ckpt-worker phases: {...}" stderr line (CKPT_WORKER_PHASES=1).
+json WorkerPhases(const std::string& err) {
+  static constexpr char kPrefix[] = "ckpt-worker phases: ";
+  const size_t at = err.rfind(kPrefix);
+  if (at == std::string::npos) return nullptr;
+  const size_t begin = at + sizeof kPrefix - 1;
+  const size_t end = err.find('\n', begin);
+  return json::parse(err.substr(begin, end == std::string::npos ? end : end - begin), nullptr,
+                     /*allow_exceptions=*/false);
+}
 
 int Seed(const Args& args) {
   Workload w;
@@ -351,7 +402,7 @@ int Seed(const Args& args) {
   if (args.Has("bare-only")) return BareLoop(w);
 
   const int rounds = static_cast<int>(args.GetInt("rounds", 2));
-  const int sample_ms = static_cast<int>(args.GetInt("sample-ms", 100));
+  const int sample_ms = static_cast<int>(args.GetInt("sample-ms", 1000));
   const std::string exe = SelfExe();
   const fs::path build_dir = fs::path(exe).parent_path().parent_path();
   const std::string scheduler_bin =
@@ -418,7 +469,9 @@ int Seed(const Args& args) {
         c = &bare;
       }
       std::fprintf(stderr, "round %d: %s...\n", round + 1, who.c_str());
-      ProcessRun r = RunMeasured(cmd, dir, sample_ms);
+      std::vector<std::string> env;
+      if (who == "ckpt") env.push_back("CKPT_WORKER_PHASES=1");
+      ProcessRun r = RunMeasured(cmd, env, dir, sample_ms);
       if (r.exit_code != 0) {
         std::fprintf(stderr, "seed: %s exited with %d\n%s\n%s\n", who.c_str(), r.exit_code,
                      Tail(r.out, 2000).c_str(), Tail(r.err, 4000).c_str());
@@ -440,7 +493,10 @@ int Seed(const Args& args) {
         }
         val_acc = j["best_val_acc"].get<double>();
         test_acc = j["test_acc"].get<double>();
+        if (j.contains("phases")) c->phases.push_back(j["phases"]);
       }
+      if (who == "ckpt") c->phases.push_back(WorkerPhases(r.err));
+      c->pss_by_process.push_back(r.peak_pss_by_name);
       const double per_s = static_cast<double>(w.TrainSamples()) / r.wall_s;
       c->wall_s.push_back(r.wall_s);
       c->samples_per_s.push_back(per_s);
@@ -479,6 +535,8 @@ int Seed(const Args& args) {
     out[c->name + "_pss_bytes"] = Median(c->pss_bytes);
     out[c->name + "_best_val_acc"] = Mean(c->best_val_acc);
     out[c->name + "_test_acc"] = Mean(c->test_acc);
+    out[c->name + "_pss_bytes_by_process"] = c->pss_by_process;
+    if (!c->phases.empty()) out[c->name + "_phases_s"] = c->phases;
   }
   out["speedup"] = Median(speedup);
   out["speedup_per_round"] = speedup;

@@ -97,6 +97,24 @@ constexpr const char* kBnNoDropout = R"([
   {"type": "linear", "out": 10}
 ])";
 
+// Overlapping windows (kernel 3, stride 2: a value can be the maximum of two
+// windows, its gradients add up), a pool not preceded by a relu, and one that
+// is (the trainer pools before the relu there).
+constexpr const char* kOverlappingPools = R"([
+  {"type": "conv2d", "out": 6, "kernel": 5, "padding": 2},
+  {"type": "tanh"},
+  {"type": "maxpool2d", "kernel": 3, "stride": 2},
+  {"type": "conv2d", "out": 8, "kernel": 4},
+  {"type": "relu"},
+  {"type": "maxpool2d", "kernel": 2},
+  {"type": "flatten"},
+  {"type": "linear", "out": 10}
+])";
+
+TEST_F(TorchReferenceTest, OverlappingMaxPoolsMatchTorch) {
+  CrossCheck(kOverlappingPools, "sgd", {{"lr", 0.05}, {"momentum", 0.9}}, 2, 5);
+}
+
 TEST_F(TorchReferenceTest, SgdNesterovWeightDecayMatchesTorchOptim) {
   CrossCheck("lenet5", "sgd",
              {{"lr", 0.05}, {"momentum", 0.9}, {"weight_decay", 5e-4}, {"nesterov", 1}}, 0, 6);

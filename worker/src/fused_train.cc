@@ -40,12 +40,24 @@ at::Tensor ForwardFused(const Context& ctx, const std::vector<at::Tensor>& P, at
         break;
       }
       case LayerKind::kRelu:
+        if (i + 1 < layers.size() && layers[i + 1].kind == LayerKind::kMaxPool2d &&
+            FastMaxPool2dApplies(x, layers[i + 1].kernel, layers[i + 1].stride,
+                                 layers[i + 1].padding)) {
+          // relu then max pool as one pass: the pool of the relu is the relu of the pool.
+          x = FastMaxPool2d(x, layers[i + 1].kernel, layers[i + 1].stride, /*relu_first=*/true);
+          ++i;
+          break;
+        }
         x = at::relu(x);
         break;
       case LayerKind::kTanh:
         x = at::tanh(x);
         break;
       case LayerKind::kMaxPool2d:
+        if (FastMaxPool2dApplies(x, l.kernel, l.stride, l.padding)) {
+          x = FastMaxPool2d(x, l.kernel, l.stride, /*relu_first=*/false);
+          break;
+        }
         x = at::max_pool2d(x, {l.kernel, l.kernel}, {l.stride, l.stride}, {l.padding, l.padding});
         break;
       case LayerKind::kAvgPool2d:
@@ -238,7 +250,7 @@ std::vector<int64_t> EvaluateFused(const Context& ctx, const std::vector<at::Ten
 
 Status TrainFusedGroup(const Context& ctx, std::vector<MemberState*>& members, int64_t steps,
                        bool eval_val, bool eval_test, FusedResult* result, double* pack_s,
-                       double* unpack_s, double* compute_s) {
+                       double* unpack_s, double* compute_s, double* eval_s) {
   const int64_t K = static_cast<int64_t>(members.size());
   const int64_t batch = ctx.options.batch_size;
   auto start = std::chrono::steady_clock::now();
@@ -300,12 +312,14 @@ Status TrainFusedGroup(const Context& ctx, std::vector<MemberState*>& members, i
   }
   for (const auto& tr : ctx.trainables) P[tr.param].mutable_grad() = at::Tensor();
 
+  // The time is the device's, not the launches': wait for the last step.
+  if (!ctx.device.is_cpu() && !result->losses.empty()) result->losses.back().sum().item<float>();
+  const auto eval_start = std::chrono::steady_clock::now();
   const int64_t val_count = std::min<int64_t>(ctx.options.eval_size, ctx.validation.count);
   if (eval_val && val_count > 0)
     result->correct_val = EvaluateFused(ctx, P, members, ctx.validation, val_count);
   if (eval_test) result->correct_test = EvaluateFused(ctx, P, members, ctx.test, ctx.test.count);
-  // The time is the device's, not the launches': wait for the last step.
-  if (!ctx.device.is_cpu() && !result->losses.empty()) result->losses.back().sum().item<float>();
+  *eval_s = Seconds(eval_start);
   *compute_s = Seconds(start);
 
   start = std::chrono::steady_clock::now();

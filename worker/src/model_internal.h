@@ -136,7 +136,8 @@ StatusOr<torch::jit::Module> BindScript(const Context& ctx, const MemberState& m
 // Fused training of K members (same `steps`), then evaluation of the packed
 // model (validation when eval_val, test when eval_test), then unpacking into
 // each member's tensors. `losses` receives [K] tensors, one per step;
-// `correct_val` / `correct_test` receive per-member counts.
+// `correct_val` / `correct_test` receive per-member counts. `compute_s`
+// includes `eval_s`.
 struct FusedResult {
   std::vector<at::Tensor> losses;
   std::vector<int64_t> correct_val;
@@ -144,10 +145,23 @@ struct FusedResult {
 };
 Status TrainFusedGroup(const Context& ctx, std::vector<MemberState*>& members, int64_t steps,
                        bool eval_val, bool eval_test, FusedResult* result, double* pack_s,
-                       double* unpack_s, double* compute_s);
+                       double* unpack_s, double* compute_s, double* eval_s);
 
 // Sets the calling thread's OpenMP thread count once per value (see trainer.h).
 void SetThreadIntraOpThreads(int n);
+
+// Max pooling with a square window, no padding, dilation 1 and floor mode of a
+// float [N, C, H, W] CPU tensor: the value and gradient of at::max_pool2d bit
+// for bit (the same window scan, first maximum wins, a NaN wins over
+// everything), and with relu_first those of at::max_pool2d(at::relu(x)) (up
+// to the sign of a zero value). LibTorch 1.13's CPU kernel branches on every
+// comparison and took ~2.4 ms for a LeNet-5 conv1 batch of 64 here (a
+// quarter of a training step); pooling before the relu (exact: relu is
+// monotonic and passes NaN) also runs the relu and its backward on a quarter
+// of the values.
+// REQUIRES: FastMaxPool2dApplies(x, kernel, stride, padding).
+at::Tensor FastMaxPool2d(const at::Tensor& x, int64_t kernel, int64_t stride, bool relu_first);
+bool FastMaxPool2dApplies(const at::Tensor& x, int64_t kernel, int64_t stride, int64_t padding);
 
 }  // namespace ckpt::model::internal
 

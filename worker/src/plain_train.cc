@@ -27,12 +27,24 @@ at::Tensor ForwardSpec(const Context& ctx, const std::vector<at::Tensor>& t, at:
         x = at::linear(x, t[lt.weight], OptionalTensor(t, lt.bias));
         break;
       case LayerKind::kRelu:
+        if (i + 1 < layers.size() && layers[i + 1].kind == LayerKind::kMaxPool2d &&
+            FastMaxPool2dApplies(x, layers[i + 1].kernel, layers[i + 1].stride,
+                                 layers[i + 1].padding)) {
+          // relu then max pool as one pass: the pool of the relu is the relu of the pool.
+          x = FastMaxPool2d(x, layers[i + 1].kernel, layers[i + 1].stride, /*relu_first=*/true);
+          ++i;
+          break;
+        }
         x = at::relu(x);
         break;
       case LayerKind::kTanh:
         x = at::tanh(x);
         break;
       case LayerKind::kMaxPool2d:
+        if (FastMaxPool2dApplies(x, l.kernel, l.stride, l.padding)) {
+          x = FastMaxPool2d(x, l.kernel, l.stride, /*relu_first=*/false);
+          break;
+        }
         x = at::max_pool2d(x, {l.kernel, l.kernel}, {l.stride, l.stride}, {l.padding, l.padding});
         break;
       case LayerKind::kAvgPool2d:

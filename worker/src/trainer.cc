@@ -223,6 +223,7 @@ MemberOutcome TrainerImpl::Plain(const MemberTask& task, bool evaluate) {
     }
     at::Tensor host_losses = StackLosses(losses);
     const bool finite_loss = FirstNonFinite(host_losses, 0) < 0;
+    const auto eval_start = Clock::now();
     if (evaluate && finite_loss) {
       const int64_t val = std::min<int64_t>(ctx.options.eval_size, ctx.validation.count);
       if (val > 0) {
@@ -236,6 +237,7 @@ MemberOutcome TrainerImpl::Plain(const MemberTask& task, bool evaluate) {
                        static_cast<double>(ctx.test.count);
       }
     }
+    out.eval_s = Seconds(eval_start);
     out.compute_s = Seconds(t0);
     out.samples = static_cast<int64_t>(losses.size()) * ctx.options.batch_size;
 
@@ -315,9 +317,9 @@ void TrainerImpl::FusedGroup(std::vector<MemberState>& states, const std::vector
   }
   const double k = static_cast<double>(which.size());
   FusedResult result;
-  double pack_s = 0, unpack_s = 0, compute_s = 0;
+  double pack_s = 0, unpack_s = 0, compute_s = 0, eval_s = 0;
   Status s = TrainFusedGroup(ctx, members, steps, evaluate, evaluate && eval_test, &result, &pack_s,
-                             &unpack_s, &compute_s);
+                             &unpack_s, &compute_s, &eval_s);
   if (!s.ok()) {
     for (size_t i : which) {
       SetFailure(&(*out)[i], s.IsAborted() ? kFailAborted : kFailInternal,
@@ -333,6 +335,7 @@ void TrainerImpl::FusedGroup(std::vector<MemberState>& states, const std::vector
     o.unpack_s = unpack_s / k + Seconds(t1);
     o.pack_s += pack_s / k;
     o.compute_s = compute_s / k;
+    o.eval_s = eval_s / k;
     if (!o.ok()) continue;
     o.samples = steps * ctx.options.batch_size;
     if (!result.correct_val.empty()) {

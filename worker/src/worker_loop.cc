@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <thread>
 #include <vector>
 
@@ -32,6 +33,17 @@ const bool kTrace = [] {
   return v != nullptr && *v == '1';
 }();
 
+// CKPT_WORKER_PHASES=1: at exit, one stderr line "ckpt-worker phases: {JSON}"
+// with the seconds the slot threads spent per phase of a member-interval,
+// summed over slots (decode: ring copy, blob parse and validation; train;
+// evaluate; encode: finiteness check and blob preparation; send: writing the
+// RESULT into the ring; idle: waiting for work), the CONFIGURE time and the
+// time from start to the first RESULT. For finding where the time goes.
+const bool kPhases = [] {
+  const char* v = std::getenv("CKPT_WORKER_PHASES");
+  return v != nullptr && *v == '1';
+}();
+
 // FAILED code (with task id 0) for a CONFIGURE this worker cannot set up.
 constexpr const char kConfigureRefused[] = "configure-refused";
 
@@ -40,6 +52,40 @@ struct Job {
   std::string experiment;
   std::vector<uint8_t> state;  // copied out of the ring, so the ring is released at once
   model::MemberTask task;
+};
+
+double Since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// Seconds per phase, summed over the slot threads (see kPhases).
+class PhaseTimes {
+ public:
+  enum Phase { kReceive, kDecode, kTrain, kEvaluate, kEncode, kSend, kIdle, kCount };
+  void Add(Phase p, double seconds) {
+    ns_[p].fetch_add(static_cast<int64_t>(seconds * 1e9), std::memory_order_relaxed);
+  }
+  void Member() { members_.fetch_add(1, std::memory_order_relaxed); }
+  void FirstResult(double seconds) {
+    double none = -1;
+    first_result_s_.compare_exchange_strong(none, seconds);
+  }
+  void Configure(double seconds) { configure_s_.store(seconds); }
+  std::string ToJson() const {
+    static constexpr const char* kNames[kCount] = {"receive_s", "decode_s", "train_s", "evaluate_s",
+                                                   "encode_s",  "send_s",   "idle_s"};
+    nlohmann::json j{{"members", members_.load()},
+                     {"configure_s", configure_s_.load()},
+                     {"first_result_s", first_result_s_.load()}};
+    for (int p = 0; p < kCount; ++p) j[kNames[p]] = 1e-9 * static_cast<double>(ns_[p].load());
+    return j.dump();
+  }
+
+ private:
+  std::atomic<int64_t> ns_[kCount] = {};
+  std::atomic<int64_t> members_{0};
+  std::atomic<double> configure_s_{0};
+  std::atomic<double> first_result_s_{-1};
 };
 
 int64_t RssBytes() {
@@ -63,6 +109,8 @@ class WorkerLoop {
   void SendFailed(uint64_t task_id, const std::string& member, const std::string& code,
                   const std::string& reason);
   void SendOutcome(uint64_t task_id, const model::MemberOutcome& o);
+  // SendOutcome, with the outcome's phases and the send counted in phases_.
+  void SendTimed(uint64_t task_id, const model::MemberOutcome& o);
   Status HandleConfigure(const ipc::Received& rec);
   void HandleTrain(const ipc::Received& rec);
   void SlotLoop();
@@ -82,18 +130,20 @@ class WorkerLoop {
   std::mutex mu_;
   std::condition_variable cv_;        // slot threads wait here for jobs
   std::condition_variable stats_cv_;  // the stats thread waits here for stop_
-  std::deque<Job> jobs_;  // GUARDED_BY(mu_)
+  std::deque<Job> jobs_;              // GUARDED_BY(mu_)
   struct Experiment {
     std::shared_ptr<model::Trainer> trainer;
     bool fused = false;
   };
   std::map<std::string, Experiment> experiments_;  // GUARDED_BY(mu_)
-  std::string mode_ = "plain";                      // GUARDED_BY(mu_): the last CONFIGURE's
-  bool stop_ = false;                               // GUARDED_BY(mu_)
+  std::string mode_ = "plain";                     // GUARDED_BY(mu_): the last CONFIGURE's
+  bool stop_ = false;                              // GUARDED_BY(mu_)
   std::atomic<bool> cancel_{false};
   std::atomic<int> busy_{0};
   std::atomic<uint64_t> samples_{0};
   std::vector<std::thread> threads_;
+  const Clock::time_point started_ = Clock::now();
+  PhaseTimes phases_;
 };
 
 template <typename M>
@@ -182,7 +232,20 @@ void WorkerLoop::SendOutcome(uint64_t task_id, const model::MemberOutcome& o) {
   SendFailed(task_id, o.member, "internal", "encoding the new state: " + encoded.ToString());
 }
 
+void WorkerLoop::SendTimed(uint64_t task_id, const model::MemberOutcome& o) {
+  phases_.Add(PhaseTimes::kDecode, o.pack_s);
+  phases_.Add(PhaseTimes::kTrain, o.compute_s - o.eval_s);
+  phases_.Add(PhaseTimes::kEvaluate, o.eval_s);
+  phases_.Add(PhaseTimes::kEncode, o.unpack_s);
+  const auto start = Clock::now();
+  SendOutcome(task_id, o);
+  phases_.Add(PhaseTimes::kSend, Since(start));
+  phases_.Member();
+  phases_.FirstResult(Since(started_));
+}
+
 Status WorkerLoop::HandleConfigure(const ipc::Received& rec) {
+  const auto start = Clock::now();
   auto c = ipc::DecodeConfigure(rec.payload, rec.size);
   channel_->Release();
   if (!c.ok()) return c.status();
@@ -215,7 +278,8 @@ Status WorkerLoop::HandleConfigure(const ipc::Received& rec) {
     auto choice = (*trainer)->ChooseMode(probe);
     if (choice.ok()) {
       mode = choice->mode;
-      std::fprintf(stderr, "ckpt-worker %s: %s: plain %.0f samples/s, fused(K=%d) %.0f samples/s -> %s\n",
+      std::fprintf(stderr,
+                   "ckpt-worker %s: %s: plain %.0f samples/s, fused(K=%d) %.0f samples/s -> %s\n",
                    options_.device.c_str(), c->experiment.c_str(), choice->plain_samples_s,
                    options_.fusion_width, choice->fused_samples_s, mode.c_str());
     }
@@ -223,10 +287,11 @@ Status WorkerLoop::HandleConfigure(const ipc::Received& rec) {
   if (!(*trainer)->SupportsFusion()) mode = "plain";
   {
     std::lock_guard<std::mutex> lock(mu_);
-    experiments_[c->experiment] = Experiment{std::shared_ptr<model::Trainer>(std::move(*trainer)),
-                                             mode == "fused"};
+    experiments_[c->experiment] =
+        Experiment{std::shared_ptr<model::Trainer>(std::move(*trainer)), mode == "fused"};
     mode_ = mode;
   }
+  phases_.Configure(Since(start));
   return SendHello(mode);
 }
 
@@ -242,10 +307,12 @@ void WorkerLoop::HandleTrain(const ipc::Received& rec) {
     std::fprintf(stderr, "trace worker %s: got TRAIN task %llu %s\n", options_.segment.c_str(),
                  static_cast<unsigned long long>(t->task_id), t->member.c_str());
   }
+  const auto start = Clock::now();
   Job job;
   job.task_id = t->task_id;
   job.state.assign(t->state.data, t->state.data + t->state.size);
   channel_->Release();
+  phases_.Add(PhaseTimes::kReceive, Since(start));
   const auto slash = t->member.find('/');
   job.experiment = slash == std::string::npos ? "" : t->member.substr(0, slash);
   job.task.member = t->member;
@@ -275,8 +342,8 @@ void WorkerLoop::RunThreadRoot(const char* name, void (WorkerLoop::*body)()) {
   } catch (...) {
     what = "a non-standard exception";
   }
-  std::fprintf(stderr, "ckpt-worker %s: %s thread failed: %s; exiting\n",
-               options_.segment.c_str(), name, what.c_str());
+  std::fprintf(stderr, "ckpt-worker %s: %s thread failed: %s; exiting\n", options_.segment.c_str(),
+               name, what.c_str());
   std::fflush(stderr);
   _exit(70);
 }
@@ -291,8 +358,10 @@ void WorkerLoop::SlotLoopBody() {
     std::shared_ptr<model::Trainer> trainer;
     bool fused = false;
     {
+      const auto wait_start = Clock::now();
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
+      phases_.Add(PhaseTimes::kIdle, Since(wait_start));
       if (stop_) return;
       group.push_back(std::move(jobs_.front()));
       jobs_.pop_front();
@@ -323,13 +392,13 @@ void WorkerLoop::SlotLoopBody() {
       auto outcomes = trainer->TrainFused(tasks);
       for (size_t i = 0; i < group.size(); ++i) {
         if (outcomes[i].ok()) samples_.fetch_add(static_cast<uint64_t>(outcomes[i].samples));
-        SendOutcome(group[i].task_id, outcomes[i]);
+        SendTimed(group[i].task_id, outcomes[i]);
       }
     } else {
       for (const auto& j : group) {
         auto o = trainer->TrainPlain(j.task);
         if (o.ok()) samples_.fetch_add(static_cast<uint64_t>(o.samples));
-        SendOutcome(j.task_id, o);
+        SendTimed(j.task_id, o);
       }
     }
     busy_.fetch_sub(1);
@@ -383,7 +452,8 @@ Status WorkerLoop::Run() {
     if (!rec.ok()) {
       if (rec.status().IsResourceExhausted()) continue;
       if (rec.status().IsCorruption()) {
-        std::fprintf(stderr, "ckpt-worker: rejected a record: %s\n", rec.status().ToString().c_str());
+        std::fprintf(stderr, "ckpt-worker: rejected a record: %s\n",
+                     rec.status().ToString().c_str());
         continue;
       }
       result = rec.status();
@@ -406,6 +476,7 @@ Status WorkerLoop::Run() {
   cancel_.store(true);
   StopThreads();
   channel_->Close();
+  if (kPhases) std::fprintf(stderr, "ckpt-worker phases: %s\n", phases_.ToJson().c_str());
   return result;
 }
 

@@ -79,8 +79,10 @@ struct TrainerOptions {
   // Validation samples evaluated after each interval (the first eval_size of
   // the split, capped at its size); 0 skips validation (val_acc = -1). Default: 10000.
   int32_t eval_size = 10000;
-  // Samples per forward pass while evaluating (divided by K when fused). Default: 1000.
-  int32_t eval_batch_size = 1000;
+  // Samples per forward pass while evaluating (divided by K when fused). A
+  // LeNet-5 chunk of 256 keeps its activations (~5 MB) in cache and off
+  // fresh pages; 1000 evaluated 1.6x slower on the CPU. Default: 256.
+  int32_t eval_batch_size = 256;
   // Dataset name and directory ("" = DefaultDatasetDir(dataset)). Default: Fashion-MNIST.
   std::string dataset = "fashion-mnist";
   std::string dataset_path;
@@ -144,6 +146,7 @@ class MemberOutcome {
   double test_acc = -1;   // -1 when not evaluated
   int64_t samples = 0;    // training samples this interval (steps * batch_size)
   double compute_s = 0;   // training and evaluation; for fused members, the group's time / K
+  double eval_s = 0;      // the evaluation part of compute_s
   double pack_s = 0;      // entry: parse + validate the blob, copy to the device, pack
   double unpack_s = 0;    // exit: unpack, copy to the host, finiteness check, checksums
   std::string mode;       // "plain" | "fused"

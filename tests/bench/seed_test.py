@@ -1,0 +1,136 @@
+#!/usr/bin/python3
+"""Both sides of `ckpt-bench seed` learn the seed workload (issue 11).
+
+A small seeded run (6 LeNet-5 members, 2 intervals x 30 steps, batch 64,
+validation on 2,000 images, synchronous PBT) of bench/seed_approach.py (the
+user's Python pool) and of `ckpt-scheduler run` on the same workload: both
+must end in the same accuracy band. Nothing about time is asserted: speed is
+the benchmark's business.
+
+  seed_test.py --scheduler PATH --script bench/seed_approach.py [--python /usr/bin/python3]
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+ARGS = None
+POPULATION, INTERVALS, STEPS, SEED = 6, 2, 30, 2026
+DATASET = "/usr/share/datasets/fashion-mnist"
+# Chance is 0.1; 3,840 training samples take LeNet-5 to about 0.63-0.72 test
+# accuracy on Fashion-MNIST, whatever runs it.
+FLOOR = 0.5
+# Two learners of the same model on the same data, different data orders and
+# initial weights: their best members' test accuracies stay this close.
+BAND = 0.2
+
+EXPERIMENT = """\
+name = "seed-test"
+seed = {seed}
+store = {store}
+[model]
+spec = "lenet5"
+optimizer = "sgd"
+[data]
+dataset = "fashion-mnist"
+path = {dataset}
+batch_size = 64
+eval_size = 2000
+[population]
+size = {population}
+steps_per_interval = {steps}
+intervals = {intervals}
+[search_space.lr]
+type = "log_uniform"
+min = 0.001
+max = 0.2
+[search_space.momentum]
+type = "uniform"
+min = 0.5
+max = 0.99
+[search_space.weight_decay]
+type = "log_uniform"
+min = 0.000001
+max = 0.01
+[policy]
+kind = "pbt"
+mode = "sync"
+quantile = 0.2
+perturb = [0.8, 1.2]
+resample_probability = 0.0
+ready_intervals = 1
+[[devices]]
+device = "cpu"
+slots = 2
+fusion = "plain"
+intra_op_threads = 1
+"""
+
+
+def best_of_summary(text):
+    """(val_acc, test_acc) of the first member row of ckpt-scheduler's summary table."""
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("member ") and "val_acc" in line:
+            fields = lines[i + 1].split()
+            return float(fields[2]), (float(fields[3]) if fields[3] != "-" else -1.0)
+    raise AssertionError("no summary table in ckpt-scheduler's output:\n" + text)
+
+
+class SeedWorkloadTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        if subprocess.run([ARGS.python, "-c", "import torch, numpy"],
+                          capture_output=True, check=False).returncode != 0:
+            raise unittest.SkipTest(ARGS.python + " has no torch or numpy")
+        cls.tmp = tempfile.TemporaryDirectory(prefix="ckpt-seed-test-")
+        python = subprocess.run(
+            [ARGS.python, ARGS.script, "--population", str(POPULATION), "--intervals",
+             str(INTERVALS), "--steps", str(STEPS), "--seed", str(SEED), "--dataset", DATASET,
+             "--workdir", os.path.join(cls.tmp.name, "members"), "--no-pss"],
+            capture_output=True, text=True, check=False)
+        if python.returncode != 0:
+            raise AssertionError("seed_approach.py exited %d:\n%s" %
+                                 (python.returncode, python.stderr[-4000:]))
+        cls.python = json.loads(python.stdout.strip().splitlines()[-1])
+
+        toml = os.path.join(cls.tmp.name, "seed.toml")
+        with open(toml, "w") as f:
+            f.write(EXPERIMENT.format(seed=SEED, store=json.dumps(os.path.join(cls.tmp.name, "store")),
+                                      dataset=json.dumps(DATASET), population=POPULATION,
+                                      steps=STEPS, intervals=INTERVALS))
+        ckpt = subprocess.run([ARGS.scheduler, "run", toml, "--quiet"], capture_output=True,
+                              text=True, check=False)
+        if ckpt.returncode != 0:
+            raise AssertionError("ckpt-scheduler run exited %d:\n%s\n%s" %
+                                 (ckpt.returncode, ckpt.stdout[-2000:], ckpt.stderr[-4000:]))
+        cls.ckpt_val, cls.ckpt_test = best_of_summary(ckpt.stdout)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def test_python_approach_learns(self):
+        self.assertEqual(self.python["train_samples"], POPULATION * INTERVALS * STEPS * 64)
+        self.assertGreater(self.python["best_val_acc"], FLOOR)
+        self.assertGreater(self.python["test_acc"], FLOOR)
+
+    def test_ckpt_learns(self):
+        self.assertGreater(self.ckpt_val, FLOOR)
+        self.assertGreater(self.ckpt_test, FLOOR)
+
+    def test_both_reach_the_same_band(self):
+        self.assertLess(abs(self.ckpt_test - self.python["test_acc"]), BAND,
+                        "ckpt %.4f, Python %.4f" % (self.ckpt_test, self.python["test_acc"]))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--scheduler", required=True)
+    parser.add_argument("--script", required=True)
+    parser.add_argument("--python", default="/usr/bin/python3")
+    ARGS, rest = parser.parse_known_args()
+    unittest.main(argv=[sys.argv[0]] + rest)
