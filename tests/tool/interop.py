@@ -11,11 +11,12 @@
       evaluated on the test split with the exported normalization has test
       accuracy A (ckpt's own final evaluation). Prints one JSON line.
   interop.py train-further --pt-opt G.pt --dataset DIR --steps N --out W.pt
-                          [--out-safetensors W.safetensors]
+                          [--out-safetensors W.safetensors] [--out-state-dict S.pt]
       Loads model and optimizer from G.pt, trains N steps of torch.optim.SGD on
       the train split, saves {"model": dict(state_dict), "optimizer":
       opt.state_dict()} with torch.save (and the model tensors plus
-      optim.<param>.momentum_buffer with safetensors). Prints one JSON line.
+      optim.<param>.momentum_buffer with safetensors; and torch.save of the
+      bare model.state_dict(), an OrderedDict). Prints one JSON line.
   interop.py bad-shape --out X.safetensors
       A LeNet5 state whose conv1.weight is [6, 1, 3, 3].
   interop.py pickled-code --out X.pt --marker PATH
@@ -181,6 +182,8 @@ def train_further(a):
         opt.step()
         losses.append(float(loss))
     torch.save({"model": dict(model.state_dict()), "optimizer": opt.state_dict()}, a.out)
+    if a.out_state_dict:  # the usual torch.save(model.state_dict()): an OrderedDict
+        torch.save(model.state_dict(), a.out_state_dict)
     if a.out_safetensors:
         from safetensors.torch import save_file
         tensors = {k: v.contiguous() for k, v in model.state_dict().items()}
@@ -227,6 +230,7 @@ def main():
     t.add_argument("--steps", type=int, default=20)
     t.add_argument("--out", required=True)
     t.add_argument("--out-safetensors", default="")
+    t.add_argument("--out-state-dict", default="")
     b = sub.add_parser("bad-shape")
     b.add_argument("--out", required=True)
     k = sub.add_parser("pickled-code")

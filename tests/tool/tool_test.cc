@@ -844,10 +844,10 @@ TEST_F(ToolTest, StateTrainedInPythonImportsAndTrainsOnInCkpt) {
   ASSERT_EQ(
       Tool({"--store", store, "export", "resume/m000", "-o", tmp_ + "/m0.pt", "--optimizer"}).code,
       0);
-  Result py =
-      RunProcess({CKPT_TOOL_TEST_PYTHON, CKPT_TOOL_INTEROP_PY, "train-further", "--pt-opt",
-                  tmp_ + "/m0.pt", "--dataset", kDataset, "--steps", "30", "--out",
-                  tmp_ + "/trained.pt", "--out-safetensors", tmp_ + "/trained.safetensors"});
+  Result py = RunProcess({CKPT_TOOL_TEST_PYTHON, CKPT_TOOL_INTEROP_PY, "train-further", "--pt-opt",
+                          tmp_ + "/m0.pt", "--dataset", kDataset, "--steps", "30", "--out",
+                          tmp_ + "/trained.pt", "--out-safetensors", tmp_ + "/trained.safetensors",
+                          "--out-state-dict", tmp_ + "/state_dict.pt"});
   ASSERT_EQ(py.code, 0) << Show(py);
   json trained = json::parse(py.out);
   EXPECT_LT(trained["last_loss"].get<double>(), trained["first_loss"].get<double>() + 1.0);
@@ -860,6 +860,12 @@ TEST_F(ToolTest, StateTrainedInPythonImportsAndTrainsOnInCkpt) {
       {"--store", store, "import", tmp_ + "/trained.safetensors", "--to", "resume/m001", "--json"});
   ASSERT_EQ(imp2.code, 0) << Show(imp2);
   EXPECT_EQ(ParseJson(imp2)["step"].get<int64_t>(), head_step + 30);
+  // torch.save(model.state_dict()) (an OrderedDict with _metadata): the model
+  // only, the optimizer state starts from zeros.
+  Result imp3 =
+      Tool({"--store", store, "import", tmp_ + "/state_dict.pt", "--to", "resume/m002", "--json"});
+  ASSERT_EQ(imp3.code, 0) << Show(imp3);
+  EXPECT_EQ(ParseJson(imp3)["optimizer_state"], "zeroed");
   {
     // The imported weights are Python's, bit for bit.
     auto s = OpenReadOnly(store);
@@ -1015,6 +1021,9 @@ TEST_F(ToolTest, RestoreThroughTheRunningSchedulerTakesEffectAtTheNextInterval) 
   EXPECT_EQ(direct.code, 1) << Show(direct);
   EXPECT_NE(direct.err.find("held by a running scheduler"), std::string::npos) << direct.err;
 
+  // A follower sees the events as they are committed, the restore among them.
+  Process follow({CKPT_TOOL_BIN, "--store", store, "events", "live", "--follow", "--json"},
+                 tmp_ + "/follow");
   Result r = Tool({"--socket", socket, "restore", "live/m000@" + std::to_string(kept), "--json"});
   ASSERT_EQ(r.code, 0) << Show(r);
   json j = ParseJson(r);
@@ -1047,6 +1056,18 @@ TEST_F(ToolTest, RestoreThroughTheRunningSchedulerTakesEffectAtTheNextInterval) 
     EXPECT_EQ(next->parent->version, restored);
     EXPECT_EQ(next->step, rm->step + kLiveSteps);
   }
+  bool followed = false;
+  for (int i = 0; i < 600 && !followed; ++i) {
+    followed = follow.Log().find("\"type\":\"restore\"") != std::string::npos;
+    if (!followed) std::this_thread::sleep_for(milliseconds(100));
+  }
+  EXPECT_TRUE(followed) << follow.Log();
+  kill(follow.pid(), SIGINT);
+  Result followed_out = follow.Wait();
+  EXPECT_EQ(followed_out.code, 0) << Show(followed_out);
+  json first_line = json::parse(followed_out.out.substr(0, followed_out.out.find('\n')), nullptr,
+                                /*allow_exceptions=*/false);
+  EXPECT_EQ(first_line["seq"], 1) << followed_out.out;
   ASSERT_TRUE(client->Shutdown("test over").ok());
   Result end = serve.Wait();
   EXPECT_EQ(end.code, 0) << Show(end);

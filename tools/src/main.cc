@@ -139,6 +139,23 @@ int main(int argc, char** argv) {
 
   CLI::App* stats_cmd = app.add_subcommand("stats", "counts, bytes, bytes saved by shared blobs");
 
+  // CLI11 calls a word that names no command "a subcommand is required";
+  // say what it is.
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--store" || a == "--socket") {
+      ++i;
+      continue;
+    }
+    if (a.empty() || a[0] == '-') continue;
+    bool known = false;
+    for (const CLI::App* sub : app.get_subcommands({})) known = known || sub->check_name(a);
+    if (!known) {
+      std::fprintf(stderr, "ckpt-tool: unknown command \"%s\" (see ckpt-tool --help)\n", a.c_str());
+      return kExitUsage;
+    }
+    break;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
