@@ -180,7 +180,7 @@ bool HaveProgram(const std::string& name) {
 std::string ExperimentToml(const std::string& name, int intervals, const std::string& policy,
                            int steps = 40) {
   std::ostringstream os;
-  os << "name = \"" << name << "\"\nseed = 7\n"
+  os << "name = \"" << name << "\"\nseed = 7\nmetrics = \"\"\n"
      << "[model]\nspec = \"lenet5\"\noptimizer = \"sgd\"\n"
      << "[data]\ndataset = \"fashion-mnist\"\npath = \"" << kDataset
      << "\"\nbatch_size = 32\neval_size = 500\n"
@@ -354,6 +354,15 @@ TEST_F(ToolTest, LsListsTheExperimentAsTextAndJson) {
   }
   EXPECT_DOUBLE_EQ(e["best_score"].get<double>(), best);
   EXPECT_EQ(e["best_member"], best_member);
+
+  // Without --store, ./var, where `ckpt-scheduler run` keeps its store.
+  fs::copy(store_, tmp_ + "/var", fs::copy_options::recursive);
+  Result here = RunProcess(
+      {"/bin/sh", "-c",
+       "cd '" + tmp_ + "' && CKPT_SOCKET=" + tmp_ + "/none " + CKPT_TOOL_BIN + " ls --json"});
+  ASSERT_EQ(here.code, 0) << Show(here);
+  EXPECT_EQ(ParseJson(here)["store"], "var");
+  EXPECT_EQ(ParseJson(here)["experiments"], j["experiments"]);
 }
 
 TEST_F(ToolTest, LsMembersSortedByScoreMatchTheStore) {
