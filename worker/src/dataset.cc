@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <utility>
 
 namespace ckpt::model {
@@ -27,52 +28,66 @@ bool FileExists(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
-StatusOr<std::string> ReadPlain(const std::string& path) {
-  FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr) {
-    if (errno == ENOENT) return Status::NotFound(path + ": no such file");
-    return Status::IOError(path + ": " + std::strerror(errno));
+// Sequential reads of a plain or gzipped file, for ReadIdxFile.
+class IdxReader {
+ public:
+  IdxReader(const IdxReader&) = delete;
+  IdxReader& operator=(const IdxReader&) = delete;
+  ~IdxReader() {
+    if (gz_ != nullptr) gzclose(gz_);
+    if (plain_ != nullptr) std::fclose(plain_);
   }
-  std::string out;
-  char buf[1 << 16];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) {
-    out.append(buf, n);
-    if (out.size() > kMaxIdxBytes) {
-      std::fclose(f);
-      return Status::Corruption(path + ": larger than the IDX size cap");
-    }
-  }
-  bool err = std::ferror(f) != 0;
-  std::fclose(f);
-  if (err) return Status::IOError(path + ": read error");
-  return out;
-}
 
-StatusOr<std::string> ReadGzip(const std::string& path) {
-  if (!FileExists(path)) return Status::NotFound(path + ": no such file");
-  gzFile f = gzopen(path.c_str(), "rb");
-  if (f == nullptr) return Status::IOError(path + ": cannot open");
-  std::string out;
-  char buf[1 << 16];
-  for (;;) {
-    int n = gzread(f, buf, sizeof(buf));
-    if (n < 0) {
-      int errnum = 0;
-      std::string msg = gzerror(f, &errnum);
-      gzclose(f);
-      return Status::IOError(path + ": gunzip failed: " + msg);
+  static StatusOr<std::unique_ptr<IdxReader>> Open(const std::string& path) {
+    if (!FileExists(path)) return Status::NotFound(path + ": no such file");
+    std::unique_ptr<IdxReader> r(new IdxReader(path));
+    if (EndsWith(path, ".gz")) {
+      r->gz_ = gzopen(path.c_str(), "rb");
+      if (r->gz_ == nullptr) return Status::IOError(path + ": cannot open");
+      gzbuffer(r->gz_, 1 << 17);
+    } else {
+      r->plain_ = std::fopen(path.c_str(), "rb");
+      if (r->plain_ == nullptr) {
+        if (errno == ENOENT) return Status::NotFound(path + ": no such file");
+        return Status::IOError(path + ": " + std::strerror(errno));
+      }
     }
-    if (n == 0) break;
-    out.append(buf, static_cast<size_t>(n));
-    if (out.size() > kMaxIdxBytes) {
-      gzclose(f);
-      return Status::Corruption(path + ": larger than the IDX size cap");
-    }
+    return r;
   }
-  gzclose(f);
-  return out;
-}
+
+  // Reads up to n bytes into dst; returns how many (fewer only at the end).
+  StatusOr<size_t> Read(void* dst, size_t n) {
+    auto* out = static_cast<uint8_t*>(dst);
+    size_t done = 0;
+    while (done < n) {
+      if (gz_ != nullptr) {
+        // gzread takes an unsigned count: at most 1 GiB per call.
+        const unsigned want = static_cast<unsigned>(std::min<size_t>(n - done, size_t{1} << 30));
+        const int got = gzread(gz_, out + done, want);
+        if (got < 0) {
+          int errnum = 0;
+          return Status::IOError(path_ + ": gunzip failed: " + gzerror(gz_, &errnum));
+        }
+        if (got == 0) break;
+        done += static_cast<size_t>(got);
+      } else {
+        const size_t got = std::fread(out + done, 1, n - done, plain_);
+        if (got == 0) {
+          if (std::ferror(plain_) != 0) return Status::IOError(path_ + ": read error");
+          break;
+        }
+        done += got;
+      }
+    }
+    return done;
+  }
+
+ private:
+  explicit IdxReader(std::string path) : path_(std::move(path)) {}
+  std::string path_;
+  gzFile gz_ = nullptr;
+  FILE* plain_ = nullptr;
+};
 
 uint32_t LoadBE32(const uint8_t* p) {
   return (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) | (uint32_t{p[2]} << 8) | p[3];
@@ -87,40 +102,50 @@ StatusOr<IdxArray> ReadFromDir(const std::string& dir, const std::string& base) 
 
 }  // namespace
 
+// The elements are read straight into the array, sized from the header: no
+// copy of the file in between (the Fashion-MNIST train images are 47 MB).
 StatusOr<IdxArray> ReadIdxFile(const std::string& path) {
-  std::string bytes;
-  if (EndsWith(path, ".gz")) {
-    CKPT_ASSIGN_OR_RETURN(bytes, ReadGzip(path));
-  } else {
-    CKPT_ASSIGN_OR_RETURN(bytes, ReadPlain(path));
-  }
-  const auto* p = reinterpret_cast<const uint8_t*>(bytes.data());
-  if (bytes.size() < 4 || p[0] != 0 || p[1] != 0) {
+  CKPT_ASSIGN_OR_RETURN(auto reader, IdxReader::Open(path));
+  uint8_t head[4 + 4 * 4];
+  CKPT_ASSIGN_OR_RETURN(size_t got, reader->Read(head, 4));
+  if (got < 4 || head[0] != 0 || head[1] != 0) {
     return Status::Corruption(path + ": not an IDX file (bad magic)");
   }
-  if (p[2] != 0x08) {
-    return Status::Corruption(path + ": IDX element type " + std::to_string(p[2]) +
+  if (head[2] != 0x08) {
+    return Status::Corruption(path + ": IDX element type " + std::to_string(head[2]) +
                               " is not u8 (0x08)");
   }
-  const int rank = p[3];
+  const int rank = head[3];
   if (rank < 1 || rank > 4) {
     return Status::Corruption(path + ": IDX rank " + std::to_string(rank) + " not in 1..4");
   }
-  const size_t header = 4 + 4 * static_cast<size_t>(rank);
-  if (bytes.size() < header) return Status::Corruption(path + ": truncated IDX header");
+  CKPT_ASSIGN_OR_RETURN(got, reader->Read(head + 4, 4 * static_cast<size_t>(rank)));
+  if (got < 4 * static_cast<size_t>(rank)) {
+    return Status::Corruption(path + ": truncated IDX header");
+  }
   IdxArray out;
   uint64_t count = 1;
   for (int i = 0; i < rank; ++i) {
-    uint32_t d = LoadBE32(p + 4 + 4 * i);
+    uint32_t d = LoadBE32(head + 4 + 4 * i);
     out.dims.push_back(d);
     count *= d;
     if (count > kMaxIdxBytes) return Status::Corruption(path + ": IDX dimensions too large");
   }
-  if (bytes.size() - header != count) {
-    return Status::Corruption(path + ": IDX holds " + std::to_string(bytes.size() - header) +
+  out.data.resize(count);
+  CKPT_ASSIGN_OR_RETURN(got, reader->Read(out.data.data(), out.data.size()));
+  uint64_t held = got;
+  if (got == count) {
+    // Anything after the last element is an error too; count it for the message.
+    uint8_t rest[1 << 12];
+    do {
+      CKPT_ASSIGN_OR_RETURN(got, reader->Read(rest, sizeof rest));
+      held += got;
+    } while (got > 0 && held <= kMaxIdxBytes);
+  }
+  if (held != count) {
+    return Status::Corruption(path + ": IDX holds " + std::to_string(held) +
                               " elements, dimensions say " + std::to_string(count));
   }
-  out.data.assign(p + header, p + bytes.size());
   return out;
 }
 
@@ -184,12 +209,15 @@ StatusOr<std::shared_ptr<const DatasetSplits>> LoadDataset(const std::string& na
   const size_t per = static_cast<size_t>(ds->channels * ds->height * ds->width);
   const int64_t n_train = n_all - kValidationSize;
 
-  ds->train.count = n_train;
-  ds->train.images.assign(train_x.data.begin(), train_x.data.begin() + n_train * per);
-  ds->train.labels.assign(train_y.data.begin(), train_y.data.begin() + n_train);
+  // The train split keeps the file's array (its validation tail, 8 MB for
+  // Fashion-MNIST, is copied out and cut off): one copy of the images.
   ds->validation.count = kValidationSize;
   ds->validation.images.assign(train_x.data.begin() + n_train * per, train_x.data.end());
   ds->validation.labels.assign(train_y.data.begin() + n_train, train_y.data.end());
+  ds->train.count = n_train;
+  train_x.data.resize(static_cast<size_t>(n_train) * per);
+  ds->train.images = std::move(train_x.data);
+  ds->train.labels.assign(train_y.data.begin(), train_y.data.begin() + n_train);
   ds->test.count = test_x.dims[0];
   ds->test.images = std::move(test_x.data);
   ds->test.labels = std::move(test_y.data);
