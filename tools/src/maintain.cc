@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <vector>
 
 #include "session.h"
 #include "text_table.h"
@@ -128,14 +129,22 @@ StatusOr<Holding> ReadHolding(store::Store* s) {
 
 // A copy of the store's directory to sweep without touching the original:
 // RocksDB never rewrites an SST or blob file, so those are hard links; the
-// files it appends to (MANIFEST, WAL, CURRENT, OPTIONS) are copied.
+// files it appends to (MANIFEST, WAL, CURRENT, OPTIONS) are copied. It is made
+// beside the store (same file system, so the links work), else in $TMPDIR.
 StatusOr<std::string> ShadowCopy(const std::string& dir) {
+  const std::string name = ".ckpt-tool-gc-" + std::to_string(getpid());
   const char* tmp = std::getenv("TMPDIR");
-  std::string base = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/ckpt-tool-gc-" +
-                     std::to_string(getpid());
   std::error_code ec;
-  fs::remove_all(base, ec);
-  fs::create_directories(base, ec);
+  const std::vector<fs::path> parents = {fs::absolute(dir, ec).parent_path(),
+                                         fs::path(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp")};
+  std::string base;
+  for (const fs::path& parent : parents) {
+    base = (parent / name).string();
+    ec.clear();
+    fs::remove_all(base, ec);
+    ec.clear();
+    if (fs::create_directories(base, ec) && !ec) break;
+  }
   if (ec) return Status::IOError("cannot create " + base + ": " + ec.message());
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     if (!entry.is_regular_file()) continue;
