@@ -86,7 +86,9 @@ void PrintSummary(const ExperimentSummary& s, FILE* out) {
     fmt::print(out, "{:<8} {:<8} {:>9.4f} {:>9} {:>8}  {}\n", m.member, m.status, m.val_acc, test,
                m.version, hp);
   }
-  fmt::print(out, "store: {} (run the same command again to see this table)\n", s.store_path);
+  fmt::print(out, "store: {} (run the same command again to see this table; "
+                  "ckpt-tool --store {} ls {} for every member)\n",
+             s.store_path, s.store_path, s.id);
 }
 
 }  // namespace ckpt::scheduler
