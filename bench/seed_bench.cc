@@ -31,7 +31,10 @@
 //       [--eval-size 2000] [--slots 2] [--fusion plain] [--seed 2026]
 //       [--final-eval-top 5] [--scheduler PATH] [--python /usr/bin/python3]
 //       [--script bench/seed_approach.py] [--dataset-path DIR] [--sample-ms 1000]
-//       [--skip-bare]
+//       [--skip-bare] [--ckpt-args="--flag value ..."]
+//
+// --ckpt-args: extra arguments of `ckpt-scheduler run`, split at spaces (give
+// it with "=": a value that starts with "--" would read as the next flag).
 #include <fcntl.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -411,6 +414,7 @@ int Seed(const Args& args) {
   std::string script = args.Get("script", "bench/seed_approach.py");
   if (!fs::exists(script)) script = std::string(CKPT_SOURCE_DIR) + "/bench/seed_approach.py";
   const bool with_bare = !args.Has("skip-bare");
+  const std::string ckpt_args = args.Get("ckpt-args", "");
 
   const fs::path root = fs::temp_directory_path() / ("ckpt-bench-seed-" + std::to_string(getpid()));
   fs::remove_all(root);
@@ -434,6 +438,8 @@ int Seed(const Args& args) {
         const std::string toml = dir + "/seed.toml";
         std::ofstream(toml) << ExperimentToml(w, dir + "/store");
         cmd = {scheduler_bin, "run", toml, "--quiet"};
+        std::istringstream extra(ckpt_args);
+        for (std::string a; extra >> a;) cmd.push_back(a);
         c = &ckpt;
       } else if (who == "python") {
         cmd = {python,         script,
