@@ -97,6 +97,38 @@ class PbtRunTest : public ::testing::Test {
     return out;
   }
 
+  // The arguments of a run that logs one line per result it receives
+  // (CKPT_TRACE=1), so that a test can pace its kills by the run's progress
+  // rather than by wall time: a fast machine finishes a wall-time-paced run
+  // before the test has done the kills it meant to do.
+  std::vector<std::string> TracedRunArgs(const std::string& config, const std::string& store) {
+    std::vector<std::string> args = {"/usr/bin/env", "CKPT_TRACE=1"};
+    for (auto& a : RunArgs(config, store)) args.push_back(a);
+    return args;
+  }
+
+  static int ResultsLogged(const Child& c) {
+    const std::string log = c.Log();
+    int n = 0;
+    for (size_t at = log.find("got RESULT"); at != std::string::npos;
+         at = log.find("got RESULT", at + 1)) {
+      ++n;
+    }
+    return n;
+  }
+
+  // Waits until `c` has logged at least `n` results. False when it exited
+  // first or 120 s passed.
+  static bool WaitForResults(Child& c, int n) {
+    const auto until = std::chrono::steady_clock::now() + milliseconds(120000);
+    while (std::chrono::steady_clock::now() < until) {
+      if (ResultsLogged(c) >= n) return true;
+      if (!c.Running()) return false;
+      std::this_thread::sleep_for(milliseconds(5));
+    }
+    return false;
+  }
+
   std::string dir_;
   std::string scheduler_;
   int runs_ = 0;
@@ -174,12 +206,17 @@ TEST_F(PbtRunTest, KilledWorkersAreReplacedAndTheRunEndsAsUndisturbed) {
   ASSERT_EQ(RunToEnd(config, dir_ + "/calm"), 0);
   const auto calm = Heads(dir_ + "/calm", "kw");
 
-  Child c(RunArgs(config, dir_ + "/rough"), dir_ + "/rough.log");
+  // 36 results make the run (more when a kill loses some); a kill after every
+  // few results leaves most of the run after the fourth kill on any machine.
+  Child c(TracedRunArgs(config, dir_ + "/rough"), dir_ + "/rough.log");
   std::mt19937 rng(5);
   int kills = 0;
+  int results = 0;
   std::set<pid_t> seen;
   for (int round = 0; round < 200 && kills < 4 && c.Running(); ++round) {
-    std::this_thread::sleep_for(milliseconds(300 + rng() % 400));
+    results += 2 + static_cast<int>(rng() % 3);
+    if (!WaitForResults(c, results)) break;
+    std::this_thread::sleep_for(milliseconds(rng() % 50));
     auto workers = ChildrenOf(c.pid());
     for (pid_t w : workers) seen.insert(w);
     if (workers.size() < 2) continue;  // wait until both run (restart backoff)
@@ -189,7 +226,7 @@ TEST_F(PbtRunTest, KilledWorkersAreReplacedAndTheRunEndsAsUndisturbed) {
   ASSERT_TRUE(c.WaitFor(milliseconds(300000))) << c.Log();
   int st = c.Wait();
   ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << c.Log();
-  EXPECT_GE(kills, 2) << "the run ended before enough kills; make it longer\n" << c.Log();
+  EXPECT_GE(kills, 4) << "the run ended before the kills were done\n" << c.Log();
   EXPECT_GE(seen.size(), 3u);  // both workers, and at least one replacement
   const auto rough = Heads(dir_ + "/rough", "kw");
   {
@@ -216,11 +253,16 @@ TEST_F(PbtRunTest, SchedulerKilledAndRerunEndsAsUninterrupted) {
   ASSERT_EQ(RunToEnd(config, dir_ + "/calm"), 0);
   const auto calm = Heads(dir_ + "/calm", "ks");
 
+  // Each attempt is killed after one or two results (and a few random
+  // milliseconds more), so that the kills fall at different points of the run
+  // however fast the machine is, and ten of them cannot finish its 36 results.
   std::mt19937 rng(17);
   int kills = 0;
   for (int attempt = 0; attempt < 40 && kills < 10; ++attempt) {
-    Child c(RunArgs(config, dir_ + "/rough"), dir_ + "/ks-" + std::to_string(attempt) + ".log");
-    std::this_thread::sleep_for(milliseconds(400 + rng() % 1500));
+    Child c(TracedRunArgs(config, dir_ + "/rough"),
+            dir_ + "/ks-" + std::to_string(attempt) + ".log");
+    if (!WaitForResults(c, 1 + static_cast<int>(rng() % 2))) break;  // finished
+    std::this_thread::sleep_for(milliseconds(rng() % 30));
     if (!c.Running()) break;  // finished
     kill(c.pid(), SIGKILL);
     c.Wait();
