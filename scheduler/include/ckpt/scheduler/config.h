@@ -27,6 +27,7 @@
 #define CKPT_SCHEDULER_CONFIG_H_
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -114,6 +115,17 @@ struct SupervisionOptions {
   // A worker silent this long is declared hung and restarted. Default: 10 s.
   std::chrono::milliseconds heartbeat_timeout{10000};
 };
+
+// Limits of an experiment file (docs/LIMITS.md); past each, parsing fails
+// with an InvalidArgument naming the key. The file itself is at most 1 MiB.
+// Members per experiment ([population] size): every member's records are
+// created when the experiment is submitted.
+inline constexpr int kMaxPopulation = 10000;
+// Experiment names are store ids (letters, digits, '-', '_', '.').
+inline constexpr size_t kMaxExperimentNameBytes = 128;
+// model.spec (a name, torchscript:PATH or a JSON layer list): it is sent to
+// every worker inside CONFIGURE, whose JSON is at most 1 MiB.
+inline constexpr size_t kMaxModelSpecBytes = 65536;
 
 struct ExperimentConfig {
   std::string name;
