@@ -22,6 +22,13 @@ bool FileExists(const std::string& path) {
   return stat(path.c_str(), &st) == 0;
 }
 
+// A regular file (not a FIFO or device, whose read could block the caller:
+// the scheduler's event loop for a submitted experiment).
+bool RegularFile(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
 Status ParseSearchSpace(const toml::table& space, const std::string& origin,
                         ExperimentConfig* config) {
   TableReader top(space, "search_space", origin);
@@ -60,9 +67,17 @@ constexpr std::string_view kTorchScriptPrefix = "torchscript:";
 // layer list must be JSON.
 Status CheckModelSpec(TableReader* r, const std::string& spec) {
   if (spec.empty()) return r->Error("spec", "must not be empty");
+  // The spec travels to every worker in CONFIGURE, whose JSON is bounded.
+  if (spec.size() > kMaxModelSpecBytes) {
+    return r->Error("spec", "is " + std::to_string(spec.size()) + " bytes; the limit is " +
+                                std::to_string(kMaxModelSpecBytes));
+  }
   if (spec.compare(0, kTorchScriptPrefix.size(), kTorchScriptPrefix) == 0) {
     const std::string path = spec.substr(kTorchScriptPrefix.size());
     if (path.empty()) return r->Error("spec", "\"torchscript:\" names no file");
+    if (FileExists(path) && !RegularFile(path)) {
+      return r->Error("spec", "the TorchScript file '" + path + "' is not a regular file");
+    }
     std::ifstream in(path, std::ios::binary);
     if (!in) {
       return r->Error("spec", "cannot read the TorchScript file '" + path + "'" +
@@ -182,6 +197,10 @@ StatusOr<ExperimentConfig> ParseExperimentConfig(const std::string& toml_text,
   TableReader top(doc, "", origin);
   CKPT_RETURN_IF_ERROR(top.String("name", &c.name));
   if (c.name.empty()) return top.Error("name", "is required");
+  if (c.name.size() > kMaxExperimentNameBytes) {
+    return top.Error("name", "is " + std::to_string(c.name.size()) + " bytes; the limit is " +
+                                 std::to_string(kMaxExperimentNameBytes));
+  }
   for (char ch : c.name) {
     if (!(std::isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '_' || ch == '.')) {
       return top.Error("name", "may hold only letters, digits, '-', '_' and '.'");
@@ -227,7 +246,7 @@ StatusOr<ExperimentConfig> ParseExperimentConfig(const std::string& toml_text,
   {
     TableReader r(*pop, "population", origin);
     if (pop->get("size") == nullptr) return r.Error("size", "is required");
-    CKPT_RETURN_IF_ERROR(r.Int("size", 1, 1000000, &c.population));
+    CKPT_RETURN_IF_ERROR(r.Int("size", 1, kMaxPopulation, &c.population));
     CKPT_RETURN_IF_ERROR(r.Int("steps_per_interval", 0, int64_t{1} << 40, &c.steps_per_interval));
     CKPT_RETURN_IF_ERROR(r.Int("intervals", 1, 1000000, &c.intervals));
     CKPT_RETURN_IF_ERROR(r.Double("target_metric", 0, 1, &c.target_metric));
@@ -283,6 +302,8 @@ StatusOr<ExperimentConfig> ParseExperimentConfig(const std::string& toml_text,
     TableReader r(*sup, "supervision", origin);
     CKPT_RETURN_IF_ERROR(ReadSupervision(&r, &c.supervision));
     CKPT_RETURN_IF_ERROR(r.Seconds("grace_s", 0, 86400, &c.supervision.grace));
+    CKPT_RETURN_IF_ERROR(
+        r.Seconds("heartbeat_timeout_s", 0.1, 86400, &c.supervision.heartbeat_timeout));
     CKPT_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
   }
   CKPT_RETURN_IF_ERROR(top.CheckNoUnknownKeys());
@@ -295,9 +316,9 @@ StatusOr<ExperimentConfig> LoadExperimentConfig(const std::string& path) {
     if (!FileExists(path)) return Status::NotFound("experiment file " + path + " does not exist");
     return Status::IOError("cannot read experiment file " + path);
   }
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ParseExperimentConfig(ss.str(), path);
+  std::string text;
+  if (!ReadBoundedToml(in, &text)) return Status::IOError("reading experiment file " + path);
+  return ParseExperimentConfig(text, path);
 }
 
 }  // namespace ckpt::scheduler

@@ -1,6 +1,10 @@
 #include "control_protocol.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <map>
+#include <vector>
 
 namespace ckpt::scheduler::protocol {
 namespace {
@@ -9,6 +13,176 @@ using json = nlohmann::json;
 
 // Non-finite numbers have no JSON form; the protocol sends -1 for "none".
 double Finite(double v) { return std::isfinite(v) ? v : -1.0; }
+
+// Depth of the deepest array/object in `line`, counting brackets outside
+// strings; stops counting past `limit`.
+int JsonDepth(std::string_view line, int limit) {
+  int depth = 0, deepest = 0;
+  bool in_string = false, escaped = false;
+  for (char c : line) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+      if (deepest > limit) return deepest;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
+const char* TypeName(const json& j) {
+  switch (j.type()) {
+    case json::value_t::null:
+      return "null";
+    case json::value_t::object:
+      return "an object";
+    case json::value_t::array:
+      return "an array";
+    case json::value_t::string:
+      return "a string";
+    case json::value_t::boolean:
+      return "a boolean";
+    case json::value_t::number_integer:
+    case json::value_t::number_unsigned:
+      return "an integer";
+    case json::value_t::number_float:
+      return "a number with a fraction";
+    default:
+      return "a binary value";
+  }
+}
+
+enum class FieldType { kString, kVersion };
+
+struct FieldSpec {
+  const char* name;
+  FieldType type;
+  bool required;
+};
+
+struct VerbSpec {
+  std::vector<FieldSpec> fields;
+  bool mutates;  // logged with the peer's uid
+};
+
+const std::map<std::string, VerbSpec>& Verbs() {
+  static const auto* verbs = new std::map<std::string, VerbSpec>{
+      {"submit",
+       {{{"toml", FieldType::kString, true}, {"origin", FieldType::kString, false}}, true}},
+      {"list", {{}, false}},
+      {"status", {{{"experiment", FieldType::kString, false}}, false}},
+      {"pause", {{{"experiment", FieldType::kString, true}}, true}},
+      {"resume", {{{"experiment", FieldType::kString, true}}, true}},
+      {"stop", {{{"experiment", FieldType::kString, true}}, true}},
+      {"restore",
+       {{{"experiment", FieldType::kString, true},
+         {"member", FieldType::kString, true},
+         {"version", FieldType::kVersion, true}},
+        true}},
+      {"pin",
+       {{{"experiment", FieldType::kString, true},
+         {"member", FieldType::kString, true},
+         {"version", FieldType::kVersion, true}},
+        true}},
+      {"unpin",
+       {{{"experiment", FieldType::kString, true},
+         {"member", FieldType::kString, true},
+         {"version", FieldType::kVersion, true}},
+        true}},
+      {"shutdown", {{{"why", FieldType::kString, false}}, true}},
+  };
+  return *verbs;
+}
+
+std::string VerbList() {
+  std::string out;
+  for (const auto& [name, spec] : Verbs()) out += (out.empty() ? "" : ", ") + name;
+  return out;
+}
+
+// Checks `request` against its verb's fields: required ones present, every
+// one of its type, no unknown ones.
+StatusOr<const VerbSpec*> Validate(const json& request, std::string* verb) {
+  if (!request.is_object()) {
+    return Status::InvalidArgument(std::string("a request must be a JSON object, not ") +
+                                   TypeName(request));
+  }
+  auto v = request.find("verb");
+  if (v == request.end()) {
+    return Status::InvalidArgument("field 'verb' is required (one of " + VerbList() + ")");
+  }
+  if (!v->is_string()) {
+    return Status::InvalidArgument(std::string("field 'verb' must be a string, not ") +
+                                   TypeName(*v));
+  }
+  *verb = v->get<std::string>();
+  auto it = Verbs().find(*verb);
+  if (it == Verbs().end()) {
+    return Status::InvalidArgument("unknown verb '" + *verb + "' (known: " + VerbList() + ")");
+  }
+  const VerbSpec& spec = it->second;
+  for (const auto& [key, value] : request.items()) {
+    if (key == "verb") continue;
+    if (key == "id") {
+      if (value.is_structured()) {
+        return Status::InvalidArgument("field 'id' must be a string, number, boolean or null");
+      }
+      continue;
+    }
+    bool known = false;
+    for (const auto& f : spec.fields) known = known || key == f.name;
+    if (!known) {
+      std::string fields;
+      for (const auto& f : spec.fields) fields += std::string(fields.empty() ? "" : ", ") + f.name;
+      return Status::InvalidArgument("verb '" + *verb + "': unknown field '" + key + "' (" +
+                                     (fields.empty() ? "it takes none" : "it takes " + fields) +
+                                     ")");
+    }
+  }
+  for (const auto& f : spec.fields) {
+    auto field = request.find(f.name);
+    const std::string where = "verb '" + *verb + "': field '" + f.name + "'";
+    const char* want = f.type == FieldType::kString ? "a string" : "a positive integer";
+    if (field == request.end()) {
+      if (f.required) return Status::InvalidArgument(where + " is required (" + want + ")");
+      continue;
+    }
+    if (f.type == FieldType::kString) {
+      if (!field->is_string()) {
+        return Status::InvalidArgument(where + " must be a string, not " + TypeName(*field));
+      }
+      if (f.required && field->get_ref<const std::string&>().empty()) {
+        return Status::InvalidArgument(where + " must not be empty");
+      }
+    } else {
+      const bool fits =
+          field->is_number_integer() &&
+          (field->is_number_unsigned() ? field->get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX)
+                                       : true);
+      if (!fits) {
+        return Status::InvalidArgument(where + " must be a positive integer, not " +
+                                       TypeName(*field));
+      }
+      if (field->get<int64_t>() < 1) {
+        return Status::InvalidArgument(where + " must be at least 1, not " +
+                                       std::to_string(field->get<int64_t>()));
+      }
+    }
+  }
+  return &spec;
+}
 
 }  // namespace
 
@@ -126,6 +300,38 @@ Status StatusFromReply(const json& reply) {
     if (StatusCodeName(sc) == code) return Status(sc, message);
   }
   return Status::Internal(code.empty() ? message : code + ": " + message);
+}
+
+Status ParseRequest(std::string_view line, Request* out) {
+  *out = Request();
+  if (line.find_first_not_of(" \t") == std::string_view::npos) {
+    return Status::InvalidArgument("empty request line (expected a JSON object)");
+  }
+  if (const size_t nul = line.find('\0'); nul != std::string_view::npos) {
+    // The JSON parser would stop at it and ignore the rest of the line.
+    return Status::InvalidArgument("malformed request: NUL byte at offset " + std::to_string(nul));
+  }
+  if (JsonDepth(line, kMaxRequestDepth) > kMaxRequestDepth) {
+    return Status::InvalidArgument("malformed request: JSON nested deeper than " +
+                                   std::to_string(kMaxRequestDepth) + " levels");
+  }
+  json request;
+  try {
+    request = json::parse(line);
+  } catch (const json::exception& e) {
+    return Status::InvalidArgument(std::string("malformed JSON: ") + e.what());
+  }
+  if (request.is_object()) {
+    auto it = request.find("id");
+    if (it != request.end() && !it->is_structured()) out->id = *it;
+  }
+  std::string verb;
+  auto spec = Validate(request, &verb);
+  if (!spec.ok()) return spec.status();
+  out->verb = std::move(verb);
+  out->mutates = (*spec)->mutates;
+  out->body = std::move(request);
+  return Status::OK();
 }
 
 std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }

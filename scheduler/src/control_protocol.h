@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 
 #include "ckpt/format/status.h"
 #include "ckpt/scheduler/summary.h"
@@ -26,6 +27,27 @@ StatusOr<WorkerStatus> WorkerFromJson(const nlohmann::json& j);
 nlohmann::json ErrorReply(const Status& status);
 // The Status an "ok": false reply stands for (Internal for an unknown code).
 Status StatusFromReply(const nlohmann::json& reply);
+
+// Requests nested deeper than this (arrays/objects) are refused before parsing.
+inline constexpr int kMaxRequestDepth = 32;
+
+// One request line, parsed and checked against its verb's fields.
+struct Request {
+  std::string verb;
+  nlohmann::json body;   // the whole request object
+  nlohmann::json id;     // the scalar "id" to echo in the reply; null when none
+  bool mutates = false;  // the verb changes the scheduler (logged with the peer's uid)
+};
+
+// Parses one request line (its "\n" and any "\r" removed; the server bounds
+// its length before). Returns OK when it is a JSON object whose verb is known,
+// with every required field present, every field of its type and no unknown
+// field; otherwise InvalidArgument naming the problem (empty line, NUL byte,
+// nesting deeper than kMaxRequestDepth, malformed JSON, not an object, missing
+// or unknown verb, missing, mistyped, empty or unknown field, a version below 1
+// or above INT64_MAX). `out->id` is set whenever the line is an object with a
+// scalar "id", even when the request is refused, so the error reply echoes it.
+Status ParseRequest(std::string_view line, Request* out);
 
 // Serializes one reply or request line (no "\n"); invalid UTF-8 in strings is
 // replaced, never thrown on.

@@ -140,5 +140,117 @@ TEST(PickleReaderTest, BoundsStackDepthAndMemoCopies) {
   EXPECT_EQ(inner->Get("self"), nullptr);
 }
 
+// corpus/pickle/crash_deep_tuple_nesting (a stack overflow under ASan and without):
+// TUPLE1 nests one level per byte without growing the stack, and destroying
+// 200,000 levels overflowed the C++ stack.
+TEST(PickleReaderTest, BoundsNestingAtItsLimit) {
+  auto nested = [](int levels) {
+    std::string p = "\x80\x02N";
+    for (int i = 0; i < levels; ++i) p += "\x85";
+    return p + ".";
+  };
+  auto v = Unpickle(nested(kMaxPickleNesting));
+  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  EXPECT_EQ((*v)->depth, kMaxPickleNesting);
+  v = Unpickle(nested(kMaxPickleNesting + 1));
+  ASSERT_FALSE(v.ok());
+  EXPECT_EQ(v.status().code(), StatusCode::kCorruption);
+  EXPECT_NE(v.status().message().find("nest deeper than 64 levels"), std::string::npos)
+      << v.status().ToString();
+  v = Unpickle(nested(200000));
+  ASSERT_FALSE(v.ok());
+
+  // Lists nested by APPEND are bounded the same way.
+  std::string lists = "\x80\x02";
+  for (int i = 0; i <= kMaxPickleNesting + 1; ++i) lists += "]";
+  for (int i = 0; i <= kMaxPickleNesting; ++i) lists += "a";
+  v = Unpickle(lists + ".");
+  ASSERT_FALSE(v.ok());
+  EXPECT_NE(v.status().message().find("nest deeper"), std::string::npos) << v.status().ToString();
+}
+
+// corpus/pickle/leak_dup_self_append (ASan's leak checker on the unpickler):
+// DUP pushed the same list twice and APPEND put it inside itself, a cycle of
+// shared_ptrs that leaked (and that a walk would follow forever).
+TEST(PickleReaderTest, DupCopiesSoNoValueContainsItself) {
+  auto v = Unpickle(P({"]2a"}));
+  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  const PyValue& list = **v;
+  ASSERT_EQ(list.kind, PyValue::Kind::kList);
+  ASSERT_EQ(list.items.size(), 1u);
+  EXPECT_NE(list.items[0].get(), &list);
+  EXPECT_TRUE(list.items[0]->items.empty());
+}
+
+TEST(PickleReaderTest, RepeatedKeysKeepTheirPlaceAndTakeTheLastValue) {
+  auto v = Unpickle(P({"}(", Str("a"), "K\x01", Str("b"), "K\x02", "K\x07", Str("i"), Str("a"),
+                       "K\x03", "K\x07", Str("j"), "u"}));
+  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  const PyValue& d = **v;
+  ASSERT_EQ(d.dict.size(), 3u);
+  EXPECT_EQ(d.dict[0].first->s, "a");
+  EXPECT_EQ(d.dict[0].second->i, 3);
+  EXPECT_EQ(d.dict[2].first->i, 7);
+  EXPECT_EQ(d.dict[2].second->s, "j");
+
+  // 100,000 distinct keys are read in linear time (the test would time out
+  // when each insertion scanned the dict).
+  std::string many = "\x80\x02}(";
+  for (int i = 0; i < 100000; ++i) many += Str("k" + std::to_string(i)) + "K\x01";
+  v = Unpickle(many + "u.");
+  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  EXPECT_EQ((*v)->dict.size(), 100000u);
+}
+
+TEST(PickleReaderTest, FillTensorDataChecksLayoutAndBounds) {
+  auto tensor = [](const std::string& sizes, const std::string& strides, const char* offset) {
+    std::string pid =
+        "(" + Str("storage") + "ctorch\nFloatStorage\n" + Str("s") + Str("cpu") + "K\x06tQ";
+    return Unpickle(P({"ctorch._utils\n_rebuild_tensor_v2\n(", pid, offset, "(" + sizes + "t",
+                       "(" + strides + "t", "\x89", "}", "tR"}));
+  };
+  const std::string storage(24, '\x01');  // six floats
+  auto bytes = [&](const std::string& key) -> StatusOr<std::string_view> {
+    if (key != "s") return Status::NotFound(key);
+    return std::string_view(storage);
+  };
+  auto t = tensor("K\x02K\x03", "K\x03K\x01", "K\x00");
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  ASSERT_TRUE(FillTensorData(t->get(), bytes, "f.pt").ok());
+  EXPECT_EQ((*t)->data.size(), 24u);
+
+  // One element past the storage.
+  t = tensor("K\x02K\x03", "K\x03K\x01", "K\x01");
+  ASSERT_TRUE(t.ok());
+  Status s = FillTensorData(t->get(), bytes, "f.pt");
+  EXPECT_TRUE(s.IsCorruption()) << s.ToString();
+  EXPECT_NE(s.message().find("reaches past its storage"), std::string::npos) << s.ToString();
+
+  // Transposed: not contiguous.
+  t = tensor("K\x02K\x03", "K\x01K\x02", "K\x00");
+  ASSERT_TRUE(t.ok());
+  s = FillTensorData(t->get(), bytes, "f.pt");
+  EXPECT_NE(s.message().find("not contiguous"), std::string::npos) << s.ToString();
+
+  // No elements, other sizes of 2^32 each: their product does not fit in 64
+  // bits (signed overflow before), and there is nothing to read.
+  const std::string big = "\x8a\x05"s + std::string("\x00\x00\x00\x00\x01", 5);
+  t = tensor("K\x00" + big + big, "K\x01" + big + "K\x01", "K\x00");
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  s = FillTensorData(t->get(), bytes, "f.pt");
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_TRUE((*t)->data.empty());
+
+  // A storage the archive does not have.
+  std::string pid =
+      "(" + Str("storage") + "ctorch\nFloatStorage\n" + Str("x") + Str("cpu") + "K\x06tQ";
+  t = Unpickle(P({"ctorch._utils\n_rebuild_tensor_v2\n(", pid, "K\x00", "(K\x01t", "(K\x01t",
+                  "\x89", "}", "tR"}));
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  s = FillTensorData(t->get(), bytes, "f.pt");
+  EXPECT_NE(s.message().find("f.pt: storage record data/x is missing"), std::string::npos)
+      << s.ToString();
+}
+
 }  // namespace
 }  // namespace ckpt::tool

@@ -1,16 +1,17 @@
 #include "pickle_reader.h"
 
+#include <algorithm>
 #include <cstring>
 #include <map>
+#include <unordered_map>
 
 namespace ckpt::tool {
 namespace {
 
 // Bounds that keep a hostile pickle from exhausting the stack (destroying a
-// deeply nested value recurses) or memory (memo copies).
-constexpr size_t kMaxStack = 8192;
+// deeply nested value recurses), memory (memo copies) or time (dict keys).
+constexpr size_t kMaxStack = kMaxPickleStack;
 constexpr size_t kMaxMemo = 1 << 22;
-constexpr int kMaxCopyDepth = 64;
 constexpr size_t kMaxCopiedNodes = size_t{1} << 20;
 
 PyRef Make(PyValue::Kind kind) {
@@ -116,7 +117,7 @@ class Unpickler {
   // A memo read is a copy of the value as it is now, so no value can come to
   // contain itself; copies are bounded in depth and in total size.
   StatusOr<PyRef> Copy(const PyRef& v, int depth) {
-    if (depth > kMaxCopyDepth) return Bad("a memoized value nests too deep");
+    if (depth > kMaxPickleNesting) return Bad("a memoized value nests too deep");
     if (++copied_ > kMaxCopiedNodes) return Bad("memoized values are copied too often");
     if (v->kind != PyValue::Kind::kList && v->kind != PyValue::Kind::kTuple &&
         v->kind != PyValue::Kind::kDict) {
@@ -124,6 +125,7 @@ class Unpickler {
     }
     auto c = std::make_shared<PyValue>();
     c->kind = v->kind;
+    c->depth = v->depth;
     for (const auto& x : v->items) {
       CKPT_ASSIGN_OR_RETURN(PyRef y, Copy(x, depth + 1));
       c->items.push_back(std::move(y));
@@ -158,19 +160,84 @@ class Unpickler {
     return Push(g);
   }
 
+  // Records that container `c` now holds `x`: nesting is bounded here, where
+  // every container gets its items (containers are never shared, so depths
+  // stay exact).
+  Status Contain(PyValue* c, const PyValue& x) {
+    if (x.depth + 1 > kMaxPickleNesting) {
+      return Bad("values nest deeper than " + std::to_string(kMaxPickleNesting) + " levels");
+    }
+    c->depth = std::max(c->depth, x.depth + 1);
+    return Status::OK();
+  }
+
+  // Where each key of a dict being filled is, so that SETITEMS is linear (the
+  // dict is held, so its address is not reused while the index exists).
+  struct DictIndex {
+    PyRef dict;
+    std::unordered_map<std::string, size_t> strings;
+    std::unordered_map<int64_t, size_t> ints;
+  };
+
+  DictIndex* IndexOf(const PyRef& dict) {
+    auto it = dict_index_.find(dict.get());
+    if (it != dict_index_.end()) return &it->second;
+    DictIndex& idx = dict_index_[dict.get()];
+    idx.dict = dict;
+    for (size_t i = 0; i < dict->dict.size(); ++i) {
+      const PyValue& k = *dict->dict[i].first;
+      if (k.kind == PyValue::Kind::kString) idx.strings.emplace(k.s, i);
+      if (k.kind == PyValue::Kind::kInt) idx.ints.emplace(k.i, i);
+    }
+    return &idx;
+  }
+
+  // As DictSet (a string or int key already there keeps its place and takes
+  // the new value), through the index.
   Status SetItems(const std::vector<PyRef>& kv) {
     if (kv.size() % 2 != 0) return Bad("SETITEMS with an odd number of items");
     CKPT_ASSIGN_OR_RETURN(PyRef * top, Top());
     if ((*top)->kind != PyValue::Kind::kDict) return Bad("SETITEMS on something not a dict");
-    for (size_t i = 0; i < kv.size(); i += 2) DictSet(top->get(), kv[i], kv[i + 1]);
+    PyValue* dict = top->get();
+    DictIndex* idx = IndexOf(*top);
+    for (size_t i = 0; i < kv.size(); i += 2) {
+      CKPT_RETURN_IF_ERROR(Contain(dict, *kv[i]));
+      CKPT_RETURN_IF_ERROR(Contain(dict, *kv[i + 1]));
+      const PyValue& key = *kv[i];
+      size_t at = dict->dict.size();
+      if (key.kind == PyValue::Kind::kString) {
+        at = idx->strings.emplace(key.s, at).first->second;
+      } else if (key.kind == PyValue::Kind::kInt) {
+        at = idx->ints.emplace(key.i, at).first->second;
+      }
+      if (at < dict->dict.size()) {
+        dict->dict[at].second = kv[i + 1];
+        continue;
+      }
+      if (dict->dict.size() >= kMaxPickleDictItems) {
+        return Bad("a dict holds more than " + std::to_string(kMaxPickleDictItems) + " items");
+      }
+      dict->dict.emplace_back(kv[i], kv[i + 1]);
+    }
     return Status::OK();
   }
 
   Status Appends(const std::vector<PyRef>& items) {
     CKPT_ASSIGN_OR_RETURN(PyRef * top, Top());
     if ((*top)->kind != PyValue::Kind::kList) return Bad("APPENDS on something not a list");
-    for (const auto& v : items) (*top)->items.push_back(v);
+    for (const auto& v : items) {
+      CKPT_RETURN_IF_ERROR(Contain(top->get(), *v));
+      (*top)->items.push_back(v);
+    }
     return Status::OK();
+  }
+
+  // A tuple of `items`.
+  Status PushTuple(std::vector<PyRef> items) {
+    PyRef t = Make(PyValue::Kind::kTuple);
+    for (const auto& x : items) CKPT_RETURN_IF_ERROR(Contain(t.get(), *x));
+    t->items = std::move(items);
+    return Push(std::move(t));
   }
 
   StatusOr<std::vector<int64_t>> IntTuple(const PyValue& v, const char* what) {
@@ -272,20 +339,17 @@ class Unpickler {
         return Push(Make(K::kTuple));
       case 't': {
         CKPT_ASSIGN_OR_RETURN(auto items, PopMark());
-        PyRef t = Make(K::kTuple);
-        t->items = std::move(items);
-        return Push(t);
+        return PushTuple(std::move(items));
       }
       case 0x85:
       case 0x86:
       case 0x87: {
         const size_t n = op - 0x84;
-        PyRef t = Make(K::kTuple);
-        t->items.resize(n);
+        std::vector<PyRef> items(n);
         for (size_t i = n; i-- > 0;) {
-          CKPT_ASSIGN_OR_RETURN(t->items[i], Pop());
+          CKPT_ASSIGN_OR_RETURN(items[i], Pop());
         }
-        return Push(t);
+        return PushTuple(std::move(items));
       }
       case 's': {
         CKPT_ASSIGN_OR_RETURN(PyRef v, Pop());
@@ -399,9 +463,10 @@ class Unpickler {
         return Pop().status();
       case '1':
         return PopMark().status();
-      case '2': {
+      case '2': {  // DUP: a copy, as a memo read, so no container is shared
         CKPT_ASSIGN_OR_RETURN(PyRef * top, Top());
-        return Push(*top);
+        CKPT_ASSIGN_OR_RETURN(PyRef v, Copy(*top, 0));
+        return Push(std::move(v));
       }
       default:
         pos_ = at;
@@ -416,6 +481,7 @@ class Unpickler {
   std::vector<PyRef> stack_;
   std::vector<size_t> marks_;
   std::map<uint64_t, PyRef> memo_;
+  std::unordered_map<const PyValue*, DictIndex> dict_index_;
 };
 
 }  // namespace
@@ -488,5 +554,68 @@ StatusOr<format::DType> StorageDType(std::string_view name) {
 }
 
 StatusOr<PyRef> Unpickle(std::string_view pickle) { return Unpickler(pickle).Run(); }
+
+namespace {
+
+// Elements of `shape`; -1 above 2^40.
+int64_t Numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (d < 0) return -1;
+    if (d != 0 && n > (int64_t{1} << 40) / d) return -1;
+    n *= d;
+  }
+  return n;
+}
+
+Status Fill(PyValue* v, const StorageBytes& storage, const std::string& origin, int depth) {
+  using K = PyValue::Kind;
+  if (depth > kMaxPickleNesting)
+    return Status::Corruption(origin + ": the saved object nests too deep");
+  for (auto& x : v->items) CKPT_RETURN_IF_ERROR(Fill(x.get(), storage, origin, depth + 1));
+  for (auto& [k, x] : v->dict) CKPT_RETURN_IF_ERROR(Fill(x.get(), storage, origin, depth + 1));
+  if (v->kind != K::kTensor) return Status::OK();
+  auto bytes = storage(v->storage_key);
+  if (!bytes.ok()) {
+    if (bytes.status().IsNotFound()) {
+      return Status::Corruption(origin + ": storage record data/" + v->storage_key + " is missing");
+    }
+    return bytes.status();
+  }
+  const size_t elem = format::DTypeSize(v->dtype);
+  const int64_t numel = Numel(v->shape);
+  if (numel < 0 || v->shape.size() != v->stride.size()) {
+    return Status::Corruption(origin + ": a tensor's size overflows");
+  }
+  // Contiguous row-major: stride[i] = product of the sizes after i. A tensor
+  // without elements has no layout to check (and its sizes' product may not
+  // fit in 64 bits).
+  if (numel > 0) {
+    int64_t expect = 1;
+    for (size_t i = v->shape.size(); i-- > 0;) {
+      if (v->shape[i] != 1 && v->stride[i] != expect) {
+        return Status::Corruption(origin + ": tensor with storage " + v->storage_key +
+                                  " is not contiguous (save it with .contiguous())");
+      }
+      expect *= v->shape[i];
+    }
+  }
+  const size_t storage_elems = bytes->size() / elem;
+  if (static_cast<uint64_t>(v->storage_offset) + static_cast<uint64_t>(numel) > storage_elems) {
+    return Status::Corruption(origin + ": tensor with storage " + v->storage_key +
+                              " reaches past its storage (" + std::to_string(storage_elems) +
+                              " elements)");
+  }
+  v->data.assign(bytes->data() + static_cast<size_t>(v->storage_offset) * elem,
+                 static_cast<size_t>(numel) * elem);
+  return Status::OK();
+}
+
+}  // namespace
+
+Status FillTensorData(PyValue* root, const StorageBytes& storage, const std::string& origin) {
+  if (root == nullptr) return Status::Corruption(origin + ": holds nothing");
+  return Fill(root, storage, origin, 0);
+}
 
 }  // namespace ckpt::tool

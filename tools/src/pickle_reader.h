@@ -18,6 +18,7 @@
 #define CKPT_TOOLS_SRC_PICKLE_READER_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -66,6 +67,9 @@ struct PyValue {
   // kTensor: the bytes, row-major contiguous, once the archive's record is read
   // (or, when writing, the bytes to write).
   std::string data;
+  // Levels of containers inside this value (0 for a scalar or an empty
+  // container); kept by Unpickle, which bounds it by kMaxPickleNesting.
+  int depth = 0;
 
   // Lookup in a kDict with string keys; nullptr when absent or not a dict.
   const PyValue* Get(std::string_view key) const;
@@ -86,11 +90,31 @@ void DictSet(PyValue* dict, PyRef key, PyRef value);
 // InvalidArgument for another name.
 StatusOr<format::DType> StorageDType(std::string_view name);
 
+// Bounds of Unpickle (docs/LIMITS.md): values nested deeper, more items on
+// the stack or in one dict, or more values copied out of the memo are a
+// Corruption naming the limit.
+inline constexpr int kMaxPickleNesting = 64;
+inline constexpr size_t kMaxPickleStack = 8192;
+inline constexpr size_t kMaxPickleDictItems = size_t{1} << 20;
+
 // Reads a pickle. Returns the object; its tensors have storage_key, offset,
-// shape and stride filled but no data. FailedPrecondition naming the global
-// for pickled code; Corruption naming the offset for malformed input or an
-// opcode outside the data subset.
+// shape and stride filled but no data. The result is a tree (no value
+// contains itself: DUP and memo reads copy containers). FailedPrecondition
+// naming the global for pickled code; Corruption naming the offset for
+// malformed input, an opcode outside the data subset or a bound above.
 StatusOr<PyRef> Unpickle(std::string_view pickle);
+
+// The bytes of the storage named `key`, or NotFound when there is none. The
+// view must stay valid until FillTensorData returns.
+using StorageBytes = std::function<StatusOr<std::string_view>(const std::string& key)>;
+
+// Fills the `data` of every tensor inside `root` (an Unpickle result) from its
+// storage: the tensor must be contiguous row-major (a dimension of size 1 may
+// have any stride) and lie inside its storage. Corruption naming `origin` for
+// a missing storage ("storage record data/<key> is missing"), a tensor that
+// is not contiguous or reaches past its storage, a size that overflows, or
+// nesting deeper than kMaxPickleNesting; `storage`'s other errors as they are.
+Status FillTensorData(PyValue* root, const StorageBytes& storage, const std::string& origin);
 
 }  // namespace ckpt::tool
 

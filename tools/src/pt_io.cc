@@ -9,6 +9,7 @@
 #include <exception>
 #include <filesystem>
 #include <map>
+#include <string_view>
 
 namespace ckpt::tool {
 namespace {
@@ -142,60 +143,6 @@ Status WritePt(const std::string& path, const PyValue& value,
   return Status::OK();
 }
 
-int64_t Numel(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) {
-    if (d != 0 && n > (int64_t{1} << 40) / d) return -1;
-    n *= d;
-  }
-  return n;
-}
-
-// Fills every tensor's data from its storage record.
-Status FillTensors(PyValue* v, caffe2::serialize::PyTorchStreamReader* reader,
-                   std::map<std::string, std::pair<at::DataPtr, size_t>>* records,
-                   const std::string& path, int depth) {
-  using K = PyValue::Kind;
-  if (depth > 64) return Status::Corruption(path + ": the saved object nests too deep");
-  for (auto& x : v->items)
-    CKPT_RETURN_IF_ERROR(FillTensors(x.get(), reader, records, path, depth + 1));
-  for (auto& [k, x] : v->dict) {
-    CKPT_RETURN_IF_ERROR(FillTensors(x.get(), reader, records, path, depth + 1));
-  }
-  if (v->kind != K::kTensor) return Status::OK();
-  const std::string record = "data/" + v->storage_key;
-  auto it = records->find(record);
-  if (it == records->end()) {
-    if (!reader->hasRecord(record)) {
-      return Status::Corruption(path + ": storage record " + record + " is missing");
-    }
-    auto [ptr, size] = reader->getRecord(record);
-    it = records->emplace(record, std::make_pair(std::move(ptr), size)).first;
-  }
-  const size_t elem = format::DTypeSize(v->dtype);
-  const int64_t numel = Numel(v->shape);
-  if (numel < 0) return Status::Corruption(path + ": a tensor's size overflows");
-  // Contiguous row-major: stride[i] = product of the sizes after i.
-  int64_t expect = 1;
-  for (size_t i = v->shape.size(); i-- > 0;) {
-    if (v->shape[i] != 1 && v->stride[i] != expect) {
-      return Status::Corruption(path + ": tensor with storage " + v->storage_key +
-                                " is not contiguous (save it with .contiguous())");
-    }
-    expect *= v->shape[i];
-  }
-  const size_t storage_elems = it->second.second / elem;
-  if (static_cast<uint64_t>(v->storage_offset) + static_cast<uint64_t>(numel) > storage_elems) {
-    return Status::Corruption(path + ": tensor with storage " + v->storage_key +
-                              " reaches past its storage (" + std::to_string(storage_elems) +
-                              " elements)");
-  }
-  const auto* base = static_cast<const char*>(it->second.first.get());
-  v->data.assign(base + static_cast<size_t>(v->storage_offset) * elem,
-                 static_cast<size_t>(numel) * elem);
-  return Status::OK();
-}
-
 StatusOr<PyRef> ReadPt(const std::string& path, size_t max_bytes) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec)) {
@@ -214,8 +161,19 @@ StatusOr<PyRef> ReadPt(const std::string& path, size_t max_bytes) {
   auto [pkl, pkl_size] = reader.getRecord("data.pkl");
   auto value = Unpickle(std::string_view(static_cast<const char*>(pkl.get()), pkl_size));
   if (!value.ok()) return Status(value.status().code(), path + ": " + value.status().message());
+  // Each storage record is read once, however many tensors view it.
   std::map<std::string, std::pair<at::DataPtr, size_t>> records;
-  CKPT_RETURN_IF_ERROR(FillTensors(value->get(), &reader, &records, path, 0));
+  auto storage = [&](const std::string& key) -> StatusOr<std::string_view> {
+    const std::string record = "data/" + key;
+    auto it = records.find(record);
+    if (it == records.end()) {
+      if (!reader.hasRecord(record)) return Status::NotFound(record);
+      auto [ptr, size] = reader.getRecord(record);
+      it = records.emplace(record, std::make_pair(std::move(ptr), size)).first;
+    }
+    return std::string_view(static_cast<const char*>(it->second.first.get()), it->second.second);
+  };
+  CKPT_RETURN_IF_ERROR(FillTensorData(value->get(), storage, path));
   return *value;
 }
 

@@ -1,0 +1,236 @@
+// ckpt-tool's command line (cli.h): the CLI11 setup of main.cc, callable in
+// process so that the fuzz target (tests/fuzz/tool_args_fuzz.cc) runs it.
+#include "cli.h"
+
+#include <CLI/CLI.hpp>
+#include <string>
+#include <utility>
+
+namespace ckpt::tool {
+
+CommandLine ParseCommandLine(int argc, const char* const* argv, std::ostream& out,
+                             std::ostream& err) {
+  CommandLine cl;
+  CLI::App app{
+      "ckpt-tool: inspect, compare, picture, export, import, restore and verify checkpoints.\n"
+      "Members are named EXPERIMENT/MEMBER[@VERSION] (the head when no version).\n"
+      "Exit codes: 0 ok, 1 not found or verification failed, 2 usage."};
+  app.require_subcommand(1);
+  app.fallthrough();
+  ToolOptions& tool = cl.tool;
+  app.add_option("--store", tool.store_path,
+                 "store directory (default: ./var, else /var/lib/ckpt/store, else the running "
+                 "scheduler's)");
+  app.add_option("--socket", tool.socket_path,
+                 "control socket of a running `ckpt-scheduler serve` (default: $CKPT_SOCKET, "
+                 "else /run/ckpt/control.sock when it answers)");
+  app.add_flag("--json", tool.json, "one JSON document on stdout (read commands)");
+
+  LsOptions& ls = cl.ls;
+  CLI::App* ls_cmd = app.add_subcommand(
+      "ls", "experiments (status, members, intervals, best score), or one experiment's members");
+  ls_cmd->add_option("experiment", ls.experiment, "list this experiment's members");
+  ls_cmd->add_option("--sort", ls.sort, "member order: name, score or step")
+      ->check(CLI::IsMember({"name", "score", "step"}));
+
+  std::string& show_ref = cl.show_ref;
+  CLI::App* show_cmd = app.add_subcommand(
+      "show", "a version's manifest, metrics, hyperparameters, parent, reason and tensors");
+  show_cmd->add_option("member", show_ref, "EXPERIMENT/MEMBER[@VERSION]")->required();
+
+  LineageOptions& lineage = cl.lineage;
+  CLI::App* lineage_cmd = app.add_subcommand(
+      "lineage", "the chain of versions and exploits back to a member's first version");
+  lineage_cmd
+      ->add_option("member", lineage.ref,
+                   "EXPERIMENT/MEMBER[@VERSION] (or EXPERIMENT with --dot/--svg/--png)")
+      ->required();
+  lineage_cmd->add_flag("--dot", lineage.dot,
+                        "Graphviz DOT of the experiment's whole exploit graph on stdout");
+  lineage_cmd->add_option("--svg", lineage.svg, "render that graph to this SVG file (Graphviz)");
+  lineage_cmd->add_option("--png", lineage.png, "render that graph to this PNG file (Graphviz)");
+
+  PlotOptions& plot = cl.plot;
+  CLI::App* plot_cmd = app.add_subcommand(
+      "plot",
+      "each member's validation score and hyperparameters over steps, exploits marked "
+      "(gnuplot)");
+  plot_cmd->add_option("experiment", plot.experiment, "EXPERIMENT")->required();
+  plot_cmd->add_option("-o,--output", plot.output, "FILE.svg or FILE.png")->required();
+  plot_cmd->add_option("--width", plot.width, "pixels (default 1000)");
+  plot_cmd->add_option("--panel-height", plot.panel_height, "pixels per panel (default 260)");
+
+  std::string& diff_a = cl.diff_a;
+  std::string& diff_b = cl.diff_b;
+  CLI::App* diff_cmd = app.add_subcommand(
+      "diff", "hyperparameters side by side and, per tensor, the L2 norm of the difference");
+  diff_cmd->add_option("a", diff_a, "EXPERIMENT/MEMBER[@VERSION]")->required();
+  diff_cmd->add_option("b", diff_b, "EXPERIMENT/MEMBER[@VERSION]")->required();
+
+  EventsOptions& events = cl.events;
+  CLI::App* events_cmd = app.add_subcommand(
+      "events", "the decision log: intervals, exploits, failures, restores, worker losses");
+  events_cmd->add_option("experiment", events.experiment, "EXPERIMENT")->required();
+  events_cmd->add_flag("-f,--follow", events.follow,
+                       "keep printing new events until the experiment ends (JSON lines with "
+                       "--json)");
+  events_cmd->add_option("--from", events.from_seq, "first sequence number (default 1)");
+  events_cmd->add_option("--type", events.type, "only events of this type (exploit, trained, ...)");
+
+  ExportOptions& exp = cl.exp;
+  CLI::App* export_cmd = app.add_subcommand(
+      "export", "a version to .safetensors (as stored) or .pt (torch.load(weights_only=True))");
+  export_cmd->add_option("member", exp.ref, "EXPERIMENT/MEMBER[@VERSION] (EXPERIMENT with --top)")
+      ->required();
+  export_cmd->add_option("-o,--output", exp.output, "FILE.safetensors, FILE.pt, or DIR with --top")
+      ->required();
+  export_cmd->add_flag("--optimizer", exp.optimizer,
+                       ".pt: {\"model\", \"optimizer\" (torch.optim layout), \"ckpt\"}");
+  export_cmd->add_option("--top", exp.top, "export the K best members into DIR");
+  export_cmd->add_option("--format", exp.format, "with --top: safetensors or pt")
+      ->check(CLI::IsMember({"safetensors", "pt"}));
+
+  ImportOptions& imp = cl.imp;
+  CLI::App* import_cmd = app.add_subcommand(
+      "import",
+      "a .safetensors or .pt state as a member's new version, checked against the "
+      "experiment's model");
+  import_cmd->add_option("file", imp.file, "FILE.safetensors or FILE.pt")->required();
+  import_cmd->add_option("--to", imp.to, "EXPERIMENT/MEMBER")->required();
+
+  std::string& restore_ref = cl.restore_ref;
+  std::string& pin_ref = cl.pin_ref;
+  std::string& unpin_ref = cl.unpin_ref;
+  CLI::App* restore_cmd = app.add_subcommand(
+      "restore",
+      "make a past version a member's head again (through the running scheduler when "
+      "one serves the store)");
+  restore_cmd->add_option("member", restore_ref, "EXPERIMENT/MEMBER@VERSION")->required();
+  CLI::App* pin_cmd = app.add_subcommand("pin", "keep a version's blob from retention");
+  pin_cmd->add_option("member", pin_ref, "EXPERIMENT/MEMBER@VERSION")->required();
+  CLI::App* unpin_cmd = app.add_subcommand("unpin", "let retention release a version again");
+  unpin_cmd->add_option("member", unpin_ref, "EXPERIMENT/MEMBER@VERSION")->required();
+
+  std::string& verify_exp = cl.verify_exp;
+  CLI::App* verify_cmd = app.add_subcommand(
+      "verify", "every blob's checksums and every manifest's references; exit 1 on a problem");
+  verify_cmd->add_option("experiment", verify_exp, "only this experiment");
+
+  GcOptions& gc = cl.gc;
+  CLI::App* gc_cmd = app.add_subcommand("gc", "apply retention now and return the space");
+  gc_cmd->add_flag("--dry-run", gc.dry_run, "report what would be released; change nothing");
+  gc_cmd->add_option("--keep-last", gc.keep_last_n, "versions kept per member (default 3)");
+  gc_cmd->add_option("--keep-best", gc.keep_best_k,
+                     "best versions kept per experiment (default 5)");
+
+  CLI::App* stats_cmd = app.add_subcommand("stats", "counts, bytes, bytes saved by shared blobs");
+
+  // CLI11 calls a word that names no command "a subcommand is required";
+  // say what it is.
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--store" || a == "--socket") {
+      ++i;
+      continue;
+    }
+    if (a.empty() || a[0] == '-') continue;
+    bool known = false;
+    for (const CLI::App* sub : app.get_subcommands({})) known = known || sub->check_name(a);
+    if (!known) {
+      err << "ckpt-tool: unknown command \"" << a << "\" (see ckpt-tool --help)\n";
+      cl.exit_code = kExitUsage;
+      return cl;
+    }
+    break;
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    cl.exit_code = app.exit(e, out, err);
+    return cl;
+  } catch (const CLI::CallForAllHelp& e) {
+    cl.exit_code = app.exit(e, out, err);
+    return cl;
+  } catch (const CLI::ParseError& e) {
+    err << "ckpt-tool: " << e.what() << " (see ckpt-tool --help)\n";
+    cl.exit_code = kExitUsage;
+    return cl;
+  }
+
+  using C = CommandLine::Command;
+  const std::pair<const CLI::App*, C> commands[] = {
+      {ls_cmd, C::kLs},         {show_cmd, C::kShow},     {lineage_cmd, C::kLineage},
+      {plot_cmd, C::kPlot},     {diff_cmd, C::kDiff},     {events_cmd, C::kEvents},
+      {export_cmd, C::kExport}, {import_cmd, C::kImport}, {restore_cmd, C::kRestore},
+      {pin_cmd, C::kPin},       {unpin_cmd, C::kUnpin},   {verify_cmd, C::kVerify},
+      {gc_cmd, C::kGc},         {stats_cmd, C::kStats}};
+  for (const auto& [sub, command] : commands) {
+    if (sub->parsed()) {
+      cl.command = command;
+      return cl;
+    }
+  }
+  cl.exit_code = kExitUsage;
+  return cl;
+}
+
+int RunCommandLine(const CommandLine& cl, FILE* err) {
+  using C = CommandLine::Command;
+  Status status;
+  switch (cl.command) {
+    case C::kNone:
+      return cl.exit_code;
+    case C::kLs:
+      status = Ls(cl.tool, cl.ls);
+      break;
+    case C::kShow:
+      status = Show(cl.tool, cl.show_ref);
+      break;
+    case C::kLineage:
+      status = Lineage(cl.tool, cl.lineage);
+      break;
+    case C::kPlot:
+      status = Plot(cl.tool, cl.plot);
+      break;
+    case C::kDiff:
+      status = Diff(cl.tool, cl.diff_a, cl.diff_b);
+      break;
+    case C::kEvents:
+      status = Events(cl.tool, cl.events);
+      break;
+    case C::kExport:
+      status = Export(cl.tool, cl.exp);
+      break;
+    case C::kImport:
+      status = Import(cl.tool, cl.imp);
+      break;
+    case C::kRestore:
+      status = Restore(cl.tool, cl.restore_ref);
+      break;
+    case C::kPin:
+      status = Pin(cl.tool, cl.pin_ref, true);
+      break;
+    case C::kUnpin:
+      status = Pin(cl.tool, cl.unpin_ref, false);
+      break;
+    case C::kVerify:
+      status = Verify(cl.tool, cl.verify_exp);
+      break;
+    case C::kGc:
+      status = Gc(cl.tool, cl.gc);
+      break;
+    case C::kStats:
+      status = Stats(cl.tool);
+      break;
+  }
+  if (!status.ok()) {
+    std::string msg = status.message();
+    for (char& c : msg) {
+      if (c == '\n') c = ' ';
+    }
+    std::fprintf(err, "ckpt-tool: %s\n", msg.c_str());
+  }
+  return ExitCodeFor(status);
+}
+
+}  // namespace ckpt::tool
