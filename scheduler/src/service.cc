@@ -163,10 +163,9 @@ StatusOr<ServiceConfig> LoadServiceConfig(const std::string& path) {
     }
     return Status::IOError("cannot read service configuration " + path);
   }
-  std::stringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) return Status::IOError("reading service configuration " + path);
-  return ParseServiceConfig(ss.str(), path);
+  std::string text;
+  if (!ReadBoundedToml(in, &text)) return Status::IOError("reading service configuration " + path);
+  return ParseServiceConfig(text, path);
 }
 
 ControlOptions ControlOptionsFor(const ServiceConfig& c) {

@@ -7,7 +7,9 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
+#include <istream>
 #include <set>
 #include <sstream>
 #include <string>
@@ -18,15 +20,35 @@
 
 namespace ckpt::scheduler {
 
+// The largest TOML document read (experiment and service files, and TOML
+// submitted over the control socket): real ones are a few KiB.
+inline constexpr size_t kMaxTomlBytes = size_t{1} << 20;
+
 // Parses a TOML document; a syntax error is InvalidArgument naming `origin`,
-// the line and what is wrong. toml++'s exception stops here.
+// the line and what is wrong; a document above kMaxTomlBytes is
+// InvalidArgument naming its size. toml++'s exception stops here.
 inline StatusOr<toml::table> ParseToml(const std::string& text, const std::string& origin) {
+  if (text.size() > kMaxTomlBytes) {
+    return Status::InvalidArgument(origin + ": " + std::to_string(text.size()) +
+                                   " bytes of TOML, above the limit of " +
+                                   std::to_string(kMaxTomlBytes) + " bytes (1 MiB)");
+  }
   try {
     return toml::parse(text, origin);
   } catch (const toml::parse_error& e) {
     return Status::InvalidArgument(origin + " line " + std::to_string(e.source().begin.line) +
                                    ": " + std::string(e.description()));
   }
+}
+
+// The text of an opened TOML file, at most kMaxTomlBytes + 1 bytes (so that
+// ParseToml names a longer one; /dev/zero is not read forever). False when a
+// read fails.
+inline bool ReadBoundedToml(std::istream& in, std::string* text) {
+  text->assign(kMaxTomlBytes + 1, '\0');
+  in.read(text->data(), static_cast<std::streamsize>(text->size()));
+  text->resize(static_cast<size_t>(in.gcount()));
+  return !in.bad();
 }
 
 // Reads one TOML table, checking types and that every key is known; errors

@@ -218,6 +218,40 @@ TEST(MessagesTest, UntrustedBytesAreRefusedWithCorruption) {
   EXPECT_TRUE(DecodeTrain(hp.data(), hp.size()).status().IsCorruption());
 }
 
+// docs/LIMITS.md: a message's JSON header of exactly kMaxMessageJsonBytes
+// encodes and decodes; one byte more is refused on both sides.
+TEST(MessagesTest, JsonHeaderAtAndPastTheCap) {
+  auto json_bytes = [](const std::vector<uint8_t>& m) {
+    uint32_t n = 0;
+    std::memcpy(&n, m.data(), 4);
+    return static_cast<size_t>(n);
+  };
+  const size_t base = json_bytes(EncodeToVector(Shutdown{}));
+  Shutdown at;
+  at.reason = std::string(kMaxMessageJsonBytes - base, 'r');
+  std::vector<uint8_t> encoded = EncodeToVector(at);
+  ASSERT_EQ(json_bytes(encoded), kMaxMessageJsonBytes);
+  auto decoded = DecodeShutdown(encoded.data(), encoded.size());
+  ASSERT_TRUE(decoded.ok()) << decoded.status().ToString();
+  EXPECT_EQ(decoded->reason.size(), at.reason.size());
+
+  Shutdown past = at;
+  past.reason += "r";
+  std::vector<uint8_t> out(EncodedSize(past));
+  Status s = Encode(past, out.data(), out.size());
+  EXPECT_TRUE(s.IsInvalidArgument()) << s.ToString();
+  EXPECT_NE(s.message().find("JSON header of 1048577 bytes exceeds the cap"), std::string::npos)
+      << s.ToString();
+  const std::string text = "{\"reason\":\"" + past.reason + "\"}";
+  ASSERT_GT(text.size(), kMaxMessageJsonBytes);
+  std::vector<uint8_t> raw = WithJson(text);
+  auto refused = DecodeShutdown(raw.data(), raw.size());
+  ASSERT_FALSE(refused.ok());
+  EXPECT_TRUE(refused.status().IsCorruption()) << refused.status().ToString();
+  EXPECT_NE(refused.status().message().find("exceeds the payload or the cap"), std::string::npos)
+      << refused.status().ToString();
+}
+
 TEST(MessagesTest, RecordTypeNames) {
   EXPECT_STREQ(RecordTypeName(RecordType::kTrain), "TRAIN");
   EXPECT_STREQ(RecordTypeName(static_cast<RecordType>(77)), "UNKNOWN");

@@ -1,6 +1,13 @@
 #include "ckpt/scheduler/config.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+
+#include "ckpt/scheduler/service.h"
 
 namespace ckpt::scheduler {
 namespace {
@@ -111,6 +118,91 @@ TEST(ConfigTest, LoadNamesAMissingFile) {
   ASSERT_FALSE(c.ok());
   EXPECT_TRUE(c.status().IsNotFound());
   EXPECT_NE(c.status().message().find("/nonexistent/exp.toml"), std::string::npos);
+}
+
+// docs/LIMITS.md: each limit of an experiment file, at its value and one past.
+TEST(ConfigLimitsTest, PopulationAtAndPastTheLimit) {
+  auto c = ParseExperimentConfig(Replace(kGood, "size = 6", "size = 10000"), "exp.toml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->population, kMaxPopulation);
+  ExpectError(Replace(kGood, "size = 6", "size = 10001"),
+              "population.size (exp.toml line 10): must be in [1, 10000], not 10001");
+}
+
+TEST(ConfigLimitsTest, ModelSpecAtAndPastTheLimit) {
+  // A JSON layer list of exactly 64 KiB (padded with spaces, which JSON allows).
+  std::string spec = "[{\"type\": \"flatten\"}]";
+  spec += std::string(kMaxModelSpecBytes - spec.size(), ' ');
+  auto c = ParseExperimentConfig(Replace(kGood, "spec = \"lenet5\"", "spec = '" + spec + "'"),
+                                 "exp.toml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->model_spec.size(), kMaxModelSpecBytes);
+  ExpectError(Replace(kGood, "spec = \"lenet5\"", "spec = '" + spec + " '"),
+              "model.spec (exp.toml line 4): is 65537 bytes; the limit is 65536");
+}
+
+TEST(ConfigLimitsTest, NameAtAndPastTheLimit) {
+  const std::string at(kMaxExperimentNameBytes, 'n');
+  auto c = ParseExperimentConfig(Replace(kGood, "name = \"t1\"", "name = \"" + at + "\""),
+                                 "exp.toml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ExpectError(Replace(kGood, "name = \"t1\"", "name = \"" + at + "n\""),
+              "name (exp.toml line 1): is 129 bytes; the limit is 128");
+}
+
+// A file of exactly `bytes` bytes: kGood padded with a comment.
+std::string TomlOfSize(size_t bytes) {
+  std::string text = kGood;
+  text += "#";
+  text += std::string(bytes - text.size() - 1, 'x');
+  text += "\n";
+  EXPECT_EQ(text.size(), bytes);
+  return text;
+}
+
+TEST(ConfigLimitsTest, TomlSizeAtAndPastTheLimit) {
+  const size_t limit = size_t{1} << 20;
+  auto c = ParseExperimentConfig(TomlOfSize(limit), "exp.toml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ExpectError(TomlOfSize(limit + 1),
+              "exp.toml: 1048577 bytes of TOML, above the limit of 1048576 bytes (1 MiB)");
+  // The service file has the same limit.
+  std::string service = "store = \"s\"\n#";
+  service += std::string(limit - service.size() - 1, 'x') + "\n";
+  ASSERT_EQ(service.size(), limit);
+  auto s = ParseServiceConfig(service, "svc.toml");
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  service.insert(0, " ");
+  s = ParseServiceConfig(service, "svc.toml");
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("svc.toml: 1048577 bytes of TOML, above the limit"),
+            std::string::npos)
+      << s.status().ToString();
+}
+
+TEST(ConfigLimitsTest, LoadReadsNoMoreThanTheLimit) {
+  // /dev/zero never ends: the loader stops one byte past the limit.
+  auto c = LoadExperimentConfig("/dev/zero");
+  ASSERT_FALSE(c.ok());
+  EXPECT_TRUE(c.status().IsInvalidArgument()) << c.status().ToString();
+  EXPECT_NE(c.status().message().find("/dev/zero: 1048577 bytes of TOML"), std::string::npos)
+      << c.status().ToString();
+  auto s = LoadServiceConfig("/dev/zero");
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("/dev/zero: 1048577 bytes of TOML"), std::string::npos)
+      << s.status().ToString();
+}
+
+TEST(ConfigLimitsTest, TorchScriptSpecNamingAFifoIsRefusedWithoutReadingIt) {
+  // Opening a FIFO for reading blocks until a writer comes: a submitted
+  // experiment naming one would hang the scheduler's event loop.
+  const char* tmp = std::getenv("TMPDIR");
+  const std::string fifo = std::string(tmp != nullptr ? tmp : "/tmp") + "/ckpt_config_test_fifo_" +
+                           std::to_string(getpid());
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  ExpectError(Replace(kGood, "spec = \"lenet5\"", "spec = \"torchscript:" + fifo + "\""),
+              "is not a regular file");
+  unlink(fifo.c_str());
 }
 
 }  // namespace

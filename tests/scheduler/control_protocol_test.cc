@@ -1,0 +1,84 @@
+// The control API's request parser (scheduler/src/control_protocol.h), the
+// code every request line goes through before the scheduler sees it; its
+// limits (docs/LIMITS.md) at their value and one past. The line-length limit
+// (max_request_bytes) is the server's, tested in control_test.cc.
+#include "control_protocol.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace ckpt::scheduler::protocol {
+namespace {
+
+Status Parse(const std::string& line, Request* out = nullptr) {
+  Request r;
+  return ParseRequest(line, out != nullptr ? out : &r);
+}
+
+void ExpectRefused(const std::string& line, const std::string& needle) {
+  Status s = Parse(line);
+  ASSERT_FALSE(s.ok()) << line;
+  EXPECT_TRUE(s.IsInvalidArgument()) << s.ToString();
+  EXPECT_NE(s.message().find(needle), std::string::npos)
+      << "'" << s.message() << "' lacks '" << needle << "'";
+}
+
+TEST(ControlProtocolTest, AcceptsEachVerbWithItsFields) {
+  Request r;
+  ASSERT_TRUE(
+      Parse(R"({"verb":"restore","experiment":"e","member":"m1","version":3,"id":9})", &r).ok());
+  EXPECT_EQ(r.verb, "restore");
+  EXPECT_TRUE(r.mutates);
+  EXPECT_EQ(r.id, 9);
+  EXPECT_EQ(r.body.at("version"), 3);
+  ASSERT_TRUE(Parse(R"({"verb":"list"})", &r).ok());
+  EXPECT_FALSE(r.mutates);
+  EXPECT_TRUE(r.id.is_null());
+}
+
+TEST(ControlProtocolTest, RefusalsNameTheProblemAndKeepTheId) {
+  ExpectRefused("", "empty request line");
+  ExpectRefused(std::string("{\"verb\":\"list\"}\0x", 17), "NUL byte at offset 15");
+  ExpectRefused("{\"verb\":", "malformed JSON");
+  ExpectRefused("[1]", "a request must be a JSON object, not an array");
+  ExpectRefused("{}", "field 'verb' is required");
+  ExpectRefused(R"({"verb":"fly"})", "unknown verb 'fly'");
+  ExpectRefused(R"({"verb":"pause"})", "verb 'pause': field 'experiment' is required");
+  ExpectRefused(R"({"verb":"pause","experiment":""})", "must not be empty");
+  ExpectRefused(R"({"verb":"list","x":1})", "verb 'list': unknown field 'x' (it takes none)");
+  ExpectRefused(R"({"verb":"list","id":[1]})", "field 'id' must be a string, number");
+  Request r;
+  EXPECT_FALSE(Parse(R"({"verb":"fly","id":"abc"})", &r).ok());
+  EXPECT_EQ(r.id, "abc");
+}
+
+TEST(ControlProtocolTest, NestingAtAndPastTheLimit) {
+  auto nested = [](int depth) {
+    // The request object is level 1, the value of "x" levels 2..depth. An
+    // unknown field is refused after parsing, so the message tells which
+    // check refused: the depth check names the limit, the field check not.
+    std::string v;
+    for (int i = 1; i < depth; ++i) v += "[";
+    for (int i = 1; i < depth; ++i) v += "]";
+    return "{\"verb\":\"list\",\"x\":" + (v.empty() ? std::string("0") : v) + "}";
+  };
+  ASSERT_EQ(kMaxRequestDepth, 32);
+  // 32 levels: parsed, then refused for the unknown field (not for depth).
+  ExpectRefused(nested(32), "unknown field 'x'");
+  ExpectRefused(nested(33), "JSON nested deeper than 32 levels");
+  // Brackets inside strings do not count.
+  EXPECT_TRUE(Parse(R"({"verb":"submit","toml":")" + std::string(100, '[') + "\"}").ok());
+}
+
+TEST(ControlProtocolTest, VersionAtAndPastItsBounds) {
+  const std::string head = R"({"verb":"pin","experiment":"e","member":"m","version":)";
+  EXPECT_TRUE(Parse(head + "1}").ok());
+  ExpectRefused(head + "0}", "must be at least 1, not 0");
+  EXPECT_TRUE(Parse(head + "9223372036854775807}").ok());
+  ExpectRefused(head + "9223372036854775808}", "must be a positive integer");
+  ExpectRefused(head + "1.5}", "must be a positive integer, not a number with a fraction");
+}
+
+}  // namespace
+}  // namespace ckpt::scheduler::protocol
