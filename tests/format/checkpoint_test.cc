@@ -101,7 +101,10 @@ TEST(CheckpointTest, RoundTripIsBitExactForEveryDtypeAndShape) {
       EXPECT_EQ(t->dtype, d);
       EXPECT_EQ(t->shape, shape);
       ASSERT_EQ(t->nbytes, storage[i].size());
-      EXPECT_EQ(0, std::memcmp(t->data, storage[i].data(), t->nbytes)) << name;
+      // (memcmp of an empty, possibly null range is undefined: UBSan.)
+      if (t->nbytes > 0) {
+        EXPECT_EQ(0, std::memcmp(t->data, storage[i].data(), t->nbytes)) << name;
+      }
       // Zero-copy: the view points into the blob.
       EXPECT_GE(reinterpret_cast<const char*>(t->data), blob.data());
       EXPECT_LE(reinterpret_cast<const char*>(t->data) + t->nbytes, blob.data() + blob.size());

@@ -195,15 +195,21 @@ TEST(PickleReaderTest, RepeatedKeysKeepTheirPlaceAndTakeTheLastValue) {
 
   // 100,000 distinct keys are read in linear time (the test would time out
   // when each insertion scanned the dict).
-  std::string many = "\x80\x02}(";
-  for (int i = 0; i < 100000; ++i) many += Str("k" + std::to_string(i)) + "K\x01";
-  v = Unpickle(many + "u.");
+  // (in SETITEMS of 1,000 pairs: the stack holds 8,192 items)
+  std::string many = "\x80\x02}";
+  for (int i = 0; i < 100000; ++i) {
+    if (i % 1000 == 0) many += "(";
+    many += Str("k" + std::to_string(i)) + "K\x01";
+    if (i % 1000 == 999) many += "u";
+  }
+  v = Unpickle(many + ".");
   ASSERT_TRUE(v.ok()) << v.status().ToString();
   EXPECT_EQ((*v)->dict.size(), 100000u);
 }
 
 TEST(PickleReaderTest, FillTensorDataChecksLayoutAndBounds) {
-  auto tensor = [](const std::string& sizes, const std::string& strides, const char* offset) {
+  auto tensor = [](const std::string& sizes, const std::string& strides,
+                   const std::string& offset) {
     std::string pid =
         "(" + Str("storage") + "ctorch\nFloatStorage\n" + Str("s") + Str("cpu") + "K\x06tQ";
     return Unpickle(P({"ctorch._utils\n_rebuild_tensor_v2\n(", pid, offset, "(" + sizes + "t",
@@ -214,7 +220,7 @@ TEST(PickleReaderTest, FillTensorDataChecksLayoutAndBounds) {
     if (key != "s") return Status::NotFound(key);
     return std::string_view(storage);
   };
-  auto t = tensor("K\x02K\x03", "K\x03K\x01", "K\x00");
+  auto t = tensor("K\x02K\x03", "K\x03K\x01", "K\x00"s);
   ASSERT_TRUE(t.ok()) << t.status().ToString();
   ASSERT_TRUE(FillTensorData(t->get(), bytes, "f.pt").ok());
   EXPECT_EQ((*t)->data.size(), 24u);
@@ -227,7 +233,7 @@ TEST(PickleReaderTest, FillTensorDataChecksLayoutAndBounds) {
   EXPECT_NE(s.message().find("reaches past its storage"), std::string::npos) << s.ToString();
 
   // Transposed: not contiguous.
-  t = tensor("K\x02K\x03", "K\x01K\x02", "K\x00");
+  t = tensor("K\x02K\x03", "K\x01K\x02", "K\x00"s);
   ASSERT_TRUE(t.ok());
   s = FillTensorData(t->get(), bytes, "f.pt");
   EXPECT_NE(s.message().find("not contiguous"), std::string::npos) << s.ToString();
@@ -235,7 +241,7 @@ TEST(PickleReaderTest, FillTensorDataChecksLayoutAndBounds) {
   // No elements, other sizes of 2^32 each: their product does not fit in 64
   // bits (signed overflow before), and there is nothing to read.
   const std::string big = "\x8a\x05"s + std::string("\x00\x00\x00\x00\x01", 5);
-  t = tensor("K\x00" + big + big, "K\x01" + big + "K\x01", "K\x00");
+  t = tensor("K\x00"s + big + big, "K\x01" + big + "K\x01", "K\x00"s);
   ASSERT_TRUE(t.ok()) << t.status().ToString();
   s = FillTensorData(t->get(), bytes, "f.pt");
   EXPECT_TRUE(s.ok()) << s.ToString();
@@ -244,7 +250,7 @@ TEST(PickleReaderTest, FillTensorDataChecksLayoutAndBounds) {
   // A storage the archive does not have.
   std::string pid =
       "(" + Str("storage") + "ctorch\nFloatStorage\n" + Str("x") + Str("cpu") + "K\x06tQ";
-  t = Unpickle(P({"ctorch._utils\n_rebuild_tensor_v2\n(", pid, "K\x00", "(K\x01t", "(K\x01t",
+  t = Unpickle(P({"ctorch._utils\n_rebuild_tensor_v2\n(", pid, "K\x00"s, "(K\x01t", "(K\x01t",
                   "\x89", "}", "tR"}));
   ASSERT_TRUE(t.ok()) << t.status().ToString();
   s = FillTensorData(t->get(), bytes, "f.pt");
