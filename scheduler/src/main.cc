@@ -1,6 +1,6 @@
 // ckpt-scheduler: runs population-based training experiments.
 //
-//   ckpt-scheduler run EXPERIMENT.toml [--store DIR] [--quiet]
+//   ckpt-scheduler run EXPERIMENT.toml [--store DIR] [--ring-mib N] [--quiet]
 //   ckpt-scheduler serve --config /etc/ckpt/scheduler.toml
 //
 // Thin: parses flags, fills SchedulerOptions, calls the library.
@@ -15,22 +15,35 @@
 
 namespace {
 
-int Run(const std::string& path, const std::string& store_override, const std::string& worker,
-        bool quiet, int backoff_ms, int grace_ms) {
-  auto config = ckpt::scheduler::LoadExperimentConfig(path);
+// `run`'s command line.
+struct RunFlags {
+  std::string path;
+  std::string store;   // "" = the file's
+  std::string worker;  // "" = next to this program
+  bool quiet = false;
+  int backoff_ms = -1;  // -1 = the file's
+  int grace_ms = -1;
+  int ring_mib = static_cast<int>(ckpt::scheduler::kDefaultRingBytes >> 20);
+};
+
+int Run(const RunFlags& f) {
+  auto config = ckpt::scheduler::LoadExperimentConfig(f.path);
   if (!config.ok()) {
     std::fprintf(stderr, "ckpt-scheduler: %s\n", config.status().ToString().c_str());
     return 2;
   }
   ckpt::scheduler::SchedulerOptions options;
-  options.store_path = store_override.empty() ? config->store : store_override;
+  options.store_path = f.store.empty() ? config->store : f.store;
   options.devices = config->devices;
   options.supervision = config->supervision;
   options.metrics = config->metrics;
-  options.worker_binary = worker;
-  options.progress = quiet ? nullptr : stdout;
-  if (backoff_ms >= 0) options.supervision.restart_backoff = std::chrono::milliseconds(backoff_ms);
-  if (grace_ms >= 0) options.supervision.grace = std::chrono::milliseconds(grace_ms);
+  options.worker_binary = f.worker;
+  options.progress = f.quiet ? nullptr : stdout;
+  options.ring_bytes = static_cast<size_t>(f.ring_mib) << 20;
+  if (f.backoff_ms >= 0) {
+    options.supervision.restart_backoff = std::chrono::milliseconds(f.backoff_ms);
+  }
+  if (f.grace_ms >= 0) options.supervision.grace = std::chrono::milliseconds(f.grace_ms);
   auto kill_point = ckpt::scheduler::KillPointFromEnvironment();
   if (!kill_point.ok()) {
     std::fprintf(stderr, "ckpt-scheduler: %s\n", kill_point.status().ToString().c_str());
@@ -78,23 +91,27 @@ int Serve(const std::string& config_path) {
 int Main(int argc, char** argv) {
   CLI::App app{"ckpt-scheduler: population-based training with an embedded checkpoint store"};
   app.require_subcommand(1);
-  std::string path, store, worker;
-  bool quiet = false;
-  int backoff_ms = -1, grace_ms = -1;
+  RunFlags f;
   CLI::App* run = app.add_subcommand("run", "run one experiment in the foreground (resumes it)");
-  run->add_option("experiment", path, "experiment TOML file")->required();
-  run->add_option("--store", store, "store directory (default: the file's `store`, else ./var)");
-  run->add_option("--worker", worker, "path of ckpt-worker (default: next to this program)");
-  run->add_option("--restart-backoff-ms", backoff_ms, "first worker restart delay (default 10000)");
-  run->add_option("--grace-ms", grace_ms, "wait for in-flight intervals on stop (default 10000)");
-  run->add_flag("--quiet", quiet, "no progress output");
+  run->add_option("experiment", f.path, "experiment TOML file")->required();
+  run->add_option("--store", f.store, "store directory (default: the file's `store`, else ./var)");
+  run->add_option("--worker", f.worker, "path of ckpt-worker (default: next to this program)");
+  run->add_option("--restart-backoff-ms", f.backoff_ms,
+                  "first worker restart delay (default 10000)");
+  run->add_option("--grace-ms", f.grace_ms, "wait for in-flight intervals on stop (default 10000)");
+  run->add_option("--ring-mib", f.ring_mib,
+                  "each worker's two shared-memory rings, MiB each; states larger than half a "
+                  "ring travel in fragments")
+      ->check(CLI::Range(1, 16384))
+      ->capture_default_str();
+  run->add_flag("--quiet", f.quiet, "no progress output");
   std::string service_config;
   CLI::App* serve = app.add_subcommand(
       "serve", "run as a service: experiments come and go through the control socket");
   serve->add_option("--config", service_config, "service configuration (deploy/scheduler.toml)")
       ->required();
   CLI11_PARSE(app, argc, argv);
-  if (run->parsed()) return Run(path, store, worker, quiet, backoff_ms, grace_ms);
+  if (run->parsed()) return Run(f);
   if (serve->parsed()) return Serve(service_config);
   return 2;
 }

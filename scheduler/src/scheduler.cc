@@ -58,6 +58,7 @@ struct Entry {
   std::unique_ptr<StoreExperimentIo> io;
   std::unique_ptr<Experiment> experiment;
   bool announced_end = false;  // its end was printed and counted
+  uint64_t state_bytes = 0;    // largest state committed in this run
 };
 
 double SecondsSince(Clock::time_point t0) {
@@ -161,6 +162,10 @@ class SchedulerImpl : public Scheduler, public ControlTarget, public WorkerPoolL
   // Gauges that are cheaper to sample once a second than to keep on every
   // event (members by state, scores, ring occupancy).
   void ReportMetrics();
+  // Sizes the store's blob cache and memtable to the running experiments'
+  // head states (population x largest state seen) when `bytes`, a state
+  // just committed to `entry`, changes that estimate.
+  void NoteStateSize(Entry& entry, uint64_t bytes);
   Experiment* Find(const std::string& id) {
     auto it = entries_.find(id);
     return it == entries_.end() ? nullptr : it->second.experiment.get();
@@ -194,6 +199,7 @@ class SchedulerImpl : public Scheduler, public ControlTarget, public WorkerPoolL
   std::vector<std::string> order_;
   std::mutex configs_mu_;
   std::map<std::string, ExperimentConfig> configs_;  // GUARDED_BY(configs_mu_)
+  uint64_t working_set_bytes_ = 0;  // last given to store_->SizeForWorkingSet
   bool stopping_ = false;
   bool finished_ = false;
   Status run_status_;
@@ -282,6 +288,29 @@ void SchedulerImpl::Dispatch() {
   dispatcher_.Dispatch(pool_.get(), InOrder(), Clock::now());
 }
 
+void SchedulerImpl::NoteStateSize(Entry& entry, uint64_t bytes) {
+  if (bytes <= entry.state_bytes) return;
+  entry.state_bytes = bytes;
+  uint64_t total = 0;
+  for (const auto& [id, x] : entries_) {
+    if (!x.experiment->ended()) {
+      total += x.state_bytes * static_cast<uint64_t>(x.experiment->config().population);
+    }
+  }
+  // Resize only on a change of more than a quarter (states differ by a few
+  // bytes between members and intervals).
+  if (total <= working_set_bytes_ + working_set_bytes_ / 4) return;
+  working_set_bytes_ = total;
+  const Status s = store_->SizeForWorkingSet(total);
+  if (!s.ok()) {
+    Logger().warn("sizing the store's memory to {} MB of states: {}", total >> 20, s.ToString());
+    return;
+  }
+  Logger().debug("store memory for {} MB of head states: blob cache {} MB, memtable {} MB",
+                 total >> 20, store_->blob_cache_capacity() >> 20,
+                 store_->blob_memtable_bytes() >> 20);
+}
+
 void SchedulerImpl::OnTaskEvent(size_t worker, WorkerEvent ev) {
   if (ev.kind == WorkerEvent::Kind::kConfigureRefused) {
     if (Experiment* e = Find(ev.exp)) {
@@ -296,6 +325,7 @@ void SchedulerImpl::OnTaskEvent(size_t worker, WorkerEvent ev) {
                                       SecondsSince(ev.task.dispatched),
                                       static_cast<uint64_t>(std::max<int64_t>(0, ev.result.samples)));
         }
+        NoteStateSize(entries_[e->id()], ev.result.state.size);
         e->OnCommitted(item, ev.version, ev.result.step, ev.result.val_acc, ev.result.samples,
                        Clock::now());
         break;

@@ -305,7 +305,7 @@ void WorkerHandle::HandleResult(const ipc::Received& rec) {
     in_flight_.erase(it);
   }
   e.result = *r;
-  e.result.state = ipc::ByteSpan{};
+  e.result.state = ipc::ByteSpan{nullptr, r->state.size};  // the ring's bytes are released
   if (e.task.eval_only) {
     channel_->Release();
     e.kind = WorkerEvent::Kind::kEvaluated;

@@ -70,7 +70,7 @@ struct WorkerEvent {
   Kind kind = Kind::kLost;
   Task task;                // kCommitted, kEvaluated, kFailed, kCommitError
   int64_t version = 0;      // kCommitted
-  ipc::Result result;       // kCommitted / kEvaluated (state span not valid)
+  ipc::Result result;       // kCommitted / kEvaluated (state: data null, size kept)
   ipc::Hello hello;         // kHello
   ipc::Stats stats;         // kStats
   std::string code;         // kFailed: worker's code; kCommitError: status code name
@@ -84,7 +84,7 @@ struct WorkerSpec {
   DeviceConfig device;
   std::string binary;          // path of ckpt-worker
   std::string segment;         // shm name
-  size_t ring_bytes = size_t{64} << 20;
+  size_t ring_bytes = kDefaultRingBytes;
   std::chrono::milliseconds heartbeat_timeout{10000};
   // Where store and ring timings go (thread-safe); nullptr: nowhere.
   metrics::Metrics* metrics = nullptr;

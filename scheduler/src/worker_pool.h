@@ -75,8 +75,8 @@ struct WorkerPoolOptions {
   std::string binary;
   // Segment name prefix; worker i uses "<instance>-w<i>". Required.
   std::string instance;
-  // Bytes of each ring. Default: 64 MiB.
-  size_t ring_bytes = size_t{64} << 20;
+  // Bytes of each ring. Default: kDefaultRingBytes.
+  size_t ring_bytes = kDefaultRingBytes;
   SupervisionOptions supervision;
   // Where worker starts, exits, STATS and ring figures go; nullptr: nowhere.
   metrics::Metrics* metrics = nullptr;

@@ -9,6 +9,8 @@
 #include <rocksdb/write_batch.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -126,7 +128,8 @@ bool IsLockError(const rocksdb::Status& s) {
 }
 
 rocksdb::ColumnFamilyOptions FamilyOptions(int family,
-                                           const std::shared_ptr<rocksdb::Cache>& blob_cache) {
+                                           const std::shared_ptr<rocksdb::Cache>& blob_cache,
+                                           size_t blob_memtable_bytes) {
   rocksdb::ColumnFamilyOptions o;
   o.compression = rocksdb::kNoCompression;
   switch (family) {
@@ -139,7 +142,7 @@ rocksdb::ColumnFamilyOptions FamilyOptions(int family,
       o.blob_compression_type = rocksdb::kNoCompression;
       o.enable_blob_garbage_collection = true;
       o.blob_garbage_collection_age_cutoff = 0.5;
-      o.write_buffer_size = 64ull << 20;
+      o.write_buffer_size = blob_memtable_bytes;
       if (blob_cache) {
         o.blob_cache = blob_cache;
         // Fresh results are the next heads to be read.
@@ -158,10 +161,10 @@ rocksdb::ColumnFamilyOptions FamilyOptions(int family,
 }
 
 std::vector<rocksdb::ColumnFamilyDescriptor> Descriptors(
-    const std::shared_ptr<rocksdb::Cache>& blob_cache) {
+    const std::shared_ptr<rocksdb::Cache>& blob_cache, size_t blob_memtable_bytes) {
   std::vector<rocksdb::ColumnFamilyDescriptor> d;
   for (int f = 0; f < kNumFamilies; ++f) {
-    d.emplace_back(kFamilyNames[f], FamilyOptions(f, blob_cache));
+    d.emplace_back(kFamilyNames[f], FamilyOptions(f, blob_cache, blob_memtable_bytes));
   }
   return d;
 }
@@ -200,6 +203,8 @@ class StoreImpl final : public Store {
   StoreImpl(StoreOptions options, bool read_only)
       : options_(std::move(options)),
         read_only_(read_only),
+        blob_cache_(NewBlobCache(options_.blob_cache_bytes)),
+        blob_memtable_bytes_(options_.blob_memtable_bytes),
         index_(RetentionPolicy{options_.keep_last_n, options_.keep_best_k, options_.keep_lineage}) {
   }
 
@@ -279,6 +284,11 @@ class StoreImpl final : public Store {
   StatusOr<StoreStats> Stats() override;
   Status Flush() override;
   Status Compact() override;
+  Status SizeForWorkingSet(uint64_t head_bytes) override;
+  uint64_t blob_cache_capacity() const override {
+    return blob_cache_ ? blob_cache_->GetCapacity() : 0;
+  }
+  uint64_t blob_memtable_bytes() const override { return blob_memtable_bytes_.load(); }
 
  private:
   rocksdb::ColumnFamilyHandle* cf(Family f) const { return handles_[f]; }
@@ -328,6 +338,10 @@ class StoreImpl final : public Store {
 
   const StoreOptions options_;
   const bool read_only_;
+  // Shared by every open of this store object (Refresh reopens with it).
+  const std::shared_ptr<rocksdb::Cache> blob_cache_;
+  // The blobs family's write_buffer_size as last set (SizeForWorkingSet).
+  std::atomic<uint64_t> blob_memtable_bytes_;
   std::unique_ptr<rocksdb::DB> db_;
   std::vector<rocksdb::ColumnFamilyHandle*> handles_;
 
@@ -366,12 +380,12 @@ Status StoreImpl::OpenDb() {
     // The writer may delete files under it; opening retries, Refresh() reopens.
     for (int attempt = 0; attempt < 3; ++attempt) {
       s = rocksdb::DB::OpenForReadOnly(db_options, path,
-                                       Descriptors(NewBlobCache(options_.blob_cache_bytes)),
+                                       Descriptors(blob_cache_, blob_memtable_bytes_),
                                        &handles_, &raw, /*error_if_wal_file_exists=*/false);
       if (s.ok() || !(s.IsIOError() || s.IsCorruption() || s.IsPathNotFound())) break;
     }
   } else {
-    s = rocksdb::DB::Open(db_options, path, Descriptors(NewBlobCache(options_.blob_cache_bytes)),
+    s = rocksdb::DB::Open(db_options, path, Descriptors(blob_cache_, blob_memtable_bytes_),
                           &handles_, &raw);
   }
   if (!s.ok()) {
@@ -1272,6 +1286,23 @@ Status StoreImpl::Flush() {
   return FromRocks(db_->Flush(fo, all), "store " + options_.path + ": flush");
 }
 
+Status StoreImpl::SizeForWorkingSet(uint64_t head_bytes) {
+  if (read_only_) return Status::OK();
+  const auto clamp = [](uint64_t v, uint64_t ceiling) {
+    return std::max(kMinWorkingSetBytes, std::min(v, std::max(ceiling, kMinWorkingSetBytes)));
+  };
+  if (blob_cache_) {
+    blob_cache_->SetCapacity(clamp(head_bytes + head_bytes / 4, options_.blob_cache_bytes));
+  }
+  const uint64_t memtable = clamp(head_bytes / 4, options_.blob_memtable_bytes);
+  if (memtable == blob_memtable_bytes_.load()) return Status::OK();
+  rocksdb::Status s =
+      db_->SetOptions(cf(kBlobs), {{"write_buffer_size", std::to_string(memtable)}});
+  if (!s.ok()) return FromRocks(s, "store " + options_.path + ": sizing the blobs memtable");
+  blob_memtable_bytes_.store(memtable);
+  return Status::OK();
+}
+
 Status StoreImpl::Compact() {
   CKPT_RETURN_IF_ERROR(CheckWritable());
   rocksdb::CompactRangeOptions co;
@@ -1294,6 +1325,9 @@ Status ValidateOptions(const StoreOptions& o) {
   if (o.keep_best_k < 0) return Status::InvalidArgument("StoreOptions.keep_best_k must be >= 0");
   if (o.max_blob_bytes == 0 || o.max_blob_bytes > (size_t{1} << 32) - (size_t{1} << 20)) {
     return Status::InvalidArgument("StoreOptions.max_blob_bytes must be in (0, 4 GiB - 1 MiB]");
+  }
+  if (o.blob_memtable_bytes < (size_t{1} << 20)) {
+    return Status::InvalidArgument("StoreOptions.blob_memtable_bytes must be >= 1 MiB");
   }
   return Status::OK();
 }

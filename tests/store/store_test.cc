@@ -395,5 +395,73 @@ TEST_F(StoreTest, ConcurrentCommitsToDistinctMembers) {
   EXPECT_TRUE(report->ok()) << report->problems.front();
 }
 
+// The blob cache and the blobs memtable follow the working set the caller
+// announces, between kMinWorkingSetBytes and the StoreOptions ceilings; a
+// small memtable flushes on its own, and every state still reads back.
+TEST_F(StoreTest, SizeForWorkingSetBoundsTheCacheAndTheMemtable) {
+  EXPECT_EQ(store_->blob_cache_capacity(), StoreOptions{}.blob_cache_bytes);
+  EXPECT_EQ(store_->blob_memtable_bytes(), StoreOptions{}.blob_memtable_bytes);
+  ASSERT_TRUE(store_->SizeForWorkingSet(uint64_t{10} << 30).ok());  // past both ceilings
+  EXPECT_EQ(store_->blob_cache_capacity(), StoreOptions{}.blob_cache_bytes);
+  EXPECT_EQ(store_->blob_memtable_bytes(), StoreOptions{}.blob_memtable_bytes);
+  ASSERT_TRUE(store_->SizeForWorkingSet(0).ok());  // the floor
+  EXPECT_EQ(store_->blob_cache_capacity(), kMinWorkingSetBytes);
+  EXPECT_EQ(store_->blob_memtable_bytes(), kMinWorkingSetBytes);
+  const uint64_t thirty_lenets = 30 * 500000;
+  ASSERT_TRUE(store_->SizeForWorkingSet(thirty_lenets).ok());
+  EXPECT_EQ(store_->blob_cache_capacity(), thirty_lenets + thirty_lenets / 4);
+  EXPECT_EQ(store_->blob_memtable_bytes(), kMinWorkingSetBytes);
+
+  // Eight 1 MiB states overflow the 4 MiB memtable: RocksDB flushes them to a
+  // blob file without being asked (with the 64 MiB default it would not).
+  Population({"a"});
+  std::vector<std::string> blobs;
+  for (int i = 0; i < 8; ++i) {
+    auto head = store_->GetMember("e", "a");
+    ASSERT_TRUE(head.ok());
+    blobs.push_back(MakeBlob(100 + i, 256 * 1024, head->step + 1));
+    CommitRequest req;
+    req.exp = "e";
+    req.member = "a";
+    req.expected_head_version = head->version;
+    req.blob = blobs.back().data();
+    req.blob_size = blobs.back().size();
+    req.step = head->step + 1;
+    req.metrics = {{kScoreMetric, 0.1 * i}};
+    ASSERT_TRUE(store_->CommitResult(req).ok());
+  }
+  uint64_t blob_file_bytes = 0;
+  for (int i = 0; i < 500 && blob_file_bytes == 0; ++i) {
+    auto stats = store_->Stats();
+    ASSERT_TRUE(stats.ok());
+    for (const auto& f : stats->families) {
+      if (f.name == "blobs") blob_file_bytes = f.blob_file_bytes;
+    }
+    if (blob_file_bytes == 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_GT(blob_file_bytes, 0u) << "the 4 MiB memtable never flushed";
+  auto versions = store_->ListVersions("e", "a");
+  ASSERT_TRUE(versions.ok());
+  int read = 0;
+  for (const auto& m : *versions) {
+    if (!m.holds_blob) continue;
+    auto pinned = store_->ReadBlob(m.blob);
+    ASSERT_TRUE(pinned.ok()) << pinned.status().ToString();
+    EXPECT_EQ(std::string(reinterpret_cast<const char*>(pinned->data()), pinned->size()),
+              blobs[m.version - 1]);
+    ++read;
+  }
+  EXPECT_GE(read, 3);  // keep_last_n
+}
+
+TEST(StoreOptionsTest, TinyMemtableIsRefusedByName) {
+  TempDir dir;
+  StoreOptions o = TestOptions(dir.Sub("db"));
+  o.blob_memtable_bytes = 1000;
+  auto s = Store::Open(o);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().ToString().find("blob_memtable_bytes"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace ckpt::store::testing

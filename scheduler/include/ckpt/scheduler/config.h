@@ -95,6 +95,13 @@ struct DeviceConfig {
   int intra_op_threads = 1;
 };
 
+// Bytes of each shared-memory ring (request and result) per worker when
+// nothing sets them. A ring holds records up to half its size whole and larger
+// ones in fragments; 16 MiB carries several LeNet-5-sized states (0.5 MB) per
+// direction while keeping what the two processes touch (both rings, 32 MiB)
+// small: a ring is reused in a cycle, so all of it ends up resident.
+inline constexpr size_t kDefaultRingBytes = size_t{16} << 20;
+
 // How workers and members are supervised: the [supervision] table of an
 // experiment file, the [workers] table (and grace_s) of the service file, and
 // SchedulerOptions::supervision. One struct for all three.

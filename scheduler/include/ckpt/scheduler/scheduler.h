@@ -82,8 +82,8 @@ struct SchedulerOptions {
   // Prefix of the workers' shared-memory segment names. Default: "" =
   // "ckpt-<hash of the store path>".
   std::string instance;
-  // Bytes of each ring. Default: 64 MiB.
-  size_t ring_bytes = size_t{64} << 20;
+  // Bytes of each ring. Default: kDefaultRingBytes (16 MiB).
+  size_t ring_bytes = kDefaultRingBytes;
   // Prometheus endpoint "HOST:PORT" (numeric IPv4; ckpt::metrics), "" for
   // none. `run` takes an experiment file's `metrics`, `serve` its file's.
   // Default: "" (none).

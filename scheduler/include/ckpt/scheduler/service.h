@@ -10,7 +10,7 @@
 //   log_progress = true                 # a progress line per experiment every 10 s
 //   [control]  allowed_users = ["alice"]; allowed_groups = ["ckpt"];
 //              max_request_bytes = 1048576; max_clients = 64; client_idle_timeout_s = 30
-//   [workers]  binary = ""; ring_mib = 64; heartbeat_timeout_s = 10; restart_backoff_s = 10;
+//   [workers]  binary = ""; ring_mib = 16; heartbeat_timeout_s = 10; restart_backoff_s = 10;
 //              max_restart_backoff_s = 300; healthy_reset_s = 600; max_restarts = 10;
 //              max_member_failures = 3
 //   [[devices]] device = "auto"; count = 1; slots = 4; fusion = "auto"; fusion_width = 8;
@@ -67,7 +67,7 @@ struct ServiceConfig {
   int final_eval_top = 5;
   bool log_progress = true;
   std::string worker_binary;
-  size_t ring_bytes = size_t{64} << 20;
+  size_t ring_bytes = kDefaultRingBytes;
   // Where the configuration was read from (for messages and reloads).
   std::string origin;
 };

@@ -75,6 +75,9 @@
 
 namespace ckpt::store {
 
+// The least SizeForWorkingSet() sizes the blob cache and memtable to.
+inline constexpr uint64_t kMinWorkingSetBytes = uint64_t{4} << 20;
+
 // The metric CommitRequest::metrics carries the score in; higher is better.
 inline constexpr const char kScoreMetric[] = "score";
 
@@ -107,8 +110,14 @@ struct StoreOptions {
   // memtable flushes, i.e. with freshly committed results). A cached blob is
   // read with no copy and no system call; others cost a file read plus one
   // copy inside RocksDB. Size it to the population's head states. 0 disables
-  // it. Default: 256 MiB.
+  // it. This is the cache's ceiling: SizeForWorkingSet() shrinks it to what the
+  // population needs. Default: 256 MiB.
   size_t blob_cache_bytes = size_t{256} << 20;
+  // Ceiling of the blobs family's memtable (RocksDB write_buffer_size): every
+  // committed state sits in memory until a flush writes it to a blob file, so
+  // this is resident memory of the process. SizeForWorkingSet() lowers it for a
+  // small population. REQUIRES: >= 1 MiB. Default: 64 MiB.
+  size_t blob_memtable_bytes = size_t{64} << 20;
   // Test seam: called at named points of a write ("commit.before_write",
   // "commit.after_write", "exploit.before_write", "retention.release"), e.g. to
   // raise SIGKILL there in a crash test. Default: none.
@@ -390,6 +399,19 @@ class Store {
   virtual StatusOr<StoreStats> Stats() = 0;
   // Flushes memtables to SST and blob files (writer only; read-only: OK).
   virtual Status Flush() = 0;
+  // Sizes the memory the store keeps for states to a working set of
+  // `head_bytes` (the sum of the heads' blob sizes the caller will read back,
+  // e.g. population x state size): the blob cache becomes 1.25 x head_bytes (heads
+  // are read back in about the order they were written, and an LRU smaller
+  // than that cycle would miss on every read) and
+  // the blobs memtable head_bytes / 4, each at least kMinWorkingSetBytes and at
+  // most its StoreOptions ceiling. Takes effect at once (the cache evicts down
+  // to its new capacity; the next memtable is the new size). May be called
+  // again as the working set changes. Writer only (read-only: OK, no change).
+  virtual Status SizeForWorkingSet(uint64_t head_bytes) = 0;
+  // Current capacity of the blob cache and target size of the blobs memtable.
+  virtual uint64_t blob_cache_capacity() const = 0;
+  virtual uint64_t blob_memtable_bytes() const = 0;
   // Compacts every family, forcing blob garbage collection, so the space of
   // deleted blobs is returned to the file system (writer only).
   virtual Status Compact() = 0;
