@@ -1,5 +1,7 @@
 #include "ckpt/worker/worker_loop.h"
 
+#include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -14,6 +16,7 @@
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -43,6 +46,75 @@ const bool kPhases = [] {
   const char* v = std::getenv("CKPT_WORKER_PHASES");
   return v != nullptr && *v == '1';
 }();
+
+// Crash-test seam, as in the scheduler: CKPT_KILL_AT=POINT:N makes this
+// process SIGKILL itself the N-th time it passes POINT (counted per process, so
+// a restarted worker dies again at its own N-th pass). The worker's points:
+//   worker.decode       a TRAIN record decoded, still in the ring (not released)
+//   worker.train        a slot starts a member-interval; the kill falls half
+//                       the previous interval's compute time later, mid-training
+//   worker.encode       a RESULT reserved in the ring, its state half written
+//   worker.result_sent  a RESULT committed to the ring, before the scheduler
+//                       has read it
+// Any other point (the scheduler's) is ignored here; a malformed value is
+// ignored too (the scheduler refuses it before a worker is started).
+// CKPT_KILL_ONCE=FILE makes the kill happen only in the process that creates
+// FILE (O_EXCL): one kill over all the worker's restarts, so that a point hit
+// early in every incarnation cannot stop the run from progressing.
+class KillPoints {
+ public:
+  KillPoints() {
+    const char* spec = std::getenv("CKPT_KILL_AT");
+    if (spec == nullptr) return;
+    const std::string text = spec;
+    const size_t colon = text.rfind(':');
+    if (colon == std::string::npos || colon == 0) return;
+    char* end = nullptr;
+    const long n = std::strtol(text.c_str() + colon + 1, &end, 10);
+    if (n <= 0 || end == nullptr || *end != '\0') return;
+    point_ = text.substr(0, colon);
+    n_ = n;
+    if (const char* once = std::getenv("CKPT_KILL_ONCE"); once != nullptr && *once != '\0') {
+      once_file_ = once;
+    }
+  }
+  // True the N-th time `point` is passed.
+  bool Hit(const char* point) {
+    if (n_ <= 0 || point_ != point || hits_.fetch_add(1) + 1 != n_) return false;
+    if (once_file_.empty()) return true;
+    const int fd = open(once_file_.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
+    if (fd < 0) return false;
+    close(fd);
+    return true;
+  }
+  void At(const char* point) {
+    if (Hit(point)) Die(point);
+  }
+  // Mid-training: SIGKILL `after` from now, from a thread of its own.
+  void AtAfter(const char* point, double after_s) {
+    if (!Hit(point)) return;
+    std::thread([point, after_s] {
+      std::this_thread::sleep_for(std::chrono::duration<double>(after_s));
+      Die(point);
+    }).detach();
+  }
+
+ private:
+  static void Die(const char* point) {
+    std::fprintf(stderr, "ckpt-worker: kill point %s\n", point);
+    std::fflush(stderr);
+    raise(SIGKILL);
+  }
+  std::string point_;
+  std::string once_file_;
+  long n_ = 0;
+  std::atomic<long> hits_{0};
+};
+
+KillPoints& WorkerKillPoints() {
+  static KillPoints k;
+  return k;
+}
 
 // FAILED code (with task id 0) for a CONFIGURE this worker cannot set up.
 constexpr const char kConfigureRefused[] = "configure-refused";
@@ -141,6 +213,7 @@ class WorkerLoop {
   std::atomic<bool> cancel_{false};
   std::atomic<int> busy_{0};
   std::atomic<uint64_t> samples_{0};
+  std::atomic<double> last_compute_s_{0};  // of the last member-interval (kill points)
   std::vector<std::thread> threads_;
   const Clock::time_point started_ = Clock::now();
   PhaseTimes phases_;
@@ -214,6 +287,7 @@ void WorkerLoop::SendOutcome(uint64_t task_id, const model::MemberOutcome& o) {
       return;
     }
     auto offset = ipc::EncodeHeaderOnly(r, res->data, res->size);
+    WorkerKillPoints().At("worker.encode");
     encoded = offset.ok() ? o.EncodeStateTo(res->data + *offset, r.state.size) : offset.status();
     if (encoded.ok()) {
       Status c;
@@ -225,6 +299,7 @@ void WorkerLoop::SendOutcome(uint64_t task_id, const model::MemberOutcome& o) {
                      options_.segment.c_str(), static_cast<unsigned long long>(task_id),
                      c.ToString().c_str());
       }
+      if (c.ok()) WorkerKillPoints().At("worker.result_sent");
       return;
     }
     channel_->Abandon();
@@ -307,6 +382,7 @@ void WorkerLoop::HandleTrain(const ipc::Received& rec) {
     std::fprintf(stderr, "trace worker %s: got TRAIN task %llu %s\n", options_.segment.c_str(),
                  static_cast<unsigned long long>(t->task_id), t->member.c_str());
   }
+  WorkerKillPoints().At("worker.decode");
   const auto start = Clock::now();
   Job job;
   job.task_id = t->task_id;
@@ -386,18 +462,21 @@ void WorkerLoop::SlotLoopBody() {
       j.task.state = j.state.data();
       j.task.state_size = j.state.size();
     }
+    WorkerKillPoints().AtAfter("worker.train", 0.5 * last_compute_s_.load());
     if (fused && group.size() > 1) {
       std::vector<model::MemberTask> tasks;
       for (const auto& j : group) tasks.push_back(j.task);
       auto outcomes = trainer->TrainFused(tasks);
       for (size_t i = 0; i < group.size(); ++i) {
         if (outcomes[i].ok()) samples_.fetch_add(static_cast<uint64_t>(outcomes[i].samples));
+        if (outcomes[i].ok()) last_compute_s_.store(outcomes[i].compute_s);
         SendTimed(group[i].task_id, outcomes[i]);
       }
     } else {
       for (const auto& j : group) {
         auto o = trainer->TrainPlain(j.task);
         if (o.ok()) samples_.fetch_add(static_cast<uint64_t>(o.samples));
+        if (o.ok()) last_compute_s_.store(o.compute_s);
         SendTimed(j.task_id, o);
       }
     }
