@@ -14,6 +14,9 @@ using json = nlohmann::json;
 // Salt of the per-member initial-weights seed (kept: stores depend on it).
 constexpr uint64_t kInitSeedSalt = 0x1A1A;
 
+// The worker's FAILED code for a state it cannot use (ckpt::model::kFailBadState).
+constexpr const char kBadState[] = "bad-state";
+
 }  // namespace
 
 const char* ExperimentStatusName(ExperimentStatus status) {
@@ -273,6 +276,11 @@ void Experiment::OnFailed(const WorkItem& item, const std::string& code,
   Member* m = &members_[i];
   if (!item.eval_only) m->state.status = MemberStatus::kIdle;
   if (phase_ == Phase::kDone) return;
+  if (!item.eval_only && !head_moved && code == kBadState && phase_ == Phase::kTraining &&
+      item.head_version > 0 && item.head_version == m->version &&
+      FallBackFromCorruptHead(i, item, reason)) {
+    return;
+  }
   if (!head_moved) ++m->state.failures;
   io_->AppendEvent(json{{"type", "failed"},
                         {"member", m->name},
@@ -306,6 +314,49 @@ void Experiment::OnFailed(const WorkItem& item, const std::string& code,
   } else {
     Enqueue(i, false, /*front=*/true);
   }
+}
+
+bool Experiment::FallBackFromCorruptHead(int member, const WorkItem& item,
+                                         const std::string& reason) {
+  Member& m = members_[member];
+  auto good = io_->NewestGoodVersion(m.name, item.head_version);
+  if (!good.ok()) {
+    if (!good.status().IsNotFound()) {
+      Logger().error("{}: member {} v{} is damaged in the store and cannot fall back: {}",
+                     config_.name, m.name, item.head_version, good.status().ToString());
+    }
+    return false;
+  }
+  // The state record goes first: a crash before the restore leaves the damaged
+  // head, which the next dispatch finds again.
+  m.state.interval = good->interval;
+  m.state.last_exploit = std::min(m.state.last_exploit, good->interval);
+  m.state.score = good->score;
+  m.state.status = MemberStatus::kIdle;
+  io_->SaveState(m.name, m.state);
+  auto v = io_->Restore(m.name, good->version);
+  if (!v.ok()) {
+    Logger().error("{}: member {}: restoring v{} after a damaged v{}: {}", config_.name, m.name,
+                   good->version, item.head_version, v.status().ToString());
+    return false;
+  }
+  m.version = *v;
+  m.step = good->step;
+  m.hparams = good->hparams;
+  io_->AppendEvent(json{{"type", "corrupt_state"},
+                        {"member", m.name},
+                        {"bad_version", item.head_version},
+                        {"restored_from", good->version},
+                        {"version", *v},
+                        {"interval", good->interval},
+                        {"reason", reason}}
+                       .dump());
+  Logger().warn("{}: member {} v{} is damaged in the store ({}); it falls back to v{} (interval "
+                "{}) as v{} and retrains from there",
+                config_.name, m.name, item.head_version, reason, good->version, good->interval,
+                *v);
+  MaybeAdvance();
+  return true;
 }
 
 void Experiment::OnReturned(const WorkItem& item) {

@@ -76,6 +76,15 @@ struct WorkItem {
   MemberState state_after;
 };
 
+// A member's stored version that reads back intact (ExperimentIo::NewestGoodVersion).
+struct GoodVersion {
+  int64_t version = 0;
+  int64_t step = 0;
+  HParams hparams;
+  int interval = 0;  // the member's interval count when it was made
+  double score = 0;  // the score it was committed with (NaN: none)
+};
+
 // The experiment's writes. Implemented over the store (StoreExperimentIo) for
 // the scheduler and its tests.
 class ExperimentIo {
@@ -93,6 +102,16 @@ class ExperimentIo {
   virtual Status SetStatus(ExperimentStatus status) = 0;
   // Crash-test seam (SchedulerOptions::kill_point).
   virtual void KillPoint(std::string_view point) = 0;
+  // When `bad_version`'s blob no longer reads back intact (its stored bytes
+  // were damaged): the newest older version of `member` whose blob does.
+  // NotFound when `bad_version`'s blob is intact (the failure was not the
+  // store's); FailedPrecondition when no older version is intact; the store's
+  // errors otherwise.
+  virtual StatusOr<GoodVersion> NewestGoodVersion(const std::string& member,
+                                                  int64_t bad_version) = 0;
+  // Makes `version` the member's head again as a new version (a restore);
+  // returns it. Errors: the store's.
+  virtual StatusOr<int64_t> Restore(const std::string& member, int64_t version) = 0;
 };
 
 struct ExperimentOptions {
@@ -141,6 +160,11 @@ class Experiment {
   // A dispatched item failed: the worker's FAILED (`code`, `reason`), or a
   // commit error. `head_moved`: the commit was refused because the head moved
   // (a restore): no failure is counted, the member reruns from its new head.
+  // A training item refused as "bad-state" whose head blob is damaged in the
+  // store falls back instead: the member's newest intact version becomes its
+  // head again (a restore), its interval count goes back to that version's,
+  // a "corrupt_state" event is logged, and it retrains from there; no failure
+  // is counted.
   void OnFailed(const WorkItem& item, const std::string& code, const std::string& reason,
                 bool head_moved);
   // A dispatched item will never be reported (its worker was lost): it goes
@@ -165,6 +189,9 @@ class Experiment {
 
  private:
   void AfterInterval(Member* m, Clock::time_point now);
+  // The corrupt-head fallback of OnFailed; false when it does not apply or
+  // could not be made (the failure is then counted as usual).
+  bool FallBackFromCorruptHead(int member, const WorkItem& item, const std::string& reason);
   void MaybeAdvance();
   void ApplyDecisions(const std::map<std::string, Decision>& decisions);
   void Enqueue(int member, bool eval, bool front = false);

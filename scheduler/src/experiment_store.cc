@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -134,6 +135,53 @@ Status StoreExperimentIo::SetStatus(ExperimentStatus status) {
 
 void StoreExperimentIo::KillPoint(std::string_view point) {
   if (kill_point_) kill_point_(point);
+}
+
+StatusOr<GoodVersion> StoreExperimentIo::NewestGoodVersion(const std::string& member,
+                                                           int64_t bad_version) {
+  CKPT_ASSIGN_OR_RETURN(store::Manifest bad, store_->GetManifest(exp_, member, bad_version));
+  {
+    auto read = store_->ReadBlob(bad.blob, /*verify=*/true);
+    if (read.ok()) {
+      return Status::NotFound("member " + member + " v" + std::to_string(bad_version) +
+                              ": its blob is intact");
+    }
+    if (!read.status().IsCorruption()) return read.status();
+  }
+  CKPT_ASSIGN_OR_RETURN(std::vector<store::Manifest> versions, store_->ListVersions(exp_, member));
+  // The member's interval count at each version: a trained version's own, an
+  // exploit's or import's that of the member's last trained version before it,
+  // a restore's that of the version it restored.
+  std::map<int64_t, int> interval_at;
+  int current = 0;
+  for (const auto& v : versions) {
+    if (v.reason == store::kReasonTrained) {
+      auto it = v.metrics.find("interval");
+      if (it != v.metrics.end() && std::isfinite(it->second)) current = static_cast<int>(it->second);
+    } else if (v.reason == store::kReasonRestore && v.parent && v.parent->member == member) {
+      auto it = interval_at.find(v.parent->version);
+      if (it != interval_at.end()) current = it->second;
+    }
+    interval_at[v.version] = current;
+  }
+  for (auto it = versions.rbegin(); it != versions.rend(); ++it) {
+    if (it->version >= bad_version || it->blob == bad.blob || !it->holds_blob) continue;
+    if (!store_->ReadBlob(it->blob, /*verify=*/true).ok()) continue;
+    GoodVersion g;
+    g.version = it->version;
+    g.step = it->step;
+    g.hparams = it->hparams;
+    g.interval = interval_at[it->version];
+    g.score = it->score();
+    return g;
+  }
+  return Status::FailedPrecondition("member " + member + ": no version before v" +
+                                    std::to_string(bad_version) + " reads back intact");
+}
+
+StatusOr<int64_t> StoreExperimentIo::Restore(const std::string& member, int64_t version) {
+  StoreTimer t(metrics_, metrics::StoreOp::kRestore, 0);
+  return store_->Restore(exp_, member, version);
 }
 
 }  // namespace ckpt::scheduler

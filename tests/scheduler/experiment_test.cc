@@ -9,6 +9,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -574,6 +577,107 @@ TEST(ExperimentTest, CommitRefusedBecauseTheHeadMovedCountsNoFailure) {
   h.e().OnFailed(w, "Aborted", "head moved", /*head_moved=*/true);
   EXPECT_EQ(h.e().members()[h.e().Find(w.member)].state.failures, 0);
   EXPECT_EQ(h.e().members()[h.e().Find(w.member)].state.status, MemberStatus::kQueued);
+}
+
+// Flips one byte of `needle`'s copy in the store's blob files on disk; false
+// when no blob file holds it.
+bool DamageInBlobFiles(const std::string& dir, const std::string& needle, size_t at) {
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.path().extension() != ".blob") continue;
+    std::ifstream in(entry.path(), std::ios::binary);
+    std::string content((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t base = content.find(needle);
+    if (base == std::string::npos) continue;
+    std::fstream f(entry.path(), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(base + at));
+    f.put(static_cast<char>(content[base + at] ^ 0x01));
+    f.flush();
+    return f.good();
+  }
+  return false;
+}
+
+TEST(ExperimentTest, DamagedHeadBlobFallsBackToTheNewestIntactVersionAndRetrains) {
+  TempDir dir;
+  store::StoreOptions so;
+  so.path = dir.Sub("s");
+  so.blob_cache_bytes = 0;  // every read goes to the blob files
+  auto st = store::Store::Open(so);
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  Harness h(BaseConfig(4, 4), {}, st->get());
+  for (int g = 0; g < 2; ++g) {
+    std::vector<WorkItem> batch;
+    while (h.e().Runnable()) batch.push_back(h.Take());
+    for (const auto& w : batch) h.Commit(w, ScoreOf(w.hparams, w.interval_after));
+  }
+  // Generation 3 is dispatched; one member's head (its own interval-2 result)
+  // is damaged on disk, and its worker refuses the state.
+  std::vector<WorkItem> batch;
+  while (h.e().Runnable()) batch.push_back(h.Take());
+  ASSERT_EQ(batch.size(), 4u);
+  const WorkItem* victim = nullptr;
+  for (const auto& w : batch) {
+    auto man = h.store().GetManifest("exp", w.member, w.head_version);
+    ASSERT_TRUE(man.ok());
+    if (man->reason == store::kReasonTrained) victim = &w;
+  }
+  ASSERT_NE(victim, nullptr);
+  const WorkItem bad = *victim;
+  auto head = h.store().ReadHeadBlob("exp", bad.member);
+  ASSERT_TRUE(head.ok());
+  const std::string bytes(reinterpret_cast<const char*>(head->data()), head->size());
+  ASSERT_TRUE(h.store().Flush().ok());
+  ASSERT_TRUE(DamageInBlobFiles(so.path, bytes, bytes.size() / 2));
+  ASSERT_TRUE(h.store().ReadHeadBlob("exp", bad.member).status().IsCorruption());
+
+  h.e().OnFailed(bad, "bad-state", "tensor fc3.weight: checksum mismatch", false);
+  const Member& m = h.e().members()[h.e().Find(bad.member)];
+  EXPECT_EQ(m.state.failures, 0);
+  EXPECT_EQ(m.state.interval, 1);
+  EXPECT_GT(m.version, bad.head_version);
+  auto events = h.Events("corrupt_state");
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0]["member"], bad.member);
+  EXPECT_EQ(events[0]["bad_version"], bad.head_version);
+  EXPECT_EQ(events[0]["version"], m.version);
+  const int64_t from = events[0]["restored_from"];
+  EXPECT_LT(from, bad.head_version);
+  auto restored = h.store().GetManifest("exp", bad.member, m.version);
+  ASSERT_TRUE(restored.ok());
+  EXPECT_EQ(restored->reason, store::kReasonRestore);
+  ASSERT_TRUE(h.store().ReadHeadBlob("exp", bad.member).ok());
+  EXPECT_TRUE(h.Events("failed").empty());
+  // The others finish generation 3 and wait at the barrier while it catches up.
+  for (const auto& w : batch) {
+    if (w.member != bad.member) h.Commit(w, ScoreOf(w.hparams, w.interval_after));
+  }
+  ASSERT_TRUE(h.e().Runnable());
+  WorkItem retry = h.Take();
+  EXPECT_EQ(retry.member, bad.member);
+  EXPECT_EQ(retry.head_version, m.version);
+  EXPECT_EQ(retry.interval_after, 2);
+  EXPECT_FALSE(h.e().Runnable());
+  h.Commit(retry, ScoreOf(retry.hparams, retry.interval_after));
+  h.RunToEnd();
+  EXPECT_TRUE(h.e().ended());
+  EXPECT_EQ(h.e().status(), ExperimentStatus::kDone);
+  for (const auto& mm : h.e().members()) EXPECT_EQ(mm.state.interval, 4) << mm.name;
+  EXPECT_EQ((h.trained()[{bad.member, 2}]), 2);
+  EXPECT_EQ((h.trained()[{bad.member, 3}]), 1);
+}
+
+TEST(ExperimentTest, BadStateWithAnIntactHeadIsAnOrdinaryFailure) {
+  Harness h(BaseConfig(2, 3));
+  std::vector<WorkItem> batch;
+  while (h.e().Runnable()) batch.push_back(h.Take());
+  for (const auto& w : batch) h.Commit(w, ScoreOf(w.hparams, w.interval_after));
+  WorkItem w = h.Take();
+  ASSERT_GT(w.head_version, 0);
+  h.e().OnFailed(w, "bad-state", "shape mismatch", false);
+  EXPECT_EQ(h.e().members()[h.e().Find(w.member)].state.failures, 1);
+  EXPECT_EQ(h.e().members()[h.e().Find(w.member)].version, w.head_version);
+  EXPECT_TRUE(h.Events("corrupt_state").empty());
+  EXPECT_EQ(h.Events("failed").size(), 1u);
 }
 
 TEST(ExperimentTest, ReturnedTasksRunAgainFromTheCommittedHead) {
