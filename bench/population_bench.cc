@@ -5,13 +5,16 @@
 //   ckpt-bench population [--config examples/fashion-mnist-pbt.toml]
 //       [--members N] [--intervals I] [--steps S] [--eval-size E] [--slots K]
 //       [--workers W] [--null-members N] [--null-intervals I] [--skip-train]
-//       [--ring-mb M]
+//       [--ring-mb M] [--null-sizes 30,10000]
 //
 // The null run trains 0 steps and evaluates nothing: what is left is the
 // pipeline's own cost per member-interval (store read, ring, worker decode and
 // encode of a LeNet-5 state, commit, policy), measured in steady state (from
 // the first committed result to the last; the start-up before the first
-// result is reported as null_first_result_s_N).
+// result is reported as null_first_result_s_N). --null-sizes runs it at each
+// population size and reports the cost ratio of the last size to the first,
+// with the scheduler's peak RSS (this process; reset before each size) and the
+// store's size on disk at each.
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -20,6 +23,9 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -33,6 +39,10 @@ namespace ckpt::bench {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using json = nlohmann::json;
+
+// Resets this process's peak RSS (VmHWM) to its current RSS (Linux >= 4.0).
+void ResetPeakRss() { std::ofstream("/proc/self/clear_refs") << "5"; }
 
 double CpuSeconds(int who) {
   rusage u{};
@@ -139,10 +149,10 @@ double BareLoopInChildProcess(const std::string& config, const scheduler::Experi
   const ssize_t n = readlink(cmd.c_str(), exe, sizeof exe - 1);
   if (n <= 0) return 0;
   exe[n] = '\0';
-  const std::string line = std::string("'") + exe + "' population --bare-only --config '" +
-                           config + "' --steps " + std::to_string(c.steps_per_interval) +
-                           " --eval-size " + std::to_string(c.eval_size) + " --slots " +
-                           std::to_string(slots) + " --workers 1";
+  const std::string line = std::string("'") + exe + "' population --bare-only --config '" + config +
+                           "' --steps " + std::to_string(c.steps_per_interval) + " --eval-size " +
+                           std::to_string(c.eval_size) + " --slots " + std::to_string(slots) +
+                           " --workers 1";
   FILE* f = popen(line.c_str(), "r");
   if (f == nullptr) return 0;
   double v = 0;
@@ -180,11 +190,9 @@ int Population(const Args& args) {
           .string();
   std::filesystem::remove_all(root);
 
-  std::string json = "{\"bench\":\"population\"";
-  auto add = [&](const char* key, double v) {
-    char buf[96];
-    std::snprintf(buf, sizeof buf, ",\"%s\":%.6g", key, v);
-    json += buf;
+  json out = {{"bench", "population"}};
+  auto add = [&](const std::string& key, double v) {
+    out[key] = std::isfinite(v) ? json(v) : json(nullptr);
   };
   int64_t peak_workers = 0;
   if (!args.Has("skip-train")) {
@@ -235,6 +243,15 @@ int Population(const Args& args) {
   // The null trainer: 0 steps, no evaluation.
   std::vector<long long> sizes = {args.GetInt("null-members", 30)};
   if (args.Has("scale")) sizes = {30, 300, 3000};
+  if (args.Has("null-sizes")) {
+    sizes.clear();
+    std::stringstream list(args.Get("null-sizes", ""));
+    for (std::string item; std::getline(list, item, ',');) sizes.push_back(std::stoll(item));
+    if (sizes.empty() || sizes.front() <= 0) {
+      std::fprintf(stderr, "population: --null-sizes wants a list such as 30,10000\n");
+      return 2;
+    }
+  }
   double per_s_first = 0;
   for (long long n : sizes) {
     scheduler::ExperimentConfig z = c;
@@ -246,32 +263,46 @@ int Population(const Args& args) {
     z.intervals = static_cast<int>(args.GetInt("null-intervals", 10));
     z.steps_per_interval = 0;
     z.eval_size = 0;
-    auto r = RunPipeline(z, root + "/null-" + std::to_string(n), workers, slots, ring_bytes);
+    // This process is the scheduler: its peak RSS is reset before each size,
+    // so that each size reports its own.
+    ResetPeakRss();
+    const std::string store = root + "/null-" + std::to_string(n);
+    auto r = RunPipeline(z, store, workers, slots, ring_bytes);
     if (!r.ok()) {
       std::fprintf(stderr, "population (null): %s\n", r.status().ToString().c_str());
       return 1;
     }
+    const long long scheduler_peak = PeakRssBytes();
+    std::error_code ec;
+    uint64_t store_bytes = 0;
+    for (const auto& f : std::filesystem::recursive_directory_iterator(store, ec)) {
+      if (f.is_regular_file(ec)) store_bytes += f.file_size(ec);
+    }
+    std::filesystem::remove_all(store, ec);
     // Steady state: from the first committed result to the last. The time to
     // the first result (worker start-up: CONFIGURE loads the dataset, about
     // 0.3 s here, paid once per worker and experiment) is reported apart.
     const auto& ns = r->summary;
     const double steady_s = ns.training_s - ns.first_result_s;
-    const double per_s =
-        steady_s > 0 ? static_cast<double>(ns.member_intervals - 1) / steady_s : 0;
+    const double per_s = steady_s > 0 ? static_cast<double>(ns.member_intervals - 1) / steady_s : 0;
     if (per_s_first == 0) per_s_first = per_s;
-    char key[64];
-    std::snprintf(key, sizeof key, "null_first_result_s_%lld", n);
-    add(key, ns.first_result_s);
+    const std::string nn = std::to_string(n);
+    add("null_first_result_s_" + nn, ns.first_result_s);
+    add("null_scheduler_peak_rss_bytes_" + nn, static_cast<double>(scheduler_peak));
+    add("null_store_bytes_" + nn, static_cast<double>(store_bytes));
+    std::fprintf(stderr,
+                 "null run, %lld members: %.0f member-intervals/s, scheduler peak RSS %.0f MB, "
+                 "store %.0f MB\n",
+                 n, per_s, scheduler_peak / 1e6, store_bytes / 1e6);
     if (sizes.size() == 1) {
       add("member_intervals_per_s_null", per_s);
       add("null_members", static_cast<double>(n));
     } else {
-      std::snprintf(key, sizeof key, "member_intervals_per_s_null_%lld", n);
-      add(key, per_s);
-      if (n == 30) add("member_intervals_per_s_null", per_s);
+      add("member_intervals_per_s_null_" + nn, per_s);
+      if (n == sizes.front()) add("member_intervals_per_s_null", per_s);
       if (n == sizes.back()) {
-        std::snprintf(key, sizeof key, "null_cost_ratio_%lld_vs_30", n);
-        add(key, per_s > 0 ? per_s_first / per_s : NAN);
+        add("null_cost_ratio_" + nn + "_vs_" + std::to_string(sizes.front()),
+            per_s > 0 ? per_s_first / per_s : NAN);
       }
     }
     peak_workers = std::max(peak_workers, r->workers_peak_rss);
@@ -279,9 +310,9 @@ int Population(const Args& args) {
   add("peak_rss_bytes_scheduler", static_cast<double>(PeakRssBytes()));
   add("peak_rss_bytes_workers", static_cast<double>(peak_workers));
   add("peak_rss_bytes_all_processes", static_cast<double>(PeakRssBytes() + peak_workers));
-  json += ",\"device\":\"cpu\"}";
+  out["device"] = "cpu";
   std::filesystem::remove_all(root);
-  std::printf("%s\n", json.c_str());
+  std::printf("%s\n", out.dump().c_str());
   return 0;
 }
 

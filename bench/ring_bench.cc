@@ -12,7 +12,7 @@
 // in this process, one thread doing both halves (the transport's CPU cost per
 // byte, free of scheduling between processes).
 //
-//   ckpt-bench ring [--ring-mib 64] [--mib-per-trial 1024] [--trials 3]
+//   ckpt-bench ring [--ring-mib 16] [--mib-per-trial 1024] [--trials 3]
 //                   [--roundtrips 300]
 #include <sys/wait.h>
 #include <unistd.h>
@@ -23,6 +23,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -145,7 +146,8 @@ int Fail(const Status& s) {
 }
 
 int RingBench(const Args& args) {
-  const size_t ring_bytes = static_cast<size_t>(args.GetInt("ring-mib", 64)) << 20;
+  // 16 MiB: the scheduler's default.
+  const size_t ring_bytes = static_cast<size_t>(args.GetInt("ring-mib", 16)) << 20;
   const double mib_per_trial = args.GetDouble("mib-per-trial", 1024);
   const int trials = static_cast<int>(args.GetInt("trials", 3));
   const int roundtrips = static_cast<int>(args.GetInt("roundtrips", 300));
@@ -260,26 +262,27 @@ int RingBench(const Args& args) {
     return 1;
   }
 
-  std::string json =
-      "{\"bench\":\"ring\",\"ring_bytes\":" + std::to_string(ring_bytes) + ",\"records\":{";
-  char buf[512];
-  for (size_t i = 0; i < rows.size(); ++i) {
-    const Row& r = rows[i];
-    char serial[32] = "null";  // not measured for fragmented records
-    if (r.serial_gb_s > 0) std::snprintf(serial, sizeof(serial), "%.3f", r.serial_gb_s);
-    std::snprintf(buf, sizeof(buf),
-                  "%s\"%s\":{\"bytes\":%zu,\"ring_gb_s\":%.3f,\"memcpy_gb_s\":%.3f,"
-                  "\"memcpy_hot_gb_s\":%.3f,\"ratio\":%.3f,\"one_thread_transport_gb_s\":%s}",
-                  i ? "," : "", r.label, r.bytes, r.ring_gb_s, r.memcpy_gb_s, r.memcpy_hot_gb_s,
-                  r.ring_gb_s / r.memcpy_gb_s, serial);
-    json += buf;
+  nlohmann::json records = nlohmann::json::object();
+  for (const Row& r : rows) {
+    records[r.label] = {
+        {"bytes", r.bytes},
+        {"ring_gb_s", r.ring_gb_s},
+        {"memcpy_gb_s", r.memcpy_gb_s},
+        {"memcpy_hot_gb_s", r.memcpy_hot_gb_s},
+        {"ratio", r.ring_gb_s / r.memcpy_gb_s},
+        // Not measured for fragmented records.
+        {"one_thread_transport_gb_s",
+         r.serial_gb_s > 0 ? nlohmann::json(r.serial_gb_s) : nlohmann::json(nullptr)}};
   }
-  std::snprintf(buf, sizeof(buf),
-                "},\"roundtrip_bytes\":%zu,\"roundtrip_us\":%.1f,\"roundtrip_p99_us\":%.1f,"
-                "\"peak_rss_bytes\":%lld,\"peak_rss_children_bytes\":%lld}",
-                request.size(), median, p99, PeakRssBytes(), PeakRssChildrenBytes());
-  json += buf;
-  std::printf("%s\n", json.c_str());
+  const nlohmann::json out = {{"bench", "ring"},
+                              {"ring_bytes", ring_bytes},
+                              {"records", records},
+                              {"roundtrip_bytes", request.size()},
+                              {"roundtrip_us", median},
+                              {"roundtrip_p99_us", p99},
+                              {"peak_rss_bytes", PeakRssBytes()},
+                              {"peak_rss_children_bytes", PeakRssChildrenBytes()}};
+  std::printf("%s\n", out.dump().c_str());
   return 0;
 }
 

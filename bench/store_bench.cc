@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
@@ -336,20 +337,28 @@ int StoreBench(const Args& args) {
               pct(0.99), exploit_us.size());
   // get/file_get: the default store (blob cache on) against whole-file reads
   // from the page cache; *_uncached_*: every store read from a blob file.
-  std::printf(
-      "{\"bench\":\"store\",\"state_bytes\":%zu,\"blob_bytes\":%zu,\"states\":%zu,"
-      "\"put_mb_s\":%.1f,\"put_sync_mb_s\":%.1f,\"get_mb_s\":%.1f,\"get_unverified_mb_s\":%.1f,"
-      "\"get_uncached_mb_s\":%.1f,\"get_uncached_unverified_mb_s\":%.1f,"
-      "\"commit_per_s\":%.1f,\"exploit_us\":%.1f,\"exploit_p50_us\":%.1f,"
-      "\"exploit_p99_us\":%.1f,\"file_put_mb_s\":%.1f,\"file_put_sync_mb_s\":%.1f,"
-      "\"file_get_mb_s\":%.1f,\"get_vs_file_get\":%.2f,\"get_uncached_vs_file_get\":%.2f,"
-      "\"peak_rss_bytes\":%lld}\n",
-      state_bytes, blob_size, n_states, MBps(put.bytes, put.seconds),
-      MBps(put_sync.bytes, put_sync.seconds), cached.verified, cached.unverified, uncached.verified,
-      uncached.unverified, put.commits / put.seconds, exploit_mean, pct(0.5), pct(0.99),
-      MBps(file_bytes, file_put_s), MBps(file_sync_bytes, file_put_sync_s), cached.file,
-      cached.verified / std::max(1e-9, cached.file),
-      uncached.verified / std::max(1e-9, uncached.file), PeakRssBytes());
+  const nlohmann::json out = {
+      {"bench", "store"},
+      {"state_bytes", state_bytes},
+      {"blob_bytes", blob_size},
+      {"states", n_states},
+      {"put_mb_s", MBps(put.bytes, put.seconds)},
+      {"put_sync_mb_s", MBps(put_sync.bytes, put_sync.seconds)},
+      {"get_mb_s", cached.verified},
+      {"get_unverified_mb_s", cached.unverified},
+      {"get_uncached_mb_s", uncached.verified},
+      {"get_uncached_unverified_mb_s", uncached.unverified},
+      {"commit_per_s", put.commits / put.seconds},
+      {"exploit_us", exploit_mean},
+      {"exploit_p50_us", pct(0.5)},
+      {"exploit_p99_us", pct(0.99)},
+      {"file_put_mb_s", MBps(file_bytes, file_put_s)},
+      {"file_put_sync_mb_s", MBps(file_sync_bytes, file_put_sync_s)},
+      {"file_get_mb_s", cached.file},
+      {"get_vs_file_get", cached.verified / std::max(1e-9, cached.file)},
+      {"get_uncached_vs_file_get", uncached.verified / std::max(1e-9, uncached.file)},
+      {"peak_rss_bytes", PeakRssBytes()}};
+  std::printf("%s\n", out.dump().c_str());
   return 0;
 }
 

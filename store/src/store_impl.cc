@@ -1292,7 +1292,13 @@ Status StoreImpl::SizeForWorkingSet(uint64_t head_bytes) {
     return std::max(kMinWorkingSetBytes, std::min(v, std::max(ceiling, kMinWorkingSetBytes)));
   };
   if (blob_cache_) {
-    blob_cache_->SetCapacity(clamp(head_bytes + head_bytes / 4, options_.blob_cache_bytes));
+    // Heads are read back in about the order they were written: an LRU that
+    // cannot hold the cycle evicts each blob before its read and never hits,
+    // so a working set past the ceiling gets the floor, not the ceiling.
+    const uint64_t want = head_bytes + head_bytes / 4;
+    blob_cache_->SetCapacity(want <= options_.blob_cache_bytes
+                                 ? clamp(want, options_.blob_cache_bytes)
+                                 : kMinWorkingSetBytes);
   }
   const uint64_t memtable = clamp(head_bytes / 4, options_.blob_memtable_bytes);
   if (memtable == blob_memtable_bytes_.load()) return Status::OK();

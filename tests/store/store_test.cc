@@ -401,8 +401,13 @@ TEST_F(StoreTest, ConcurrentCommitsToDistinctMembers) {
 TEST_F(StoreTest, SizeForWorkingSetBoundsTheCacheAndTheMemtable) {
   EXPECT_EQ(store_->blob_cache_capacity(), StoreOptions{}.blob_cache_bytes);
   EXPECT_EQ(store_->blob_memtable_bytes(), StoreOptions{}.blob_memtable_bytes);
-  ASSERT_TRUE(store_->SizeForWorkingSet(uint64_t{10} << 30).ok());  // past both ceilings
-  EXPECT_EQ(store_->blob_cache_capacity(), StoreOptions{}.blob_cache_bytes);
+  ASSERT_TRUE(store_->SizeForWorkingSet(uint64_t{200} << 20).ok());  // fits the cache
+  EXPECT_EQ(store_->blob_cache_capacity(), uint64_t{250} << 20);
+  EXPECT_EQ(store_->blob_memtable_bytes(), uint64_t{50} << 20);
+  // Past both ceilings: the memtable stops at its ceiling; a cache that cannot
+  // hold the heads' cycle would never hit, so it drops to the floor.
+  ASSERT_TRUE(store_->SizeForWorkingSet(uint64_t{10} << 30).ok());
+  EXPECT_EQ(store_->blob_cache_capacity(), kMinWorkingSetBytes);
   EXPECT_EQ(store_->blob_memtable_bytes(), StoreOptions{}.blob_memtable_bytes);
   ASSERT_TRUE(store_->SizeForWorkingSet(0).ok());  // the floor
   EXPECT_EQ(store_->blob_cache_capacity(), kMinWorkingSetBytes);

@@ -401,13 +401,16 @@ class Store {
   virtual Status Flush() = 0;
   // Sizes the memory the store keeps for states to a working set of
   // `head_bytes` (the sum of the heads' blob sizes the caller will read back,
-  // e.g. population x state size): the blob cache becomes 1.25 x head_bytes (heads
-  // are read back in about the order they were written, and an LRU smaller
-  // than that cycle would miss on every read) and
-  // the blobs memtable head_bytes / 4, each at least kMinWorkingSetBytes and at
-  // most its StoreOptions ceiling. Takes effect at once (the cache evicts down
-  // to its new capacity; the next memtable is the new size). May be called
-  // again as the working set changes. Writer only (read-only: OK, no change).
+  // e.g. population x state size):
+  //   - the blob cache becomes 1.25 x head_bytes, at least kMinWorkingSetBytes;
+  //     when that is more than StoreOptions::blob_cache_bytes it becomes
+  //     kMinWorkingSetBytes: heads are read back in about the order they were
+  //     written, and an LRU smaller than that cycle misses on every read;
+  //   - the blobs memtable becomes head_bytes / 4, at least kMinWorkingSetBytes
+  //     and at most StoreOptions::blob_memtable_bytes.
+  // Takes effect at once (the cache evicts down to its new capacity; the next
+  // memtable is the new size). May be called again as the working set
+  // changes. Writer only (read-only: OK, no change).
   virtual Status SizeForWorkingSet(uint64_t head_bytes) = 0;
   // Current capacity of the blob cache and target size of the blobs memtable.
   virtual uint64_t blob_cache_capacity() const = 0;
