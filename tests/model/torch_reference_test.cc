@@ -22,11 +22,18 @@ using testing::OwnedBlob;
 using testing::RelativeDiff;
 using testing::Task;
 
-constexpr const char* kPython = "/usr/bin/python3";
+// The Python whose torch has this build's LibTorch kernels: Debian's
+// python3-torch for Debian's LibTorch, the venv's torch for -DCKPT_TORCH=pip
+// (1.13 and 2.11 kernels differ by ~1e-6, more than these tests allow).
+#ifndef CKPT_MODEL_TORCH_PYTHON
+#define CKPT_MODEL_TORCH_PYTHON "/usr/bin/python3"
+#endif
+constexpr const char* kPython = CKPT_MODEL_TORCH_PYTHON;
 
 bool PythonHasTorch() {
-  static const bool has = access(kPython, X_OK) == 0 &&
-                          std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0;
+  static const bool has =
+      access(kPython, X_OK) == 0 &&
+      std::system((std::string(kPython) + " -c 'import torch' >/dev/null 2>&1").c_str()) == 0;
   return has;
 }
 
@@ -45,7 +52,7 @@ std::string Quote(const std::string& s) {
 class TorchReferenceTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!PythonHasTorch()) GTEST_SKIP() << "/usr/bin/python3 has no torch";
+    if (!PythonHasTorch()) GTEST_SKIP() << kPython << " has no torch";
     char tmpl[] = "/tmp/ckpt_torchref_XXXXXX";
     ASSERT_NE(mkdtemp(tmpl), nullptr);
     dir_ = tmpl;

@@ -220,7 +220,11 @@ void FusedAdamStep(const Context& ctx, const FusedHparams& h, std::vector<Member
     }
     at::Tensor exp_avg = P[tr.exp_avg].view({K, -1});
     at::Tensor exp_avg_sq = P[tr.exp_avg_sq].view({K, -1});
-    exp_avg.mul_(h.beta1).addcmul_(g, h.one_minus_beta1);
+    if (kAdamFirstMomentLerp) {
+      exp_avg.lerp_(g, h.one_minus_beta1);
+    } else {
+      exp_avg.mul_(h.beta1).addcmul_(g, h.one_minus_beta1);
+    }
     exp_avg_sq.mul_(h.beta2).addcmul_(g * g, h.one_minus_beta2);
     at::Tensor denom = exp_avg_sq.sqrt().div_(bc2).add_(h.eps);
     p.addcdiv_(exp_avg * neg_step, denom);

@@ -10,6 +10,7 @@
 
 #include <torch/script.h>
 #include <torch/torch.h>
+#include <torch/version.h>
 
 #include <map>
 #include <memory>
@@ -26,6 +27,13 @@
 #include "ckpt/worker/trainer.h"
 
 namespace ckpt::model::internal {
+
+// torch.optim.Adam's first-moment update is `exp_avg.lerp_(grad, 1 - beta1)`
+// in PyTorch 2 (checked against 2.11) and `exp_avg.mul_(beta1).add_(grad,
+// 1 - beta1)` in 1.13. The two round differently (~1e-7 a step), so the
+// trainers follow the LibTorch they are built with, to match that version's
+// torch.optim bit for bit.
+inline constexpr bool kAdamFirstMomentLerp = TORCH_VERSION_MAJOR >= 2;
 
 // Where a stateful layer's tensors sit in the layout; -1 for none.
 struct LayerTensors {

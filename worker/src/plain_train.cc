@@ -1,6 +1,7 @@
 // Plain training: one member, its own tensors, the update rules of
-// torch.optim 1.13 (single-tensor path) op for op, so that a member's
-// trajectory matches PyTorch's bit for bit on the same kernels.
+// torch.optim (single-tensor path) of the LibTorch version built against, op
+// for op, so that a member's trajectory matches PyTorch's bit for bit on the
+// same kernels.
 #include <cmath>
 
 #include "model_internal.h"
@@ -114,7 +115,11 @@ void AdamStep(const Context& ctx, MemberState* m) {
     }
     at::Tensor& exp_avg = m->tensors[tr.exp_avg];
     at::Tensor& exp_avg_sq = m->tensors[tr.exp_avg_sq];
-    exp_avg.mul_(h.beta1).add_(grad, 1 - h.beta1);
+    if (kAdamFirstMomentLerp) {
+      exp_avg.lerp_(grad, 1 - h.beta1);
+    } else {
+      exp_avg.mul_(h.beta1).add_(grad, 1 - h.beta1);
+    }
     exp_avg_sq.mul_(h.beta2).addcmul_(grad, grad, 1 - h.beta2);
     at::Tensor denom = at::div(exp_avg_sq.sqrt(), bias_correction2_sqrt).add_(h.eps);
     p.addcdiv_(exp_avg, denom, -step_size);
