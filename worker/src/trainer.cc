@@ -21,6 +21,7 @@
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
 #endif
 
 namespace ckpt::model {
@@ -126,6 +127,7 @@ at::Tensor StackLosses(const std::vector<at::Tensor>& losses) {
 class TrainerImpl final : public Trainer {
  public:
   explicit TrainerImpl(std::unique_ptr<Context> ctx) : ctx_(std::move(ctx)) {}
+  ~TrainerImpl() override { UnpinAll(); }
 
   MemberOutcome TrainPlain(const MemberTask& task) override { return Plain(task, true); }
 
@@ -141,6 +143,8 @@ class TrainerImpl final : public Trainer {
   bool SupportsFusion() const override { return !ctx_->spec.is_torchscript(); }
 
   StatusOr<ModeChoice> ChooseMode(const ModeProbe& probe) override;
+
+  Status PinHostMemory(const void* base, size_t bytes) override;
 
   DeviceMemory GetDeviceMemory() const override {
     DeviceMemory m;
@@ -186,8 +190,55 @@ class TrainerImpl final : public Trainer {
   double Measure(int slots, double seconds,
                  const std::function<int64_t(int slot, int round)>& body);
 
+  void UnpinAll();
+
   std::unique_ptr<Context> ctx_;
+  std::mutex pinned_mu_;
+  std::vector<std::pair<const char*, size_t>> pinned_;  // GUARDED_BY(pinned_mu_)
 };
+
+// Not run on a GPU yet: written and compiled (CKPT_WITH_CUDA) without one.
+Status TrainerImpl::PinHostMemory(const void* base, size_t bytes) {
+  if (base == nullptr || bytes == 0) {
+    return Status::InvalidArgument("PinHostMemory: empty range");
+  }
+  const char* begin = static_cast<const char*>(base);
+  std::lock_guard<std::mutex> lock(pinned_mu_);
+  for (const auto& [b, n] : pinned_) {
+    if (begin < b + n && b < begin + bytes) {
+      return Status::InvalidArgument("PinHostMemory: range overlaps one already registered");
+    }
+  }
+  if (!ctx_->device.is_cuda()) return Status::OK();
+#if defined(CKPT_WITH_CUDA)
+  c10::cuda::CUDAGuard guard(ctx_->device.index());
+  // Portable: pinned for every CUDA context of the process, not only the
+  // current device's. The segment is a MAP_SHARED file mapping, which
+  // cudaHostRegister accepts (it locks the pages it maps).
+  cudaError_t rc = cudaHostRegister(const_cast<char*>(begin), bytes, cudaHostRegisterPortable);
+  if (rc != cudaSuccess) {
+    (void)cudaGetLastError();  // so that a later check does not see this error again
+    return Status::Unavailable(std::string("cudaHostRegister of ") + std::to_string(bytes) +
+                               " bytes: " + cudaGetErrorString(rc));
+  }
+  pinned_.emplace_back(begin, bytes);
+  return Status::OK();
+#else
+  return Status::Unavailable("this build's LibTorch has no CUDA");
+#endif
+}
+
+void TrainerImpl::UnpinAll() {
+#if defined(CKPT_WITH_CUDA)
+  std::lock_guard<std::mutex> lock(pinned_mu_);
+  for (const auto& [b, n] : pinned_) {
+    // Pending copies from the range must finish before it is unregistered.
+    cudaDeviceSynchronize();
+    cudaHostUnregister(const_cast<char*>(b));
+  }
+  pinned_.clear();
+#endif
+}
 
 MemberOutcome TrainerImpl::Plain(const MemberTask& task, bool evaluate) {
   const Context& ctx = *ctx_;

@@ -3,11 +3,17 @@
 // Started by ckpt-scheduler, one per device. Thin: flags -> WorkerOptions -> RunWorker.
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 
 #include "ckpt/worker/worker_loop.h"
 
 int main(int argc, char** argv) {
+  // CUDA reads this once, when the process first calls it: load each kernel
+  // on first use instead of all of LibTorch's at context creation (hundreds
+  // of MB of device memory). ckpt-scheduler sets it for its workers; this
+  // covers a worker started by hand. An explicit setting wins.
+  setenv("CUDA_MODULE_LOADING", "LAZY", /*overwrite=*/0);
   CLI::App app{"ckpt-worker: trains population members for ckpt-scheduler"};
   ckpt::worker::WorkerOptions o;
   app.add_option("--segment", o.segment, "shared-memory segment made by the scheduler")->required();

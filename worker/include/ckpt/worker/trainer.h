@@ -226,6 +226,18 @@ class Trainer {
   // REQUIRES: no other call is training on this Trainer (it would skew the timing).
   virtual StatusOr<ModeChoice> ChooseMode(const ModeProbe& probe) = 0;
 
+  // Registers [base, base + bytes) of host memory the caller owns (the
+  // worker's shared-memory segment) as page-locked with CUDA
+  // (cudaHostRegister), so that copies between it and the device run as DMA,
+  // asynchronously on the calling slot's stream, without a staging copy. A
+  // no-op returning OK on the CPU. Returns InvalidArgument for an empty range
+  // or one that overlaps a registered range, Unavailable when CUDA refuses
+  // (the message says why; training still works, with pageable copies).
+  // The Trainer unregisters every range when it is destroyed.
+  // REQUIRES: the memory stays mapped until the Trainer is destroyed.
+  // Not verified on a GPU yet (no GPU was available when it was written).
+  virtual Status PinHostMemory(const void* base, size_t bytes) = 0;
+
   virtual DeviceMemory GetDeviceMemory() const = 0;
   // The canonical device ("cpu", "cuda:0").
   virtual const std::string& device() const = 0;
