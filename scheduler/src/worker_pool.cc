@@ -15,17 +15,71 @@ namespace ckpt::scheduler {
 namespace asio = boost::asio;
 using std::chrono::milliseconds;
 
+namespace {
+
+// GPUs the NVIDIA driver lists: /proc/driver/nvidia/gpus/<bus id>, or, where a
+// container hides /proc/driver (gVisor), the /dev/nvidiaN device nodes.
+int DriverGpuCount() {
+  namespace fs = std::filesystem;
+  int gpus = 0;
+  std::error_code ec;
+  for (auto it = fs::directory_iterator("/proc/driver/nvidia/gpus", ec);
+       !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    ++gpus;
+  }
+  if (gpus > 0) return gpus;
+  for (auto it = fs::directory_iterator("/dev", ec); !ec && it != fs::directory_iterator();
+       it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.size() > 6 && name.compare(0, 6, "nvidia") == 0 &&
+        name.find_first_not_of("0123456789", 6) == std::string::npos) {
+      ++gpus;
+    }
+  }
+  return gpus;
+}
+
+// The devices CUDA shows a process whose environment has `visible`
+// (CUDA_VISIBLE_DEVICES) on a host with `gpus` driver GPUs: unset, all of
+// them; else its comma-separated entries up to the first that names no device,
+// as CUDA reads it. A decimal index must be below `gpus` and not repeated; a
+// "GPU-" or "MIG-" UUID prefix is taken on trust (checking it needs NVML),
+// so a bad UUID gives a worker that fails at start with Unavailable.
+int VisibleGpuCount(int gpus, const char* visible) {
+  if (visible == nullptr) return gpus;
+  std::vector<std::string> seen;
+  std::string list = visible;
+  size_t pos = 0;
+  while (pos <= list.size()) {
+    size_t comma = list.find(',', pos);
+    if (comma == std::string::npos) comma = list.size();
+    std::string entry = list.substr(pos, comma - pos);
+    entry.erase(0, entry.find_first_not_of(' '));
+    entry.erase(entry.find_last_not_of(' ') + 1);
+    bool ok = false;
+    if (!entry.empty() && entry.find_first_not_of("0123456789") == std::string::npos) {
+      ok = entry.size() < 6 && std::stoi(entry) < gpus;
+    } else if (entry.compare(0, 4, "GPU-") == 0 || entry.compare(0, 4, "MIG-") == 0) {
+      ok = gpus > 0;
+    }
+    if (!ok || std::find(seen.begin(), seen.end(), entry) != seen.end()) break;
+    seen.push_back(entry);
+    pos = comma + 1;
+  }
+  return static_cast<int>(seen.size());
+}
+
+}  // namespace
+
 std::vector<DeviceConfig> ExpandDevices(const std::vector<DeviceConfig>& in) {
   std::vector<DeviceConfig> out;
   for (const auto& d : in) {
     std::vector<std::string> names;
     if (d.device == "auto") {
-      std::error_code ec;
-      int gpus = 0;
-      for (auto it = std::filesystem::directory_iterator("/proc/driver/nvidia/gpus", ec);
-           !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
-        ++gpus;
-      }
+      // Counted here, not by asking CUDA: the scheduler links no CUDA and
+      // must not create a context. Workers inherit this environment, so
+      // "cuda:K" is the K-th device CUDA shows them.
+      const int gpus = VisibleGpuCount(DriverGpuCount(), std::getenv("CUDA_VISIBLE_DEVICES"));
       if (gpus == 0) names.push_back("cpu");
       for (int g = 0; g < gpus; ++g) names.push_back("cuda:" + std::to_string(g));
     } else {

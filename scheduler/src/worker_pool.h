@@ -38,8 +38,9 @@ namespace ckpt::scheduler {
 using Clock = std::chrono::steady_clock;
 
 // Device entries with `count` and "auto" expanded: one entry per worker.
-// "auto" is every GPU the NVIDIA driver lists (/proc/driver/nvidia/gpus), else
-// the CPU.
+// "auto" is one worker per GPU this process's CUDA would show (the NVIDIA
+// driver's GPUs, /proc/driver/nvidia/gpus or /dev/nvidiaN, narrowed by
+// CUDA_VISIBLE_DEVICES), else the CPU; `count` workers each.
 std::vector<DeviceConfig> ExpandDevices(const std::vector<DeviceConfig>& devices);
 
 // The ckpt-worker to run: `configured` when set, else $CKPT_WORKER, else one
