@@ -18,6 +18,12 @@ inputs are normalized with the training split's mean and standard deviation.
   /usr/bin/python3 bench/seed_approach.py [--population 30] [--intervals 4]
       [--steps 100] [--seed 2026] [--processes 7] [--eval-size 2000]
       [--dataset /usr/share/datasets/fashion-mnist] [--workdir DIR] [--no-pss]
+      [--device cpu]
+
+--device cuda (or cuda:N): the user's GPU setup. The parent never touches CUDA
+(forking after CUDA starts is not allowed), so each pool worker creates its
+own CUDA context, copies the dataset to the GPU once, trains there, and
+torch.load/torch.save the member files with map_location on every interval.
 
 The last line printed is one JSON object: samples_per_s (training samples over
 the wall time from start to the final test accuracy), wall_s, pss_bytes (the
@@ -104,8 +110,15 @@ def load_dataset(directory):
 DATA = None
 
 
-def init_worker():
+DEVICE = "cpu"
+
+
+def init_worker(device="cpu"):
+    global DATA, DEVICE
     torch.set_num_threads(1)
+    DEVICE = device
+    if device != "cpu":
+        DATA = {k: (x.to(device), y.to(device)) for k, (x, y) in DATA.items()}
 
 
 def accuracy(model, split, count):
@@ -122,10 +135,10 @@ def accuracy(model, split, count):
 def train_interval(job):
     """One member's interval in a pool worker: load its file, train, evaluate, save."""
     path, hp, steps, eval_size, data_seed = job
-    model = LeNet5()
+    model = LeNet5().to(DEVICE)
     optimizer = torch.optim.SGD(model.parameters(), lr=hp["lr"], momentum=hp["momentum"],
                                 weight_decay=hp["weight_decay"])
-    state = torch.load(path)
+    state = torch.load(path, map_location=DEVICE)
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     # The hyperparameters are the parent's (PBT changes them between intervals).
@@ -133,7 +146,7 @@ def train_interval(job):
         group.update(hp)
     x, y = DATA["train"]
     generator = torch.Generator().manual_seed(data_seed)
-    order = torch.randperm(len(x), generator=generator)
+    order = torch.randperm(len(x), generator=generator).to(DEVICE)
     model.train()
     for s in range(steps):
         idx = order[s * BATCH:(s + 1) * BATCH]
@@ -147,8 +160,8 @@ def train_interval(job):
 
 
 def test_accuracy(path):
-    model = LeNet5()
-    model.load_state_dict(torch.load(path)["model"])
+    model = LeNet5().to(DEVICE)
+    model.load_state_dict(torch.load(path, map_location=DEVICE)["model"])
     return accuracy(model, "test", len(DATA["test"][0]))
 
 
@@ -220,6 +233,7 @@ def main():
     parser.add_argument("--workdir", default="", help="member files (default: a temp dir)")
     parser.add_argument("--no-pss", action="store_true",
                         help="no PSS sampling here (a caller samples this process tree itself)")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (see above)")
     args = parser.parse_args()
 
     start = time.monotonic()
@@ -246,7 +260,7 @@ def main():
         members.append({"path": path, "hp": hp, "val_acc": 0.0})
 
     cut = max(1, int(round(args.population * 0.2)))
-    with mp.Pool(args.processes, initializer=init_worker) as pool:
+    with mp.Pool(args.processes, initializer=init_worker, initargs=(args.device,)) as pool:
         for interval in range(args.intervals):
             jobs = [(m["path"], m["hp"], args.steps, args.eval_size,
                      args.seed * 1000003 + i * 1009 + interval) for i, m in enumerate(members)]
@@ -280,6 +294,7 @@ def main():
         "best_val_acc": best["val_acc"],
         "test_acc": test_acc,
         "torch": torch.__version__,
+        "device": args.device,
     }))
 
 

@@ -2,7 +2,7 @@
 //
 //   build/bench/ckpt-bench train [--members 30] [--batch 64] [--steps 20]
 //       [--seconds 5] [--slots N] [--fused-intra-op 1] [--device cpu]
-//       [--dataset-path DIR]
+//       [--fused-k 1,8,30] [--dataset-path DIR]
 //
 // Measures, each for --seconds of wall time after a warm-up:
 //   single_model_samples_s  one member, one thread, the bare LibTorch loop
@@ -10,7 +10,9 @@
 //                           training one member at a time with one intra-op
 //                           thread, intervals of --steps steps, every member's
 //                           state going through its checkpoint blob per interval
-//   fused_kK_samples_s      the members in groups of K trained fused by min(slots,
+//   fused_kK_samples_s      for each K of --fused-k, the population (--members,
+//                           or K members when K is larger) in groups of K
+//                           trained fused by min(slots,
 //                           groups) threads with --fused-intra-op intra-op threads
 //                           each (default 1; 0 shares the cores out among the
 //                           threads, which OpenMP does badly when other work
@@ -19,10 +21,18 @@
 // (fused K=8: blob -> device tensors -> packed, and back) and
 // plain_load_store_us_per_member (plain: blob -> tensors -> blob). Training
 // samples only; no evaluation runs in the measured intervals.
+//
+// On a GPU (--device cuda:N) each slot thread trains on its own CUDA stream.
+// The JSON line's "phases" gives each measurement's wall-clock interval
+// (Unix seconds) and the CUDA allocator's bytes in use at its end, so that an
+// outside NVML sampler (scripts/gpu-check) can attribute utilization and the
+// process's device memory to each phase.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <sstream>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -153,7 +163,28 @@ RunResult Run(model::Trainer& trainer, Population& pop, size_t group_size, int t
   return result;
 }
 
+double UnixSeconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// "1,8,30" -> {1, 8, 30}; empty on a malformed or non-positive entry.
+std::vector<int> ParseWidths(const std::string& list) {
+  std::vector<int> out;
+  std::stringstream in(list);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    char* end = nullptr;
+    const long k = std::strtol(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || k < 1 || k > 4096) return {};
+    out.push_back(static_cast<int>(k));
+  }
+  return out;
+}
+
 int TrainBench(const Args& args) {
+  // Before the first CUDA call of the process (see worker_main.cc).
+  setenv("CUDA_MODULE_LOADING", "LAZY", /*overwrite=*/0);
   const int members = static_cast<int>(args.GetInt("members", 30));
   const int batch = static_cast<int>(args.GetInt("batch", 64));
   const int64_t steps = args.GetInt("steps", 20);
@@ -162,6 +193,20 @@ int TrainBench(const Args& args) {
   const int slots = static_cast<int>(args.GetInt("slots", cores));
   const std::string device = args.Get("device", "cpu");
   const int fused_intra_op = static_cast<int>(args.GetInt("fused-intra-op", 1));
+  const std::vector<int> widths = ParseWidths(args.Get("fused-k", "1,8,30"));
+  if (widths.empty()) {
+    std::fprintf(stderr, "train: --fused-k must be a comma-separated list of K >= 1\n");
+    return 1;
+  }
+  const int population = std::max(members, *std::max_element(widths.begin(), widths.end()));
+  std::string json_phases;
+  auto phase = [&json_phases](const std::string& name, double start, model::Trainer& t) {
+    char buf[160];
+    std::snprintf(buf, sizeof(buf), "%s\"%s\":{\"start\":%.3f,\"end\":%.3f,\"allocated_bytes\":%lld}",
+                  json_phases.empty() ? "" : ",", name.c_str(), start, UnixSeconds(),
+                  static_cast<long long>(t.GetDeviceMemory().allocated_bytes));
+    json_phases += buf;
+  };
 
   const double load_start = LoadAverage();
   auto data = model::LoadDataset("fashion-mnist", args.Get("dataset-path", ""));
@@ -188,7 +233,7 @@ int TrainBench(const Args& args) {
 
   // Fresh population, identical for every mode.
   std::vector<std::string> initial;
-  for (int i = 0; i < members; ++i) {
+  for (int i = 0; i < population; ++i) {
     model::MemberTask t;
     t.member = "m" + std::to_string(i);
     t.init_seed = static_cast<uint64_t>(i);
@@ -206,15 +251,19 @@ int TrainBench(const Args& args) {
   base.trainer = (*plain_trainer)->options();
   base.trainer.intra_op_threads = 1;
   base.seconds = seconds;
+  double phase_start = UnixSeconds();
   auto single = model::MeasureBareLibTorchLoop(base);
+  phase("single", phase_start, **plain_trainer);
   if (!single.ok()) {
     std::fprintf(stderr, "train: %s\n", single.status().ToString().c_str());
     return 1;
   }
   std::printf("single model (bare LibTorch loop, 1 thread): %.0f samples/s\n", *single);
 
-  Population plain_pop(initial);
+  Population plain_pop(std::vector<std::string>(initial.begin(), initial.begin() + members));
+  phase_start = UnixSeconds();
   RunResult plain = Run(**plain_trainer, plain_pop, 1, slots, steps, seconds, false);
+  phase("plain", phase_start, **plain_trainer);
   std::printf(
       "plain, %d slots x 1 intra-op thread: %.0f samples/s (%.2fx single), "
       "blob<->tensors %.0f us/member\n",
@@ -225,8 +274,9 @@ int TrainBench(const Args& args) {
   double pack_unpack_k8 = 0;
   int64_t failures = plain.failures;
   std::string first_failure = plain.first_failure;
-  for (int k : {1, 8, 30}) {
-    const int groups = (members + k - 1) / k;
+  for (int k : widths) {
+    const int k_members = std::max(members, k);
+    const int groups = (k_members + k - 1) / k;
     const int threads = std::max(1, std::min(slots, groups));
     const int intra = fused_intra_op > 0 ? fused_intra_op : std::max(1, cores / threads);
     auto trainer = make(intra);
@@ -234,8 +284,10 @@ int TrainBench(const Args& args) {
       std::fprintf(stderr, "train: %s\n", trainer.status().ToString().c_str());
       return 1;
     }
-    Population pop(initial);
+    Population pop(std::vector<std::string>(initial.begin(), initial.begin() + k_members));
+    phase_start = UnixSeconds();
     RunResult r = Run(**trainer, pop, static_cast<size_t>(k), threads, steps, seconds, true);
+    phase("k" + std::to_string(k), phase_start, **trainer);
     std::printf(
         "fused K=%d, %d threads x %d intra-op: %.0f samples/s (%.2fx single), "
         "pack/unpack %.0f us/member\n",
@@ -263,11 +315,12 @@ int TrainBench(const Args& args) {
       "%s\"fused_samples_s\":{%s},"
       "\"pack_unpack_us_per_member\":%.1f,\"plain_load_store_us_per_member\":%.1f,"
       "\"state_bytes\":%zu,\"failures\":%lld,\"loadavg_start\":%.2f,\"loadavg_end\":%.2f,"
-      "\"peak_rss_bytes\":%lld}\n",
+      "\"peak_rss_bytes\":%lld,\"phases\":{%s}}\n",
       (*plain_trainer)->device().c_str(), cores, slots, members, batch,
       static_cast<long long>(steps), *single, plain.samples_s, plain.samples_s / *single,
       json_fused.c_str(), json_fused_map.c_str(), pack_unpack_k8, plain.state_us_per_member,
-      state_bytes, static_cast<long long>(failures), load_start, LoadAverage(), PeakRssBytes());
+      state_bytes, static_cast<long long>(failures), load_start, LoadAverage(), PeakRssBytes(),
+      json_phases.c_str());
   return 0;
 }
 
