@@ -118,6 +118,10 @@ milliseconds NextRestartDelay(milliseconds previous, Clock::duration uptime,
   return std::min(previous * 2, s.max_restart_backoff);
 }
 
+milliseconds StartDeadline(const SupervisionOptions& s) {
+  return std::max(s.heartbeat_timeout, milliseconds(30000));
+}
+
 WorkerPool::WorkerPool(asio::io_context& io, store::Store* store, WorkerPoolOptions options,
                        std::function<StatusOr<ipc::Configure>(const std::string&)> configure,
                        WorkerPoolListener* listener)
@@ -143,6 +147,7 @@ WorkerPool::WorkerPool(asio::io_context& io, store::Store* store, WorkerPoolOpti
 WorkerPool::~WorkerPool() {
   for (auto& w : workers_) {
     if (w->restart_timer) w->restart_timer->cancel();
+    if (w->hello_timer) w->hello_timer->cancel();
     if (w->handle) w->handle->Stop(false, milliseconds(0));
   }
 }
@@ -171,6 +176,15 @@ void WorkerPool::Start(size_t i) {
   if (options_.metrics) {
     options_.metrics->WorkerStarted(w.spec.name, w.spec.device.device, w.handle->pid());
   }
+  const milliseconds deadline = StartDeadline(options_.supervision);
+  w.hello_timer = std::make_unique<asio::steady_timer>(io_, deadline);
+  w.hello_timer->async_wait([this, i, inc, deadline](const boost::system::error_code& ec) {
+    Worker& o = *workers_[i];
+    if (ec || stopped_ || inc != o.incarnation || o.handle == nullptr || o.ready) return;
+    OnLost(i, "worker " + std::to_string(i) + " (pid " + std::to_string(o.handle->pid()) +
+                  ") did not say HELLO within " + std::to_string(deadline.count() / 1000) +
+                  " s of its start (hung or stopped while starting)");
+  });
 }
 
 void WorkerPool::OnEvent(size_t i, uint64_t inc, WorkerEvent ev) {
@@ -287,6 +301,7 @@ void WorkerPool::StopAll(bool graceful) {
   stopped_ = true;
   for (auto& w : workers_) {
     if (w->restart_timer) w->restart_timer->cancel();
+    if (w->hello_timer) w->hello_timer->cancel();
     if (w->handle) {
       w->peak_rss_total += w->handle->PeakRssBytes();
       w->handle->Stop(graceful, milliseconds(2000));

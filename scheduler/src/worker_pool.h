@@ -3,7 +3,8 @@
 // restarts a lost one after a backoff, gives up on one that keeps dying, and
 // reports what its workers say to a listener on the event loop.
 //
-// Supervision: a worker that dies, hangs (heartbeat) or breaks its ring is
+// Supervision: a worker that dies, hangs (heartbeat; or, before it has
+// attached to its ring, no HELLO within StartDeadline) or breaks its ring is
 // lost: its handle is stopped, its unfinished tasks go to the listener to be
 // requeued, and it is restarted after a delay that doubles per restart up to
 // max_restart_backoff and starts again from restart_backoff after a healthy
@@ -51,6 +52,12 @@ std::string FindWorkerBinary(const std::string& configured);
 // previous delay was `previous` (0: none yet).
 std::chrono::milliseconds NextRestartDelay(std::chrono::milliseconds previous,
                                            Clock::duration uptime, const SupervisionOptions& s);
+
+// How long a started worker may take to say HELLO: its heartbeat only starts
+// once it has attached to its ring, so one that hangs while loading (or is
+// stopped) before that is noticed by this deadline alone. The heartbeat
+// timeout, and never under 30 s (loading LibTorch on a busy machine).
+std::chrono::milliseconds StartDeadline(const SupervisionOptions& s);
 
 class WorkerPoolListener {
  public:
@@ -130,6 +137,7 @@ class WorkerPool : public TaskSink {
     Clock::time_point started;
     bool given_up = false;
     std::unique_ptr<boost::asio::steady_timer> restart_timer;
+    std::unique_ptr<boost::asio::steady_timer> hello_timer;  // StartDeadline
     double samples_per_s = 0;
     std::string mode;
     int64_t peak_rss_total = 0;  // over this worker's incarnations

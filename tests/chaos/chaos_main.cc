@@ -496,6 +496,7 @@ class ChaosRunner {
     } scheduler_fault;
     auto recovered = [&](Clock::time_point since, Kind k, Clock::time_point at) {
       const double s = std::chrono::duration<double>(at - since).count();
+      std::printf("  %s: recovered in %.1f s\n", KindName(k), s);
       if (s > totals->max_recovery_s) {
         totals->max_recovery_s = s;
         totals->max_recovery_kind = KindName(k);
