@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <map>
+#include <stdexcept>
 #include <vector>
 
 namespace ckpt::scheduler::protocol {
@@ -13,6 +15,35 @@ using json = nlohmann::json;
 
 // Non-finite numbers have no JSON form; the protocol sends -1 for "none".
 double Finite(double v) { return std::isfinite(v) ? v : -1.0; }
+
+// A field of a reply that is not what the protocol says.
+struct BadField : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// The integer field `key` of `j`, refused (BadField) unless it is a JSON
+// integer that T holds: nlohmann's get<T>() converts a float or a wider
+// integer with a bare cast, which is undefined for 7e40 (found by
+// tests/fuzz/control_request_fuzz.cc).
+template <typename T>
+T Integer(const json& j, const char* key) {
+  const json& v = j.at(key);
+  const std::string where = std::string("field '") + key + "'";
+  if (!v.is_number_integer()) throw BadField(where + " is not an integer");
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    if (u > static_cast<uint64_t>(std::numeric_limits<T>::max())) {
+      throw BadField(where + " is out of range");
+    }
+    return static_cast<T>(u);
+  }
+  const int64_t i = v.get<int64_t>();
+  if (i < static_cast<int64_t>(std::numeric_limits<T>::min()) ||
+      i > static_cast<int64_t>(std::numeric_limits<T>::max())) {
+    throw BadField(where + " is out of range");
+  }
+  return static_cast<T>(i);
+}
 
 // Depth of the deepest array/object in `line`, counting brackets outside
 // strings; stops counting past `limit`.
@@ -232,12 +263,12 @@ StatusOr<ExperimentSummary> SummaryFromJson(const json& j) {
     ExperimentSummary s;
     s.id = j.at("id").get<std::string>();
     s.status = j.at("status").get<std::string>();
-    s.population = j.at("population").get<int>();
-    s.intervals = j.at("intervals").get<int>();
-    s.generation = j.at("generation").get<int>();
-    s.exploits = j.at("exploits").get<int64_t>();
-    s.member_intervals = j.at("member_intervals").get<int64_t>();
-    s.train_samples = j.at("train_samples").get<int64_t>();
+    s.population = Integer<int>(j, "population");
+    s.intervals = Integer<int>(j, "intervals");
+    s.generation = Integer<int>(j, "generation");
+    s.exploits = Integer<int64_t>(j, "exploits");
+    s.member_intervals = Integer<int64_t>(j, "member_intervals");
+    s.train_samples = Integer<int64_t>(j, "train_samples");
     s.wall_s = j.value("wall_s", 0.0);
     s.training_s = j.value("training_s", 0.0);
     s.first_result_s = j.value("first_result_s", 0.0);
@@ -246,16 +277,18 @@ StatusOr<ExperimentSummary> SummaryFromJson(const json& j) {
       MemberSummary ms;
       ms.member = m.at("member").get<std::string>();
       ms.status = m.at("status").get<std::string>();
-      ms.intervals_done = m.at("intervals_done").get<int>();
+      ms.intervals_done = Integer<int>(m, "intervals_done");
       ms.val_acc = m.at("val_acc").get<double>();
       ms.test_acc = m.at("test_acc").get<double>();
-      ms.version = m.at("version").get<int64_t>();
-      ms.step = m.at("step").get<int64_t>();
+      ms.version = Integer<int64_t>(m, "version");
+      ms.step = Integer<int64_t>(m, "step");
       ms.hparams = m.at("hparams").get<std::map<std::string, double>>();
       s.members.push_back(std::move(ms));
     }
     return s;
   } catch (const json::exception& e) {
+    return Status::InvalidArgument(std::string("experiment summary: ") + e.what());
+  } catch (const BadField& e) {
     return Status::InvalidArgument(std::string("experiment summary: ") + e.what());
   }
 }
@@ -264,18 +297,20 @@ StatusOr<WorkerStatus> WorkerFromJson(const json& j) {
   if (!j.is_object()) return Status::InvalidArgument("device status is not a JSON object");
   try {
     WorkerStatus w;
-    w.index = j.at("index").get<int>();
+    w.index = Integer<int>(j, "index");
     w.device = j.at("device").get<std::string>();
-    w.pid = j.at("pid").get<int64_t>();
+    w.pid = Integer<int64_t>(j, "pid");
     w.ready = j.at("ready").get<bool>();
     w.mode = j.at("mode").get<std::string>();
-    w.capacity = j.at("capacity").get<int>();
-    w.busy = j.at("busy").get<int>();
-    w.restarts = j.at("restarts").get<int>();
+    w.capacity = Integer<int>(j, "capacity");
+    w.busy = Integer<int>(j, "busy");
+    w.restarts = Integer<int>(j, "restarts");
     w.given_up = j.at("given_up").get<bool>();
     w.samples_per_s = j.at("samples_per_s").get<double>();
     return w;
   } catch (const json::exception& e) {
+    return Status::InvalidArgument(std::string("device status: ") + e.what());
+  } catch (const BadField& e) {
     return Status::InvalidArgument(std::string("device status: ") + e.what());
   }
 }

@@ -52,7 +52,7 @@ for name in "${names[@]}"; do
     status=crashed
   fi
   execs=$(grep -o 'stat::number_of_executed_units: [0-9]*' "$log" | tail -1 | awk '{print $2}')
-  rate=$(grep -o 'stat::average_exec_per_sec: [0-9]*' "$log" | tail -1 | awk '{print $2}')
+  rate=$(grep -o 'stat::average_exec_per_sec: *[0-9]*' "$log" | tail -1 | awk '{print $2}')
   found=$(find "$work/artifacts" -type f -newer "$work/.start" | wc -l)
   printf 'fuzz: %-18s %-13s %12s execs %8s/s  %s artifacts in %s\n' "$name" "$status" \
     "${execs:-0}" "${rate:-0}" "$found" "$work/artifacts"

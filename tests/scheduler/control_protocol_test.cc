@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace ckpt::scheduler::protocol {
 namespace {
@@ -78,6 +80,37 @@ TEST(ControlProtocolTest, VersionAtAndPastItsBounds) {
   EXPECT_TRUE(Parse(head + "9223372036854775807}").ok());
   ExpectRefused(head + "9223372036854775808}", "must be a positive integer");
   ExpectRefused(head + "1.5}", "must be a positive integer, not a number with a fraction");
+}
+
+// corpus/control_request/ubsan_summary_float_to_int64 (UBSan in the fuzzer):
+// a reply's integer field holding 7e40 was cast to int64_t (undefined); every
+// integer field of a reply must now be a JSON integer that fits.
+TEST(ControlProtocolTest, ReplyIntegersMustBeIntegersThatFit) {
+  nlohmann::json summary = {
+      {"id", "e"},       {"status", "running"}, {"population", 2},       {"intervals", 3},
+      {"generation", 1}, {"exploits", 0},       {"member_intervals", 4}, {"train_samples", 100}};
+  ASSERT_TRUE(SummaryFromJson(summary).ok());
+  for (const auto& [key, bad] :
+       std::vector<std::pair<std::string, nlohmann::json>>{{"train_samples", 7e40},
+                                                           {"train_samples", 1.5},
+                                                           {"population", int64_t{1} << 40},
+                                                           {"exploits", UINT64_MAX}}) {
+    nlohmann::json j = summary;
+    j[key] = bad;
+    auto s = SummaryFromJson(j);
+    ASSERT_FALSE(s.ok()) << key << " = " << bad.dump();
+    EXPECT_TRUE(s.status().IsInvalidArgument()) << s.status().ToString();
+    EXPECT_NE(s.status().message().find("field '" + key + "'"), std::string::npos)
+        << s.status().ToString();
+  }
+  nlohmann::json worker = {{"index", 0},        {"device", "cpu"}, {"pid", 1e300},
+                           {"ready", true},     {"mode", "plain"}, {"capacity", 2},
+                           {"busy", 0},         {"restarts", 0},   {"given_up", false},
+                           {"samples_per_s", 1}};
+  auto w = WorkerFromJson(worker);
+  ASSERT_FALSE(w.ok());
+  EXPECT_NE(w.status().message().find("field 'pid' is not an integer"), std::string::npos)
+      << w.status().ToString();
 }
 
 }  // namespace
