@@ -205,6 +205,31 @@ TEST_F(IdxTest, ReadsPlainAndGzip) {
   EXPECT_EQ(a->data.size(), 6u);
 }
 
+// The last rows can go to their own array (the validation split), read there
+// straight from the file, plain or gzipped; short files are still refused.
+TEST_F(IdxTest, ReadsTheLastRowsIntoTheirOwnArray) {
+  const std::string whole = Idx({5, 3}, 2);
+  WritePlain("a", whole);
+  WriteGz("b.gz", whole);
+  for (const char* name : {"a", "b.gz"}) {
+    SCOPED_TRACE(name);
+    auto x = ReadIdxFile(dir_ + "/" + name, 2);
+    ASSERT_TRUE(x.ok()) << x.status().ToString();
+    EXPECT_EQ(x->dims, (std::vector<int64_t>{5, 3}));
+    const std::string body = whole.substr(4 + 2 * 4);
+    EXPECT_EQ(std::string(x->data.begin(), x->data.end()), body.substr(0, 9));
+    EXPECT_EQ(std::string(x->tail.begin(), x->tail.end()), body.substr(9));
+    auto all = ReadIdxFile(dir_ + "/" + name, 7);  // more rows than the file has
+    ASSERT_TRUE(all.ok()) << all.status().ToString();
+    EXPECT_TRUE(all->data.empty());
+    EXPECT_EQ(std::string(all->tail.begin(), all->tail.end()), body);
+  }
+  WritePlain("short", whole.substr(0, whole.size() - 1));
+  WritePlain("long", whole + "x");
+  EXPECT_TRUE(ReadIdxFile(dir_ + "/short", 2).status().IsCorruption());
+  EXPECT_TRUE(ReadIdxFile(dir_ + "/long", 2).status().IsCorruption());
+}
+
 TEST_F(IdxTest, RejectsMalformedFiles) {
   WritePlain("magic", std::string("\x01\x00\x08\x01\x00\x00\x00\x01\x05", 9));
   WritePlain("type", Idx({2}, 0, 0x0D));
@@ -230,6 +255,14 @@ TEST_F(IdxTest, SplitsAndNormalizes) {
   ASSERT_TRUE(ds.ok()) << ds.status().ToString();
   EXPECT_EQ((*ds)->train.count, 10);
   EXPECT_EQ((*ds)->validation.count, kValidationSize);
+  // Validation is the train file's last rows, in order, after the train rows.
+  auto whole = ReadIdxFile(dir_ + "/train-images-idx3-ubyte.gz");
+  ASSERT_TRUE(whole.ok());
+  std::vector<uint8_t> joined = (*ds)->train.images;
+  joined.insert(joined.end(), (*ds)->validation.images.begin(), (*ds)->validation.images.end());
+  EXPECT_EQ(joined, whole->data);
+  EXPECT_EQ((*ds)->train.labels.size(), 10u);
+  EXPECT_EQ((*ds)->validation.labels.size(), static_cast<size_t>(kValidationSize));
   EXPECT_EQ((*ds)->test.count, 5);
   EXPECT_EQ((*ds)->num_classes, 7);
   EXPECT_EQ((*ds)->height, 2);

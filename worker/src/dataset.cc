@@ -94,17 +94,18 @@ uint32_t LoadBE32(const uint8_t* p) {
 }
 
 // Finds `base` or `base.gz` in `dir`.
-StatusOr<IdxArray> ReadFromDir(const std::string& dir, const std::string& base) {
+StatusOr<IdxArray> ReadFromDir(const std::string& dir, const std::string& base,
+                               int64_t tail_rows = 0) {
   std::string plain = dir + "/" + base;
-  if (FileExists(plain)) return ReadIdxFile(plain);
-  return ReadIdxFile(plain + ".gz");
+  if (FileExists(plain)) return ReadIdxFile(plain, tail_rows);
+  return ReadIdxFile(plain + ".gz", tail_rows);
 }
 
 }  // namespace
 
 // The elements are read straight into the array, sized from the header: no
 // copy of the file in between (the Fashion-MNIST train images are 47 MB).
-StatusOr<IdxArray> ReadIdxFile(const std::string& path) {
+StatusOr<IdxArray> ReadIdxFile(const std::string& path, int64_t tail_rows) {
   CKPT_ASSIGN_OR_RETURN(auto reader, IdxReader::Open(path));
   uint8_t head[4 + 4 * 4];
   CKPT_ASSIGN_OR_RETURN(size_t got, reader->Read(head, 4));
@@ -131,9 +132,19 @@ StatusOr<IdxArray> ReadIdxFile(const std::string& path) {
     count *= d;
     if (count > kMaxIdxBytes) return Status::Corruption(path + ": IDX dimensions too large");
   }
-  out.data.resize(count);
+  const uint64_t rows = static_cast<uint64_t>(out.dims[0]);
+  const uint64_t per_row = rows == 0 ? 0 : count / rows;
+  const uint64_t tail =
+      std::min<uint64_t>(rows, static_cast<uint64_t>(std::max<int64_t>(0, tail_rows)));
+  out.data.resize(count - tail * per_row);
+  out.tail.resize(tail * per_row);
   CKPT_ASSIGN_OR_RETURN(got, reader->Read(out.data.data(), out.data.size()));
   uint64_t held = got;
+  if (got == out.data.size() && !out.tail.empty()) {
+    CKPT_ASSIGN_OR_RETURN(got, reader->Read(out.tail.data(), out.tail.size()));
+    held += got;
+    got = held;
+  }
   if (got == count) {
     // Anything after the last element is an error too; count it for the message.
     uint8_t rest[1 << 12];
@@ -162,8 +173,11 @@ StatusOr<std::shared_ptr<const DatasetSplits>> LoadDataset(const std::string& na
   if (dir.empty()) {
     CKPT_ASSIGN_OR_RETURN(dir, DefaultDatasetDir(name));
   }
-  CKPT_ASSIGN_OR_RETURN(IdxArray train_x, ReadFromDir(dir, "train-images-idx3-ubyte"));
-  CKPT_ASSIGN_OR_RETURN(IdxArray train_y, ReadFromDir(dir, "train-labels-idx1-ubyte"));
+  // The validation split is the train file's last kValidationSize rows.
+  CKPT_ASSIGN_OR_RETURN(IdxArray train_x,
+                        ReadFromDir(dir, "train-images-idx3-ubyte", kValidationSize));
+  CKPT_ASSIGN_OR_RETURN(IdxArray train_y,
+                        ReadFromDir(dir, "train-labels-idx1-ubyte", kValidationSize));
   CKPT_ASSIGN_OR_RETURN(IdxArray test_x, ReadFromDir(dir, "t10k-images-idx3-ubyte"));
   CKPT_ASSIGN_OR_RETURN(IdxArray test_y, ReadFromDir(dir, "t10k-labels-idx1-ubyte"));
 
@@ -206,24 +220,21 @@ StatusOr<std::shared_ptr<const DatasetSplits>> LoadDataset(const std::string& na
     ds->height = train_x.dims[1];
     ds->width = train_x.dims[2];
   }
-  const size_t per = static_cast<size_t>(ds->channels * ds->height * ds->width);
   const int64_t n_train = n_all - kValidationSize;
 
-  // The train split keeps the file's array (its validation tail, 8 MB for
-  // Fashion-MNIST, is copied out and cut off): one copy of the images.
+  // Each split keeps the array its rows were read into: one copy of the images.
   ds->validation.count = kValidationSize;
-  ds->validation.images.assign(train_x.data.begin() + n_train * per, train_x.data.end());
-  ds->validation.labels.assign(train_y.data.begin() + n_train, train_y.data.end());
+  ds->validation.images = std::move(train_x.tail);
+  ds->validation.labels = std::move(train_y.tail);
   ds->train.count = n_train;
-  train_x.data.resize(static_cast<size_t>(n_train) * per);
   ds->train.images = std::move(train_x.data);
-  ds->train.labels.assign(train_y.data.begin(), train_y.data.begin() + n_train);
+  ds->train.labels = std::move(train_y.data);
   ds->test.count = test_x.dims[0];
   ds->test.images = std::move(test_x.data);
   ds->test.labels = std::move(test_y.data);
 
   int max_label = 0;
-  for (const auto* labels : {&train_y.data, &ds->test.labels}) {
+  for (const auto* labels : {&ds->train.labels, &ds->validation.labels, &ds->test.labels}) {
     for (uint8_t l : *labels) max_label = l > max_label ? l : max_label;
   }
   ds->num_classes = max_label + 1;

@@ -41,17 +41,22 @@ namespace ckpt::model {
 // Samples held out of the train file for validation.
 inline constexpr int64_t kValidationSize = 10000;
 
-// An IDX array of u8.
+// An IDX array of u8: `dims` are the file's; its rows (along dims[0]) are in
+// `data`, except the last `tail_rows` given to ReadIdxFile, which are in
+// `tail`.
 struct IdxArray {
   std::vector<int64_t> dims;
   std::vector<uint8_t> data;
+  std::vector<uint8_t> tail;
 };
 
-// Reads an IDX file, gunzipping when the name ends in ".gz". Returns NotFound
-// for a missing file, IOError for a read or gunzip failure, Corruption naming
-// the file for a bad magic, an element type other than u8, a rank of 0 or above
-// 4, or a size that does not match the dimensions.
-StatusOr<IdxArray> ReadIdxFile(const std::string& path);
+// Reads an IDX file, gunzipping when the name ends in ".gz"; its last
+// `tail_rows` rows (all of them when it has fewer) go to `tail`, each byte read
+// once straight into the array it stays in. Returns NotFound for a missing
+// file, IOError for a read or gunzip failure, Corruption naming the file for a
+// bad magic, an element type other than u8, a rank of 0 or above 4, or a size
+// that does not match the dimensions.
+StatusOr<IdxArray> ReadIdxFile(const std::string& path, int64_t tail_rows = 0);
 
 // N images of shape [channels, height, width] and their labels.
 struct ImageSet {
