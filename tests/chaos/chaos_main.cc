@@ -34,6 +34,7 @@
 #include <thread>
 #include <vector>
 
+#include "../integration/process_util.h"
 #include "ckpt/store/store.h"
 
 namespace ckpt::chaos {
@@ -42,6 +43,7 @@ namespace {
 using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
+using testing::ChildrenOf;  // live (not zombie) direct children
 
 double SecondsSince(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
@@ -138,30 +140,6 @@ class Child {
   int status_ = 0;
   bool waited_ = false;
 };
-
-// Live (not zombie) direct children of `pid`, from /proc/*/stat.
-std::vector<pid_t> ChildrenOf(pid_t pid) {
-  std::vector<pid_t> out;
-  DIR* d = opendir("/proc");
-  if (d == nullptr) return out;
-  while (dirent* e = readdir(d)) {
-    const pid_t p = std::atoi(e->d_name);
-    if (p <= 0) continue;
-    std::ifstream in("/proc/" + std::string(e->d_name) + "/stat");
-    std::string line;
-    if (!std::getline(in, line)) continue;
-    const auto rp = line.rfind(')');
-    if (rp == std::string::npos) continue;
-    std::istringstream rest(line.substr(rp + 2));
-    char state = 0;
-    pid_t ppid = 0;
-    rest >> state >> ppid;
-    if (ppid == pid && state != 'Z') out.push_back(p);
-  }
-  closedir(d);
-  std::sort(out.begin(), out.end());
-  return out;
-}
 
 // Follows a log file as it grows, timestamping each complete line when it is
 // first seen.
