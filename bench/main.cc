@@ -40,7 +40,8 @@ double Args::GetDouble(const std::string& key, double def) const {
 
 long long Args::GetInt(const std::string& key, long long def) const {
   auto it = flags_.find(key);
-  return it == flags_.end() ? def : static_cast<long long>(std::strtod(it->second.c_str(), nullptr));
+  return it == flags_.end() ? def
+                            : static_cast<long long>(std::strtod(it->second.c_str(), nullptr));
 }
 
 long long PeakRssBytes() {
@@ -64,7 +65,8 @@ int main(int argc, char** argv) {
   auto& registry = ckpt::bench::Registry();
   if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || registry.count(argv[1]) == 0) {
     std::fprintf(stderr, "usage: ckpt-bench NAME [--flag value ...]\n\nbenchmarks:\n");
-    for (const auto& [name, e] : registry) std::fprintf(stderr, "  %-12s %s\n", name.c_str(), e.help);
+    for (const auto& [name, e] : registry)
+      std::fprintf(stderr, "  %-12s %s\n", name.c_str(), e.help);
     return argc < 2 ? 2 : (std::strcmp(argv[1], "--help") == 0 ? 0 : 2);
   }
   std::map<std::string, std::string> flags;

@@ -30,11 +30,11 @@
 
 #include <algorithm>
 #include <atomic>
-#include <filesystem>
-#include <fstream>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -153,7 +153,6 @@ struct RunFeeder {
   }
 };
 
-
 // A loopback port nobody listens on now.
 int FreePort() {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -180,8 +179,8 @@ double TimedRun(const std::string& scheduler, const std::string& toml, const std
     const int null = ::open("/dev/null", O_WRONLY);
     ::dup2(null, 1);
     ::dup2(null, 2);
-    const char* argv[] = {scheduler.c_str(), "run", toml.c_str(), "--store", store.c_str(),
-                          "--quiet", nullptr};
+    const char* argv[] = {scheduler.c_str(), "run",     toml.c_str(), "--store",
+                          store.c_str(),     "--quiet", nullptr};
     ::execv(argv[0], const_cast<char* const*>(argv));
     ::_exit(127);
   }
@@ -332,8 +331,8 @@ int MetricsBench(const Args& args) {
       for (int with : {0, 1}) {
         const int port = with ? FreePort() : 0;
         const std::string toml = dir + "/run.toml";
-        std::ofstream(toml) << PipelineToml(with ? "127.0.0.1:" + std::to_string(port) : "", rm,
-                                            ri, rsteps);
+        std::ofstream(toml) << PipelineToml(with ? "127.0.0.1:" + std::to_string(port) : "", rm, ri,
+                                            rsteps);
         const std::string store = dir + "/store-" + std::to_string(r) + "-" + std::to_string(with);
         const double wall = TimedRun(scheduler, toml, store, port, &scrapes_on);
         std::filesystem::remove_all(store, ec);
@@ -348,12 +347,9 @@ int MetricsBench(const Args& args) {
     }
     std::filesystem::remove_all(dir, ec);
     if (!off.empty() && !on.empty()) {
-      pipeline = {{"samples_per_s_off", Median(off)},
-                  {"samples_per_s_on", Median(on)},
-                  {"on_over_off", Median(on) / Median(off)},
-                  {"rounds", rounds},
-                  {"scrapes_during_on_runs", scrapes_on},
-                  {"samples_per_run", samples}};
+      pipeline = {{"samples_per_s_off", Median(off)},        {"samples_per_s_on", Median(on)},
+                  {"on_over_off", Median(on) / Median(off)}, {"rounds", rounds},
+                  {"scrapes_during_on_runs", scrapes_on},    {"samples_per_run", samples}};
     }
   }
 

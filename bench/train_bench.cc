@@ -32,8 +32,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <sstream>
 #include <mutex>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -164,8 +164,7 @@ RunResult Run(model::Trainer& trainer, Population& pop, size_t group_size, int t
 }
 
 double UnixSeconds() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 // "1,8,30" -> {1, 8, 30}; empty on a malformed or non-positive entry.
@@ -202,7 +201,8 @@ int TrainBench(const Args& args) {
   std::string json_phases;
   auto phase = [&json_phases](const std::string& name, double start, model::Trainer& t) {
     char buf[160];
-    std::snprintf(buf, sizeof(buf), "%s\"%s\":{\"start\":%.3f,\"end\":%.3f,\"allocated_bytes\":%lld}",
+    std::snprintf(buf, sizeof(buf),
+                  "%s\"%s\":{\"start\":%.3f,\"end\":%.3f,\"allocated_bytes\":%lld}",
                   json_phases.empty() ? "" : ",", name.c_str(), start, UnixSeconds(),
                   static_cast<long long>(t.GetDeviceMemory().allocated_bytes));
     json_phases += buf;

@@ -1,13 +1,13 @@
 #include "ckpt/scheduler/config.h"
 
 #include <sys/stat.h>
+#include <toml++/toml.h>
 
 #include <cctype>
 #include <cmath>
 #include <fstream>
 #include <set>
 #include <sstream>
-#include <toml++/toml.h>
 
 #include "config_tables.h"
 #include "toml_reader.h"
@@ -169,9 +169,12 @@ Status ReadSupervision(TomlTableReader* r, SupervisionOptions* v) {
 
 const char* PolicyKindName(PolicyKind kind) {
   switch (kind) {
-    case PolicyKind::kPbt: return "pbt";
-    case PolicyKind::kRandom: return "random";
-    case PolicyKind::kSuccessiveHalving: return "successive_halving";
+    case PolicyKind::kPbt:
+      return "pbt";
+    case PolicyKind::kRandom:
+      return "random";
+    case PolicyKind::kSuccessiveHalving:
+      return "successive_halving";
   }
   return "?";
 }
@@ -182,9 +185,12 @@ const char* PolicyModeName(PolicyMode mode) {
 
 const char* FusionModeName(FusionMode mode) {
   switch (mode) {
-    case FusionMode::kAuto: return "auto";
-    case FusionMode::kPlain: return "plain";
-    case FusionMode::kFused: return "fused";
+    case FusionMode::kAuto:
+      return "auto";
+    case FusionMode::kPlain:
+      return "plain";
+    case FusionMode::kFused:
+      return "fused";
   }
   return "?";
 }
@@ -238,8 +244,8 @@ StatusOr<ExperimentConfig> ParseExperimentConfig(const std::string& toml_text,
                                  "' (install dataset-fashion-mnist or fix the path)");
     }
   } else if (!FileExists(c.dataset_path + "/train-images-idx3-ubyte.gz")) {
-    return Status::InvalidArgument("data.path (" + origin + "): default dataset " +
-                                   c.dataset_path + " is missing (install dataset-fashion-mnist)");
+    return Status::InvalidArgument("data.path (" + origin + "): default dataset " + c.dataset_path +
+                                   " is missing (install dataset-fashion-mnist)");
   }
   CKPT_ASSIGN_OR_RETURN(const toml::table* pop, top.Table("population"));
   if (pop == nullptr) return top.Error("population", "is required ([population] size = N)");

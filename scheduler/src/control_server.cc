@@ -8,8 +8,6 @@
 // and the few that can still throw are wrapped.
 #include "control_server.h"
 
-#include "log.h"
-
 #include <fcntl.h>
 #include <grp.h>
 #include <pwd.h>
@@ -36,6 +34,7 @@
 #include <vector>
 
 #include "control_protocol.h"
+#include "log.h"
 
 namespace ckpt::scheduler {
 namespace {

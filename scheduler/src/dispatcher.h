@@ -36,8 +36,7 @@ class Dispatcher {
 
   // Sends work until no worker has room or no experiment has work.
   // `experiments` in submission order.
-  void Dispatch(TaskSink* sink, const std::vector<Experiment*>& experiments,
-                Clock::time_point now);
+  void Dispatch(TaskSink* sink, const std::vector<Experiment*>& experiments, Clock::time_point now);
 
  private:
   size_t rr_ = 0;

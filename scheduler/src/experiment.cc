@@ -21,11 +21,16 @@ constexpr const char kBadState[] = "bad-state";
 
 const char* ExperimentStatusName(ExperimentStatus status) {
   switch (status) {
-    case ExperimentStatus::kRunning: return "running";
-    case ExperimentStatus::kPaused: return "paused";
-    case ExperimentStatus::kDone: return "done";
-    case ExperimentStatus::kStopped: return "stopped";
-    case ExperimentStatus::kFailed: return "failed";
+    case ExperimentStatus::kRunning:
+      return "running";
+    case ExperimentStatus::kPaused:
+      return "paused";
+    case ExperimentStatus::kDone:
+      return "done";
+    case ExperimentStatus::kStopped:
+      return "stopped";
+    case ExperimentStatus::kFailed:
+      return "failed";
   }
   return "running";
 }
@@ -68,8 +73,8 @@ int Experiment::Find(const std::string& member) const {
 }
 
 MemberProgress Experiment::Progress(const Member& m) const {
-  return MemberProgress{m.name,         m.state.index, m.state.interval, m.state.last_exploit,
-                        m.state.score,  m.hparams,     m.active()};
+  return MemberProgress{m.name,        m.state.index, m.state.interval, m.state.last_exploit,
+                        m.state.score, m.hparams,     m.active()};
 }
 
 std::string Experiment::MemberEvent(const char* type, const Member& m) const {
@@ -139,8 +144,8 @@ void Experiment::AfterInterval(Member* m, Clock::time_point now) {
   if (m->state.interval >= c.intervals) m->state.status = MemberStatus::kDone;
   if (c.target_metric > 0 && m->state.score >= c.target_metric && !training_closed_) {
     training_closed_ = true;
-    Logger().info("{}: {} reached the target {} (score {:.4f}); no new intervals", c.name,
-                  m->name, c.target_metric, m->state.score);
+    Logger().info("{}: {} reached the target {} (score {:.4f}); no new intervals", c.name, m->name,
+                  c.target_metric, m->state.score);
     io_->AppendEvent(json{{"type", "target_reached"},
                           {"member", m->name},
                           {"score", m->state.score},
@@ -236,8 +241,9 @@ void Experiment::ApplyDecisions(const std::map<std::string, Decision>& decisions
     if (d.kind == Decision::Kind::kExploit) {
       const int donor_index = Find(d.donor);
       if (donor_index < 0 || donor_index == i) continue;
-      json ev = {{"type", "exploit"},        {"member", name}, {"donor", d.donor},
-                 {"interval", m.state.interval}, {"why", d.why},  {"hparams", d.hparams}};
+      json ev = {{"type", "exploit"}, {"member", name},
+                 {"donor", d.donor},  {"interval", m.state.interval},
+                 {"why", d.why},      {"hparams", d.hparams}};
       auto v = io_->Exploit(name, d.donor, d.hparams, ev.dump());
       if (!v.ok()) {
         Logger().warn("{}: exploit {} <- {} failed: {}", config_.name, name, d.donor,
@@ -268,8 +274,8 @@ void Experiment::OnEvaluated(const WorkItem& item, double test_acc) {
   if (--evals_pending_ == 0) Finish();
 }
 
-void Experiment::OnFailed(const WorkItem& item, const std::string& code,
-                          const std::string& reason, bool head_moved) {
+void Experiment::OnFailed(const WorkItem& item, const std::string& code, const std::string& reason,
+                          bool head_moved) {
   --in_flight_;
   const int i = Find(item.member);
   if (i < 0) return;
@@ -302,12 +308,12 @@ void Experiment::OnFailed(const WorkItem& item, const std::string& code,
   if (m->state.failures >= options_.max_member_failures) {
     m->state.status = MemberStatus::kFailed;
     io_->SaveState(m->name, m->state);
-    io_->AppendEvent(json{{"type", "member_stopped"},
-                          {"member", m->name},
-                          {"why", "failed " + std::to_string(m->state.failures) +
-                                      " times; last: " + reason},
-                          {"kept_version", m->version}}
-                         .dump());
+    io_->AppendEvent(json{
+        {"type", "member_stopped"},
+        {"member", m->name},
+        {"why", "failed " + std::to_string(m->state.failures) + " times; last: " + reason},
+        {"kept_version",
+         m->version}}.dump());
     Logger().warn("{}: member {} stopped after {} failures; its last good version {} is kept",
                   config_.name, m->name, m->state.failures, m->version);
     MaybeAdvance();
@@ -343,18 +349,19 @@ bool Experiment::FallBackFromCorruptHead(int member, const WorkItem& item,
   m.version = *v;
   m.step = good->step;
   m.hparams = good->hparams;
-  io_->AppendEvent(json{{"type", "corrupt_state"},
-                        {"member", m.name},
-                        {"bad_version", item.head_version},
-                        {"restored_from", good->version},
-                        {"version", *v},
-                        {"interval", good->interval},
-                        {"reason", reason}}
-                       .dump());
-  Logger().warn("{}: member {} v{} is damaged in the store ({}); it falls back to v{} (interval "
-                "{}) as v{} and retrains from there",
-                config_.name, m.name, item.head_version, reason, good->version, good->interval,
-                *v);
+  io_->AppendEvent(json{
+      {"type", "corrupt_state"},
+      {"member", m.name},
+      {"bad_version", item.head_version},
+      {"restored_from", good->version},
+      {"version", *v},
+      {"interval", good->interval},
+      {"reason",
+       reason}}.dump());
+  Logger().warn(
+      "{}: member {} v{} is damaged in the store ({}); it falls back to v{} (interval "
+      "{}) as v{} and retrains from there",
+      config_.name, m.name, item.head_version, reason, good->version, good->interval, *v);
   MaybeAdvance();
   return true;
 }
@@ -370,8 +377,8 @@ void Experiment::OnReturned(const WorkItem& item) {
 
 void Experiment::OnConfigureRefused(const std::string& reason) {
   if (phase_ == Phase::kDone) return;
-  Logger().error("{}: a worker refused the experiment: {}; the experiment has failed",
-                 config_.name, reason);
+  Logger().error("{}: a worker refused the experiment: {}; the experiment has failed", config_.name,
+                 reason);
   io_->AppendEvent(json{{"type", "configure_refused"}, {"reason", reason}}.dump());
   End(ExperimentStatus::kFailed);
 }
@@ -497,11 +504,10 @@ ExperimentSummary Experiment::Summary(Clock::time_point now) const {
     ms.hparams = m.hparams;
     s.members.push_back(ms);
   }
-  std::sort(s.members.begin(), s.members.end(),
-            [](const MemberSummary& a, const MemberSummary& b) {
-              if (a.val_acc != b.val_acc) return a.val_acc > b.val_acc;
-              return a.member < b.member;
-            });
+  std::sort(s.members.begin(), s.members.end(), [](const MemberSummary& a, const MemberSummary& b) {
+    if (a.val_acc != b.val_acc) return a.val_acc > b.val_acc;
+    return a.member < b.member;
+  });
   return s;
 }
 

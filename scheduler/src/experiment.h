@@ -69,8 +69,8 @@ struct WorkItem {
   int64_t steps = 0;         // 0 for an evaluation
   HParams hparams;
   uint64_t init_seed = 0;
-  bool eval_only = false;    // steps 0, evaluate validation and test, commit nothing
-  int interval_after = 0;    // the member's interval count once committed
+  bool eval_only = false;  // steps 0, evaluate validation and test, commit nothing
+  int interval_after = 0;  // the member's interval count once committed
   // The member's state record once the result is committed (its score is
   // filled in from the result); written right after the commit.
   MemberState state_after;

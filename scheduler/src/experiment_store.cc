@@ -11,15 +11,15 @@
 namespace ckpt::scheduler {
 
 std::string MemberName(int index, int population) {
-  const int width = std::max(3, static_cast<int>(std::to_string(std::max(0, population - 1)).size()));
+  const int width =
+      std::max(3, static_cast<int>(std::to_string(std::max(0, population - 1)).size()));
   const std::string n = std::to_string(index);
   return "m" + std::string(width > static_cast<int>(n.size()) ? width - n.size() : 0, '0') + n;
 }
 
 Status CreateExperimentRecords(store::Store* store, const ExperimentConfig& config) {
   const std::string& id = config.name;
-  CKPT_RETURN_IF_ERROR(
-      store->CreateExperiment(id, nlohmann::json{{"toml", config.source}}.dump()));
+  CKPT_RETURN_IF_ERROR(store->CreateExperiment(id, nlohmann::json{{"toml", config.source}}.dump()));
   std::map<std::string, std::map<std::string, double>> hparams;
   for (int i = 0; i < config.population; ++i) {
     hparams[MemberName(i, config.population)] = SampleInitial(config, i);
@@ -87,8 +87,7 @@ class StoreTimer {
   ~StoreTimer() {
     if (m_ == nullptr) return;
     m_->StoreOperation(
-        op_, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count(),
-        bytes_);
+        op_, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count(), bytes_);
   }
 
  private:
@@ -157,7 +156,8 @@ StatusOr<GoodVersion> StoreExperimentIo::NewestGoodVersion(const std::string& me
   for (const auto& v : versions) {
     if (v.reason == store::kReasonTrained) {
       auto it = v.metrics.find("interval");
-      if (it != v.metrics.end() && std::isfinite(it->second)) current = static_cast<int>(it->second);
+      if (it != v.metrics.end() && std::isfinite(it->second))
+        current = static_cast<int>(it->second);
     } else if (v.reason == store::kReasonRestore && v.parent && v.parent->member == member) {
       auto it = interval_at.find(v.parent->version);
       if (it != interval_at.end()) current = it->second;

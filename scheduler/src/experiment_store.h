@@ -55,8 +55,7 @@ class StoreExperimentIo : public ExperimentIo {
   void AppendEvent(const std::string& json) override;
   Status SetStatus(ExperimentStatus status) override;
   void KillPoint(std::string_view point) override;
-  StatusOr<GoodVersion> NewestGoodVersion(const std::string& member,
-                                          int64_t bad_version) override;
+  StatusOr<GoodVersion> NewestGoodVersion(const std::string& member, int64_t bad_version) override;
   StatusOr<int64_t> Restore(const std::string& member, int64_t version) override;
 
  private:

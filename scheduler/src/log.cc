@@ -1,12 +1,12 @@
 #include "log.h"
 
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/sinks/stdout_sinks.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cstdlib>
 #include <memory>
-#include <spdlog/sinks/stdout_color_sinks.h>
-#include <spdlog/sinks/stdout_sinks.h>
 #include <string>
 
 namespace ckpt::scheduler {

@@ -35,19 +35,16 @@ const char* MemberStatusName(MemberStatus status) {
 
 bool operator==(const MemberState& a, const MemberState& b) {
   return a.index == b.index && a.interval == b.interval && a.last_exploit == b.last_exploit &&
-         SameDouble(a.score, b.score) && MemberStatusName(a.status) == std::string_view(MemberStatusName(b.status)) &&
+         SameDouble(a.score, b.score) &&
+         MemberStatusName(a.status) == std::string_view(MemberStatusName(b.status)) &&
          a.failures == b.failures && SameDouble(a.test_acc, b.test_acc);
 }
 
 std::string EncodeMemberState(const MemberState& s) {
-  json j = {{"v", kMemberStateVersion},
-            {"index", s.index},
-            {"interval", s.interval},
-            {"last_exploit", s.last_exploit},
-            {"score", NumberOrNull(s.score)},
-            {"status", MemberStatusName(s.status)},
-            {"failures", s.failures},
-            {"test_acc", NumberOrNull(s.test_acc)}};
+  json j = {{"v", kMemberStateVersion},       {"index", s.index},
+            {"interval", s.interval},         {"last_exploit", s.last_exploit},
+            {"score", NumberOrNull(s.score)}, {"status", MemberStatusName(s.status)},
+            {"failures", s.failures},         {"test_acc", NumberOrNull(s.test_acc)}};
   return j.dump();
 }
 
@@ -56,8 +53,7 @@ StatusOr<MemberState> DecodeMemberState(std::string_view bytes, const std::strin
   MemberState s;
   if (bytes.empty() || bytes == "created") return s;
   auto bad = [&](const std::string& what) {
-    return Status::Corruption("experiment " + exp + " member " + member + ": state record " +
-                              what);
+    return Status::Corruption("experiment " + exp + " member " + member + ": state record " + what);
   };
   const json j = json::parse(bytes.begin(), bytes.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return bad("is not JSON");

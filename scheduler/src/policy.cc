@@ -37,9 +37,9 @@ class PbtPolicy : public Policy {
   explicit PbtPolicy(const ExperimentConfig& config) : config_(config) {}
   bool synchronous() const override { return config_.policy.mode == PolicyMode::kSync; }
 
-  std::map<std::string, Decision> Decide(int generation, const std::vector<MemberProgress>& members,
-                                         const std::vector<MemberProgress>& population)
-      const override {
+  std::map<std::string, Decision> Decide(
+      int generation, const std::vector<MemberProgress>& members,
+      const std::vector<MemberProgress>& population) const override {
     std::map<std::string, Decision> out;
     std::vector<MemberProgress> active;
     for (const auto& m : population) {
@@ -103,9 +103,9 @@ class SuccessiveHalvingPolicy : public Policy {
     return false;
   }
 
-  std::map<std::string, Decision> Decide(int generation, const std::vector<MemberProgress>& members,
-                                         const std::vector<MemberProgress>& population)
-      const override {
+  std::map<std::string, Decision> Decide(
+      int generation, const std::vector<MemberProgress>& members,
+      const std::vector<MemberProgress>& population) const override {
     std::map<std::string, Decision> out;
     for (const auto& m : members) {
       if (!m.active || m.intervals_done >= config_.intervals || !IsRung(m.intervals_done)) continue;

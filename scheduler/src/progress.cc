@@ -1,10 +1,10 @@
 #include "progress.h"
 
+#include <spdlog/fmt/fmt.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
-#include <spdlog/fmt/fmt.h>
 
 #include "ckpt/scheduler/scheduler.h"
 
@@ -75,19 +75,21 @@ void Progress::Close() {
 void PrintSummary(const ExperimentSummary& s, FILE* out) {
   fmt::print(out, "\nexperiment {}: {}, {} members, {} intervals, {} exploits\n", s.id, s.status,
              s.population, s.intervals, s.exploits);
-  fmt::print(out, "{:<8} {:<8} {:>9} {:>9} {:>8}  {}\n", "member", "status", "val_acc",
-             "test_acc", "version", "hyperparameters");
+  fmt::print(out, "{:<8} {:<8} {:>9} {:>9} {:>8}  {}\n", "member", "status", "val_acc", "test_acc",
+             "version", "hyperparameters");
   int shown = 0;
   for (const auto& m : s.members) {
     if (shown++ >= 10) break;
     std::string hp;
-    for (const auto& [k, v] : m.hparams) hp += fmt::format("{}{}={:.4g}", hp.empty() ? "" : " ", k, v);
+    for (const auto& [k, v] : m.hparams)
+      hp += fmt::format("{}{}={:.4g}", hp.empty() ? "" : " ", k, v);
     const std::string test = m.test_acc >= 0 ? fmt::format("{:.4f}", m.test_acc) : "-";
     fmt::print(out, "{:<8} {:<8} {:>9.4f} {:>9} {:>8}  {}\n", m.member, m.status, m.val_acc, test,
                m.version, hp);
   }
-  fmt::print(out, "store: {} (run the same command again to see this table; "
-                  "ckpt-tool --store {} ls {} for every member)\n",
+  fmt::print(out,
+             "store: {} (run the same command again to see this table; "
+             "ckpt-tool --store {} ls {} for every member)\n",
              s.store_path, s.store_path, s.id);
 }
 

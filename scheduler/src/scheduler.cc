@@ -69,12 +69,24 @@ metrics::MemberCounts CountMembers(const Experiment& e) {
   metrics::MemberCounts c;
   for (const auto& m : e.members()) {
     switch (m.state.status) {
-      case MemberStatus::kIdle: ++c.idle; break;
-      case MemberStatus::kQueued: ++c.queued; break;
-      case MemberStatus::kRunning: ++c.running; break;
-      case MemberStatus::kDone: ++c.done; break;
-      case MemberStatus::kStopped: ++c.stopped; break;
-      case MemberStatus::kFailed: ++c.failed; break;
+      case MemberStatus::kIdle:
+        ++c.idle;
+        break;
+      case MemberStatus::kQueued:
+        ++c.queued;
+        break;
+      case MemberStatus::kRunning:
+        ++c.running;
+        break;
+      case MemberStatus::kDone:
+        ++c.done;
+        break;
+      case MemberStatus::kStopped:
+        ++c.stopped;
+        break;
+      case MemberStatus::kFailed:
+        ++c.failed;
+        break;
     }
   }
   return c;
@@ -199,7 +211,7 @@ class SchedulerImpl : public Scheduler, public ControlTarget, public WorkerPoolL
   std::vector<std::string> order_;
   std::mutex configs_mu_;
   std::map<std::string, ExperimentConfig> configs_;  // GUARDED_BY(configs_mu_)
-  uint64_t working_set_bytes_ = 0;  // last given to store_->SizeForWorkingSet
+  uint64_t working_set_bytes_ = 0;                   // last given to store_->SizeForWorkingSet
   bool stopping_ = false;
   bool finished_ = false;
   Status run_status_;
@@ -223,8 +235,8 @@ Status SchedulerImpl::Submit(const ExperimentConfig& config) {
     }
     auto parsed = ParseExperimentStatus(existing->status);
     if (!parsed.ok()) {
-      return Status::Corruption("experiment " + id + ": stored status: " +
-                                parsed.status().message());
+      return Status::Corruption("experiment " + id +
+                                ": stored status: " + parsed.status().message());
     }
     status = *parsed;
   } else if (existing.status().IsNotFound()) {
@@ -244,8 +256,8 @@ Status SchedulerImpl::Submit(const ExperimentConfig& config) {
     CKPT_RETURN_IF_ERROR(store_->SetExperimentStatus(id, "running"));
   }
   Entry entry;
-  entry.io = std::make_unique<StoreExperimentIo>(store_.get(), id, options_.kill_point,
-                                                 metrics_.get());
+  entry.io =
+      std::make_unique<StoreExperimentIo>(store_.get(), id, options_.kill_point, metrics_.get());
   ExperimentOptions eo;
   eo.max_member_failures = options_.supervision.max_member_failures;
   eo.final_eval_top = options_.final_eval_top;
@@ -321,9 +333,9 @@ void SchedulerImpl::OnTaskEvent(size_t worker, WorkerEvent ev) {
     switch (ev.kind) {
       case WorkerEvent::Kind::kCommitted:
         if (metrics_) {
-          metrics_->IntervalCommitted(e->id(), pool_->devices()[worker].device,
-                                      SecondsSince(ev.task.dispatched),
-                                      static_cast<uint64_t>(std::max<int64_t>(0, ev.result.samples)));
+          metrics_->IntervalCommitted(
+              e->id(), pool_->devices()[worker].device, SecondsSince(ev.task.dispatched),
+              static_cast<uint64_t>(std::max<int64_t>(0, ev.result.samples)));
         }
         NoteStateSize(entries_[e->id()], ev.result.state.size);
         e->OnCommitted(item, ev.version, ev.result.step, ev.result.val_acc, ev.result.samples,
@@ -333,7 +345,8 @@ void SchedulerImpl::OnTaskEvent(size_t worker, WorkerEvent ev) {
         e->OnEvaluated(item, ev.result.test_acc);
         break;
       case WorkerEvent::Kind::kFailed:
-        if (metrics_) metrics_->MemberFailed(e->id(), metrics::FailureReasonFromWorkerCode(ev.code));
+        if (metrics_)
+          metrics_->MemberFailed(e->id(), metrics::FailureReasonFromWorkerCode(ev.code));
         e->OnFailed(item, ev.code, ev.reason, /*head_moved=*/false);
         break;
       case WorkerEvent::Kind::kCommitError: {
@@ -503,8 +516,8 @@ Status SchedulerImpl::Run() {
   } else if (!swept->empty()) {
     std::string names;
     for (const auto& n : *swept) names += (names.empty() ? "" : ", ") + n;
-    Logger().info("removed {} shared-memory segment(s) of schedulers that died: {}",
-                  swept->size(), names);
+    Logger().info("removed {} shared-memory segment(s) of schedulers that died: {}", swept->size(),
+                  names);
   }
   WorkerPoolOptions po;
   po.devices = devices;
@@ -575,9 +588,8 @@ Status SchedulerImpl::RunLoop() {
       Status s = config.ok() ? Submit(*config) : config.status();
       if (!s.ok()) {
         Logger().error("cannot resume experiment {}: {}", x.id, s.ToString());
-        (void)store_->AppendEvent(x.id, json{{"type", "resume_failed"},
-                                             {"error", s.ToString()}}
-                                            .dump());
+        (void)store_->AppendEvent(x.id,
+                                  json{{"type", "resume_failed"}, {"error", s.ToString()}}.dump());
       }
     }
   } else if (AllEnded()) {
@@ -658,11 +670,9 @@ StatusOr<int64_t> SchedulerImpl::Restore(const std::string& exp, const std::stri
   if (metrics_) metrics_->StoreOperation(metrics::StoreOp::kRestore, SecondsSince(t0), 0);
   CKPT_ASSIGN_OR_RETURN(store::MemberHead head, store_->GetMember(exp, member));
   CKPT_RETURN_IF_ERROR(e->OnRestored(member, v, head.hparams, head.step));
-  (void)store_->AppendEvent(exp, json{{"type", "restore"},
-                                      {"member", member},
-                                      {"from_version", version},
-                                      {"version", v}}
-                                     .dump());
+  (void)store_->AppendEvent(
+      exp, json{{"type", "restore"}, {"member", member}, {"from_version", version}, {"version", v}}
+               .dump());
   return v;
 }
 

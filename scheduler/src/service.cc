@@ -251,9 +251,9 @@ Status RunService(const std::string& config_path, const ServiceRunOptions& run_o
     }
     return scheduler.status();
   }
-  LogLine(log, fmt::format("starting: store {}, control socket {}, grace {:.1f} s", config.store,
-                           config.socket,
-                           static_cast<double>(config.supervision.grace.count()) / 1000));
+  LogLine(log,
+          fmt::format("starting: store {}, control socket {}, grace {:.1f} s", config.store,
+                      config.socket, static_cast<double>(config.supervision.grace.count()) / 1000));
   Status run = (*scheduler)->Run();
   scheduler->reset();  // closes the store
   if (!run.ok()) return run;

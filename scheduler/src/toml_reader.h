@@ -5,6 +5,8 @@
 #ifndef CKPT_SCHEDULER_TOML_READER_H_
 #define CKPT_SCHEDULER_TOML_READER_H_
 
+#include <toml++/toml.h>
+
 #include <chrono>
 #include <cmath>
 #include <cstddef>
@@ -13,7 +15,6 @@
 #include <set>
 #include <sstream>
 #include <string>
-#include <toml++/toml.h>
 #include <vector>
 
 #include "ckpt/format/status.h"

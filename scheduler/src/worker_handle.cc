@@ -10,8 +10,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <exception>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "log.h"
@@ -34,7 +34,10 @@ double SecondsSince(std::chrono::steady_clock::time_point t0) {
 WorkerHandle::WorkerHandle(const WorkerSpec& spec, store::Store* store,
                            std::function<StatusOr<ipc::Configure>(const std::string&)> configure,
                            Callback on_event)
-    : spec_(spec), store_(store), configure_(std::move(configure)), on_event_(std::move(on_event)) {}
+    : spec_(spec),
+      store_(store),
+      configure_(std::move(configure)),
+      on_event_(std::move(on_event)) {}
 
 StatusOr<std::unique_ptr<WorkerHandle>> WorkerHandle::Start(
     const WorkerSpec& spec, store::Store* store,
@@ -55,19 +58,24 @@ StatusOr<std::unique_ptr<WorkerHandle>> WorkerHandle::Start(
 
 Status WorkerHandle::Spawn() {
   std::vector<std::string> args = {spec_.binary,
-                                   "--segment", spec_.segment,
-                                   "--device", spec_.device.device,
-                                   "--slots", std::to_string(spec_.device.slots),
-                                   "--fusion", FusionModeName(spec_.device.fusion),
-                                   "--fusion-width", std::to_string(spec_.device.fusion_width),
+                                   "--segment",
+                                   spec_.segment,
+                                   "--device",
+                                   spec_.device.device,
+                                   "--slots",
+                                   std::to_string(spec_.device.slots),
+                                   "--fusion",
+                                   FusionModeName(spec_.device.fusion),
+                                   "--fusion-width",
+                                   std::to_string(spec_.device.fusion_width),
                                    "--intra-op-threads",
                                    std::to_string(spec_.device.intra_op_threads)};
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
   if (access(spec_.binary.c_str(), X_OK) != 0) {
-    return Status::NotFound("worker binary " + spec_.binary + " is not executable: " +
-                            std::strerror(errno));
+    return Status::NotFound("worker binary " + spec_.binary +
+                            " is not executable: " + std::strerror(errno));
   }
   // The environment is built before fork: setenv in the child of a threaded
   // process is not async-signal-safe (it takes a lock and may allocate; another
@@ -326,11 +334,12 @@ void WorkerHandle::HandleResult(const ipc::Received& rec) {
                {"samples", static_cast<double>(r->samples)},
                {"compute_s", r->compute_s}};
   c.hparams = e.task.hparams;
-  c.event_json = nlohmann::json{{"type", "trained"},
-                                {"interval", e.task.interval_after},
-                                {"val_acc", r->val_acc},
-                                {"worker", spec_.index}}
-                     .dump();
+  c.event_json = nlohmann::json{
+      {"type", "trained"},
+      {"interval", e.task.interval_after},
+      {"val_acc", r->val_acc},
+      {"worker",
+       spec_.index}}.dump();
   const auto t0 = std::chrono::steady_clock::now();
   auto version = store_->CommitResult(c);
   channel_->Release();
@@ -350,9 +359,10 @@ void WorkerHandle::HandleResult(const ipc::Received& rec) {
   state.score = r->val_acc;
   Status saved = store_->SetMemberState(e.task.exp, e.task.member, EncodeMemberState(state));
   if (!saved.ok()) {
-    Logger().error("{}/{}: writing the state record after v{}: {} (reconciled from the head at "
-                   "the next start)",
-                   e.task.exp, e.task.member, *version, saved.ToString());
+    Logger().error(
+        "{}/{}: writing the state record after v{}: {} (reconciled from the head at "
+        "the next start)",
+        e.task.exp, e.task.member, *version, saved.ToString());
   }
   e.kind = WorkerEvent::Kind::kCommitted;
   e.version = *version;

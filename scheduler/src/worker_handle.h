@@ -68,22 +68,22 @@ struct WorkerEvent {
     kConfigureRefused
   };
   Kind kind = Kind::kLost;
-  Task task;                // kCommitted, kEvaluated, kFailed, kCommitError
-  int64_t version = 0;      // kCommitted
-  ipc::Result result;       // kCommitted / kEvaluated (state: data null, size kept)
-  ipc::Hello hello;         // kHello
-  ipc::Stats stats;         // kStats
-  std::string code;         // kFailed: worker's code; kCommitError: status code name
-  std::string reason;       // kFailed / kCommitError / kLost / kConfigureRefused
-  std::string exp;          // kConfigureRefused
+  Task task;            // kCommitted, kEvaluated, kFailed, kCommitError
+  int64_t version = 0;  // kCommitted
+  ipc::Result result;   // kCommitted / kEvaluated (state: data null, size kept)
+  ipc::Hello hello;     // kHello
+  ipc::Stats stats;     // kStats
+  std::string code;     // kFailed: worker's code; kCommitError: status code name
+  std::string reason;   // kFailed / kCommitError / kLost / kConfigureRefused
+  std::string exp;      // kConfigureRefused
 };
 
 struct WorkerSpec {
-  int index = 0;               // position in the pool
-  std::string name;            // metrics label: "w<index>"
+  int index = 0;     // position in the pool
+  std::string name;  // metrics label: "w<index>"
   DeviceConfig device;
-  std::string binary;          // path of ckpt-worker
-  std::string segment;         // shm name
+  std::string binary;   // path of ckpt-worker
+  std::string segment;  // shm name
   size_t ring_bytes = kDefaultRingBytes;
   std::chrono::milliseconds heartbeat_timeout{10000};
   // Where store and ring timings go (thread-safe); nullptr: nowhere.
@@ -98,8 +98,7 @@ class WorkerHandle {
   // `configure` gives the CONFIGURE of an experiment id (NotFound if unknown).
   static StatusOr<std::unique_ptr<WorkerHandle>> Start(
       const WorkerSpec& spec, store::Store* store,
-      std::function<StatusOr<ipc::Configure>(const std::string& exp)> configure,
-      Callback on_event);
+      std::function<StatusOr<ipc::Configure>(const std::string& exp)> configure, Callback on_event);
   ~WorkerHandle();
 
   void Enqueue(Task task);

@@ -160,7 +160,8 @@ void WorkerPool::Start(size_t i) {
   Worker& w = *workers_[i];
   const uint64_t inc = ++w.incarnation;
   auto h = WorkerHandle::Start(w.spec, store_, configure_, [this, i, inc](WorkerEvent ev) {
-    asio::post(io_, [this, i, inc, ev = std::move(ev)]() mutable { OnEvent(i, inc, std::move(ev)); });
+    asio::post(io_,
+               [this, i, inc, ev = std::move(ev)]() mutable { OnEvent(i, inc, std::move(ev)); });
   });
   w.started = Clock::now();
   w.ready = false;
@@ -238,10 +239,9 @@ void WorkerPool::OnLost(size_t i, const std::string& reason) {
   w.ready = false;
   w.busy = 0;
   Logger().warn("worker {} ({}) lost: {}{}", i, w.spec.device.device, reason,
-                unfinished.empty()
-                    ? std::string()
-                    : "; " + std::to_string(unfinished.size()) +
-                          " member(s) requeued from their committed heads");
+                unfinished.empty() ? std::string()
+                                   : "; " + std::to_string(unfinished.size()) +
+                                         " member(s) requeued from their committed heads");
   if (stopped_ || draining_) {
     listener_->OnWorkerLost(i, reason, std::move(unfinished), true);
     return;
@@ -260,8 +260,8 @@ void WorkerPool::OnLost(size_t i, const std::string& reason) {
   }
   listener_->OnWorkerLost(i, reason, std::move(unfinished), given_up);
   if (given_up) {
-    const bool any = std::any_of(workers_.begin(), workers_.end(),
-                                 [](const auto& o) { return !o->given_up; });
+    const bool any =
+        std::any_of(workers_.begin(), workers_.end(), [](const auto& o) { return !o->given_up; });
     if (!any) listener_->OnAllGivenUp(reason);
   }
 }

@@ -70,8 +70,8 @@ class WorkerPoolListener {
   virtual void OnTaskEvent(size_t worker, WorkerEvent event) = 0;
   // A worker was lost; `unfinished` are the tasks it was given and never
   // reported (to requeue). `given_up`: it will not be restarted.
-  virtual void OnWorkerLost(size_t worker, const std::string& reason,
-                            std::vector<Task> unfinished, bool given_up) = 0;
+  virtual void OnWorkerLost(size_t worker, const std::string& reason, std::vector<Task> unfinished,
+                            bool given_up) = 0;
   // Every worker has been given up on.
   virtual void OnAllGivenUp(const std::string& last_reason) = 0;
 };

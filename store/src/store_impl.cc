@@ -380,8 +380,8 @@ Status StoreImpl::OpenDb() {
     // The writer may delete files under it; opening retries, Refresh() reopens.
     for (int attempt = 0; attempt < 3; ++attempt) {
       s = rocksdb::DB::OpenForReadOnly(db_options, path,
-                                       Descriptors(blob_cache_, blob_memtable_bytes_),
-                                       &handles_, &raw, /*error_if_wal_file_exists=*/false);
+                                       Descriptors(blob_cache_, blob_memtable_bytes_), &handles_,
+                                       &raw, /*error_if_wal_file_exists=*/false);
       if (s.ok() || !(s.IsIOError() || s.IsCorruption() || s.IsPathNotFound())) break;
     }
   } else {

@@ -65,22 +65,29 @@ constexpr Kind kAllKinds[] = {Kind::kWorkerSigkill,      Kind::kWorkerSigstop,
 
 const char* KindName(Kind k) {
   switch (k) {
-    case Kind::kWorkerSigkill: return "worker_sigkill";
-    case Kind::kWorkerSigstop: return "worker_sigstop";
-    case Kind::kSchedulerSigkill: return "scheduler_sigkill";
-    case Kind::kSchedulerSigterm: return "scheduler_sigterm";
-    case Kind::kSchedulerKillPoint: return "scheduler_kill_point";
-    case Kind::kWorkerKillPoint: return "worker_kill_point";
-    case Kind::kCorruptBlob: return "corrupt_blob";
+    case Kind::kWorkerSigkill:
+      return "worker_sigkill";
+    case Kind::kWorkerSigstop:
+      return "worker_sigstop";
+    case Kind::kSchedulerSigkill:
+      return "scheduler_sigkill";
+    case Kind::kSchedulerSigterm:
+      return "scheduler_sigterm";
+    case Kind::kSchedulerKillPoint:
+      return "scheduler_kill_point";
+    case Kind::kWorkerKillPoint:
+      return "worker_kill_point";
+    case Kind::kCorruptBlob:
+      return "corrupt_blob";
   }
   return "?";
 }
 
 // Kill points a scheduler passes (scheduler/src/experiment.cc and
 // store/src/store_impl.cc) and a worker passes (worker/src/worker_loop.cc).
-const std::vector<std::string> kSchedulerPoints = {
-    "commit.before_write", "commit.after_write",   "scheduler.committed",
-    "scheduler.exploited", "exploit.before_write", "exploit.after_write"};
+const std::vector<std::string> kSchedulerPoints = {"commit.before_write",  "commit.after_write",
+                                                   "scheduler.committed",  "scheduler.exploited",
+                                                   "exploit.before_write", "exploit.after_write"};
 const std::vector<std::string> kWorkerPoints = {"worker.decode", "worker.train", "worker.encode",
                                                 "worker.result_sent"};
 
@@ -205,12 +212,11 @@ struct StoreCheck {
   std::string verify_problem;
   int trained_twice = 0;  // (member, interval) pairs committed more than once
   int intervals_missing = 0;
-  int fallbacks = 0;      // "corrupt_state" events: members that fell back
+  int fallbacks = 0;  // "corrupt_state" events: members that fell back
   std::vector<std::string> verify_problems;
 };
 
-StoreCheck CheckStore(const std::string& path, const std::string& exp, int intervals,
-                      bool verify) {
+StoreCheck CheckStore(const std::string& path, const std::string& exp, int intervals, bool verify) {
   StoreCheck c;
   store::StoreOptions o;
   o.path = path;
@@ -369,8 +375,8 @@ std::string ExperimentToml(const Options& o) {
   os << "name = \"chaos\"\nseed = 4242\nmetrics = \"\"\n"
      << "[model]\nspec = \"lenet5\"\noptimizer = \"sgd\"\n"
      << "[data]\nbatch_size = 16\neval_size = 200\n"
-     << "[population]\nsize = " << o.population << "\nsteps_per_interval = 6\nintervals = "
-     << o.intervals << "\n"
+     << "[population]\nsize = " << o.population
+     << "\nsteps_per_interval = 6\nintervals = " << o.intervals << "\n"
      << "[search_space.lr]\ntype = \"log_uniform\"\nmin = 0.001\nmax = 0.2\n"
      << "[search_space.momentum]\ntype = \"uniform\"\nmin = 0.5\nmax = 0.95\n"
      << "[policy]\nkind = \"pbt\"\nmode = \"sync\"\nquantile = 0.34\nready_intervals = 1\n"
@@ -428,7 +434,8 @@ class ChaosRunner {
     }
     calm_results_ = f.results();
     StoreCheck check = CheckStore(store, "chaos", o_.intervals, true);
-    if (!check.opened || !check.verified || check.heads.size() != static_cast<size_t>(o_.population)) {
+    if (!check.opened || !check.verified ||
+        check.heads.size() != static_cast<size_t>(o_.population)) {
       std::fprintf(stderr, "ckpt-chaos: the undisturbed store does not check: %s %s\n",
                    check.error.c_str(), check.verify_problem.c_str());
       return false;
@@ -446,12 +453,15 @@ class ChaosRunner {
     // the scheduler's incarnations).
     std::vector<std::pair<int, Kind>> plan;
     for (int i = 0; i < o_.faults_per_run; ++i) {
-      const int at = 1 + static_cast<int>(rng() % static_cast<uint64_t>(std::max(1, calm_results_ - 3)));
+      const int at =
+          1 + static_cast<int>(rng() % static_cast<uint64_t>(std::max(1, calm_results_ - 3)));
       plan.emplace_back(at, kinds_[rng() % kinds_.size()]);
     }
-    std::sort(plan.begin(), plan.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::sort(plan.begin(), plan.end(),
+              [](const auto& a, const auto& b) { return a.first < b.first; });
     std::string plan_text;
-    for (const auto& [at, k] : plan) plan_text += " " + std::string(KindName(k)) + "@" + std::to_string(at);
+    for (const auto& [at, k] : plan)
+      plan_text += " " + std::string(KindName(k)) + "@" + std::to_string(at);
     std::printf("run %d:%s\n", run, plan_text.c_str());
     std::fflush(stdout);
 
@@ -695,8 +705,7 @@ class ChaosRunner {
                 diverged ? "DIVERGED " : "heads as undisturbed ",
                 verified ? (damaged.empty() ? "verified" : "verified (damage found)")
                          : ("VERIFY FAILED: " + end.verify_problem + end.error).c_str(),
-                lost_here ? ", COMMITTED LOST" : "",
-                end.trained_twice ? ", TRAINED TWICE" : "");
+                lost_here ? ", COMMITTED LOST" : "", end.trained_twice ? ", TRAINED TWICE" : "");
     if (diverged) {
       for (const auto& [m, h] : calm_) {
         auto it = end.heads.find(m);
@@ -705,9 +714,9 @@ class ChaosRunner {
         } else if (!(it->second == h)) {
           std::printf("    %s: v%lld step %lld %s, undisturbed v%lld step %lld %s\n", m.c_str(),
                       static_cast<long long>(it->second.version),
-                      static_cast<long long>(it->second.step), it->second.blob.substr(0, 12).c_str(),
-                      static_cast<long long>(h.version), static_cast<long long>(h.step),
-                      h.blob.substr(0, 12).c_str());
+                      static_cast<long long>(it->second.step),
+                      it->second.blob.substr(0, 12).c_str(), static_cast<long long>(h.version),
+                      static_cast<long long>(h.step), h.blob.substr(0, 12).c_str());
         }
       }
     }
@@ -779,8 +788,7 @@ int Main(int argc, char** argv) {
   app.add_option("--seed", o.seed, "seed of the fault plan (default 1)");
   app.add_option("--faults-per-run", o.faults_per_run, "faults planned per run (default 6)")
       ->check(CLI::Range(0, 1000));
-  app.add_option("--kinds", kinds,
-                 "comma-separated fault kinds (default: all but corrupt_blob)");
+  app.add_option("--kinds", kinds, "comma-separated fault kinds (default: all but corrupt_blob)");
   app.add_option("--dir", o.dir, "work directory (default: a new one under $TMPDIR)");
   app.add_option("--scheduler", o.scheduler, "ckpt-scheduler (default: beside ckpt-chaos)");
   app.add_option("--population", o.population, "members (default 6)")->check(CLI::Range(2, 64));
@@ -801,8 +809,8 @@ int Main(int argc, char** argv) {
   }
   if (o.scheduler.empty()) o.scheduler = DefaultScheduler();
   if (o.dir.empty()) {
-    std::string tmpl = std::string(std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp") +
-                       "/ckpt-chaos-XXXXXX";
+    std::string tmpl =
+        std::string(std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp") + "/ckpt-chaos-XXXXXX";
     if (mkdtemp(tmpl.data()) == nullptr) {
       std::fprintf(stderr, "ckpt-chaos: cannot make a work directory\n");
       return 1;

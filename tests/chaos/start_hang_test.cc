@@ -29,8 +29,7 @@ TEST(StartHangTest, WorkerStoppedWhileStartingIsReplaced) {
                         << "[supervision]\nrestart_backoff_s = 0.1\nheartbeat_timeout_s = 2\n"
                         << "[[devices]]\ndevice = \"cpu\"\ncount = 1\nslots = 1\n"
                         << "fusion = \"plain\"\n";
-  Child c({CKPT_SCHEDULER_BIN, "run", config, "--store", dir + "/store", "--quiet"},
-          dir + "/log");
+  Child c({CKPT_SCHEDULER_BIN, "run", config, "--store", dir + "/store", "--quiet"}, dir + "/log");
   // The only worker, stopped as soon as it exists: long before it has loaded
   // LibTorch and attached to its ring.
   pid_t stopped = 0;
@@ -40,8 +39,7 @@ TEST(StartHangTest, WorkerStoppedWhileStartingIsReplaced) {
     std::this_thread::sleep_for(std::chrono::microseconds(500));
   }
   ASSERT_NE(stopped, 0) << c.Log();
-  ASSERT_TRUE(c.WaitFor(milliseconds(180000))) << "the run hung on the stopped worker\n"
-                                                << c.Log();
+  ASSERT_TRUE(c.WaitFor(milliseconds(180000))) << "the run hung on the stopped worker\n" << c.Log();
   const int st = c.Wait();
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << c.Log();
   EXPECT_NE(c.Log().find("did not say HELLO within 30 s of its start"), std::string::npos)

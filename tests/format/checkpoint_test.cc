@@ -44,7 +44,8 @@ const std::string kSumEntry = std::string(kSumField) + "0000000000000000\"";
 
 json MetaWithSums(const std::map<std::string, std::string>& tensors_data) {
   json sums = json::object();
-  for (const auto& [name, bytes] : tensors_data) sums[name] = HexU64(Xxh3_64(bytes.data(), bytes.size()));
+  for (const auto& [name, bytes] : tensors_data)
+    sums[name] = HexU64(Xxh3_64(bytes.data(), bytes.size()));
   return {{"ckpt.format_version", "1"},
           {"ckpt.checksums", sums.dump()},
           {"ckpt.header_xxh3", "0000000000000000"}};
@@ -157,7 +158,8 @@ TEST(CheckpointTest, EveryCorruptionCaseIsDetectedAndNamed) {
     return "{\"__metadata__\":" + meta.dump() + ",\"w\":" + w_entry + ",\"v\":" + v_entry + "}";
   };
   // Sanity: the well-formed version parses.
-  std::string good = RawBlob(header(TensorJson("F32", {4}, 0, 16), TensorJson("U8", {8}, 16, 24)), a + b);
+  std::string good =
+      RawBlob(header(TensorJson("F32", {4}, 0, 16), TensorJson("U8", {8}, 16, 24)), a + b);
   ASSERT_TRUE(ParseCheckpoint(good.data(), good.size()).ok());
 
   // Header length beyond the blob.
@@ -178,41 +180,47 @@ TEST(CheckpointTest, EveryCorruptionCaseIsDetectedAndNamed) {
   edited[edited.find("\"F32\"") + 1] = 'I';
   ExpectCorruption(edited, "header checksum mismatch");
   // Unknown dtype.
-  ExpectCorruption(RawBlob(header(TensorJson("F33", {4}, 0, 16), TensorJson("U8", {8}, 16, 24)), a + b),
-                   "tensor w: unknown dtype");
-  // Shape product overflow.
   ExpectCorruption(
-      RawBlob(header(TensorJson("F32", {4611686018427387904ULL, 4}, 0, 16), TensorJson("U8", {8}, 16, 24)),
-              a + b),
-      "tensor w");
-  ExpectCorruption(RawBlob(header(TensorJson("F32", {-4}, 0, 16), TensorJson("U8", {8}, 16, 24)), a + b),
-                   "tensor w: shape");
+      RawBlob(header(TensorJson("F33", {4}, 0, 16), TensorJson("U8", {8}, 16, 24)), a + b),
+      "tensor w: unknown dtype");
+  // Shape product overflow.
+  ExpectCorruption(RawBlob(header(TensorJson("F32", {4611686018427387904ULL, 4}, 0, 16),
+                                  TensorJson("U8", {8}, 16, 24)),
+                           a + b),
+                   "tensor w");
+  ExpectCorruption(
+      RawBlob(header(TensorJson("F32", {-4}, 0, 16), TensorJson("U8", {8}, 16, 24)), a + b),
+      "tensor w: shape");
   // Byte count that does not match dtype x shape.
-  ExpectCorruption(RawBlob(header(TensorJson("F32", {3}, 0, 16), TensorJson("U8", {8}, 16, 24)), a + b),
-                   "tensor w: 16 bytes do not match");
+  ExpectCorruption(
+      RawBlob(header(TensorJson("F32", {3}, 0, 16), TensorJson("U8", {8}, 16, 24)), a + b),
+      "tensor w: 16 bytes do not match");
   // Offsets out of bounds.
   ExpectCorruption(RawBlob(header(TensorJson("F32", {4}, 0, 16), TensorJson("U8", {8}, 16, 24)), a),
                    "tensor v: data_offsets [16, 24] out of bounds");
-  ExpectCorruption(RawBlob(header(TensorJson("F32", {4}, 16, 0), TensorJson("U8", {8}, 16, 24)), a + b),
-                   "tensor w: data_offsets");
+  ExpectCorruption(
+      RawBlob(header(TensorJson("F32", {4}, 16, 0), TensorJson("U8", {8}, 16, 24)), a + b),
+      "tensor w: data_offsets");
   // Overlapping.
-  ExpectCorruption(RawBlob(header(TensorJson("F32", {4}, 0, 16), TensorJson("U8", {8}, 8, 16)), a + b),
-                   "overlaps");
+  ExpectCorruption(
+      RawBlob(header(TensorJson("F32", {4}, 0, 16), TensorJson("U8", {8}, 8, 16)), a + b),
+      "overlaps");
   // Hole.
-  ExpectCorruption(RawBlob(header(TensorJson("F32", {4}, 0, 16), TensorJson("U8", {8}, 20, 28)),
-                           a + "xxxx" + b),
-                   "tensor v: leaves a hole");
+  ExpectCorruption(
+      RawBlob(header(TensorJson("F32", {4}, 0, 16), TensorJson("U8", {8}, 20, 28)), a + "xxxx" + b),
+      "tensor v: leaves a hole");
   // Trailing bytes.
-  ExpectCorruption(RawBlob(header(TensorJson("F32", {4}, 0, 16), TensorJson("U8", {8}, 16, 24)), a + b + "z"),
-                   "trailing bytes");
+  ExpectCorruption(
+      RawBlob(header(TensorJson("F32", {4}, 0, 16), TensorJson("U8", {8}, 16, 24)), a + b + "z"),
+      "trailing bytes");
   // Checksum mismatch.
   std::string flipped = good;
   flipped[flipped.size() - 1] ^= 1;
   ExpectCorruption(flipped, "tensor v: checksum mismatch");
   // Missing checksum.
   json no_sums = {{"ckpt.format_version", "1"}, {"ckpt.header_xxh3", "0000000000000000"}};
-  ExpectCorruption(RawBlob("{\"__metadata__\":" + no_sums.dump() + ",\"w\":" +
-                               TensorJson("F32", {4}, 0, 16) + "}",
+  ExpectCorruption(RawBlob("{\"__metadata__\":" + no_sums.dump() +
+                               ",\"w\":" + TensorJson("F32", {4}, 0, 16) + "}",
                            a),
                    "tensor w: no checksum");
   // Data area not aligned.
@@ -241,9 +249,9 @@ TEST(CheckpointTest, AnySingleByteFlipIsDetected) {
   CheckpointWriter writer;
   writer.mutable_meta().hparams["lr"] = 0.1;
   ASSERT_TRUE(writer.AddTensor("fc1.weight", DType::kF32, {10, 100}, w.data(), 4000).ok());
-  ASSERT_TRUE(writer.AddTensor("optim.fc1.weight.momentum_buffer", DType::kF32, {10, 100},
-                               m.data(), 4000)
-                  .ok());
+  ASSERT_TRUE(
+      writer.AddTensor("optim.fc1.weight.momentum_buffer", DType::kF32, {10, 100}, m.data(), 4000)
+          .ok());
   const std::string blob = writer.Encode();
   std::mt19937 rng(7);
   int detected = 0, tried = 0;

@@ -47,8 +47,8 @@ std::string Config(const std::string& device, int count, int population, int int
   os << "name = \"gpu\"\nseed = 7\n"
      << "[model]\nspec = \"lenet5\"\noptimizer = \"sgd\"\n"
      << "[data]\nbatch_size = 32\neval_size = 1000\n"
-     << "[population]\nsize = " << population << "\nsteps_per_interval = 40\nintervals = "
-     << intervals << "\n"
+     << "[population]\nsize = " << population
+     << "\nsteps_per_interval = 40\nintervals = " << intervals << "\n"
      << "[search_space.lr]\ntype = \"log_uniform\"\nmin = 0.01\nmax = 0.1\n"
      << "[search_space.momentum]\ntype = \"uniform\"\nmin = 0.5\nmax = 0.9\n"
      << "[policy]\nkind = \"random\"\n"

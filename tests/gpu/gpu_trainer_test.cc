@@ -43,10 +43,10 @@ std::unique_ptr<Trainer> GpuTrainer(TrainerOptions o, std::string* why) {
   return std::move(t).value();
 }
 
-#define CKPT_GPU_OR_SKIP(trainer, options)                       \
-  std::string why_##trainer;                                     \
-  auto trainer = GpuTrainer(options, &why_##trainer);            \
-  if (trainer == nullptr) {                                      \
+#define CKPT_GPU_OR_SKIP(trainer, options)                            \
+  std::string why_##trainer;                                          \
+  auto trainer = GpuTrainer(options, &why_##trainer);                 \
+  if (trainer == nullptr) {                                           \
     GTEST_SKIP() << "no usable " << kDevice << ": " << why_##trainer; \
   }
 
@@ -147,8 +147,8 @@ TEST(GpuRingTest, PinnedRingHandoffIsBitExact) {
   // segment's mapping.
   const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
   const uintptr_t begin = reinterpret_cast<uintptr_t>(rec->payload) & ~(page - 1);
-  const uintptr_t end = (reinterpret_cast<uintptr_t>(rec->payload) + rec->size + page - 1) &
-                        ~(page - 1);
+  const uintptr_t end =
+      (reinterpret_cast<uintptr_t>(rec->payload) + rec->size + page - 1) & ~(page - 1);
   Status pinned = gpu->PinHostMemory(reinterpret_cast<const void*>(begin), end - begin);
   ASSERT_TRUE(pinned.ok()) << pinned.ToString();
 

@@ -16,9 +16,9 @@
 namespace ckpt {
 namespace {
 
+using std::chrono::milliseconds;
 using testing::Child;
 using testing::ChildrenOf;
-using std::chrono::milliseconds;
 
 std::string Config(const std::string& name, const std::string& mode, int workers,
                    int population = 6, int intervals = 4) {
@@ -26,11 +26,12 @@ std::string Config(const std::string& name, const std::string& mode, int workers
   os << "name = \"" << name << "\"\nseed = 99\n"
      << "[model]\nspec = \"lenet5\"\noptimizer = \"sgd\"\n"
      << "[data]\nbatch_size = 16\neval_size = 200\n"
-     << "[population]\nsize = " << population << "\nsteps_per_interval = 6\nintervals = "
-     << intervals << "\n"
+     << "[population]\nsize = " << population
+     << "\nsteps_per_interval = 6\nintervals = " << intervals << "\n"
      << "[search_space.lr]\ntype = \"log_uniform\"\nmin = 0.001\nmax = 0.2\n"
      << "[search_space.momentum]\ntype = \"uniform\"\nmin = 0.5\nmax = 0.95\n"
-     << "[policy]\nkind = \"pbt\"\nmode = \"" << mode << "\"\nquantile = 0.34\nready_intervals = 1\n"
+     << "[policy]\nkind = \"pbt\"\nmode = \"" << mode
+     << "\"\nquantile = 0.34\nready_intervals = 1\n"
      << "[[devices]]\ndevice = \"cpu\"\ncount = " << workers
      << "\nslots = 2\nfusion = \"plain\"\nintra_op_threads = 1\n";
   return os.str();
@@ -52,8 +53,8 @@ class PbtRunTest : public ::testing::Test {
   }
 
   std::vector<std::string> RunArgs(const std::string& config, const std::string& store) {
-    return {scheduler_, "run", config, "--store", store, "--quiet", "--restart-backoff-ms", "100",
-            "--grace-ms", "5000"};
+    return {scheduler_, "run",        config, "--store", store, "--quiet", "--restart-backoff-ms",
+            "100",      "--grace-ms", "5000"};
   }
 
   // Runs to completion; returns the exit code.
@@ -91,8 +92,8 @@ class PbtRunTest : public ::testing::Test {
       out[m.member] = Head{m.version, m.step, m.blob ? m.blob->Hex() : "", m.hparams};
     }
     auto report = (*s)->Verify();
-    EXPECT_TRUE(report.ok() && report->ok()) << (report.ok() && !report->problems.empty()
-                                                     ? report->problems[0]
+    EXPECT_TRUE(report.ok() && report->ok())
+        << (report.ok() && !report->problems.empty() ? report->problems[0]
                                                      : std::string("verify failed"));
     return out;
   }
@@ -288,12 +289,12 @@ TEST_F(PbtRunTest, SchedulerKilledAtEachKindOfPointResumesAsUninterrupted) {
   ASSERT_EQ(RunToEnd(config, dir_ + "/calm"), 0);
   const auto calm = Heads(dir_ + "/calm", "kp");
   const std::vector<std::string> points = {
-      "commit.after_write:4",      // committed, state record not yet written
-      "scheduler.committed:9",     // generation 2 under way
-      "scheduler.exploited:1",     // first exploit of a barrier, its state record not written
-      "exploit.before_write:4",    // the second barrier, half applied
-      "scheduler.committed:33",    // last generation, three members finished
-      "scheduler.committed:35",    // last generation, one member left
+      "commit.after_write:4",    // committed, state record not yet written
+      "scheduler.committed:9",   // generation 2 under way
+      "scheduler.exploited:1",   // first exploit of a barrier, its state record not written
+      "exploit.before_write:4",  // the second barrier, half applied
+      "scheduler.committed:33",  // last generation, three members finished
+      "scheduler.committed:35",  // last generation, one member left
   };
   for (size_t i = 0; i < points.size(); ++i) {
     SCOPED_TRACE(points[i]);
@@ -317,8 +318,7 @@ TEST_F(PbtRunTest, SchedulerKilledAtEachKindOfPointResumesAsUninterrupted) {
 // instance name ("ckpt-" + 10 hex digits of the store path's XXH3 + "-wN").
 std::string SegmentOf(const std::string& store, int w) {
   const std::string abs = std::filesystem::absolute(store).lexically_normal().string();
-  return "ckpt-" + HexU64(Xxh3_64(abs.data(), abs.size())).substr(0, 10) + "-w" +
-         std::to_string(w);
+  return "ckpt-" + HexU64(Xxh3_64(abs.data(), abs.size())).substr(0, 10) + "-w" + std::to_string(w);
 }
 
 TEST_F(PbtRunTest, SegmentsOfAKilledSchedulerAreSweptByTheNextOne) {
@@ -359,7 +359,7 @@ TEST_F(PbtRunTest, BadConfigurationsFailBeforeAnythingStarts) {
   };
   const std::string good = Config("bad", "sync", 1);
   const std::vector<Case> cases = {
-      {"seed = 99", "seed = 99\ncolour = 3", "colour (" },
+      {"seed = 99", "seed = 99\ncolour = 3", "colour ("},
       {"size = 6", "size = \"6\"", "population.size ("},
       {"size = 6", "size = 0", "population.size ("},
       {"[data]\n", "[data]\npath = \"/nonexistent\"\n", "data.path ("},

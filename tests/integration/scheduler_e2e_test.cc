@@ -41,12 +41,13 @@ struct Spec {
 std::string Toml(const Spec& s) {
   std::ostringstream os;
   os << "name = \"" << s.name << "\"\nseed = 5\n"
-     << "[model]\n" << s.model << "optimizer = \"sgd\"\n"
+     << "[model]\n"
+     << s.model << "optimizer = \"sgd\"\n"
      << "[data]\nbatch_size = 16\neval_size = 200\n"
      << "[population]\nsize = " << s.population << "\nsteps_per_interval = " << s.steps
-     << "\nintervals = " << s.intervals << "\n" << s.population_extra
-     << s.space << "[policy]\n" << s.policy << s.extra
-     << "[[devices]]\ndevice = \"cpu\"\ncount = " << s.workers
+     << "\nintervals = " << s.intervals << "\n"
+     << s.population_extra << s.space << "[policy]\n"
+     << s.policy << s.extra << "[[devices]]\ndevice = \"cpu\"\ncount = " << s.workers
      << "\nslots = 2\nfusion = \"plain\"\nintra_op_threads = 1\n";
   return os.str();
 }
@@ -70,7 +71,7 @@ class SchedulerE2eTest : public ::testing::Test {
   }
 
   std::vector<std::string> Args(const std::string& config, const std::string& store) {
-    return {scheduler_, "run",  config, "--store", store, "--quiet", "--restart-backoff-ms",
+    return {scheduler_, "run",        config, "--store", store, "--quiet", "--restart-backoff-ms",
             "100",      "--grace-ms", "5000"};
   }
 
@@ -141,7 +142,8 @@ TEST_F(SchedulerE2eTest, NextIntervalTrainsWithTheExploitsHparamsAndTheConstants
     ASSERT_TRUE(versions.ok());
     for (size_t i = 0; i < versions->size(); ++i) {
       const auto& v = (*versions)[i];
-      if (v.reason != store::kReasonExploit || v.hparams != ev["hparams"].get<std::map<std::string, double>>()) {
+      if (v.reason != store::kReasonExploit ||
+          v.hparams != ev["hparams"].get<std::map<std::string, double>>()) {
         continue;
       }
       // The trained version whose parent is this exploit.
@@ -415,8 +417,8 @@ TEST_F(SchedulerE2eTest, UnreadableModelFileIsRefusedBeforeAnythingStarts) {
 // worker refuses CONFIGURE and the experiment ends at once as failed, with
 // the worker's reason, not member by member.
 TEST_F(SchedulerE2eTest, RefusedConfigureFailsTheExperimentAtOnce) {
-  std::ofstream(dir_ + "/broken.pt", std::ios::binary) << std::string("PK\x03\x04", 4)
-                                                       << "truncated archive";
+  std::ofstream(dir_ + "/broken.pt", std::ios::binary)
+      << std::string("PK\x03\x04", 4) << "truncated archive";
   Spec spec;
   spec.name = "refused";
   spec.model = "spec = \"torchscript:" + dir_ + "/broken.pt\"\n";

@@ -48,9 +48,9 @@ TEST(WorkerProcessTest, MalformedTrainGetsFailedAndTheWorkerGoesOn) {
   auto ch = ipc::Channel::Create(name, o);
   ASSERT_TRUE(ch.ok()) << ch.status().ToString();
   const std::string dir = testing::TempDir("wp");
-  testing::Child worker({CKPT_WORKER_BIN, "--segment", name, "--device", "cpu", "--slots", "1",
-                         "--fusion", "plain"},
-                        dir + "/worker.log");
+  testing::Child worker(
+      {CKPT_WORKER_BIN, "--segment", name, "--device", "cpu", "--slots", "1", "--fusion", "plain"},
+      dir + "/worker.log");
   ipc::Received hello = Next(ch->get(), ipc::RecordType::kHello);
   ASSERT_NE(hello.payload, nullptr);
   (*ch)->Release();

@@ -80,19 +80,23 @@ TEST(ConfigTest, ParsesEveryField) {
 }
 
 TEST(ConfigTest, UnknownKeyNamesKeyAndLine) {
-  ExpectError(Replace(kGood, "size = 6", "size = 6\nsizes = 7"), "population.sizes (exp.toml line 11): unknown key");
+  ExpectError(Replace(kGood, "size = 6", "size = 6\nsizes = 7"),
+              "population.sizes (exp.toml line 11): unknown key");
   ExpectError(Replace(kGood, "seed = 7", "sed = 7"), "sed (exp.toml line 2): unknown key");
   ExpectError(Replace(kGood, "slots = 2", "slot = 2"), "devices[0].slot");
 }
 
 TEST(ConfigTest, WrongTypeNamesKeyAndLine) {
-  ExpectError(Replace(kGood, "size = 6", "size = \"six\""), "population.size (exp.toml line 10): must be an integer");
-  ExpectError(Replace(kGood, "min = 0.001", "min = \"small\""), "search_space.lr.min (exp.toml line 15)");
+  ExpectError(Replace(kGood, "size = 6", "size = \"six\""),
+              "population.size (exp.toml line 10): must be an integer");
+  ExpectError(Replace(kGood, "min = 0.001", "min = \"small\""),
+              "search_space.lr.min (exp.toml line 15)");
   ExpectError(Replace(kGood, "[model]", "model = 3\n[modelx]"), "model");
 }
 
 TEST(ConfigTest, BadValuesAreRefused) {
-  ExpectError(Replace(kGood, "size = 6", "size = 0"), "population.size (exp.toml line 10): must be in [1");
+  ExpectError(Replace(kGood, "size = 6", "size = 0"),
+              "population.size (exp.toml line 10): must be in [1");
   ExpectError(Replace(kGood, "optimizer = \"sgd\"", "optimizer = \"lbfgs\""), "model.optimizer");
   ExpectError(Replace(kGood, "kind = \"pbt\"", "kind = \"hyperband\""), "policy.kind");
   ExpectError(Replace(kGood, "max = 0.1", "max = 0.0001"), "search_space.lr.max");
@@ -143,8 +147,8 @@ TEST(ConfigLimitsTest, ModelSpecAtAndPastTheLimit) {
 
 TEST(ConfigLimitsTest, NameAtAndPastTheLimit) {
   const std::string at(kMaxExperimentNameBytes, 'n');
-  auto c = ParseExperimentConfig(Replace(kGood, "name = \"t1\"", "name = \"" + at + "\""),
-                                 "exp.toml");
+  auto c =
+      ParseExperimentConfig(Replace(kGood, "name = \"t1\"", "name = \"" + at + "\""), "exp.toml");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   ExpectError(Replace(kGood, "name = \"t1\"", "name = \"" + at + "n\""),
               "name (exp.toml line 1): is 129 bytes; the limit is 128");

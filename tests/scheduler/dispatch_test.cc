@@ -61,8 +61,8 @@ TEST(ExpandDevicesTest, CountExpandsAndAutoFallsBackToTheCpuWithoutGpus) {
 // Records tasks; each worker has `capacity` slots.
 class RecordingSink : public TaskSink {
  public:
-  explicit RecordingSink(std::vector<int> capacity) : capacity_(std::move(capacity)),
-                                                      busy_(capacity_.size(), 0) {}
+  explicit RecordingSink(std::vector<int> capacity)
+      : capacity_(std::move(capacity)), busy_(capacity_.size(), 0) {}
   int PickFree(int per_slot) const override {
     int best = -1;
     for (size_t i = 0; i < capacity_.size(); ++i) {

@@ -60,9 +60,9 @@ class RecordingPolicy : public Policy {
   RecordingPolicy(std::unique_ptr<Policy> inner, std::map<int, int>* decided)
       : inner_(std::move(inner)), decided_(decided) {}
   bool synchronous() const override { return inner_->synchronous(); }
-  std::map<std::string, Decision> Decide(int generation, const std::vector<MemberProgress>& members,
-                                         const std::vector<MemberProgress>& population)
-      const override {
+  std::map<std::string, Decision> Decide(
+      int generation, const std::vector<MemberProgress>& members,
+      const std::vector<MemberProgress>& population) const override {
     if (synchronous()) ++(*decided_)[generation];
     return inner_->Decide(generation, members, population);
   }
@@ -238,10 +238,10 @@ TEST(MemberStateTest, VersionOneRecordsReadTheirMinusOneAsNoScore) {
 }
 
 TEST(MemberStateTest, DamagedRecordsAreCorruptionNamingExperimentAndMember) {
-  for (const char* bad : {"{not json", "[1,2]", R"({"v":2,"interval":"three"})",
-                          R"({"v":2,"score":"high"})", R"({"v":2,"status":"dancing"})",
-                          R"({"v":9,"interval":1})", R"({"v":2,"interval":-4})",
-                          R"({"v":2,"interval":1,"last_exploit":5})", "\xff\xfe"}) {
+  for (const char* bad :
+       {"{not json", "[1,2]", R"({"v":2,"interval":"three"})", R"({"v":2,"score":"high"})",
+        R"({"v":2,"status":"dancing"})", R"({"v":9,"interval":1})", R"({"v":2,"interval":-4})",
+        R"({"v":2,"interval":1,"last_exploit":5})", "\xff\xfe"}) {
     auto s = DecodeMemberState(bad, "fmnist", "m007");
     ASSERT_FALSE(s.ok()) << bad;
     EXPECT_TRUE(s.status().IsCorruption()) << s.status().ToString();
@@ -389,8 +389,8 @@ TEST(TruncationTest, ExploitCountRecipientsAndDonorsForEverySizeAndQuantile) {
       std::vector<MemberProgress> pop;
       for (int i = 0; i < n; ++i) {
         // Scores decrease with the index, so the bottom k are the last k.
-        pop.push_back(MemberProgress{MemberName(i, n), i, 2, 0, 1.0 - 0.01 * i,
-                                     SampleInitial(c, i), true});
+        pop.push_back(
+            MemberProgress{MemberName(i, n), i, 2, 0, 1.0 - 0.01 * i, SampleInitial(c, i), true});
       }
       auto d = (*policy)->Decide(2, pop, pop);
       const size_t k = ExpectedExploits(static_cast<size_t>(n), q);
@@ -486,7 +486,9 @@ TEST(ExperimentTest, SyncSuccessiveHalvingStopsAllButTheTopThirdAtEachRung) {
   c.policy.min_intervals = 1;
   Harness h(c);
   // Scores by index: m008 best. Rungs at 1 and 3.
-  auto score = [](const WorkItem& w) { return 0.1 * std::stoi(w.member.substr(1)) + w.interval_after; };
+  auto score = [](const WorkItem& w) {
+    return 0.1 * std::stoi(w.member.substr(1)) + w.interval_after;
+  };
   std::vector<WorkItem> batch;
   while (h.e().Runnable()) batch.push_back(h.Take());
   for (const auto& w : batch) h.Commit(w, score(w));
@@ -768,7 +770,8 @@ TEST(ExperimentTest, CrashBetweenCommitAndStateRecordIsReconciledNotRetrained) {
   EXPECT_EQ(m.state.interval, 1);
   EXPECT_DOUBLE_EQ(m.state.score, 0.7);
   h.RunToEnd();
-  for (const auto& [key, times] : h.trained()) EXPECT_EQ(times, 1) << key.first << "@" << key.second;
+  for (const auto& [key, times] : h.trained())
+    EXPECT_EQ(times, 1) << key.first << "@" << key.second;
 }
 
 TEST(ExperimentTest, CrashMidBarrierEndsAsTheUndisturbedRun) {

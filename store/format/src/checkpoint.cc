@@ -24,9 +24,9 @@ struct DTypeInfo {
   size_t size;
 };
 constexpr DTypeInfo kDTypes[] = {
-    {DType::kF64, "F64", 8}, {DType::kF32, "F32", 4}, {DType::kF16, "F16", 2},
+    {DType::kF64, "F64", 8},   {DType::kF32, "F32", 4}, {DType::kF16, "F16", 2},
     {DType::kBF16, "BF16", 2}, {DType::kI64, "I64", 8}, {DType::kI32, "I32", 4},
-    {DType::kI16, "I16", 2}, {DType::kI8, "I8", 1}, {DType::kU8, "U8", 1},
+    {DType::kI16, "I16", 2},   {DType::kI8, "I8", 1},   {DType::kU8, "U8", 1},
     {DType::kBool, "BOOL", 1},
 };
 
@@ -193,7 +193,8 @@ StatusOr<CheckpointView> ParseCheckpoint(const void* data, size_t size,
     // The header checksum covers the length, the JSON and its padding.
     std::string_view text(reinterpret_cast<const char*>(bytes), header_end);
     const size_t at = text.find(kHeaderSumKey);
-    if (at == std::string_view::npos || text.find(kHeaderSumKey, at + 1) != std::string_view::npos) {
+    if (at == std::string_view::npos ||
+        text.find(kHeaderSumKey, at + 1) != std::string_view::npos) {
       return Bad("header has no single ckpt.header_xxh3");
     }
     const size_t digits = at + kHeaderSumKey.size();
@@ -243,8 +244,8 @@ StatusOr<CheckpointView> ParseCheckpoint(const void* data, size_t size,
     if (!dtype.ok()) return BadTensor(name, dtype.status().message());
     tv.dtype = *dtype;
     if (sh->size() > static_cast<size_t>(kMaxRank)) {
-      return BadTensor(name, "rank " + std::to_string(sh->size()) + " above " +
-                                 std::to_string(kMaxRank));
+      return BadTensor(name,
+                       "rank " + std::to_string(sh->size()) + " above " + std::to_string(kMaxRank));
     }
     for (const auto& d : *sh) {
       if (!d.is_number_unsigned()) return BadTensor(name, "shape has a non-natural dimension");
@@ -261,9 +262,8 @@ StatusOr<CheckpointView> ParseCheckpoint(const void* data, size_t size,
     }
     uint64_t begin = b.get<uint64_t>(), end = e.get<uint64_t>();
     if (begin > end || end > data_size) {
-      return BadTensor(name, "data_offsets [" + std::to_string(begin) + ", " +
-                                 std::to_string(end) + "] out of bounds of " +
-                                 std::to_string(data_size) + " data bytes");
+      return BadTensor(name, "data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
+                                 "] out of bounds of " + std::to_string(data_size) + " data bytes");
     }
     const uint64_t esize = DTypeSize(tv.dtype);
     if (static_cast<uint64_t>(numel) > std::numeric_limits<uint64_t>::max() / esize ||

@@ -29,12 +29,12 @@ using HParams = std::map<std::string, double>;
 // What a policy knows of one member.
 struct MemberProgress {
   std::string member;
-  int index = 0;               // position in the population, for seeding
-  int intervals_done = 0;      // trained intervals
-  int last_exploit = 0;        // intervals_done at its last exploit (0: never)
-  double score = 0;            // latest validation score; NaN when none
+  int index = 0;           // position in the population, for seeding
+  int intervals_done = 0;  // trained intervals
+  int last_exploit = 0;    // intervals_done at its last exploit (0: never)
+  double score = 0;        // latest validation score; NaN when none
   HParams hparams;
-  bool active = true;          // false once stopped or failed
+  bool active = true;  // false once stopped or failed
 };
 
 struct Decision {
@@ -58,10 +58,9 @@ class Policy {
   // async: the one member whose interval just ended, with `population` its
   // peers' latest progress). Returns a decision per member name; members not
   // in the map continue.
-  virtual std::map<std::string, Decision> Decide(int generation,
-                                                 const std::vector<MemberProgress>& members,
-                                                 const std::vector<MemberProgress>& population)
-      const = 0;
+  virtual std::map<std::string, Decision> Decide(
+      int generation, const std::vector<MemberProgress>& members,
+      const std::vector<MemberProgress>& population) const = 0;
 };
 
 // Samples a member's initial hyperparameters from the search space (plus the

@@ -30,9 +30,9 @@ struct MemberSummary {
 struct WorkerStatus {
   int index = 0;
   std::string device;
-  int64_t pid = 0;           // 0 while not running
-  bool ready = false;        // said HELLO
-  std::string mode;          // "plain" | "fused" | ""
+  int64_t pid = 0;     // 0 while not running
+  bool ready = false;  // said HELLO
+  std::string mode;    // "plain" | "fused" | ""
   int capacity = 0;
   int busy = 0;
   int restarts = 0;
@@ -45,12 +45,12 @@ struct ExperimentSummary {
   std::string status;  // "running", "done", "stopped", "failed"
   int population = 0;
   int intervals = 0;
-  int generation = 0;             // min intervals done over active members
+  int generation = 0;  // min intervals done over active members
   int64_t exploits = 0;
-  int64_t train_samples = 0;      // this run
-  int64_t member_intervals = 0;   // intervals committed by this run
-  double wall_s = 0;              // this run, from Submit
-  double training_s = 0;          // this run, from the first dispatch to the last result
+  int64_t train_samples = 0;     // this run
+  int64_t member_intervals = 0;  // intervals committed by this run
+  double wall_s = 0;             // this run, from Submit
+  double training_s = 0;         // this run, from the first dispatch to the last result
   // This run, from the first dispatch to the first committed result: worker
   // start-up (CONFIGURE loads the dataset) and one member's interval.
   double first_result_s = 0;

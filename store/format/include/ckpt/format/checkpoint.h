@@ -122,7 +122,8 @@ class CheckpointView {
 // a bad shape (negative, rank > kMaxRank, product overflow), a byte count that
 // does not match dtype x shape, offsets out of bounds, overlapping or with
 // holes, a data area not 64-byte aligned, a checksum missing or mismatched, a
-// bad metadata value, a header checksum missing or mismatched. InvalidArgument for a format version above kFormatVersion.
+// bad metadata value, a header checksum missing or mismatched. InvalidArgument for a format version
+// above kFormatVersion.
 StatusOr<CheckpointView> ParseCheckpoint(const void* data, size_t size,
                                          const ReadOptions& options = ReadOptions());
 

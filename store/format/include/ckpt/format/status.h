@@ -107,11 +107,10 @@ class [[nodiscard]] StatusOr {
   }
   StatusOr(const T& value) : value_(value) {}        // NOLINT
   StatusOr(T&& value) : value_(std::move(value)) {}  // NOLINT
-  template <typename U,
-            typename = std::enable_if_t<std::is_constructible_v<T, U&&> &&
-                                        !std::is_same_v<std::decay_t<U>, Status> &&
-                                        !std::is_same_v<std::decay_t<U>, StatusOr<T>> &&
-                                        !std::is_same_v<std::decay_t<U>, T>>>
+  template <typename U, typename = std::enable_if_t<std::is_constructible_v<T, U&&> &&
+                                                    !std::is_same_v<std::decay_t<U>, Status> &&
+                                                    !std::is_same_v<std::decay_t<U>, StatusOr<T>> &&
+                                                    !std::is_same_v<std::decay_t<U>, T>>>
   StatusOr(U&& value) : value_(std::forward<U>(value)) {}  // NOLINT
 
   bool ok() const { return status_.ok(); }
@@ -150,10 +149,10 @@ class [[nodiscard]] StatusOr {
 #define CKPT_STATUS_CONCAT_(a, b) CKPT_STATUS_CONCAT_INNER_(a, b)
 
 // Returns from the enclosing function when `expr` (a Status) is not OK.
-#define CKPT_RETURN_IF_ERROR(expr)                  \
-  do {                                              \
-    ::ckpt::Status ckpt_status_ = (expr);           \
-    if (!ckpt_status_.ok()) return ckpt_status_;    \
+#define CKPT_RETURN_IF_ERROR(expr)               \
+  do {                                           \
+    ::ckpt::Status ckpt_status_ = (expr);        \
+    if (!ckpt_status_.ok()) return ckpt_status_; \
   } while (0)
 
 // `lhs = value of expr` (a StatusOr), or returns its Status from the enclosing function.
@@ -165,16 +164,15 @@ class [[nodiscard]] StatusOr {
   lhs = std::move(tmp).value()
 
 // Aborts with a message on a broken invariant. Never for input or I/O errors.
-#define CKPT_CHECK(cond)                                                     \
-  do {                                                                       \
+#define CKPT_CHECK(cond)                                                       \
+  do {                                                                         \
     if (!(cond)) ::ckpt::internal::CheckFailed(__FILE__, __LINE__, #cond, ""); \
   } while (0)
-#define CKPT_CHECK_OK(expr)                                                      \
-  do {                                                                           \
-    ::ckpt::Status ckpt_check_status_ = (expr);                                  \
-    if (!ckpt_check_status_.ok())                                                \
-      ::ckpt::internal::CheckFailed(__FILE__, __LINE__, #expr,                   \
-                                    ckpt_check_status_.ToString());              \
+#define CKPT_CHECK_OK(expr)                                                                    \
+  do {                                                                                         \
+    ::ckpt::Status ckpt_check_status_ = (expr);                                                \
+    if (!ckpt_check_status_.ok())                                                              \
+      ::ckpt::internal::CheckFailed(__FILE__, __LINE__, #expr, ckpt_check_status_.ToString()); \
   } while (0)
 
 #endif  // CKPT_FORMAT_STATUS_H_
