@@ -1,0 +1,145 @@
+// TcpChannel: a Channel (ckpt/ipc/channel.h) over one TCP connection, for
+// workers on other hosts; TcpListener: the scheduler's side that accepts and
+// authenticates them.
+//
+// Same contract as the shared-memory channel, with these differences:
+// - Framing (worker/ipc/src/tcp_frame.h): every frame is a 64-byte header
+//   (magic "ckpT", type, flags, sequence, payload length, payload XXH3, message
+//   length and type, fragment offset, header XXH3) and the payload. Messages
+//   larger than kTcpMaxFramePayload travel as fragments and are delivered whole.
+// - Receiving: a reader thread per channel reads and validates frames into a
+//   queue bounded by ChannelOptions::ring_bytes (at least one message); when it
+//   is full the reader stops reading and the kernel's window pushes back on
+//   the sender. Received payloads live in buffers the channel owns, valid
+//   until Release(), the next Receive() or the Channel's destruction.
+// - Sending: Send writes straight to the socket, blocking until the kernel has
+//   taken the bytes or the deadline. A frame started is always finished: if
+//   the deadline falls inside one, its unsent rest (at most one frame) is kept
+//   and goes out before anything else; a single-frame message is then as good
+//   as sent (OK), a fragmented one returns ResourceExhausted (Commit resumes
+//   it; Send, Reserve or Abandon leave the peer to drop the part it got).
+//   Reserve stages into a buffer the channel owns; Commit sends it.
+// - Liveness: a heartbeat thread sends a HEARTBEAT frame whenever this side
+//   sent nothing for heartbeat_interval, and declares the peer dead when its
+//   reader, while reading, has received nothing for heartbeat_timeout. A closed
+//   or reset connection is seen at once. Either way blocking calls return
+//   Unavailable naming the peer address within about 100 ms.
+// - A header that fails validation breaks the stream for good (Corruption on
+//   every later Receive); a payload whose XXH3 does not match is counted in
+//   bad_records, skipped, and reported once as Corruption.
+// - Stats: ring_bytes is the receive queue's bound; send_ring_used the bytes
+//   the kernel still holds unsent (SIOCOUTQ).
+//
+// Authentication (before any record): the listener sends a CHALLENGE with a
+// 32-byte random nonce Ns; the worker answers PROOF = its own nonce Nw and
+// HMAC-SHA256(secret, Ns || Nw || "ckpt-worker-v1"); the listener compares it
+// in constant time and answers ACCEPT = HMAC-SHA256(secret, Nw || Ns ||
+// "ckpt-scheduler-v1"), which the worker checks in turn (mutual). The secret
+// never travels. Any failure closes the connection.
+//
+// Thread-safety: as Channel. TcpListener: Accept from one thread at a time;
+// port(), Stats() and Close() from any thread.
+#ifndef CKPT_IPC_TCP_CHANNEL_H_
+#define CKPT_IPC_TCP_CHANNEL_H_
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "ckpt/format/status.h"
+#include "ckpt/ipc/channel.h"
+
+namespace ckpt::ipc {
+
+// Largest payload of one frame; larger messages are fragmented.
+inline constexpr size_t kTcpMaxFramePayload = size_t{1} << 20;
+// Shortest secret LoadSecretFile accepts.
+inline constexpr size_t kMinSecretBytes = 32;
+
+// Reads the experiment's secret from `path`: the file's bytes with trailing
+// whitespace removed. FailedPrecondition naming the path and its mode when the
+// file is readable or writable by group or others, or not owned by this
+// process's user, or shorter than kMinSecretBytes; NotFound when absent;
+// IOError when it cannot be read.
+// Splits "HOST:PORT" (IPv6 as "[ADDR]:PORT") into host and port.
+// InvalidArgument naming `host_port` when it is not of that form or the port
+// is not in [0, 65535].
+StatusOr<std::pair<std::string, uint16_t>> ParseHostPort(const std::string& host_port);
+
+StatusOr<std::string> LoadSecretFile(const std::string& path);
+// Creates `path` (O_EXCL, mode 0600) holding 32 random bytes as 64 hex digits
+// and a newline. AlreadyExists when it exists; IOError when it cannot be made.
+Status CreateSecretFile(const std::string& path);
+
+struct TcpOptions {
+  // Record and liveness settings (ring_bytes bounds the receive queue;
+  // max_message_bytes, heartbeat_interval and heartbeat_timeout as there;
+  // spin and populate are unused). Default: ChannelOptions' defaults.
+  ChannelOptions channel;
+  // How long the handshake may take after the TCP connection is made. A peer
+  // that has not proven itself by then is dropped. Default: 5 s.
+  std::chrono::milliseconds handshake_timeout{5000};
+  // TcpListener only: connections being authenticated at once; more are
+  // closed at once (and refused). Default: 64.
+  int max_pending_handshakes = 64;
+  // TcpListener only: told of each refused connection (peer "ADDRESS:PORT",
+  // why), on the listener's thread; it must not block. Default: none.
+  std::function<void(const std::string& peer, const Status& why)> on_refused;
+};
+
+class TcpChannel {
+ public:
+  // Connects to `host_port` ("HOST:PORT"; HOST a name or an IPv4/IPv6 address,
+  // IPv6 in brackets) and authenticates with `secret`, once, within
+  // handshake_timeout plus the connection time (bounded by the same).
+  // Unavailable when nothing listens there or the connection fails;
+  // FailedPrecondition when the listener refuses the proof or does not prove
+  // itself; InvalidArgument for a malformed address. The returned channel's
+  // name() is "tcp:HOST:PORT".
+  static StatusOr<std::unique_ptr<Channel>> Connect(const std::string& host_port,
+                                                    const std::string& secret,
+                                                    const TcpOptions& options);
+};
+
+struct TcpListenerStats {
+  uint64_t accepted = 0;  // connections that proved themselves
+  uint64_t refused = 0;   // wrong or missing proof, bad frames, handshake timeouts
+};
+
+// An authenticated connection.
+struct Accepted {
+  std::unique_ptr<Channel> channel;
+  std::string peer;  // "ADDRESS:PORT" of the worker
+};
+
+// Listens on one address and authenticates connecting workers on its own
+// thread (asynchronous handshakes, each with a deadline; no thread per
+// connection). A refused connection is closed, logged as a warning naming the
+// peer, and counted; it costs nothing else.
+class TcpListener {
+ public:
+  // Binds `host_port` ("HOST:PORT", port 0 = an ephemeral port). InvalidArgument
+  // for a malformed address; Unavailable when the address cannot be bound.
+  static StatusOr<std::unique_ptr<TcpListener>> Listen(const std::string& host_port,
+                                                       const std::string& secret,
+                                                       const TcpOptions& options);
+  virtual ~TcpListener() = default;
+
+  // The next authenticated connection. ResourceExhausted at the deadline with
+  // none; Aborted after Close().
+  virtual StatusOr<Accepted> Accept(Deadline deadline) = 0;
+  // The bound port (the ephemeral one chosen when 0 was asked).
+  virtual uint16_t port() const = 0;
+  // "HOST:PORT" as bound.
+  virtual std::string address() const = 0;
+  virtual TcpListenerStats Stats() const = 0;
+  // Stops listening, drops pending handshakes and unblocks Accept. Idempotent.
+  virtual void Close() = 0;
+};
+
+}  // namespace ckpt::ipc
+
+#endif  // CKPT_IPC_TCP_CHANNEL_H_

@@ -1,0 +1,101 @@
+// Byte layout of the ckpt::ipc TCP transport (tcp_channel.cc), version 1.
+//
+// A connection is a stream of frames in each direction. Integers are little
+// endian (the only byte order ckpt builds for; asserted below, so a big-endian
+// port must add conversions here rather than misread silently).
+//
+//   frame = FrameHeader (64 bytes) + payload (payload_bytes, no padding)
+//
+// FrameHeader mirrors the ring's RecordHeader (layout.h) with its own magic:
+//   magic            "ckpT"
+//   type             a message RecordType (kHello..kShutdown), kFragment, or
+//                    one of the transport types below
+//   flags            kFlagFirst / kFlagLast on fragments, 0 otherwise
+//   sequence         per direction: 0 during the handshake, then 1 for the
+//                    first frame after it, +1 per frame (heartbeats included)
+//   payload_bytes    at most kTcpMaxFramePayload (so a frame's buffer is
+//                    bounded before its length is trusted any further)
+//   payload_xxh3     XXH3-64 of the payload
+//   message_bytes    the whole message: payload_bytes unless a fragment; at
+//                    most ChannelOptions::max_message_bytes
+//   message_type     the message's RecordType (== type unless a fragment)
+//   fragment_offset  payload bytes of the message before this frame
+//   header_xxh3      XXH3-64 of bytes [0, 56)
+//
+// Handshake (sequence 0, before any record; listener L, worker W):
+//   L -> W  CHALLENGE  u32 kProtocolVersion, u32 0, 32-byte nonce Ns
+//   W -> L  PROOF      32-byte nonce Nw, HMAC-SHA256(secret, Ns||Nw||kWorkerLabel)
+//   L -> W  ACCEPT     HMAC-SHA256(secret, Nw||Ns||kSchedulerLabel)
+// A side that reads anything else (another type, another size, an unknown
+// version, a MAC that does not match) closes the connection.
+//
+// After the handshake: HEARTBEAT frames (no payload) whenever a side has sent
+// nothing for its heartbeat interval; messages as single frames or runs of
+// kFragment frames (First ... Last, contiguous offsets, one type and total).
+// HEARTBEAT frames may sit between the fragments of a message. A message frame
+// or a First fragment arriving while a fragmented message is incomplete drops
+// the incomplete one (its sender gave up on it).
+//
+// The reader is a trust boundary: it checks magic, header checksum, a known
+// type, known flags, payload_bytes, message_bytes, sequence == previous + 1
+// and the fragment bookkeeping before it reads the payload; any failure there
+// loses the stream's framing, so the channel's receive side is broken for good
+// (Corruption). A payload whose XXH3 does not match is skipped (the header's
+// length is trusted by then) and reported once as Corruption.
+#ifndef CKPT_IPC_SRC_TCP_FRAME_H_
+#define CKPT_IPC_SRC_TCP_FRAME_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+namespace ckpt::ipc::wire {
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the TCP frames are little endian");
+
+inline constexpr uint32_t kFrameMagic = 0x54706b63u;  // "ckpT"
+inline constexpr uint32_t kProtocolVersion = 1;
+
+// Transport-only frame types, outside RecordType's range.
+inline constexpr uint16_t kTypeHeartbeat = 64;
+inline constexpr uint16_t kTypeChallenge = 65;
+inline constexpr uint16_t kTypeProof = 66;
+inline constexpr uint16_t kTypeAccept = 67;
+
+inline constexpr uint16_t kFlagFirst = 1;
+inline constexpr uint16_t kFlagLast = 2;
+inline constexpr uint16_t kKnownFlags = kFlagFirst | kFlagLast;
+
+inline constexpr size_t kNonceBytes = 32;
+inline constexpr size_t kChallengeBytes = 8 + kNonceBytes;
+inline constexpr size_t kProofBytes = kNonceBytes + 32;
+inline constexpr size_t kAcceptBytes = 32;
+inline constexpr char kWorkerLabel[] = "ckpt-worker-v1";
+inline constexpr char kSchedulerLabel[] = "ckpt-scheduler-v1";
+
+struct FrameHeader {
+  uint32_t magic;            // kFrameMagic
+  uint16_t type;             // RecordType or kType*
+  uint16_t flags;            // kFlag* on fragments, 0 otherwise
+  uint64_t sequence;         // see above
+  uint64_t payload_bytes;    // this frame's payload
+  uint64_t payload_xxh3;     // XXH3-64 of the payload
+  uint64_t message_bytes;    // the whole message
+  uint16_t message_type;     // the message's RecordType
+  uint16_t reserved16;       // 0
+  uint32_t reserved32;       // 0
+  uint64_t fragment_offset;  // payload bytes of the message before this frame
+  uint64_t header_xxh3;      // XXH3-64 of bytes [0, 56)
+};
+static_assert(std::is_trivially_copyable_v<FrameHeader>);
+static_assert(std::is_standard_layout_v<FrameHeader>);
+static_assert(sizeof(FrameHeader) == 64);
+static_assert(offsetof(FrameHeader, sequence) == 8 && offsetof(FrameHeader, payload_bytes) == 16);
+static_assert(offsetof(FrameHeader, message_type) == 40);
+static_assert(offsetof(FrameHeader, fragment_offset) == 48);
+static_assert(offsetof(FrameHeader, header_xxh3) == 56);
+inline constexpr size_t kHeaderChecked = offsetof(FrameHeader, header_xxh3);
+
+}  // namespace ckpt::ipc::wire
+
+#endif  // CKPT_IPC_SRC_TCP_FRAME_H_
