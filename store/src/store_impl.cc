@@ -284,6 +284,11 @@ class StoreImpl final : public Store {
   StatusOr<StoreStats> Stats() override;
   Status Flush() override;
   Status Compact() override;
+  Status Recover() override {
+    CKPT_RETURN_IF_ERROR(CheckWritable());
+    std::lock_guard<std::mutex> lock(mu_);
+    return WritableLocked();
+  }
   Status SizeForWorkingSet(uint64_t head_bytes) override;
   uint64_t blob_cache_capacity() const override {
     return blob_cache_ ? blob_cache_->GetCapacity() : 0;
@@ -317,7 +322,18 @@ class StoreImpl final : public Store {
   Status AddChangesLocked(const std::vector<RetentionChange>& changes, PendingWrite* w);
   // Puts manifests, blob and refs into the batch; updates refcounts_.
   Status FinishLocked(PendingWrite* w);
-  Status WriteLocked(PendingWrite* w, bool sync, const char* before, const char* after);
+  // Writes the batch. On failure the store stops accepting writes (the index
+  // may be ahead of the disk): for good, or until the disk has space again
+  // when RocksDB ran out of it (ResourceExhausted). `what` names the write in
+  // the error.
+  Status WriteLocked(PendingWrite* w, const std::string& what, bool sync, const char* before,
+                     const char* after);
+  // OK when writes are accepted. After a no-space failure: DB::Resume() and a
+  // reload of the index from disk, OK when both succeed, ResourceExhausted
+  // while the disk is still full. After any other failure: that failure.
+  Status WritableLocked();
+  // Refuses writes from now on with `s` (recoverable: only a no-space failure).
+  void BreakLocked(const Status& s, bool recoverable);
   // New version of `member` (commit, exploit, restore, import): everything
   // but the blob validation, under mu_.
   StatusOr<int64_t> AddVersionLocked(const std::string& exp, const std::string& member,
@@ -349,8 +365,10 @@ class StoreImpl final : public Store {
   std::mutex mu_;
   RetentionIndex index_;
   std::map<BlobId, int64_t> refcounts_;
-  // The first failed write; every later write returns it.
+  // The first failed write; every later write returns it, unless
+  // broken_recoverable_ (no space) and the store could resume.
   Status broken_;
+  bool broken_recoverable_ = false;
 };
 
 namespace {
@@ -540,7 +558,7 @@ Status StoreImpl::SweepRetention() {
   PendingWrite w;
   CKPT_RETURN_IF_ERROR(AddChangesLocked(changes, &w));
   CKPT_RETURN_IF_ERROR(FinishLocked(&w));
-  return WriteLocked(&w, /*sync=*/true, nullptr, nullptr);
+  return WriteLocked(&w, "the retention sweep", /*sync=*/true, nullptr, nullptr);
 }
 
 Status StoreImpl::MemberExistsLocked(const std::string& exp, const std::string& member) const {
@@ -634,16 +652,58 @@ Status StoreImpl::FinishLocked(PendingWrite* w) {
   return Status::OK();
 }
 
-Status StoreImpl::WriteLocked(PendingWrite* w, bool sync, const char* before, const char* after) {
+Status StoreImpl::WriteLocked(PendingWrite* w, const std::string& what, bool sync,
+                              const char* before, const char* after) {
   KillPoint(before);
   rocksdb::WriteOptions wo;
   wo.sync = sync;
-  Status s = FromRocks(db_->Write(wo, &w->batch), "store " + options_.path + ": write");
-  if (!s.ok()) {
-    broken_ = s.WithPrefix("store refuses writes after a failed write; reopen it");
+  const rocksdb::Status rs = db_->Write(wo, &w->batch);
+  if (!rs.ok()) {
+    // RocksDB reports a full disk as NoSpace, from this write's WAL append or
+    // from an earlier flush or compaction (its background error).
+    const bool no_space = rs.IsNoSpace();
+    Status s = no_space ? Status::ResourceExhausted("store " + options_.path +
+                                                    ": no space left on the device to write " +
+                                                    what + " (" + rs.ToString() + ")")
+                        : FromRocks(rs, "store " + options_.path + ": write of " + what);
+    BreakLocked(s, no_space);
     return s;
   }
   KillPoint(after);
+  return Status::OK();
+}
+
+void StoreImpl::BreakLocked(const Status& s, bool recoverable) {
+  broken_ = recoverable ? s : s.WithPrefix("store refuses writes after a failed write; reopen it");
+  broken_recoverable_ = recoverable;
+}
+
+Status StoreImpl::WritableLocked() {
+  if (broken_.ok()) return Status::OK();
+  if (!broken_recoverable_) return broken_;
+  // Resume() flushes the memtables (which needs space too) and clears
+  // RocksDB's background error; Busy while RocksDB's own recovery
+  // (SstFileManager) is at it. The failed batch never reached the memtable,
+  // so the disk is the truth: the index is reloaded from it.
+  const rocksdb::Status r = db_->Resume();
+  if (!r.ok()) {
+    if (r.IsNoSpace() || r.IsBusy() || r.IsIOError()) {
+      return Status::ResourceExhausted("store " + options_.path +
+                                       ": still no space to write (resume: " + r.ToString() +
+                                       "); first failure: " + broken_.message());
+    }
+    BreakLocked(FromRocks(r, "store " + options_.path + ": resuming after no space"), false);
+    return broken_;
+  }
+  index_ = RetentionIndex(index_.policy());
+  refcounts_.clear();
+  Status loaded = LoadIndex();
+  if (!loaded.ok()) {
+    BreakLocked(loaded.WithPrefix("store " + options_.path + ": reloading after no space"), false);
+    return broken_;
+  }
+  broken_ = Status::OK();
+  broken_recoverable_ = false;
   return Status::OK();
 }
 
@@ -652,6 +712,9 @@ StatusOr<int64_t> StoreImpl::AddVersionLocked(const std::string& exp, const std:
                                               PendingWrite* w, bool sync, const char* before,
                                               const char* after) {
   const int64_t version = manifest.version;
+  const std::string manifest_what =
+      "the " + manifest.reason + " of " + Id(exp, member, version) +
+      (w->new_blob ? " (" + std::to_string(w->new_blob_bytes.size()) + " bytes)" : "");
   RetentionIndex::VersionInfo info;
   info.blob = manifest.blob;
   info.bytes = manifest.bytes;
@@ -673,10 +736,10 @@ StatusOr<int64_t> StoreImpl::AddVersionLocked(const std::string& exp, const std:
   Status s = AddChangesLocked(changes, w);
   if (s.ok()) s = FinishLocked(w);
   if (!s.ok()) {
-    broken_ = s.WithPrefix("store refuses writes after a failed write; reopen it");
+    BreakLocked(s, /*recoverable=*/false);
     return s;
   }
-  CKPT_RETURN_IF_ERROR(WriteLocked(w, sync, before, after));
+  CKPT_RETURN_IF_ERROR(WriteLocked(w, manifest_what, sync, before, after));
   return version;
 }
 
@@ -708,7 +771,7 @@ StatusOr<int64_t> StoreImpl::AddBlobVersion(const std::string& exp, const std::s
   const BlobId id = BlobId::Of(blob, size);
 
   std::lock_guard<std::mutex> lock(mu_);
-  CKPT_RETURN_IF_ERROR(broken_);
+  CKPT_RETURN_IF_ERROR(WritableLocked());
   CKPT_RETURN_IF_ERROR(MemberExistsLocked(exp, member));
   const int64_t head_version = index_.Head(exp, member);
   if (expected_head && *expected_head != head_version) {
@@ -774,7 +837,7 @@ StatusOr<int64_t> StoreImpl::Exploit(const std::string& exp, const std::string& 
   CKPT_RETURN_IF_ERROR(CheckWritable());
   if (dst == src) return Status::InvalidArgument(Id(exp, dst) + ": exploit of itself");
   std::lock_guard<std::mutex> lock(mu_);
-  CKPT_RETURN_IF_ERROR(broken_);
+  CKPT_RETURN_IF_ERROR(WritableLocked());
   CKPT_RETURN_IF_ERROR(MemberExistsLocked(exp, dst));
   CKPT_RETURN_IF_ERROR(MemberExistsLocked(exp, src));
   const int64_t src_version = index_.Head(exp, src);
@@ -816,7 +879,7 @@ StatusOr<int64_t> StoreImpl::Restore(const std::string& exp, const std::string& 
                                      int64_t version) {
   CKPT_RETURN_IF_ERROR(CheckWritable());
   std::lock_guard<std::mutex> lock(mu_);
-  CKPT_RETURN_IF_ERROR(broken_);
+  CKPT_RETURN_IF_ERROR(WritableLocked());
   CKPT_RETURN_IF_ERROR(MemberExistsLocked(exp, member));
   CKPT_ASSIGN_OR_RETURN(Manifest old, RetainedManifestLocked(exp, member, version));
   MemberHead head = *index_.HeadRecord(exp, member);
@@ -848,7 +911,7 @@ Status StoreImpl::SetPinned(const std::string& exp, const std::string& member, i
                             bool pinned) {
   CKPT_RETURN_IF_ERROR(CheckWritable());
   std::lock_guard<std::mutex> lock(mu_);
-  CKPT_RETURN_IF_ERROR(broken_);
+  CKPT_RETURN_IF_ERROR(WritableLocked());
   CKPT_RETURN_IF_ERROR(MemberExistsLocked(exp, member));
   const RetentionIndex::VersionInfo* info = index_.Find(exp, member, version);
   if (info == nullptr) {
@@ -874,10 +937,11 @@ Status StoreImpl::SetPinned(const std::string& exp, const std::string& member, i
   Status s = AddChangesLocked(changes, &w);
   if (s.ok()) s = FinishLocked(&w);
   if (!s.ok()) {
-    broken_ = s.WithPrefix("store refuses writes after a failed write; reopen it");
+    BreakLocked(s, /*recoverable=*/false);
     return s;
   }
-  return WriteLocked(&w, /*sync=*/true, "pin.before_write", "pin.after_write");
+  return WriteLocked(&w, (pinned ? "the pin of " : "the unpin of ") + Id(exp, member, version),
+                     /*sync=*/true, "pin.before_write", "pin.after_write");
 }
 
 // ---- experiments and members ----
@@ -887,12 +951,12 @@ Status StoreImpl::CreateExperiment(const std::string& id, const std::string& con
   CKPT_RETURN_IF_ERROR(keys::ValidateId("experiment id", id));
   CKPT_RETURN_IF_ERROR(codec::ValidateJson("config of experiment " + id, config_json));
   std::lock_guard<std::mutex> lock(mu_);
-  CKPT_RETURN_IF_ERROR(broken_);
+  CKPT_RETURN_IF_ERROR(WritableLocked());
   if (index_.HasExperiment(id)) return Status::AlreadyExists("experiment " + id + " exists");
   ExperimentInfo info{id, config_json, "created", codec::NowUnixMs()};
   PendingWrite w;
   w.batch.Put(cf(kExperiments), keys::Experiment(id), codec::EncodeExperiment(info));
-  CKPT_RETURN_IF_ERROR(WriteLocked(&w, /*sync=*/true, nullptr, nullptr));
+  CKPT_RETURN_IF_ERROR(WriteLocked(&w, "experiment " + id, /*sync=*/true, nullptr, nullptr));
   index_.AddExperiment(id);
   return Status::OK();
 }
@@ -919,19 +983,19 @@ StatusOr<std::vector<ExperimentInfo>> StoreImpl::ListExperiments() {
 Status StoreImpl::SetExperimentStatus(const std::string& id, const std::string& status) {
   CKPT_RETURN_IF_ERROR(CheckWritable());
   std::lock_guard<std::mutex> lock(mu_);
-  CKPT_RETURN_IF_ERROR(broken_);
+  CKPT_RETURN_IF_ERROR(WritableLocked());
   CKPT_ASSIGN_OR_RETURN(ExperimentInfo info, GetExperiment(id));
   info.status = status;
   PendingWrite w;
   w.batch.Put(cf(kExperiments), keys::Experiment(id), codec::EncodeExperiment(info));
-  return WriteLocked(&w, /*sync=*/true, nullptr, nullptr);
+  return WriteLocked(&w, "the status of experiment " + id, /*sync=*/true, nullptr, nullptr);
 }
 
 Status StoreImpl::DeleteExperiment(const std::string& id) {
   CKPT_RETURN_IF_ERROR(CheckWritable());
   CKPT_RETURN_IF_ERROR(keys::ValidateId("experiment id", id));
   std::lock_guard<std::mutex> lock(mu_);
-  CKPT_RETURN_IF_ERROR(broken_);
+  CKPT_RETURN_IF_ERROR(WritableLocked());
   if (!index_.HasExperiment(id)) return Status::NotFound("experiment " + id + " not found");
   PendingWrite w;
   const std::string prefix = keys::ExperimentPrefix(id);
@@ -945,10 +1009,11 @@ Status StoreImpl::DeleteExperiment(const std::string& id) {
   }
   Status s = FinishLocked(&w);
   if (!s.ok()) {
-    broken_ = s.WithPrefix("store refuses writes after a failed write; reopen it");
+    BreakLocked(s, /*recoverable=*/false);
     return s;
   }
-  return WriteLocked(&w, /*sync=*/true, "delete.before_write", "delete.after_write");
+  return WriteLocked(&w, "the deletion of experiment " + id, /*sync=*/true, "delete.before_write",
+                     "delete.after_write");
 }
 
 Status StoreImpl::CreateMembers(
@@ -960,7 +1025,7 @@ Status StoreImpl::CreateMembers(
     CKPT_RETURN_IF_ERROR(keys::ValidateId("member id", member));
   }
   std::lock_guard<std::mutex> lock(mu_);
-  CKPT_RETURN_IF_ERROR(broken_);
+  CKPT_RETURN_IF_ERROR(WritableLocked());
   if (!index_.HasExperiment(exp)) return Status::NotFound("experiment " + exp + " not found");
   PendingWrite w;
   const int64_t now = codec::NowUnixMs();
@@ -977,7 +1042,8 @@ Status StoreImpl::CreateMembers(
     w.batch.Put(cf(kMembers), keys::Member(exp, member), codec::EncodeHead(head));
     heads.push_back(std::move(head));
   }
-  CKPT_RETURN_IF_ERROR(WriteLocked(&w, /*sync=*/true, nullptr, nullptr));
+  CKPT_RETURN_IF_ERROR(
+      WriteLocked(&w, "the members of experiment " + exp, /*sync=*/true, nullptr, nullptr));
   for (auto& head : heads) index_.AddMember(exp, std::move(head));
   return Status::OK();
 }
@@ -1011,14 +1077,15 @@ Status StoreImpl::SetMemberState(const std::string& exp, const std::string& memb
                                  const std::string& state) {
   CKPT_RETURN_IF_ERROR(CheckWritable());
   std::lock_guard<std::mutex> lock(mu_);
-  CKPT_RETURN_IF_ERROR(broken_);
+  CKPT_RETURN_IF_ERROR(WritableLocked());
   CKPT_RETURN_IF_ERROR(MemberExistsLocked(exp, member));
   MemberHead head = *index_.HeadRecord(exp, member);
   head.state = state;
   head.updated_unix_ms = codec::NowUnixMs();
   PendingWrite w;
   w.batch.Put(cf(kMembers), keys::Member(exp, member), codec::EncodeHead(head));
-  CKPT_RETURN_IF_ERROR(WriteLocked(&w, options_.sync_interval_commits, nullptr, nullptr));
+  CKPT_RETURN_IF_ERROR(WriteLocked(&w, "the state of member " + Id(exp, member),
+                                   options_.sync_interval_commits, nullptr, nullptr));
   index_.SetHeadRecord(exp, std::move(head));
   return Status::OK();
 }
@@ -1102,13 +1169,14 @@ StatusOr<uint64_t> StoreImpl::AppendEvent(const std::string& exp, const std::str
   CKPT_RETURN_IF_ERROR(keys::ValidateId("experiment id", exp));
   if (json.empty()) return Status::InvalidArgument("event of " + exp + " is empty");
   std::lock_guard<std::mutex> lock(mu_);
-  CKPT_RETURN_IF_ERROR(broken_);
+  CKPT_RETURN_IF_ERROR(WritableLocked());
   if (!index_.HasExperiment(exp)) return Status::NotFound("experiment " + exp + " not found");
   CKPT_ASSIGN_OR_RETURN(std::string event, codec::BuildEvent(json, "note", exp, {}, {}));
   const uint64_t seq = index_.LastEventSeq(exp) + 1;
   PendingWrite w;
   w.batch.Put(cf(kEvents), keys::Event(exp, seq), event);
-  CKPT_RETURN_IF_ERROR(WriteLocked(&w, options_.sync_interval_commits, nullptr, nullptr));
+  CKPT_RETURN_IF_ERROR(WriteLocked(&w, "event " + std::to_string(seq) + " of experiment " + exp,
+                                   options_.sync_interval_commits, nullptr, nullptr));
   index_.SetLastEventSeq(exp, seq);
   return seq;
 }
@@ -1288,8 +1356,8 @@ Status StoreImpl::Flush() {
 
 Status StoreImpl::SizeForWorkingSet(uint64_t head_bytes) {
   if (read_only_) return Status::OK();
-  const auto clamp = [](uint64_t v, uint64_t ceiling) {
-    return std::max(kMinWorkingSetBytes, std::min(v, std::max(ceiling, kMinWorkingSetBytes)));
+  const auto clamp = [](uint64_t v, uint64_t floor, uint64_t ceiling) {
+    return std::min(std::max(v, floor), ceiling);  // a ceiling under the floor wins
   };
   if (blob_cache_) {
     // Heads are read back in about the order they were written: an LRU that
@@ -1297,10 +1365,11 @@ Status StoreImpl::SizeForWorkingSet(uint64_t head_bytes) {
     // so a working set past the ceiling gets the floor, not the ceiling.
     const uint64_t want = head_bytes + head_bytes / 4;
     blob_cache_->SetCapacity(want <= options_.blob_cache_bytes
-                                 ? clamp(want, options_.blob_cache_bytes)
+                                 ? clamp(want, kMinWorkingSetBytes, options_.blob_cache_bytes)
                                  : kMinWorkingSetBytes);
   }
-  const uint64_t memtable = clamp(head_bytes / 4, options_.blob_memtable_bytes);
+  const uint64_t memtable =
+      clamp(head_bytes / 4, kMinBlobMemtableBytes, options_.blob_memtable_bytes);
   if (memtable == blob_memtable_bytes_.load()) return Status::OK();
   rocksdb::Status s =
       db_->SetOptions(cf(kBlobs), {{"write_buffer_size", std::to_string(memtable)}});

@@ -396,7 +396,7 @@ TEST_F(StoreTest, ConcurrentCommitsToDistinctMembers) {
 }
 
 // The blob cache and the blobs memtable follow the working set the caller
-// announces, between kMinWorkingSetBytes and the StoreOptions ceilings; a
+// announces, between their floors and the StoreOptions ceilings; a
 // small memtable flushes on its own, and every state still reads back.
 TEST_F(StoreTest, SizeForWorkingSetBoundsTheCacheAndTheMemtable) {
   EXPECT_EQ(store_->blob_cache_capacity(), StoreOptions{}.blob_cache_bytes);
@@ -411,17 +411,17 @@ TEST_F(StoreTest, SizeForWorkingSetBoundsTheCacheAndTheMemtable) {
   EXPECT_EQ(store_->blob_memtable_bytes(), StoreOptions{}.blob_memtable_bytes);
   ASSERT_TRUE(store_->SizeForWorkingSet(0).ok());  // the floor
   EXPECT_EQ(store_->blob_cache_capacity(), kMinWorkingSetBytes);
-  EXPECT_EQ(store_->blob_memtable_bytes(), kMinWorkingSetBytes);
+  EXPECT_EQ(store_->blob_memtable_bytes(), kMinBlobMemtableBytes);
   const uint64_t thirty_lenets = 30 * 500000;
   ASSERT_TRUE(store_->SizeForWorkingSet(thirty_lenets).ok());
   EXPECT_EQ(store_->blob_cache_capacity(), thirty_lenets + thirty_lenets / 4);
-  EXPECT_EQ(store_->blob_memtable_bytes(), kMinWorkingSetBytes);
+  EXPECT_EQ(store_->blob_memtable_bytes(), kMinBlobMemtableBytes);
 
-  // Eight 1 MiB states overflow the 4 MiB memtable: RocksDB flushes them to a
-  // blob file without being asked (with the 64 MiB default it would not).
+  // 24 states of 1 MiB overflow the 16 MiB memtable: RocksDB flushes them to
+  // a blob file without being asked (with the 64 MiB default it would not).
   Population({"a"});
   std::vector<std::string> blobs;
-  for (int i = 0; i < 8; ++i) {
+  for (int i = 0; i < 24; ++i) {
     auto head = store_->GetMember("e", "a");
     ASSERT_TRUE(head.ok());
     blobs.push_back(MakeBlob(100 + i, 256 * 1024, head->step + 1));
@@ -444,7 +444,7 @@ TEST_F(StoreTest, SizeForWorkingSetBoundsTheCacheAndTheMemtable) {
     }
     if (blob_file_bytes == 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  EXPECT_GT(blob_file_bytes, 0u) << "the 4 MiB memtable never flushed";
+  EXPECT_GT(blob_file_bytes, 0u) << "the 16 MiB memtable never flushed";
   auto versions = store_->ListVersions("e", "a");
   ASSERT_TRUE(versions.ok());
   int read = 0;

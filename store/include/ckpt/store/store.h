@@ -54,8 +54,24 @@
 // RocksDB directly and may run in parallel with a write (they see the state
 // before or after it). One process
 // owns a store directory (RocksDB's LOCK file); other processes inspect it with
-// OpenReadOnly. After a failed write the Store refuses further writes with that
-// error (its in-memory retention index may no longer match the disk): reopen it.
+// OpenReadOnly.
+//
+// Failed writes: a write that fails leaves nothing of itself on disk (one
+// WriteBatch), but the in-memory retention index may be ahead of the disk, so
+// the Store refuses further writes:
+//   - a full disk (RocksDB's NoSpace, from this write's WAL append or from an
+//     earlier flush or compaction): ResourceExhausted, naming the store path
+//     and what was being written. The store is recoverable: every later write
+//     (and Recover()) first calls RocksDB's DB::Resume(), which flushes the
+//     memtables and clears the error, then reloads the index from disk; while
+//     there is still no space it returns ResourceExhausted again and nothing
+//     changes. Once space is freed, writes go on where the disk left off.
+//     RocksDB's own recovery from NoSpace (the default SstFileManager polls
+//     the free space and resumes by itself) is left on: it may resume first,
+//     and then Resume() has nothing left to do; no retry loop runs here, the
+//     caller decides when to try again (e.g. with backoff).
+//   - any other failure: every later write returns it; reopen the store.
+// Reads keep working in both cases.
 #ifndef CKPT_STORE_STORE_H_
 #define CKPT_STORE_STORE_H_
 
@@ -75,8 +91,13 @@
 
 namespace ckpt::store {
 
-// The least SizeForWorkingSet() sizes the blob cache and memtable to.
+// The least SizeForWorkingSet() sizes the blob cache to.
 inline constexpr uint64_t kMinWorkingSetBytes = uint64_t{4} << 20;
+// The least SizeForWorkingSet() sizes the blobs memtable to: each flush is a
+// new blob file and a background job, so a memtable of a few states would
+// flush every few commits (at 2,000 LeNet-5 commits/s, hundreds of flushes a
+// second); 16 MiB is 32 of them.
+inline constexpr uint64_t kMinBlobMemtableBytes = uint64_t{16} << 20;
 
 // The metric CommitRequest::metrics carries the score in; higher is better.
 inline constexpr const char kScoreMetric[] = "score";
@@ -402,12 +423,14 @@ class Store {
   // Sizes the memory the store keeps for states to a working set of
   // `head_bytes` (the sum of the heads' blob sizes the caller will read back,
   // e.g. population x state size):
-  //   - the blob cache becomes 1.25 x head_bytes, at least kMinWorkingSetBytes;
+  //   - the blob cache becomes 1.25 x head_bytes, at least kMinWorkingSetBytes
+  //     (unless StoreOptions::blob_cache_bytes is lower);
   //     when that is more than StoreOptions::blob_cache_bytes it becomes
   //     kMinWorkingSetBytes: heads are read back in about the order they were
   //     written, and an LRU smaller than that cycle misses on every read;
-  //   - the blobs memtable becomes head_bytes / 4, at least kMinWorkingSetBytes
-  //     and at most StoreOptions::blob_memtable_bytes.
+  //   - the blobs memtable becomes head_bytes / 4, at least
+  //     kMinBlobMemtableBytes and at most StoreOptions::blob_memtable_bytes
+  //     (the ceiling wins when it is lower).
   // Takes effect at once (the cache evicts down to its new capacity; the next
   // memtable is the new size). May be called again as the working set
   // changes. Writer only (read-only: OK, no change).
@@ -418,6 +441,13 @@ class Store {
   // Compacts every family, forcing blob garbage collection, so the space of
   // deleted blobs is returned to the file system (writer only).
   virtual Status Compact() = 0;
+  // Makes the store accept writes again after a no-space failure (see "Failed
+  // writes" above): OK when writes are accepted (also when nothing had
+  // failed); ResourceExhausted while the disk is still full (call again
+  // later); the failure itself after any other failed write (reopen);
+  // FailedPrecondition on a read-only view. Every write does the same first,
+  // so calling it is optional: it lets a caller probe without writing.
+  virtual Status Recover() = 0;
 };
 
 }  // namespace ckpt::store
