@@ -4,7 +4,9 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
@@ -22,6 +24,7 @@
 
 #include "ckpt/ipc/channel.h"
 #include "ckpt/ipc/messages.h"
+#include "ckpt/ipc/tcp_channel.h"
 #include "ckpt/worker/trainer.h"
 
 namespace ckpt::worker {
@@ -170,7 +173,9 @@ int64_t RssBytes() {
 class WorkerLoop {
  public:
   WorkerLoop(const WorkerOptions& options, std::unique_ptr<ipc::Channel> channel)
-      : options_(options), channel_(std::move(channel)) {}
+      : options_(options),
+        name_(options.connect.empty() ? options.segment : "tcp:" + options.connect),
+        channel_(std::move(channel)) {}
 
   Status Run();
 
@@ -196,6 +201,7 @@ class WorkerLoop {
   void StopThreads();
 
   const WorkerOptions options_;
+  const std::string name_;  // in messages: the segment, or "tcp:HOST:PORT"
   std::unique_ptr<ipc::Channel> channel_;
   std::mutex send_mu_;  // the result ring has one producer
 
@@ -281,9 +287,8 @@ void WorkerLoop::SendOutcome(uint64_t task_id, const model::MemberOutcome& o) {
     } while (!res.ok() && res.status().IsResourceExhausted());
     if (!res.ok()) {
       // The scheduler is gone (the receive loop notices) or the ring is broken.
-      std::fprintf(stderr, "ckpt-worker %s: RESULT of task %llu not sent: %s\n",
-                   options_.segment.c_str(), static_cast<unsigned long long>(task_id),
-                   res.status().ToString().c_str());
+      std::fprintf(stderr, "ckpt-worker %s: RESULT of task %llu not sent: %s\n", name_.c_str(),
+                   static_cast<unsigned long long>(task_id), res.status().ToString().c_str());
       return;
     }
     auto offset = ipc::EncodeHeaderOnly(r, res->data, res->size);
@@ -295,9 +300,8 @@ void WorkerLoop::SendOutcome(uint64_t task_id, const model::MemberOutcome& o) {
         c = channel_->Commit(*res, ipc::DeadlineIn(milliseconds(500)));
       } while (c.IsResourceExhausted());
       if (kTrace || !c.ok()) {
-        std::fprintf(stderr, "trace worker %s: sent RESULT task %llu: %s\n",
-                     options_.segment.c_str(), static_cast<unsigned long long>(task_id),
-                     c.ToString().c_str());
+        std::fprintf(stderr, "trace worker %s: sent RESULT task %llu: %s\n", name_.c_str(),
+                     static_cast<unsigned long long>(task_id), c.ToString().c_str());
       }
       if (c.ok()) WorkerKillPoints().At("worker.result_sent");
       return;
@@ -379,7 +383,7 @@ void WorkerLoop::HandleTrain(const ipc::Received& rec) {
     return;
   }
   if (kTrace) {
-    std::fprintf(stderr, "trace worker %s: got TRAIN task %llu %s\n", options_.segment.c_str(),
+    std::fprintf(stderr, "trace worker %s: got TRAIN task %llu %s\n", name_.c_str(),
                  static_cast<unsigned long long>(t->task_id), t->member.c_str());
   }
   WorkerKillPoints().At("worker.decode");
@@ -418,8 +422,8 @@ void WorkerLoop::RunThreadRoot(const char* name, void (WorkerLoop::*body)()) {
   } catch (...) {
     what = "a non-standard exception";
   }
-  std::fprintf(stderr, "ckpt-worker %s: %s thread failed: %s; exiting\n", options_.segment.c_str(),
-               name, what.c_str());
+  std::fprintf(stderr, "ckpt-worker %s: %s thread failed: %s; exiting\n", name_.c_str(), name,
+               what.c_str());
   std::fflush(stderr);
   _exit(70);
 }
@@ -561,10 +565,69 @@ Status WorkerLoop::Run() {
 
 }  // namespace
 
-Status RunWorker(const WorkerOptions& options) {
+namespace {
+
+// "auto": a GPU when the NVIDIA driver lists one (/proc/driver/nvidia/gpus,
+// or /dev/nvidia0 where /proc/driver is hidden) and CUDA_VISIBLE_DEVICES does
+// not hide them all; the first one CUDA shows this process (a Slurm task is
+// given its own GPU as device 0).
+std::string ResolveDevice(const std::string& device) {
+  if (device != "auto") return device;
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  if (visible != nullptr && (*visible == '\0' || std::strncmp(visible, "-1", 2) == 0)) {
+    return "cpu";
+  }
+  bool gpu = access("/dev/nvidia0", F_OK) == 0;
+  if (FILE* f = std::fopen("/proc/driver/nvidia/version", "r")) {
+    gpu = true;
+    std::fclose(f);
+  }
+  return gpu ? "cuda:0" : "cpu";
+}
+
+// Connects to the scheduler at options.connect, retrying while nothing
+// answers there (it may not be up yet, or be restarting) for connect_timeout.
+StatusOr<std::unique_ptr<ipc::Channel>> ConnectToScheduler(const WorkerOptions& options,
+                                                           const ipc::ChannelOptions& co) {
+  CKPT_ASSIGN_OR_RETURN(std::string secret, ipc::LoadSecretFile(options.secret_file));
+  ipc::TcpOptions to;
+  to.channel = co;
+  const auto until = std::chrono::steady_clock::now() + options.connect_timeout;
+  auto backoff = std::chrono::milliseconds(100);
+  while (true) {
+    auto ch = ipc::TcpChannel::Connect(options.connect, secret, to);
+    // Only an unreachable scheduler is worth waiting for; a refused proof or
+    // a bad address will not get better.
+    if (ch.ok() || !ch.status().IsUnavailable()) return ch;
+    if (std::chrono::steady_clock::now() + backoff >= until) {
+      return Status::Unavailable("no scheduler reachable at " + options.connect + " within " +
+                                 std::to_string(options.connect_timeout.count() / 1000) +
+                                 " s: " + ch.status().message());
+    }
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(2000));
+  }
+}
+
+}  // namespace
+
+Status RunWorker(const WorkerOptions& options_in) {
+  WorkerOptions options = options_in;
+  if (options.segment.empty() == options.connect.empty()) {
+    return Status::InvalidArgument("give exactly one of a segment and a scheduler to connect to");
+  }
+  if (!options.connect.empty() && options.secret_file.empty()) {
+    return Status::InvalidArgument("connecting to " + options.connect + " needs a secret file");
+  }
+  options.device = ResolveDevice(options.device);
   ipc::ChannelOptions co;
   co.heartbeat_timeout = options.heartbeat_timeout;
-  CKPT_ASSIGN_OR_RETURN(auto channel, ipc::Channel::Open(options.segment, co));
+  std::unique_ptr<ipc::Channel> channel;
+  if (options.connect.empty()) {
+    CKPT_ASSIGN_OR_RETURN(channel, ipc::Channel::Open(options.segment, co));
+  } else {
+    CKPT_ASSIGN_OR_RETURN(channel, ConnectToScheduler(options, co));
+  }
   WorkerLoop loop(options, std::move(channel));
   return loop.Run();
 }

@@ -1,10 +1,17 @@
-// ckpt-worker --segment NAME --device cpu|cuda:N [--slots N] [--fusion auto|plain|fused]
-//             [--fusion-width K] [--intra-op-threads T]
-// Started by ckpt-scheduler, one per device. Thin: flags -> WorkerOptions -> RunWorker.
+// ckpt-worker (--segment NAME | --connect HOST:PORT --secret-file PATH)
+//             --device cpu|cuda:N|auto [--slots N] [--fusion auto|plain|fused]
+//             [--fusion-width K] [--intra-op-threads T] [--connect-timeout-s S]
+// --segment: started by ckpt-scheduler, one per device. --connect: started by
+// hand or by a cluster's resource manager (Slurm), on any host that reaches
+// the scheduler's [workers] listen address. Thin: flags -> WorkerOptions ->
+// RunWorker. Exit status: 0 after SHUTDOWN, 3 when the scheduler is gone or
+// unreachable, 1 otherwise.
 #include <CLI/CLI.hpp>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <string>
 
 #include "ckpt/worker/worker_loop.h"
 
@@ -16,8 +23,22 @@ int main(int argc, char** argv) {
   setenv("CUDA_MODULE_LOADING", "LAZY", /*overwrite=*/0);
   CLI::App app{"ckpt-worker: trains population members for ckpt-scheduler"};
   ckpt::worker::WorkerOptions o;
-  app.add_option("--segment", o.segment, "shared-memory segment made by the scheduler")->required();
-  app.add_option("--device", o.device, "cpu or cuda:N");
+  auto* segment =
+      app.add_option("--segment", o.segment, "shared-memory segment made by the scheduler");
+  auto* connect = app.add_option("--connect", o.connect,
+                                 "HOST:PORT of a scheduler listening for workers (TCP)");
+  segment->excludes(connect);
+  connect->excludes(segment);
+  auto* secret = app.add_option("--secret-file", o.secret_file,
+                                "with --connect: file holding the experiment's secret (mode 0600)");
+  secret->needs(connect);
+  connect->needs(secret);
+  double connect_timeout_s = 60;
+  app.add_option("--connect-timeout-s", connect_timeout_s,
+                 "with --connect: seconds to keep trying to reach the scheduler")
+      ->check(CLI::Range(0.0, 86400.0))
+      ->needs(connect);
+  app.add_option("--device", o.device, "cpu, cuda:N or auto");
   app.add_option("--slots", o.slots, "members (or fused groups) trained at once")
       ->check(CLI::Range(1, 256));
   app.add_option("--fusion", o.fusion, "auto, plain or fused")
@@ -28,20 +49,26 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 256));
   app.add_option("--probe-seconds", o.probe_seconds, "plain-vs-fused measurement per mode");
   CLI11_PARSE(app, argc, argv);
+  if (o.segment.empty() == o.connect.empty()) {
+    std::fprintf(stderr, "ckpt-worker: give exactly one of --segment and --connect\n");
+    return 2;
+  }
+  o.connect_timeout = std::chrono::milliseconds(static_cast<int64_t>(connect_timeout_s * 1000));
+  const std::string name = o.connect.empty() ? o.segment : "tcp:" + o.connect;
   ckpt::Status s;
   // Process root: an escaping exception (none is expected) is reported and
   // the worker exits non-zero; the scheduler restarts it.
   try {
     s = ckpt::worker::RunWorker(o);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "ckpt-worker %s: unexpected exception: %s\n", o.segment.c_str(), e.what());
+    std::fprintf(stderr, "ckpt-worker %s: unexpected exception: %s\n", name.c_str(), e.what());
     return 1;
   } catch (...) {
-    std::fprintf(stderr, "ckpt-worker %s: unexpected non-standard exception\n", o.segment.c_str());
+    std::fprintf(stderr, "ckpt-worker %s: unexpected non-standard exception\n", name.c_str());
     return 1;
   }
   if (!s.ok()) {
-    std::fprintf(stderr, "ckpt-worker %s: %s\n", o.segment.c_str(), s.ToString().c_str());
+    std::fprintf(stderr, "ckpt-worker %s: %s\n", name.c_str(), s.ToString().c_str());
     return s.IsUnavailable() ? 3 : 1;
   }
   return 0;

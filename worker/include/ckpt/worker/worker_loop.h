@@ -1,5 +1,7 @@
 // The ckpt-worker process: one per device, serving one scheduler through the
-// shared-memory segment the scheduler created.
+// shared-memory segment the scheduler created (a spawned worker), or over TCP
+// to a scheduler that listens for workers (--connect: a worker on another
+// host, started by e.g. Slurm; ckpt/ipc/tcp_channel.h).
 //
 // Protocol (ckpt/ipc/messages.h): the worker says HELLO (device, memory, slots,
 // fusion support) as soon as it has opened the segment. CONFIGURE makes a
@@ -25,9 +27,19 @@
 namespace ckpt::worker {
 
 struct WorkerOptions {
-  // Segment created by the scheduler. Required.
+  // Segment created by the scheduler. Exactly one of segment and connect.
   std::string segment;
-  // "cpu" or "cuda:N". Default: "cpu".
+  // "HOST:PORT" of a scheduler listening for workers. Exactly one of segment
+  // and connect.
+  std::string connect;
+  // With connect: the file holding the experiment's secret (mode 0600, owned
+  // by this user; ckpt/ipc/tcp_channel.h LoadSecretFile). Required with connect.
+  std::string secret_file;
+  // With connect: how long to keep trying to reach the scheduler (one that is
+  // not up yet, or restarting). Default: 60 s.
+  std::chrono::milliseconds connect_timeout{60000};
+  // "cpu", "cuda:N", or "auto" (cuda:0 when the NVIDIA driver shows a GPU this
+  // process may use, else cpu). Default: "cpu".
   std::string device = "cpu";
   // Members (plain) or fused groups trained at once. Default: 2.
   int slots = 2;
@@ -44,7 +56,11 @@ struct WorkerOptions {
 };
 
 // Serves until SHUTDOWN (OK) or the scheduler is gone (Unavailable).
-// NotFound / Corruption when the segment cannot be opened.
+// NotFound / Corruption when the segment cannot be opened. With connect:
+// Unavailable when no scheduler answered within connect_timeout;
+// FailedPrecondition when the secret file is refused or the scheduler refused
+// this worker's proof (or could not prove itself); InvalidArgument when both or
+// neither of segment and connect are given.
 Status RunWorker(const WorkerOptions& options);
 
 }  // namespace ckpt::worker
