@@ -9,8 +9,10 @@
 #include <set>
 #include <sstream>
 
+#include "ckpt/ipc/tcp_channel.h"
 #include "config_tables.h"
 #include "toml_reader.h"
+#include "workers_table.h"
 
 namespace ckpt::scheduler {
 namespace {
@@ -151,6 +153,23 @@ Status ReadDevices(TomlTableReader* top, const std::string& origin,
     CKPT_RETURN_IF_ERROR(r.Int("intra_op_threads", 1, 256, &d.intra_op_threads));
     CKPT_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
     out->push_back(d);
+  }
+  return Status::OK();
+}
+
+Status ReadRemoteWorkers(TomlTableReader* r, RemoteWorkersConfig* out) {
+  CKPT_RETURN_IF_ERROR(r->String("listen", &out->listen));
+  if (!out->listen.empty()) {
+    auto hp = ipc::ParseHostPort(out->listen);
+    if (!hp.ok()) return r->Error("listen", hp.status().message());
+  }
+  CKPT_RETURN_IF_ERROR(r->String("secret_file", &out->secret_file));
+  if (!out->listen.empty() && out->secret_file.empty()) {
+    return r->Error("secret_file", "is required when listen is set");
+  }
+  CKPT_RETURN_IF_ERROR(r->Bool("local", &out->local));
+  if (!out->local && out->listen.empty()) {
+    return r->Error("local", "false needs listen (no worker could ever train)");
   }
   return Status::OK();
 }
@@ -310,6 +329,12 @@ StatusOr<ExperimentConfig> ParseExperimentConfig(const std::string& toml_text,
     CKPT_RETURN_IF_ERROR(r.Seconds("grace_s", 0, 86400, &c.supervision.grace));
     CKPT_RETURN_IF_ERROR(
         r.Seconds("heartbeat_timeout_s", 0.1, 86400, &c.supervision.heartbeat_timeout));
+    CKPT_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
+  }
+  CKPT_ASSIGN_OR_RETURN(const toml::table* workers, top.Table("workers"));
+  if (workers != nullptr) {
+    TableReader r(*workers, "workers", origin);
+    CKPT_RETURN_IF_ERROR(ReadRemoteWorkers(&r, &c.workers));
     CKPT_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
   }
   CKPT_RETURN_IF_ERROR(top.CheckNoUnknownKeys());

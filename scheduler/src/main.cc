@@ -1,6 +1,7 @@
 // ckpt-scheduler: runs population-based training experiments.
 //
 //   ckpt-scheduler run EXPERIMENT.toml [--store DIR] [--ring-mib N] [--quiet]
+//                      [--listen HOST:PORT --secret-file PATH] [--no-local-workers]
 //   ckpt-scheduler serve --config /etc/ckpt/scheduler.toml
 //
 // Thin: parses flags, fills SchedulerOptions, calls the library.
@@ -24,6 +25,9 @@ struct RunFlags {
   int backoff_ms = -1;  // -1 = the file's
   int grace_ms = -1;
   int ring_mib = static_cast<int>(ckpt::scheduler::kDefaultRingBytes >> 20);
+  std::string listen;       // "" = the file's [workers] listen
+  std::string secret_file;  // "" = the file's
+  bool no_local_workers = false;
 };
 
 int Run(const RunFlags& f) {
@@ -50,6 +54,22 @@ int Run(const RunFlags& f) {
     return 2;
   }
   options.kill_point = std::move(*kill_point);
+  options.remote = config->workers;
+  if (!f.listen.empty()) options.remote.listen = f.listen;
+  if (!f.secret_file.empty()) options.remote.secret_file = f.secret_file;
+  if (f.no_local_workers) options.remote.local = false;
+  if (!options.remote.listen.empty() && options.remote.secret_file.empty()) {
+    std::fprintf(stderr,
+                 "ckpt-scheduler: listening for workers needs --secret-file (or "
+                 "[workers] secret_file)\n");
+    return 2;
+  }
+  if (!options.remote.local && options.remote.listen.empty()) {
+    std::fprintf(stderr,
+                 "ckpt-scheduler: without local workers, --listen (or [workers] listen) "
+                 "is needed\n");
+    return 2;
+  }
   auto scheduler = ckpt::scheduler::Scheduler::Create(options);
   if (!scheduler.ok()) {
     std::fprintf(stderr, "ckpt-scheduler: %s\n", scheduler.status().ToString().c_str());
@@ -105,6 +125,13 @@ int Main(int argc, char** argv) {
       ->check(CLI::Range(1, 16384))
       ->capture_default_str();
   run->add_flag("--quiet", f.quiet, "no progress output");
+  run->add_option("--listen", f.listen,
+                  "accept ckpt-worker --connect workers on HOST:PORT (port 0: ephemeral; "
+                  "overrides [workers] listen)");
+  run->add_option("--secret-file", f.secret_file,
+                  "the secret connecting workers must prove (0600; created when absent)");
+  run->add_flag("--no-local-workers", f.no_local_workers,
+                "spawn no local workers: only connected ones train");
   std::string service_config;
   CLI::App* serve = app.add_subcommand(
       "serve", "run as a service: experiments come and go through the control socket");

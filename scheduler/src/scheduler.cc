@@ -506,8 +506,12 @@ void SchedulerImpl::PrintProgress(bool force_line) {
 }
 
 Status SchedulerImpl::Run() {
-  const auto devices = ExpandDevices(options_.devices);
-  if (devices.empty()) return Status::InvalidArgument("no devices configured");
+  // With remote.local false only connected workers train.
+  const auto devices =
+      options_.remote.local ? ExpandDevices(options_.devices) : std::vector<DeviceConfig>{};
+  if (devices.empty() && options_.remote.listen.empty()) {
+    return Status::InvalidArgument("no devices configured and not listening for workers");
+  }
   // Segments left in /dev/shm by schedulers that were killed, of any store:
   // names of the default shape, whose owner is gone.
   auto swept = ipc::Channel::RemoveStale(IsDefaultSegmentName);
@@ -526,8 +530,12 @@ Status SchedulerImpl::Run() {
   po.ring_bytes = options_.ring_bytes;
   po.supervision = options_.supervision;
   po.metrics = metrics_.get();
+  po.listen = options_.remote.listen;
+  po.secret_file = options_.remote.secret_file;
+  po.address_file = (std::filesystem::path(options_.store_path) / "workers.addr").string();
   pool_ = std::make_unique<WorkerPool>(
       io_, store_.get(), po, [this](const std::string& exp) { return ConfigureFor(exp); }, this);
+  CKPT_RETURN_IF_ERROR(pool_->StartListening());
 
   Status s;
   try {

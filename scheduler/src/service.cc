@@ -17,6 +17,7 @@
 #include "config_tables.h"
 #include "log.h"
 #include "toml_reader.h"
+#include "workers_table.h"
 
 namespace ckpt::scheduler {
 namespace {
@@ -142,6 +143,7 @@ StatusOr<ServiceConfig> ParseServiceConfig(const std::string& toml_text,
     CKPT_RETURN_IF_ERROR(
         r.Seconds("heartbeat_timeout_s", 0.1, 86400, &c.supervision.heartbeat_timeout));
     CKPT_RETURN_IF_ERROR(ReadSupervision(&r, &c.supervision));
+    CKPT_RETURN_IF_ERROR(ReadRemoteWorkers(&r, &c.remote));
     CKPT_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
   }
   CKPT_RETURN_IF_ERROR(ReadDevices(&top, origin, "auto", &c.devices));
@@ -186,6 +188,7 @@ SchedulerOptions SchedulerOptionsFor(const ServiceConfig& c) {
   o.worker_binary = c.worker_binary;
   o.ring_bytes = c.ring_bytes;
   o.supervision = c.supervision;
+  o.remote = c.remote;
   o.metrics = c.metrics;
   o.metrics_required = true;
   o.final_eval_top = c.final_eval_top;
@@ -213,7 +216,9 @@ std::string SettingsNeedingRestart(const ServiceConfig& a, const ServiceConfig& 
   if (a.worker_binary != b.worker_binary || a.ring_bytes != b.ring_bytes ||
       x.heartbeat_timeout != y.heartbeat_timeout || x.restart_backoff != y.restart_backoff ||
       x.max_restart_backoff != y.max_restart_backoff || x.healthy_reset != y.healthy_reset ||
-      x.max_restarts != y.max_restarts || x.max_member_failures != y.max_member_failures) {
+      x.max_restarts != y.max_restarts || x.max_member_failures != y.max_member_failures ||
+      a.remote.listen != b.remote.listen || a.remote.secret_file != b.remote.secret_file ||
+      a.remote.local != b.remote.local) {
     changed.push_back("[workers]");
   }
   std::string out;

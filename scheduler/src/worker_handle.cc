@@ -56,6 +56,17 @@ StatusOr<std::unique_ptr<WorkerHandle>> WorkerHandle::Start(
   return h;
 }
 
+std::unique_ptr<WorkerHandle> WorkerHandle::Adopt(
+    const WorkerSpec& spec, std::unique_ptr<ipc::Channel> channel, store::Store* store,
+    std::function<StatusOr<ipc::Configure>(const std::string&)> configure, Callback on_event) {
+  std::unique_ptr<WorkerHandle> h(
+      new WorkerHandle(spec, store, std::move(configure), std::move(on_event)));
+  h->channel_ = std::move(channel);
+  h->sender_ = std::thread([p = h.get()] { p->SendLoop(); });
+  h->receiver_ = std::thread([p = h.get()] { p->ReceiveLoop(); });
+  return h;
+}
+
 Status WorkerHandle::Spawn() {
   std::vector<std::string> args = {spec_.binary,
                                    "--segment",
@@ -423,7 +434,7 @@ void WorkerHandle::Stop(bool graceful, std::chrono::milliseconds grace) {
       std::this_thread::sleep_for(milliseconds(10));
     }
   }
-  if (channel_) (void)ipc::Channel::Remove(spec_.segment);
+  if (channel_ && !spec_.segment.empty()) (void)ipc::Channel::Remove(spec_.segment);
 }
 
 std::vector<Task> WorkerHandle::TakeUnfinished() {

@@ -1,5 +1,7 @@
 // WorkerHandle: one ckpt-worker child process, its shared-memory channel and
-// the two threads that talk to it (private to ckpt::scheduler).
+// the two threads that talk to it (private to ckpt::scheduler); or a remote
+// worker that connected over TCP (Adopt: no process of ours, only its
+// channel).
 //
 // The sender thread writes CONFIGURE (once per experiment) and TRAIN records,
 // reading each member's state from the store straight into the request ring.
@@ -83,7 +85,7 @@ struct WorkerSpec {
   std::string name;  // metrics label: "w<index>"
   DeviceConfig device;
   std::string binary;   // path of ckpt-worker
-  std::string segment;  // shm name
+  std::string segment;  // shm name; "" for a remote worker
   size_t ring_bytes = kDefaultRingBytes;
   std::chrono::milliseconds heartbeat_timeout{10000};
   // Where store and ring timings go (thread-safe); nullptr: nowhere.
@@ -98,6 +100,13 @@ class WorkerHandle {
   // `configure` gives the CONFIGURE of an experiment id (NotFound if unknown).
   static StatusOr<std::unique_ptr<WorkerHandle>> Start(
       const WorkerSpec& spec, store::Store* store,
+      std::function<StatusOr<ipc::Configure>(const std::string& exp)> configure, Callback on_event);
+  // Takes over the authenticated channel of a remote worker (ckpt-worker
+  // --connect; ckpt/ipc/tcp_channel.h) and starts both threads. There is no
+  // process: pid() is -1, Stop closes the connection (after SHUTDOWN when
+  // graceful) and kills nothing.
+  static std::unique_ptr<WorkerHandle> Adopt(
+      const WorkerSpec& spec, std::unique_ptr<ipc::Channel> channel, store::Store* store,
       std::function<StatusOr<ipc::Configure>(const std::string& exp)> configure, Callback on_event);
   ~WorkerHandle();
 

@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <boost/asio/post.hpp>
 #include <cstdlib>
+#include <exception>
 #include <filesystem>
+#include <fstream>
 
 #include "log.h"
 
@@ -142,9 +144,11 @@ WorkerPool::WorkerPool(asio::io_context& io, store::Store* store, WorkerPoolOpti
     w->spec.metrics = options_.metrics;
     workers_.push_back(std::move(w));
   }
+  devices_ = options_.devices;
 }
 
 WorkerPool::~WorkerPool() {
+  StopListening();
   for (auto& w : workers_) {
     if (w->restart_timer) w->restart_timer->cancel();
     if (w->hello_timer) w->hello_timer->cancel();
@@ -177,15 +181,116 @@ void WorkerPool::Start(size_t i) {
   if (options_.metrics) {
     options_.metrics->WorkerStarted(w.spec.name, w.spec.device.device, w.handle->pid());
   }
+  ArmHelloTimer(i, inc);
+}
+
+void WorkerPool::ArmHelloTimer(size_t i, uint64_t inc) {
+  Worker& w = *workers_[i];
   const milliseconds deadline = StartDeadline(options_.supervision);
   w.hello_timer = std::make_unique<asio::steady_timer>(io_, deadline);
   w.hello_timer->async_wait([this, i, inc, deadline](const boost::system::error_code& ec) {
     Worker& o = *workers_[i];
     if (ec || stopped_ || inc != o.incarnation || o.handle == nullptr || o.ready) return;
-    OnLost(i, "worker " + std::to_string(i) + " (pid " + std::to_string(o.handle->pid()) +
-                  ") did not say HELLO within " + std::to_string(deadline.count() / 1000) +
+    const std::string who =
+        o.remote ? o.spec.device.device : "pid " + std::to_string(o.handle->pid());
+    OnLost(i, "worker " + std::to_string(i) + " (" + who + ") did not say HELLO within " +
+                  std::to_string(deadline.count() / 1000) +
                   " s of its start (hung or stopped while starting)");
   });
+}
+
+ckpt::Status WorkerPool::StartListening() {
+  if (options_.listen.empty()) return ckpt::Status::OK();
+  if (options_.secret_file.empty()) {
+    return ckpt::Status::InvalidArgument("listening for workers on " + options_.listen +
+                                         " needs a secret file");
+  }
+  auto secret = ipc::LoadSecretFile(options_.secret_file);
+  if (secret.status().IsNotFound()) {
+    CKPT_RETURN_IF_ERROR(ipc::CreateSecretFile(options_.secret_file));
+    Logger().info("created secret file {} (mode 0600): give it to the workers' hosts",
+                  options_.secret_file);
+    secret = ipc::LoadSecretFile(options_.secret_file);
+  }
+  if (!secret.ok()) return secret.status();
+  ipc::TcpOptions to;
+  to.channel.heartbeat_timeout = options_.supervision.heartbeat_timeout;
+  to.channel.ring_bytes = options_.ring_bytes;
+  to.on_refused = [](const std::string& peer, const ckpt::Status& why) {
+    Logger().warn("refused a worker connection from {}: {}", peer, why.ToString());
+  };
+  CKPT_ASSIGN_OR_RETURN(listener_socket_, ipc::TcpListener::Listen(options_.listen, *secret, to));
+  const std::string address = listener_socket_->address();
+  Logger().info("listening for workers on {}", address);
+  if (!options_.address_file.empty()) {
+    const std::string tmp = options_.address_file + ".tmp";
+    {
+      std::ofstream out(tmp, std::ios::trunc);
+      out << address << "\n";
+      if (!out.flush()) {
+        return ckpt::Status::IOError("writing the workers' address to " + tmp);
+      }
+    }
+    std::error_code ec;
+    std::filesystem::rename(tmp, options_.address_file, ec);
+    if (ec) {
+      return ckpt::Status::IOError("writing the workers' address to " + options_.address_file +
+                                   ": " + ec.message());
+    }
+  }
+  accept_thread_ = std::thread([this] { AcceptLoop(); });
+  return ckpt::Status::OK();
+}
+
+void WorkerPool::AcceptLoop() {
+  // Thread root.
+  try {
+    while (!accept_stop_.load()) {
+      auto a = listener_socket_->Accept(ipc::DeadlineIn(milliseconds(200)));
+      if (a.ok()) {
+        auto shared = std::make_shared<ipc::Accepted>(std::move(*a));
+        asio::post(io_, [this, shared] { AddRemote(std::move(*shared)); });
+      } else if (!a.status().IsResourceExhausted()) {
+        return;  // closed
+      }
+    }
+  } catch (const std::exception& e) {
+    CountRootException();
+    Logger().error("worker accept thread: unexpected exception: {}", e.what());
+  } catch (...) {
+    CountRootException();
+    Logger().error("worker accept thread: unexpected non-standard exception");
+  }
+}
+
+void WorkerPool::StopListening() {
+  accept_stop_.store(true);
+  if (listener_socket_) listener_socket_->Close();
+  if (accept_thread_.joinable()) accept_thread_.join();
+}
+
+void WorkerPool::AddRemote(ipc::Accepted accepted) {
+  if (stopped_ || draining_) return;  // the channel closes as it goes
+  const size_t i = workers_.size();
+  auto w = std::make_unique<Worker>();
+  w->remote = true;
+  w->spec.index = static_cast<int>(i);
+  w->spec.name = "r" + std::to_string(remotes_++);
+  w->spec.device.device = w->spec.name + "@" + accepted.peer;
+  w->spec.heartbeat_timeout = options_.supervision.heartbeat_timeout;
+  w->spec.metrics = options_.metrics;
+  const uint64_t inc = ++w->incarnation;
+  w->started = Clock::now();
+  w->handle = WorkerHandle::Adopt(
+      w->spec, std::move(accepted.channel), store_, configure_, [this, i, inc](WorkerEvent ev) {
+        asio::post(
+            io_, [this, i, inc, ev = std::move(ev)]() mutable { OnEvent(i, inc, std::move(ev)); });
+      });
+  Logger().info("worker {} ({}) connected from {}", i, w->spec.name, accepted.peer);
+  if (options_.metrics) options_.metrics->WorkerStarted(w->spec.name, w->spec.device.device, 0);
+  devices_.push_back(w->spec.device);
+  workers_.push_back(std::move(w));
+  ArmHelloTimer(i, inc);
 }
 
 void WorkerPool::OnEvent(size_t i, uint64_t inc, WorkerEvent ev) {
@@ -242,6 +347,12 @@ void WorkerPool::OnLost(size_t i, const std::string& reason) {
                 unfinished.empty() ? std::string()
                                    : "; " + std::to_string(unfinished.size()) +
                                          " member(s) requeued from their committed heads");
+  if (w.remote) {
+    // Not ours to restart: its launcher may connect a new one.
+    w.given_up = true;
+    listener_->OnWorkerLost(i, reason, std::move(unfinished), true);
+    return;
+  }
   if (stopped_ || draining_) {
     listener_->OnWorkerLost(i, reason, std::move(unfinished), true);
     return;
@@ -262,14 +373,15 @@ void WorkerPool::OnLost(size_t i, const std::string& reason) {
   if (given_up) {
     const bool any =
         std::any_of(workers_.begin(), workers_.end(), [](const auto& o) { return !o->given_up; });
-    if (!any) listener_->OnAllGivenUp(reason);
+    // While listening, workers may still connect: the run waits for them.
+    if (!any && !listener_socket_) listener_->OnAllGivenUp(reason);
   }
 }
 
 void WorkerPool::Reap() {
   for (auto& wp : workers_) {
     Worker& w = *wp;
-    if (!w.handle || w.handle->exited()) continue;
+    if (w.remote || !w.handle || w.handle->exited()) continue;
     int status = 0;
     if (waitpid(w.handle->pid(), &status, WNOHANG) == w.handle->pid()) {
       w.handle->MarkExited(status);  // reports kLost through the event path
@@ -299,6 +411,7 @@ void WorkerPool::Send(size_t i, Task task) {
 void WorkerPool::StopAll(bool graceful) {
   if (stopped_) return;
   stopped_ = true;
+  StopListening();
   for (auto& w : workers_) {
     if (w->restart_timer) w->restart_timer->cancel();
     if (w->hello_timer) w->hello_timer->cancel();

@@ -3,6 +3,17 @@
 // restarts a lost one after a backoff, gives up on one that keeps dying, and
 // reports what its workers say to a listener on the event loop.
 //
+// Remote workers (StartListening): with `listen` set the pool also accepts
+// `ckpt-worker --connect` workers on a TcpListener (ckpt/ipc/tcp_channel.h),
+// which authenticates each connection on its own thread with a deadline; an
+// accept thread hands each authenticated channel to the event loop, where it
+// becomes one more worker entry ("r<N>", labelled by its address) that takes
+// tasks after its HELLO like any other. A lost remote worker is a loss like
+// any other (its unfinished tasks go back to the listener) but is not
+// restarted: whoever launched it may connect again, as new workers may at any
+// time. While listening, OnAllGivenUp is never reported: the run waits for
+// workers to connect.
+//
 // Supervision: a worker that dies, hangs (heartbeat; or, before it has
 // attached to its ring, no HELLO within StartDeadline) or breaks its ring is
 // lost: its handle is stopped, its unfinished tasks go to the listener to be
@@ -19,6 +30,7 @@
 #ifndef CKPT_SCHEDULER_WORKER_POOL_H_
 #define CKPT_SCHEDULER_WORKER_POOL_H_
 
+#include <atomic>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <chrono>
@@ -26,9 +38,11 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ckpt/format/status.h"
+#include "ckpt/ipc/tcp_channel.h"
 #include "ckpt/scheduler/config.h"
 #include "ckpt/scheduler/summary.h"
 #include "dispatcher.h"
@@ -88,6 +102,15 @@ struct WorkerPoolOptions {
   SupervisionOptions supervision;
   // Where worker starts, exits, STATS and ring figures go; nullptr: nowhere.
   metrics::Metrics* metrics = nullptr;
+  // "HOST:PORT" to accept remote workers on (port 0: ephemeral); "" = none.
+  // Default: "".
+  std::string listen;
+  // The secret remote workers must prove they hold; created (0600) when
+  // absent. Required with listen. Default: "".
+  std::string secret_file;
+  // Where the bound address is written ("HOST:PORT\n"); "" = nowhere.
+  // Default: "".
+  std::string address_file;
 };
 
 class WorkerPool : public TaskSink {
@@ -100,6 +123,13 @@ class WorkerPool : public TaskSink {
 
   // Spawns every worker; one that fails to start is handled as lost.
   void StartAll();
+  // With options.listen set: loads (or creates) the secret file, binds the
+  // listener, logs "listening for workers on HOST:PORT", writes the address
+  // file and starts accepting. OK and nothing when listen is "". Errors:
+  // FailedPrecondition for a secret file that is too open or short,
+  // InvalidArgument / Unavailable for an address that cannot be bound, IOError
+  // for the address file.
+  ckpt::Status StartListening();
   // Reaps exited children (on SIGCHLD); their loss is reported.
   void Reap();
 
@@ -122,7 +152,9 @@ class WorkerPool : public TaskSink {
   size_t size() const { return workers_.size(); }
   // Sum over every worker process run of its peak resident set.
   int64_t PeakRssBytes() const;
-  const std::vector<DeviceConfig>& devices() const { return options_.devices; }
+  // One entry per worker index: the configured devices, then one per remote
+  // worker that connected (device "r<N>@ADDRESS").
+  const std::vector<DeviceConfig>& devices() const { return devices_; }
 
  private:
   struct Worker {
@@ -141,9 +173,15 @@ class WorkerPool : public TaskSink {
     double samples_per_s = 0;
     std::string mode;
     int64_t peak_rss_total = 0;  // over this worker's incarnations
+    bool remote = false;         // connected over TCP; never restarted
   };
 
   void Start(size_t i);
+  void ArmHelloTimer(size_t i, uint64_t incarnation);
+  // On the event loop: a remote worker authenticated by the listener.
+  void AddRemote(ipc::Accepted accepted);
+  void AcceptLoop();
+  void StopListening();
   void OnEvent(size_t i, uint64_t incarnation, WorkerEvent ev);
   void OnLost(size_t i, const std::string& reason);
 
@@ -153,8 +191,14 @@ class WorkerPool : public TaskSink {
   const std::function<StatusOr<ipc::Configure>(const std::string&)> configure_;
   WorkerPoolListener* const listener_;
   std::vector<std::unique_ptr<Worker>> workers_;
+  std::vector<DeviceConfig> devices_;  // devices() for every entry of workers_
   bool draining_ = false;
   bool stopped_ = false;
+  int remotes_ = 0;  // remote workers ever connected: the N of "r<N>"
+
+  std::unique_ptr<ipc::TcpListener> listener_socket_;
+  std::thread accept_thread_;  // Accept loop; posts to io_
+  std::atomic<bool> accept_stop_{false};
 };
 
 }  // namespace ckpt::scheduler

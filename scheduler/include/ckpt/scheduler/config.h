@@ -19,6 +19,8 @@
 //   [supervision] restart_backoff_s = 10; max_restart_backoff_s = 300;
 //                healthy_reset_s = 600; max_restarts = 10; max_member_failures = 3;
 //                grace_s = 10
+//   [workers]    listen = ""; secret_file = ""; local = true
+//                (workers on other hosts over TCP: see RemoteWorkersConfig)
 //
 // Every key is checked: an unknown key, a wrong type or a bad value is an
 // InvalidArgument naming the key and its line ("population.size (line 7): must
@@ -123,6 +125,24 @@ struct SupervisionOptions {
   std::chrono::milliseconds heartbeat_timeout{10000};
 };
 
+// Workers that connect over TCP (ckpt-worker --connect) besides, or instead
+// of, the spawned local ones: the [workers] table of an experiment file and of
+// the service file; `ckpt-scheduler run --listen/--secret-file/
+// --no-local-workers` override it.
+struct RemoteWorkersConfig {
+  // "HOST:PORT" to listen on for workers (port 0: an ephemeral one, logged and
+  // written to <store>/workers.addr); "" = none. 127.0.0.1 keeps it to this
+  // host; a cluster needs an address the compute nodes reach. Default: "".
+  std::string listen;
+  // The experiment's secret, which connecting workers must prove they hold
+  // (mode 0600, owned by this user; created so when absent). Required when
+  // listen is set. Default: "".
+  std::string secret_file;
+  // Spawn the [[devices]] workers on this host (shared memory); false: only
+  // connected workers train (REQUIRES: listen). Default: true.
+  bool local = true;
+};
+
 // Limits of an experiment file (docs/LIMITS.md); past each, parsing fails
 // with an InvalidArgument naming the key. The file itself is at most 1 MiB.
 // Members per experiment ([population] size): every member's records are
@@ -157,6 +177,7 @@ struct ExperimentConfig {
   PolicyConfig policy;
   std::vector<DeviceConfig> devices;
   SupervisionOptions supervision;
+  RemoteWorkersConfig workers;
   // The file's text, kept in the store with the experiment.
   std::string source;
 };

@@ -97,6 +97,13 @@ struct SchedulerOptions {
   // Defaults: as in SupervisionOptions. `run` takes an experiment file's
   // [supervision]; `serve` its file's [workers] and grace_s.
   SupervisionOptions supervision;
+  // Workers on other hosts: with `listen` set, Run accepts authenticated
+  // `ckpt-worker --connect` workers at any time (logged "listening for workers
+  // on HOST:PORT", the address written to <store_path>/workers.addr) and does
+  // not end for want of workers; with `local` false it spawns none of
+  // `devices`. `run` takes an experiment file's [workers] (and its flags);
+  // `serve` its file's. Default: none (local workers only).
+  RemoteWorkersConfig remote;
   // Members evaluated on the test split when an experiment ends. Default: 5.
   int final_eval_top = 5;
   // Progress output (nullptr: none). Lines are rewritten in place on a TTY.

@@ -12,7 +12,8 @@
 //              max_request_bytes = 1048576; max_clients = 64; client_idle_timeout_s = 30
 //   [workers]  binary = ""; ring_mib = 16; heartbeat_timeout_s = 10; restart_backoff_s = 10;
 //              max_restart_backoff_s = 300; healthy_reset_s = 600; max_restarts = 10;
-//              max_member_failures = 3
+//              max_member_failures = 3; listen = ""; secret_file = ""; local = true
+//              (workers on other hosts; RemoteWorkersConfig in config.h)
 //   [[devices]] device = "auto"; count = 1; slots = 4; fusion = "auto"; fusion_width = 8;
 //               intra_op_threads = 1              (as in experiment files)
 //
@@ -68,6 +69,8 @@ struct ServiceConfig {
   bool log_progress = true;
   std::string worker_binary;
   size_t ring_bytes = kDefaultRingBytes;
+  // [workers] listen, secret_file, local: workers on other hosts.
+  RemoteWorkersConfig remote;
   // Where the configuration was read from (for messages and reloads).
   std::string origin;
 };
