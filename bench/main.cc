@@ -8,6 +8,9 @@
 #include <string>
 
 #include "bench.h"
+#ifdef CKPT_BENCH_WITH_MODEL
+#include "ckpt/worker/allocator.h"
+#endif
 
 namespace ckpt::bench {
 namespace {
@@ -62,6 +65,11 @@ long long PeakRssChildrenBytes() {
 }  // namespace ckpt::bench
 
 int main(int argc, char** argv) {
+#ifdef CKPT_BENCH_WITH_MODEL
+  // The allocator policy of ckpt-worker, so that the in-process loops measured
+  // here (the bare loop, `train`) run as the worker does (allocator.h).
+  ckpt::worker::TuneAllocatorForTraining();
+#endif
   auto& registry = ckpt::bench::Registry();
   if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || registry.count(argv[1]) == 0) {
     std::fprintf(stderr, "usage: ckpt-bench NAME [--flag value ...]\n\nbenchmarks:\n");

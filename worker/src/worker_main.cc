@@ -13,6 +13,7 @@
 #include <exception>
 #include <string>
 
+#include "ckpt/worker/allocator.h"
 #include "ckpt/worker/worker_loop.h"
 
 int main(int argc, char** argv) {
@@ -21,6 +22,8 @@ int main(int argc, char** argv) {
   // of MB of device memory). ckpt-scheduler sets it for its workers; this
   // covers a worker started by hand. An explicit setting wins.
   setenv("CUDA_MODULE_LOADING", "LAZY", /*overwrite=*/0);
+  // Training buffers stay in the heap between steps (allocator.h).
+  ckpt::worker::TuneAllocatorForTraining();
   CLI::App app{"ckpt-worker: trains population members for ckpt-scheduler"};
   ckpt::worker::WorkerOptions o;
   auto* segment =
