@@ -3,6 +3,7 @@
 // Statuses here.
 #include <rocksdb/cache.h>
 #include <rocksdb/db.h>
+#include <rocksdb/listener.h>
 #include <rocksdb/merge_operator.h>
 #include <rocksdb/options.h>
 #include <rocksdb/slice.h>
@@ -11,7 +12,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
+#include <cstdarg>
+#include <cstdio>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -184,6 +189,90 @@ std::shared_ptr<rocksdb::Cache> NewBlobCache(size_t bytes) {
   return rocksdb::NewLRUCache(o);
 }
 
+// RocksDB's info log (the LOG file of the store directory), written with
+// stdio instead of RocksDB's own log writer: Debian's librocksdb is built with
+// assertions, and that writer aborts the process on the next append after one
+// failed (a full disk: WritableFileWriter::AssertFalseAndGetStatusForPrevError).
+// Here a line that does not fit is dropped. Rolls to LOG.old past
+// kMaxInfoLogBytes.
+class InfoLog final : public rocksdb::Logger {
+ public:
+  static constexpr long kMaxInfoLogBytes = 4 << 20;
+
+  explicit InfoLog(std::string path)
+      : rocksdb::Logger(rocksdb::InfoLogLevel::INFO_LEVEL), path_(std::move(path)) {
+    file_ = std::fopen(path_.c_str(), "ae");
+  }
+  ~InfoLog() override {
+    if (file_ != nullptr) std::fclose(file_);
+  }
+
+  using rocksdb::Logger::Logv;
+  void Logv(const char* format, va_list ap) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (file_ == nullptr) return;
+    if (std::ftell(file_) > kMaxInfoLogBytes) {
+      std::fclose(file_);
+      std::rename(path_.c_str(), (path_ + ".old").c_str());
+      file_ = std::fopen(path_.c_str(), "ae");
+      if (file_ == nullptr) return;
+    }
+    const auto now = std::chrono::system_clock::now();
+    const std::time_t t = std::chrono::system_clock::to_time_t(now);
+    std::tm tm{};
+    gmtime_r(&t, &tm);
+    char stamp[32];
+    std::strftime(stamp, sizeof(stamp), "%Y/%m/%d-%H:%M:%S ", &tm);
+    std::fputs(stamp, file_);
+    std::vfprintf(file_, format, ap);
+    std::fputc('\n', file_);
+    std::fflush(file_);
+    std::clearerr(file_);  // a full disk: the line is lost, the next one may fit
+  }
+
+ private:
+  const std::string path_;
+  std::mutex mu_;
+  std::FILE* file_ = nullptr;  // GUARDED_BY(mu_)
+};
+
+// How the store takes RocksDB's background errors (see "Failed writes" in
+// store.h):
+//   - no space: RocksDB's own recovery is turned off. It waits for free space
+//     of a whole memtable (16 MiB and more) that a nearly full disk may never
+//     get back, and while it waits DB::Resume() answers Busy; the store calls
+//     Resume() itself on the next write instead.
+//   - a compaction that read a damaged blob or table (Corruption): set aside,
+//     so that writes go on. The compaction's output is dropped and its inputs
+//     stay as they were (nothing is lost); RocksDB tries it again later. The
+//     damaged blob is found by Verify and by every verified read, and once no
+//     manifest holds it its key is deleted and the compaction drops it without
+//     reading it. Each one set aside is kept for TakeBackgroundErrors().
+class BackgroundErrorPolicy final : public rocksdb::EventListener {
+ public:
+  void OnBackgroundError(rocksdb::BackgroundErrorReason reason, rocksdb::Status* error) override {
+    if (reason != rocksdb::BackgroundErrorReason::kCompaction || !error->IsCorruption()) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (set_aside_.size() < kMaxKept) set_aside_.push_back("compaction: " + error->ToString());
+    *error = rocksdb::Status::OK();
+  }
+
+  void OnErrorRecoveryBegin(rocksdb::BackgroundErrorReason, rocksdb::Status error,
+                            bool* auto_recovery) override {
+    if (error.IsNoSpace()) *auto_recovery = false;
+  }
+
+  std::vector<std::string> Take() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return std::exchange(set_aside_, {});
+  }
+
+ private:
+  static constexpr size_t kMaxKept = 100;
+  std::mutex mu_;
+  std::vector<std::string> set_aside_;  // GUARDED_BY(mu_)
+};
+
 // Manifests and reference counts a write will change, collected before any of
 // it goes into the batch so that several changes to one manifest (unpin, then
 // release by retention) end up as one final value.
@@ -284,6 +373,11 @@ class StoreImpl final : public Store {
   StatusOr<StoreStats> Stats() override;
   Status Flush() override;
   Status Compact() override;
+  std::vector<std::string> TakeBackgroundErrors() override {
+    std::vector<std::string> out = background_errors_->Take();
+    for (auto& e : out) e = "store " + options_.path + ": " + e + " (set aside, writes go on)";
+    return out;
+  }
   Status Recover() override {
     CKPT_RETURN_IF_ERROR(CheckWritable());
     std::lock_guard<std::mutex> lock(mu_);
@@ -354,6 +448,8 @@ class StoreImpl final : public Store {
 
   const StoreOptions options_;
   const bool read_only_;
+  const std::shared_ptr<BackgroundErrorPolicy> background_errors_ =
+      std::make_shared<BackgroundErrorPolicy>();
   // Shared by every open of this store object (Refresh reopens with it).
   const std::shared_ptr<rocksdb::Cache> blob_cache_;
   // The blobs family's write_buffer_size as last set (SizeForWorkingSet).
@@ -382,7 +478,18 @@ Status StoreImpl::OpenDb() {
   db_options.create_missing_column_families = !read_only_;
   db_options.keep_log_file_num = 4;
   db_options.max_log_file_size = 4u << 20;
+  if (!read_only_) {
+    std::error_code ec;
+    if (options_.create_if_missing) std::filesystem::create_directories(path, ec);
+    db_options.info_log = std::make_shared<InfoLog>(path + "/LOG");
+    db_options.listeners.push_back(background_errors_);
+  }
   db_options.max_background_jobs = 2;
+  // No fallocate: RocksDB would reserve a WAL's worth of space past the
+  // memtable size (17.6 MiB for a 16 MiB memtable) per file and give it back
+  // at close, so a full disk would show up late and go away by itself at
+  // random; without it a write fails exactly when its bytes do not fit.
+  db_options.allow_fallocate = false;
   rocksdb::DB* raw = nullptr;
   rocksdb::Status s;
   if (read_only_) {

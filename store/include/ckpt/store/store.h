@@ -70,6 +70,8 @@
 //     the free space and resumes by itself) is left on: it may resume first,
 //     and then Resume() has nothing left to do; no retry loop runs here, the
 //     caller decides when to try again (e.g. with backoff).
+//   - a compaction failing on a damaged blob file (Corruption) is not a write
+//     failure: it is set aside (TakeBackgroundErrors) and writes go on.
 //   - any other failure: every later write returns it; reopen the store.
 // Reads keep working in both cases.
 #ifndef CKPT_STORE_STORE_H_
@@ -448,6 +450,13 @@ class Store {
   // FailedPrecondition on a read-only view. Every write does the same first,
   // so calling it is optional: it lets a caller probe without writing.
   virtual Status Recover() = 0;
+  // Errors of RocksDB's background work that the store set aside so that
+  // writes go on, since the last call (at most 100 kept): a compaction that
+  // failed reading a damaged blob or table file (Corruption). The compaction
+  // left its inputs as they were and is tried again later; the damaged blob
+  // itself is reported by Verify and refused by verified reads. One line
+  // each, naming the store and the RocksDB error. Empty on a read-only view.
+  virtual std::vector<std::string> TakeBackgroundErrors() = 0;
 };
 
 }  // namespace ckpt::store
