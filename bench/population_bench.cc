@@ -5,7 +5,14 @@
 //   ckpt-bench population [--config examples/fashion-mnist-pbt.toml]
 //       [--members N] [--intervals I] [--steps S] [--eval-size E] [--slots K]
 //       [--workers W] [--null-members N] [--null-intervals I] [--skip-train]
-//       [--ring-mb M] [--null-sizes 30,10000]
+//       [--ring-mb M] [--null-sizes 30,10000] [--transport ring|tcp]
+//
+// --transport tcp: the same runs with the workers connected over TCP on
+// loopback (ckpt-worker --connect processes this program starts; the
+// scheduler spawns none and listens on 127.0.0.1:0), each next to the same run
+// over the shared-memory ring: member_intervals_per_s_null and samples_per_s
+// of both (prefixed tcp_ and ring_) and their ratios tcp/ring. The bare loops
+// are skipped then.
 //
 // The null run trains 0 steps and evaluates nothing: what is left is the
 // pipeline's own cost per member-interval (store read, ring, worker decode and
@@ -15,13 +22,17 @@
 // population size and reports the cost ratio of the last size to the first,
 // with the scheduler's peak RSS (this process; reset before each size) and the
 // store's size on disk at each.
+#include <spawn.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -31,6 +42,7 @@
 #include <vector>
 
 #include "bench.h"
+#include "ckpt/ipc/tcp_channel.h"
 #include "ckpt/scheduler/config.h"
 #include "ckpt/scheduler/scheduler.h"
 #include "ckpt/worker/trainer.h"
@@ -61,10 +73,70 @@ struct RunResult {
   int64_t workers_peak_rss = 0;
 };
 
+// ckpt-worker as the scheduler finds it: $CKPT_WORKER, else ../bin from this
+// program (build/bench -> build/bin).
+std::string WorkerBinary() {
+  if (const char* env = std::getenv("CKPT_WORKER"); env != nullptr && *env) return env;
+  std::error_code ec;
+  auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  for (const char* rel : {"ckpt-worker", "../bin/ckpt-worker"}) {
+    auto p = self.parent_path() / rel;
+    if (!ec && access(p.c_str(), X_OK) == 0) return p.string();
+  }
+  return "ckpt-worker";
+}
+
+// Starts `workers` ckpt-worker --connect processes once the scheduler of
+// `store` writes its address; returns their pids (reaped by the caller).
+std::vector<pid_t> ConnectWorkers(const std::string& store, const std::string& secret_file,
+                                  int workers, int slots) {
+  std::vector<pid_t> pids;
+  std::string addr;
+  const auto until = Clock::now() + std::chrono::seconds(60);
+  while (addr.empty() && Clock::now() < until) {
+    std::ifstream(store + "/workers.addr") >> addr;
+    if (addr.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (addr.empty()) {
+    std::fprintf(stderr, "population: the scheduler never listened\n");
+    return pids;
+  }
+  const std::string bin = WorkerBinary();
+  for (int w = 0; w < workers; ++w) {
+    std::vector<std::string> args = {bin,
+                                     "--connect",
+                                     addr,
+                                     "--secret-file",
+                                     secret_file,
+                                     "--device",
+                                     "cpu",
+                                     "--slots",
+                                     std::to_string(slots),
+                                     "--fusion",
+                                     "plain",
+                                     "--intra-op-threads",
+                                     "1"};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    pid_t pid = -1;
+    if (posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ) == 0) {
+      pids.push_back(pid);
+    }
+  }
+  return pids;
+}
+
 StatusOr<RunResult> RunPipeline(scheduler::ExperimentConfig config, const std::string& store,
-                                int workers, int slots, size_t ring_bytes) {
+                                int workers, int slots, size_t ring_bytes, bool tcp = false) {
   scheduler::SchedulerOptions o;
   o.store_path = store;
+  if (tcp) {
+    std::filesystem::create_directories(store);
+    o.remote.listen = "127.0.0.1:0";
+    o.remote.secret_file = store + "-secret";
+    o.remote.local = false;
+  }
   if (ring_bytes > 0) o.ring_bytes = ring_bytes;
   scheduler::DeviceConfig d;
   d.device = "cpu";
@@ -80,7 +152,22 @@ StatusOr<RunResult> RunPipeline(scheduler::ExperimentConfig config, const std::s
   const double self0 = CpuSeconds(RUSAGE_SELF), children0 = CpuSeconds(RUSAGE_CHILDREN);
   CKPT_ASSIGN_OR_RETURN(auto s, scheduler::Scheduler::Create(o));
   CKPT_RETURN_IF_ERROR(s->Submit(config));
-  CKPT_RETURN_IF_ERROR(s->Run());
+  std::vector<pid_t> remote;
+  std::thread starter;
+  if (tcp) {
+    starter =
+        std::thread([&] { remote = ConnectWorkers(store, o.remote.secret_file, workers, slots); });
+  }
+  Status ran = s->Run();
+  if (starter.joinable()) starter.join();
+  if (!ran.ok()) {
+    for (pid_t p : remote) kill(p, SIGKILL);
+  }
+  for (pid_t p : remote) {
+    int st = 0;
+    waitpid(p, &st, 0);  // they exit after the scheduler's SHUTDOWN
+  }
+  CKPT_RETURN_IF_ERROR(ran);
   RunResult r;
   r.wall_s = std::chrono::duration<double>(Clock::now() - t0).count();
   CKPT_ASSIGN_OR_RETURN(r.summary, s->Summary(config.name));
@@ -161,6 +248,68 @@ double BareLoopInChildProcess(const std::string& config, const scheduler::Experi
   return v;
 }
 
+// --transport tcp: each run over the ring, then over TCP.
+int PopulationOverTcp(const Args& args, const scheduler::ExperimentConfig& c, int workers,
+                      int slots, size_t ring_bytes, const std::string& root) {
+  json out = {{"bench", "population"},
+              {"transport", "tcp"},
+              {"device", "cpu"},
+              {"workers", workers},
+              {"slots", slots}};
+  auto add = [&](const std::string& key, double v) {
+    out[key] = std::isfinite(v) ? json(v) : json(nullptr);
+  };
+  for (const bool tcp : {false, true}) {
+    const std::string prefix = tcp ? "tcp_" : "ring_";
+    if (!args.Has("skip-train")) {
+      std::fprintf(stderr, "short real run over the %s...\n", tcp ? "TCP loopback" : "ring");
+      auto r = RunPipeline(c, root + "/train-" + prefix, workers, slots, ring_bytes, tcp);
+      if (!r.ok()) {
+        std::fprintf(stderr, "population: %s\n", r.status().ToString().c_str());
+        return 1;
+      }
+      const auto& s = r->summary;
+      add(prefix + "samples_per_s",
+          s.training_s > 0 ? static_cast<double>(s.train_samples) / s.training_s : 0);
+      add(prefix + "training_s", s.training_s);
+      add(prefix + "first_result_s", s.first_result_s);
+      add(prefix + "scheduler_cpu_s", r->scheduler_cpu_s);
+    }
+    scheduler::ExperimentConfig z = c;
+    z.name = "bench-null";
+    z.population = static_cast<int>(args.GetInt("null-members", 30));
+    z.intervals = static_cast<int>(args.GetInt("null-intervals", 10));
+    z.steps_per_interval = 0;
+    z.eval_size = 0;
+    std::fprintf(stderr, "null run over the %s...\n", tcp ? "TCP loopback" : "ring");
+    auto r = RunPipeline(z, root + "/null-" + prefix, workers, slots, ring_bytes, tcp);
+    if (!r.ok()) {
+      std::fprintf(stderr, "population (null): %s\n", r.status().ToString().c_str());
+      return 1;
+    }
+    const auto& ns = r->summary;
+    const double steady_s = ns.training_s - ns.first_result_s;
+    add(prefix + "member_intervals_per_s_null",
+        steady_s > 0 ? static_cast<double>(ns.member_intervals - 1) / steady_s : 0);
+    add(prefix + "null_first_result_s", ns.first_result_s);
+    add(prefix + "null_scheduler_cpu_s", r->scheduler_cpu_s);
+    add(prefix + "null_workers_cpu_s", r->workers_cpu_s);
+  }
+  const auto ratio = [&](const std::string& key) {
+    const double a = out.value("tcp_" + key, 0.0), b = out.value("ring_" + key, 0.0);
+    add("tcp_vs_ring_" + key, b > 0 ? a / b : NAN);
+  };
+  ratio("member_intervals_per_s_null");
+  if (!args.Has("skip-train")) ratio("samples_per_s");
+  add("null_members", static_cast<double>(args.GetInt("null-members", 30)));
+  add("members", c.population);
+  add("intervals", c.intervals);
+  add("steps_per_interval", static_cast<double>(c.steps_per_interval));
+  std::filesystem::remove_all(root);
+  std::printf("%s\n", out.dump().c_str());
+  return 0;
+}
+
 int Population(const Args& args) {
   const std::string path = args.Get("config", "examples/fashion-mnist-pbt.toml");
   auto loaded = scheduler::LoadExperimentConfig(path);
@@ -189,6 +338,12 @@ int Population(const Args& args) {
       (std::filesystem::temp_directory_path() / ("ckpt-bench-pop-" + std::to_string(getpid())))
           .string();
   std::filesystem::remove_all(root);
+  const std::string transport = args.Get("transport", "ring");
+  if (transport == "tcp") return PopulationOverTcp(args, c, workers, slots, ring_bytes, root);
+  if (transport != "ring") {
+    std::fprintf(stderr, "population: --transport is ring or tcp, not %s\n", transport.c_str());
+    return 2;
+  }
 
   json out = {{"bench", "population"}};
   auto add = [&](const std::string& key, double v) {
