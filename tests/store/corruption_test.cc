@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 
 #include "ckpt/store/store.h"
 #include "test_util.h"
@@ -158,6 +159,103 @@ TEST(StoreVerifyTest, ReportsAManifestWhoseBlobIsMissing) {
   ASSERT_TRUE(report.ok()) << report.status().ToString();
   ASSERT_FALSE(report->ok());
   EXPECT_NE(report->problems[0].find("e/m v1"), std::string::npos) << report->problems[0];
+}
+
+// A damaged blob in a blob file that blob garbage collection relocates: the
+// compaction fails on the blob's CRC. It used to leave RocksDB with a
+// background error that refused every later write (and every reopen's first
+// write). Now the failed compaction is set aside (TakeBackgroundErrors),
+// commits go on, Verify names the damaged blob, the member falls back to its
+// newest intact version, and once retention releases the damaged blob the
+// compaction drops it without reading it: the store verifies clean again.
+TEST(StoreCorruptionTest, DamagedBlobInCompactionDoesNotStopWrites) {
+  TempDir dir;
+  const std::string path = dir.Sub("db");
+  StoreOptions options = TestOptions(path);
+  options.blob_cache_bytes = 0;
+  options.keep_last_n = 2;
+  options.keep_best_k = 0;
+  std::string damaged_blob;
+  BlobId damaged_id;
+  {
+    auto opened = Store::Open(options);
+    ASSERT_TRUE(opened.ok());
+    Store* store = opened->get();
+    ASSERT_TRUE(store->CreateExperiment("e", "{}").ok());
+    ASSERT_TRUE(store->CreateMembers("e", {{"a", {}}, {"b", {}}}).ok());
+    std::map<std::string, int64_t> heads = {{"a", 0}, {"b", 0}};
+    uint64_t seed = 100;
+    auto commit = [&](const std::string& member, std::string* kept = nullptr) {
+      const std::string blob = MakeBlob(seed++, 4096, heads[member] + 1);
+      CommitRequest req;
+      req.exp = "e";
+      req.member = member;
+      req.expected_head_version = heads[member];
+      req.blob = blob.data();
+      req.blob_size = blob.size();
+      auto v = store->CommitResult(req);
+      if (v.ok()) heads[member] = *v;
+      if (kept) *kept = blob;
+      return v.status();
+    };
+    ASSERT_TRUE(commit("a").ok());
+    ASSERT_TRUE(commit("b").ok());
+    ASSERT_TRUE(commit("a", &damaged_blob).ok());  // a v2: to be damaged
+    ASSERT_TRUE(commit("b").ok());
+    ASSERT_TRUE(store->Flush().ok());
+    damaged_id = BlobId::Of(damaged_blob.data(), damaged_blob.size());
+
+    std::string file;
+    size_t at = 0;
+    ASSERT_TRUE(FindInBlobFiles(path, damaged_blob, &file, &at));
+    FlipByte(file, at + damaged_blob.size() / 2);
+
+    // Blob GC relocates every blob (Compact forces it): the damaged one fails.
+    Status compacted = store->Compact();
+    EXPECT_TRUE(compacted.IsCorruption()) << compacted.ToString();
+    std::vector<std::string> errors = store->TakeBackgroundErrors();
+    ASSERT_FALSE(errors.empty());
+    EXPECT_NE(errors[0].find(path), std::string::npos) << errors[0];
+    EXPECT_NE(errors[0].find("Corruption"), std::string::npos) << errors[0];
+    EXPECT_TRUE(store->TakeBackgroundErrors().empty()) << "taken once";
+
+    // Writes go on.
+    Status s = commit("b");
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    auto report = store->Verify();
+    ASSERT_TRUE(report.ok());
+    ASSERT_EQ(report->problems.size(), 1u);
+    EXPECT_NE(report->problems[0].find(damaged_id.Hex()), std::string::npos);
+    EXPECT_NE(report->problems[0].find("e/a v2"), std::string::npos) << report->problems[0];
+    EXPECT_TRUE(store->ReadHeadBlob("e", "a").status().IsCorruption());
+
+    // The member falls back to its newest intact version and trains on:
+    // retention (keep_last_n 2) releases the damaged blob.
+    auto restored = store->Restore("e", "a", 1);
+    ASSERT_TRUE(restored.ok()) << restored.status().ToString();
+    heads["a"] = *restored;
+    ASSERT_TRUE(store->ReadHeadBlob("e", "a").ok());
+    for (int i = 0; i < 2; ++i) {
+      s = commit("a");
+      ASSERT_TRUE(s.ok()) << s.ToString();
+    }
+    auto released = store->GetManifest("e", "a", 2);
+    EXPECT_TRUE(!released.ok() || !released->holds_blob);
+    ASSERT_TRUE(store->Flush().ok());
+    compacted = store->Compact();
+    EXPECT_TRUE(compacted.ok()) << compacted.ToString();
+    EXPECT_TRUE(store->TakeBackgroundErrors().empty());
+    report = store->Verify();
+    ASSERT_TRUE(report.ok());
+    EXPECT_TRUE(report->ok()) << report->problems.front();
+  }
+  // Reopened: writable at once, clean.
+  auto reopened = Store::Open(options);
+  ASSERT_TRUE(reopened.ok()) << reopened.status().ToString();
+  ASSERT_TRUE((*reopened)->SetMemberState("e", "a", "after").ok());
+  auto report = (*reopened)->Verify();
+  ASSERT_TRUE(report.ok());
+  EXPECT_TRUE(report->ok()) << report->problems.front();
 }
 
 }  // namespace
