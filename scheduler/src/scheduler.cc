@@ -5,6 +5,8 @@
 // between them, handles signals and the control verbs, and stops cleanly.
 #include "ckpt/scheduler/scheduler.h"
 
+#include <sys/statvfs.h>
+
 #include <algorithm>
 #include <atomic>
 #include <boost/asio.hpp>
@@ -104,6 +106,7 @@ class SchedulerImpl : public Scheduler, public ControlTarget, public WorkerPoolL
         sighup_(io_),
         tick_(io_),
         grace_timer_(io_),
+        store_retry_(io_),
         progress_(options.progress) {
     if (options_.instance.empty()) {
       std::string abs = std::filesystem::absolute(options_.store_path).lexically_normal().string();
@@ -178,6 +181,14 @@ class SchedulerImpl : public Scheduler, public ControlTarget, public WorkerPoolL
   // head states (population x largest state seen) when `bytes`, a state
   // just committed to `entry`, changes that estimate.
   void NoteStateSize(Entry& entry, uint64_t bytes);
+  // A commit failed because the store's disk is full (`reason` names it):
+  // dispatch pauses and RetryStore() probes the store, every 1 s at first,
+  // doubling to 30 s, until it accepts writes again.
+  void WaitForStoreSpace(const std::string& reason);
+  void RetryStore();
+  // Logs what the store set aside of its background work (a compaction
+  // failing on a damaged blob file) and records it in each experiment's log.
+  void ReportStoreBackgroundErrors();
   Experiment* Find(const std::string& id) {
     auto it = entries_.find(id);
     return it == entries_.end() ? nullptr : it->second.experiment.get();
@@ -204,6 +215,12 @@ class SchedulerImpl : public Scheduler, public ControlTarget, public WorkerPoolL
   asio::signal_set sighup_;
   asio::steady_timer tick_;
   asio::steady_timer grace_timer_;
+  asio::steady_timer store_retry_;
+  // Set while the store's disk is full: nothing is dispatched (a result
+  // could not be committed), and store_retry_ is armed.
+  bool waiting_for_space_ = false;
+  Clock::time_point waiting_since_{};
+  milliseconds store_retry_delay_{1000};
   std::unique_ptr<WorkerPool> pool_;
   Dispatcher dispatcher_;
   Progress progress_;
@@ -296,7 +313,7 @@ StatusOr<ipc::Configure> SchedulerImpl::ConfigureFor(const std::string& exp) {
 }
 
 void SchedulerImpl::Dispatch() {
-  if (stopping_ || !pool_) return;
+  if (stopping_ || !pool_ || waiting_for_space_) return;
   dispatcher_.Dispatch(pool_.get(), InOrder(), Clock::now());
 }
 
@@ -350,6 +367,14 @@ void SchedulerImpl::OnTaskEvent(size_t worker, WorkerEvent ev) {
         e->OnFailed(item, ev.code, ev.reason, /*head_moved=*/false);
         break;
       case WorkerEvent::Kind::kCommitError: {
+        if (ev.code == StatusCodeName(StatusCode::kResourceExhausted)) {
+          // A full disk is no fault of the member: the interval reruns from
+          // its committed head once the store has space again.
+          if (metrics_) metrics_->StoreNoSpace();
+          e->OnReturned(item);
+          WaitForStoreSpace(ev.reason);
+          break;
+        }
         const bool moved = ev.code == "Aborted";
         if (metrics_ && !moved) {
           metrics_->MemberFailed(e->id(), metrics::FailureReason::kCommitError);
@@ -367,6 +392,68 @@ void SchedulerImpl::OnTaskEvent(size_t worker, WorkerEvent ev) {
     return;
   }
   Dispatch();
+}
+
+uint64_t FreeBytes(const std::string& path) {
+  struct statvfs st {};
+  if (statvfs(path.c_str(), &st) != 0) return 0;
+  return static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
+}
+
+void SchedulerImpl::WaitForStoreSpace(const std::string& reason) {
+  if (waiting_for_space_) return;
+  waiting_for_space_ = true;
+  waiting_since_ = Clock::now();
+  store_retry_delay_ = milliseconds(1000);
+  if (metrics_) metrics_->SetStoreWaitingForSpace(true);
+  Logger().error(
+      "store full: {}; dispatch paused until the store accepts writes again ({} bytes free on "
+      "its file system); the interval reruns from its committed head",
+      reason, FreeBytes(options_.store_path));
+  store_retry_.expires_after(store_retry_delay_);
+  store_retry_.async_wait([this](const boost::system::error_code& ec) {
+    if (!ec) RetryStore();
+  });
+}
+
+void SchedulerImpl::RetryStore() {
+  if (finished_) return;
+  const Status s = store_->Recover();
+  if (s.IsResourceExhausted()) {
+    store_retry_delay_ = std::min(store_retry_delay_ * 2, milliseconds(30000));
+    Logger().warn("store still full after {:.0f} s ({} bytes free): {}; next try in {} s",
+                  SecondsSince(waiting_since_), FreeBytes(options_.store_path), s.message(),
+                  store_retry_delay_.count() / 1000);
+    store_retry_.expires_after(store_retry_delay_);
+    store_retry_.async_wait([this](const boost::system::error_code& ec) {
+      if (!ec) RetryStore();
+    });
+    return;
+  }
+  waiting_for_space_ = false;
+  if (metrics_) metrics_->SetStoreWaitingForSpace(false);
+  if (s.ok()) {
+    Logger().info("store writable again after {:.1f} s waiting for space; dispatch resumes",
+                  SecondsSince(waiting_since_));
+  } else {
+    // Not a full disk any more but a store that refuses writes for good:
+    // the commits that follow fail the members as any commit error does.
+    Logger().error("store: {}", s.ToString());
+  }
+  if (stopping_) {
+    MaybeFinishStop();
+    return;
+  }
+  Dispatch();
+}
+
+void SchedulerImpl::ReportStoreBackgroundErrors() {
+  for (const std::string& error : store_->TakeBackgroundErrors()) {
+    Logger().error("{}", error);
+    for (const auto& id : order_) {
+      (void)store_->AppendEvent(id, json{{"type", "store_error"}, {"error", error}}.dump());
+    }
+  }
 }
 
 void SchedulerImpl::OnWorkerLost(size_t worker, const std::string& reason,
@@ -446,6 +533,7 @@ void SchedulerImpl::ShutdownWorkers(bool graceful) {
   if (pool_) pool_->StopAll(graceful);
   tick_.cancel();
   grace_timer_.cancel();
+  store_retry_.cancel();
   sighup_.cancel();
   if (control_) control_->Close();
   signals_.cancel();
@@ -478,6 +566,7 @@ void SchedulerImpl::OnReload() {
 void SchedulerImpl::Tick() {
   PrintProgress(false);
   ReportMetrics();
+  ReportStoreBackgroundErrors();
   tick_.expires_after(milliseconds(1000));
   tick_.async_wait([this](const boost::system::error_code& ec) {
     if (!ec) Tick();

@@ -77,6 +77,8 @@ const std::vector<ExpectedFamily>& ExpectedFamilies() {
       {"ckpt_scheduler_resident_memory_bytes", "gauge", "bytes", {}},
       {"ckpt_host_cpus", "gauge", "", {}},
       {"ckpt_metrics_dropped_updates_total", "counter", "", {}},
+      {"ckpt_store_no_space_total", "counter", "", {}},
+      {"ckpt_store_waiting_for_space", "gauge", "", {}},
   };
   return kFamilies;
 }
