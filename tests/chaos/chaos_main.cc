@@ -13,7 +13,9 @@
 // stdout is one JSON object with the figures (see tests/chaos/README.md).
 #include <dirent.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
+#include <sys/mount.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -57,11 +59,12 @@ enum class Kind {
   kSchedulerKillPoint,
   kWorkerKillPoint,
   kCorruptBlob,
+  kDiskFull,
 };
 constexpr Kind kAllKinds[] = {Kind::kWorkerSigkill,      Kind::kWorkerSigstop,
                               Kind::kSchedulerSigkill,   Kind::kSchedulerSigterm,
                               Kind::kSchedulerKillPoint, Kind::kWorkerKillPoint,
-                              Kind::kCorruptBlob};
+                              Kind::kCorruptBlob,        Kind::kDiskFull};
 
 const char* KindName(Kind k) {
   switch (k) {
@@ -79,6 +82,8 @@ const char* KindName(Kind k) {
       return "worker_kill_point";
     case Kind::kCorruptBlob:
       return "corrupt_blob";
+    case Kind::kDiskFull:
+      return "disk_full";
   }
   return "?";
 }
@@ -91,11 +96,12 @@ const std::vector<std::string> kSchedulerPoints = {"commit.before_write",  "comm
 const std::vector<std::string> kWorkerPoints = {"worker.decode", "worker.train", "worker.encode",
                                                 "worker.result_sent"};
 
-// A child process with stdout and stderr appended to a file.
+// A child process with stdout and stderr appended to a file; with
+// `mount_ns_of` > 0, in the mount namespace of that process.
 class Child {
  public:
   Child(const std::vector<std::string>& args, const std::vector<std::string>& env,
-        const std::string& log_path) {
+        const std::string& log_path, pid_t mount_ns_of = 0) {
     std::vector<std::string> a = args, e = env;
     std::vector<char*> argv, envp;
     for (auto& s : a) argv.push_back(s.data());
@@ -107,6 +113,14 @@ class Child {
       const int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
       dup2(fd, 1);
       dup2(fd, 2);
+      if (mount_ns_of > 0) {
+        const std::string ns = "/proc/" + std::to_string(mount_ns_of) + "/ns/mnt";
+        const int nsfd = open(ns.c_str(), O_RDONLY | O_CLOEXEC);
+        if (nsfd < 0 || setns(nsfd, CLONE_NEWNS) != 0) {
+          std::perror("ckpt-chaos: entering the store's mount namespace");
+          _exit(126);
+        }
+      }
       execve(argv[0], argv.data(), envp.data());
       _exit(127);
     }
@@ -343,6 +357,76 @@ std::string DamageAHeadBlob(const std::string& path, const std::string& exp, int
   return damaged > 0 ? hex : "";
 }
 
+// A small tmpfs in a private mount namespace, mounted on `mountpoint` (which
+// stays an empty directory outside it): a process that unshares its mount
+// namespace, mounts the tmpfs and waits. Schedulers join its namespace
+// (Child's mount_ns_of); the harness reaches the files through
+// /proc/PID/root. The tmpfs goes away with the process.
+class PrivateTmpfs {
+ public:
+  PrivateTmpfs(const std::string& mountpoint, uint64_t bytes) : mountpoint_(mountpoint) {
+    std::filesystem::create_directories(mountpoint);
+    int ready[2];
+    if (pipe2(ready, O_CLOEXEC) != 0) return;
+    pid_ = fork();
+    if (pid_ == 0) {
+      close(ready[0]);
+      const std::string opts = "size=" + std::to_string(bytes);
+      char ok = 0;
+      if (unshare(CLONE_NEWNS) == 0 &&
+          mount("none", "/", nullptr, MS_REC | MS_PRIVATE, nullptr) == 0 &&
+          mount("tmpfs", mountpoint.c_str(), "tmpfs", 0, opts.c_str()) == 0) {
+        ok = 1;
+      }
+      if (write(ready[1], &ok, 1) != 1 || !ok) _exit(1);
+      close(ready[1]);
+      while (true) pause();
+    }
+    close(ready[1]);
+    char ok = 0;
+    if (pid_ > 0 && read(ready[0], &ok, 1) == 1 && ok == 1) ok_ = true;
+    close(ready[0]);
+  }
+  ~PrivateTmpfs() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+  bool ok() const { return ok_; }
+  pid_t pid() const { return pid_; }
+  // `path` (under the mountpoint) as the harness sees it.
+  std::string Outside(const std::string& path) const {
+    return "/proc/" + std::to_string(pid_) + "/root" + path;
+  }
+
+ private:
+  std::string mountpoint_;
+  pid_t pid_ = -1;
+  bool ok_ = false;
+};
+
+// Writes `path` until its file system is full. Returns the bytes written.
+uint64_t FillWithBallast(const std::string& path) {
+  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return 0;
+  std::vector<char> chunk(1 << 20, 'b');
+  uint64_t written = 0;
+  size_t size = chunk.size();
+  while (size > 0) {
+    const ssize_t n = write(fd, chunk.data(), size);
+    if (n > 0) {
+      written += static_cast<uint64_t>(n);
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else {
+      size /= 2;  // ENOSPC: the last pages with smaller writes
+    }
+  }
+  close(fd);
+  return written;
+}
+
 struct Options {
   int runs = 3;
   uint64_t seed = 1;
@@ -356,6 +440,8 @@ struct Options {
   int workers = 2;
   double heartbeat_timeout_s = 2;
   double run_timeout_s = 600;
+  // Size of the tmpfs a run with a disk_full fault keeps its store on.
+  uint64_t tmpfs_bytes = uint64_t{256} << 20;
 };
 
 struct Totals {
@@ -402,12 +488,15 @@ class ChaosRunner {
         if (k == KindName(kind)) kinds_.push_back(kind);
       }
     }
-    // corrupt_blob only on request: a damaged blob file makes RocksDB's blob
-    // garbage collection fail the store's writes (tests/chaos/README.md).
     if (kinds_.empty()) {
-      for (Kind k : kAllKinds) {
-        if (k != Kind::kCorruptBlob) kinds_.push_back(k);
-      }
+      for (Kind k : kAllKinds) kinds_.push_back(k);
+    }
+    // A full disk needs a tmpfs in a private mount namespace: root only.
+    if (geteuid() != 0 && std::count(kinds_.begin(), kinds_.end(), Kind::kDiskFull)) {
+      std::printf(
+          "ckpt-chaos: not root, so no disk_full faults (they need a tmpfs mounted in a "
+          "private mount namespace)\n");
+      kinds_.erase(std::remove(kinds_.begin(), kinds_.end(), Kind::kDiskFull), kinds_.end());
     }
   }
 
@@ -446,9 +535,12 @@ class ChaosRunner {
     return true;
   }
 
+  bool has_kinds() const { return !kinds_.empty(); }
+
   void Run(int run, std::mt19937_64& rng, Totals* totals) {
-    const std::string store = o_.dir + "/run" + std::to_string(run);
-    std::filesystem::remove_all(store);
+    // Logs and kill-once files; the store too, unless it is on a tmpfs.
+    const std::string base = o_.dir + "/run" + std::to_string(run);
+    std::filesystem::remove_all(base);
     // The faults of this run, at increasing counts of results (summed over
     // the scheduler's incarnations).
     std::vector<std::pair<int, Kind>> plan;
@@ -459,6 +551,27 @@ class ChaosRunner {
     }
     std::sort(plan.begin(), plan.end(),
               [](const auto& a, const auto& b) { return a.first < b.first; });
+    // A run with a full disk keeps its store on a small tmpfs of its own:
+    // `store` is the path the schedulers see, `view` the harness's.
+    std::unique_ptr<PrivateTmpfs> tmpfs;
+    std::string store = base, view = base, ballast;
+    if (std::any_of(plan.begin(), plan.end(),
+                    [](const auto& p) { return p.second == Kind::kDiskFull; })) {
+      const std::string mnt = base + "-tmpfs";
+      tmpfs = std::make_unique<PrivateTmpfs>(mnt, o_.tmpfs_bytes);
+      if (tmpfs->ok()) {
+        store = mnt + "/store";
+        view = tmpfs->Outside(store);
+        ballast = tmpfs->Outside(mnt + "/ballast");
+      } else {
+        std::printf("run %d: cannot mount a tmpfs in a private mount namespace: no disk_full\n",
+                    run);
+        tmpfs.reset();
+        plan.erase(std::remove_if(plan.begin(), plan.end(),
+                                  [](const auto& p) { return p.second == Kind::kDiskFull; }),
+                   plan.end());
+      }
+    }
     std::string plan_text;
     for (const auto& [at, k] : plan)
       plan_text += " " + std::string(KindName(k)) + "@" + std::to_string(at);
@@ -493,10 +606,19 @@ class ChaosRunner {
 
     bool damage_next = false;
     std::set<std::string> damaged;  // blob ids damaged on purpose
+    // A disk_full fault: the ballast fills the tmpfs until a commit has
+    // failed with no space (the scheduler logs "store full"), then goes.
+    bool ballast_in = false;
+    Clock::time_point ballast_since;
+    PendingRecovery disk_fault;
+    auto remove_ballast = [&]() {
+      std::filesystem::remove(ballast);
+      ballast_in = false;
+    };
     while (!finished && !failed) {
       if (damage_next) {
         damage_next = false;
-        const std::string hex = DamageAHeadBlob(store, "chaos", o_.intervals, rng);
+        const std::string hex = DamageAHeadBlob(view, "chaos", o_.intervals, rng);
         if (!hex.empty()) {
           damaged.insert(hex);
           ++faults_here[KindName(Kind::kCorruptBlob)];
@@ -521,15 +643,15 @@ class ChaosRunner {
         armed = points[rng() % points.size()] + ":" + std::to_string(n);
         env.push_back("CKPT_KILL_AT=" + armed);
         // One worker kill per arming, not one per worker incarnation.
-        const std::string once = store + "-killonce-" + std::to_string(incarnation);
+        const std::string once = base + "-killonce-" + std::to_string(incarnation);
         std::filesystem::remove(once);
         env.push_back("CKPT_KILL_ONCE=" + once);
         ++next;
         std::printf("  incarnation %d: CKPT_KILL_AT=%s\n", incarnation, armed.c_str());
       }
-      const std::string log = store + "-" + std::to_string(incarnation) + ".log";
+      const std::string log = base + "-" + std::to_string(incarnation) + ".log";
       std::filesystem::remove(log);
-      Child c(Args(store), env, log);
+      Child c(Args(store), env, log, tmpfs ? tmpfs->pid() : 0);
       LogFollower f(log);
       bool we_killed = false;
       size_t scanned = 0;
@@ -550,6 +672,17 @@ class ChaosRunner {
               recovered(it->second.first, it->second.second, line.seen);
               worker_fault.erase(it);
             }
+          } else if (ballast_in && line.text.find("store full: ") != std::string::npos) {
+            // A commit failed for want of space: free it.
+            remove_ballast();
+            ++faults_here[KindName(Kind::kDiskFull)];
+            disk_fault = {true, ballast_since, Kind::kDiskFull};
+            std::printf("  disk full: a commit failed after %.1f s; ballast removed\n",
+                        std::chrono::duration<double>(line.seen - ballast_since).count());
+          } else if (disk_fault.active &&
+                     line.text.find("store writable again") != std::string::npos) {
+            recovered(disk_fault.since, disk_fault.kind, line.seen);
+            disk_fault.active = false;
           } else if (line.text.find("ckpt-worker: kill point worker.") != std::string::npos) {
             ++faults_here[KindName(Kind::kWorkerKillPoint)];
           } else if (line.text.find(") lost: ") != std::string::npos) {
@@ -561,8 +694,25 @@ class ChaosRunner {
             }
           }
         }
-        if (next < plan.size() && results_before + f.results() >= plan[next].first) {
+        if (ballast_in && SecondsSince(ballast_since) > 60) {
+          std::printf("  disk full: no commit failed within 60 s; ballast removed\n");
+          remove_ballast();
+        }
+        // While the disk is full, and until the scheduler has written again,
+        // no other fault is injected: a scheduler restarted on a full disk
+        // could not open its store, and one already waiting for space would
+        // not report a second full disk.
+        if (!ballast_in && !disk_fault.active && next < plan.size() &&
+            results_before + f.results() >= plan[next].first) {
           const Kind k = plan[next].second;
+          if (k == Kind::kDiskFull) {
+            const uint64_t bytes = FillWithBallast(ballast);
+            ballast_in = true;
+            ballast_since = Clock::now();
+            std::printf("  disk full: %.1f MB of ballast\n", static_cast<double>(bytes) / 1e6);
+            ++next;
+            continue;
+          }
           if (k == Kind::kCorruptBlob) {
             // The damage is done between incarnations, on a store at rest.
             kill(c.pid(), SIGKILL);
@@ -617,6 +767,11 @@ class ChaosRunner {
       const int st = c.Wait();
       f.Poll();
       results_before += f.results();
+      if (ballast_in) {
+        std::printf("  disk full: the scheduler ended before a commit failed; ballast removed\n");
+        remove_ballast();
+      }
+      disk_fault.active = false;
       // A stopped worker whose scheduler died is killed with it (its
       // parent-death signal is SIGKILL, which a stopped process takes too).
       if (we_killed && WIFSIGNALED(st) && WTERMSIG(st) == SIGTERM) {
@@ -649,7 +804,7 @@ class ChaosRunner {
       }
       // What is committed now must survive: heads only ever move forward.
       if (!finished && !failed) {
-        StoreCheck now = CheckStore(store, "chaos", o_.intervals, false);
+        StoreCheck now = CheckStore(view, "chaos", o_.intervals, false);
         if (now.opened) {
           for (const auto& [m, h] : seen_heads) {
             auto it = now.heads.find(m);
@@ -659,7 +814,7 @@ class ChaosRunner {
         }
       }
     }
-    const StoreCheck end = CheckStore(store, "chaos", o_.intervals, true);
+    const StoreCheck end = CheckStore(view, "chaos", o_.intervals, true);
     for (const auto& [m, h] : seen_heads) {
       auto it = end.heads.find(m);
       if (it == end.heads.end() || it->second.version < h.version) ++lost_here;
@@ -722,11 +877,17 @@ class ChaosRunner {
     }
     std::fflush(stdout);
     const bool bad = diverged || !verified || lost_here || end.trained_twice;
+    if (tmpfs && (bad || o_.keep)) {
+      // The tmpfs goes with this run: keep a copy of its store.
+      std::error_code ec;
+      std::filesystem::copy(view, base, std::filesystem::copy_options::recursive, ec);
+    }
     if (!bad && !o_.keep) {
-      std::filesystem::remove_all(store);
+      std::filesystem::remove_all(base);
+      std::filesystem::remove_all(base + "-tmpfs");
       for (int i = 1; i <= incarnation; ++i) {
-        std::filesystem::remove(store + "-" + std::to_string(i) + ".log");
-        std::filesystem::remove(store + "-killonce-" + std::to_string(i));
+        std::filesystem::remove(base + "-" + std::to_string(i) + ".log");
+        std::filesystem::remove(base + "-killonce-" + std::to_string(i));
       }
     }
   }
@@ -788,7 +949,11 @@ int Main(int argc, char** argv) {
   app.add_option("--seed", o.seed, "seed of the fault plan (default 1)");
   app.add_option("--faults-per-run", o.faults_per_run, "faults planned per run (default 6)")
       ->check(CLI::Range(0, 1000));
-  app.add_option("--kinds", kinds, "comma-separated fault kinds (default: all but corrupt_blob)");
+  app.add_option("--kinds", kinds, "comma-separated fault kinds (default: all)");
+  int tmpfs_mib = 256;
+  app.add_option("--tmpfs-mib", tmpfs_mib,
+                 "size of the tmpfs of a run with disk_full, in MiB (default 256)")
+      ->check(CLI::Range(16, 65536));
   app.add_option("--dir", o.dir, "work directory (default: a new one under $TMPDIR)");
   app.add_option("--scheduler", o.scheduler, "ckpt-scheduler (default: beside ckpt-chaos)");
   app.add_option("--population", o.population, "members (default 6)")->check(CLI::Range(2, 64));
@@ -797,6 +962,7 @@ int Main(int argc, char** argv) {
   app.add_option("--run-timeout-s", o.run_timeout_s, "a run failing after this (default 600)");
   app.add_flag("--keep", o.keep, "keep the stores and logs of runs that checked out");
   CLI11_PARSE(app, argc, argv);
+  o.tmpfs_bytes = static_cast<uint64_t>(tmpfs_mib) << 20;
   std::stringstream ks(kinds);
   for (std::string k; std::getline(ks, k, ',');) {
     bool known = false;
@@ -822,6 +988,10 @@ int Main(int argc, char** argv) {
               static_cast<unsigned long long>(o.seed), o.runs, o.dir.c_str());
   std::fflush(stdout);
   ChaosRunner runner(o);
+  if (!runner.has_kinds()) {
+    std::fprintf(stderr, "ckpt-chaos: no fault kind left to inject\n");
+    return 77;  // ctest's skip
+  }
   if (!runner.Calm()) return 1;
   std::mt19937_64 rng(o.seed);
   Totals t;
