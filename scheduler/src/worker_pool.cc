@@ -200,7 +200,12 @@ void WorkerPool::ArmHelloTimer(size_t i, uint64_t inc) {
 }
 
 ckpt::Status WorkerPool::StartListening() {
-  if (options_.listen.empty()) return ckpt::Status::OK();
+  if (options_.listen.empty()) {
+    // An address left by an earlier run that listened is no longer true.
+    std::error_code ec;
+    if (!options_.address_file.empty()) std::filesystem::remove(options_.address_file, ec);
+    return ckpt::Status::OK();
+  }
   if (options_.secret_file.empty()) {
     return ckpt::Status::InvalidArgument("listening for workers on " + options_.listen +
                                          " needs a secret file");

@@ -316,12 +316,12 @@ TEST(TcpChannelTest, SilentPeerIsUnavailableAfterTheHeartbeatTimeout) {
 TEST(TcpChannelTest, HeartbeatsKeepAnIdleConnectionAlive) {
   TcpOptions o;
   o.channel.heartbeat_interval = milliseconds(20);
-  o.channel.heartbeat_timeout = milliseconds(300);
+  o.channel.heartbeat_timeout = milliseconds(1500);
   Pair p = Connected(o, o);
   ASSERT_TRUE(p.scheduler && p.worker);
-  // Idle for several timeouts: heartbeats flow both ways.
-  for (int i = 0; i < 5; ++i) {
-    auto r = p.scheduler->Receive(DeadlineIn(milliseconds(300)));
+  // Idle for more than two timeouts: heartbeats flow both ways.
+  for (int i = 0; i < 8; ++i) {
+    auto r = p.scheduler->Receive(DeadlineIn(milliseconds(500)));
     ASSERT_TRUE(r.status().IsResourceExhausted()) << r.status().ToString();
   }
   EXPECT_TRUE(p.scheduler->PeerAlive());
