@@ -333,10 +333,19 @@ bool Experiment::FallBackFromCorruptHead(int member, const WorkItem& item,
     }
     return false;
   }
+  // Every interval trains steps_per_interval steps, so a version's step says
+  // its interval. The store's bookkeeping of intervals (trained versions'
+  // metrics) may miss it: an exploit's interval is counted from trained
+  // versions before it, which retention may have deleted (found by
+  // ckpt-chaos: a member fell back "to interval 0" and trained too far).
+  int interval = good->interval;
+  if (config_.steps_per_interval > 0 && good->step % config_.steps_per_interval == 0) {
+    interval = static_cast<int>(good->step / config_.steps_per_interval);
+  }
   // The state record goes first: a crash before the restore leaves the damaged
   // head, which the next dispatch finds again.
-  m.state.interval = good->interval;
-  m.state.last_exploit = std::min(m.state.last_exploit, good->interval);
+  m.state.interval = interval;
+  m.state.last_exploit = std::min(m.state.last_exploit, interval);
   m.state.score = good->score;
   m.state.status = MemberStatus::kIdle;
   io_->SaveState(m.name, m.state);
@@ -355,13 +364,13 @@ bool Experiment::FallBackFromCorruptHead(int member, const WorkItem& item,
       {"bad_version", item.head_version},
       {"restored_from", good->version},
       {"version", *v},
-      {"interval", good->interval},
+      {"interval", interval},
       {"reason",
        reason}}.dump());
   Logger().warn(
       "{}: member {} v{} is damaged in the store ({}); it falls back to v{} (interval "
       "{}) as v{} and retrains from there",
-      config_.name, m.name, item.head_version, reason, good->version, good->interval, *v);
+      config_.name, m.name, item.head_version, reason, good->version, interval, *v);
   MaybeAdvance();
   return true;
 }

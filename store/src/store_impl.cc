@@ -748,6 +748,13 @@ Status StoreImpl::FinishLocked(PendingWrite* w) {
       w->batch.Delete(cf(kBlobs), key);
       w->batch.Delete(cf(kRefs), key);
     } else {
+      // A write that brings the bytes of a blob already stored writes them
+      // again: a stored copy damaged on disk is replaced by this intact one
+      // (a member that fell back from a damaged head retrains to the very
+      // same bytes, and would otherwise get the damaged copy back as its head).
+      if (delta > 0 && w->new_blob && *w->new_blob == id) {
+        w->batch.Put(cf(kBlobs), key, w->new_blob_bytes);
+      }
       w->batch.Merge(cf(kRefs), key, keys::EncodeCount(delta));
     }
     if (after == 0) {

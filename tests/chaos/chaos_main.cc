@@ -326,7 +326,8 @@ std::string DamageAHeadBlob(const std::string& path, const std::string& exp, int
     std::vector<const store::MemberHead*> fit;
     for (const auto& m : *members) {
       const int iv = interval_of.count(m.member) ? interval_of[m.member] : -1;
-      if (m.blob && iv > 0 && iv < intervals && iv < max_interval &&
+      // iv > 1: an older trained version exists to fall back to.
+      if (m.blob && iv > 1 && iv < intervals && iv < max_interval &&
           heads_with_blob[m.blob->Hex()] == 1) {
         fit.push_back(&m);
       }

@@ -258,5 +258,53 @@ TEST(StoreCorruptionTest, DamagedBlobInCompactionDoesNotStopWrites) {
   EXPECT_TRUE(report->ok()) << report->problems.front();
 }
 
+// Content addressing meets damage: a member that fell back from a damaged
+// head retrains to the very same bytes. The commit must not reuse the damaged
+// copy on disk (found by ckpt-chaos: the member fell back and retrained
+// forever, each new head the damaged blob again).
+TEST(StoreCorruptionTest, CommittingTheSameBytesReplacesADamagedStoredCopy) {
+  TempDir dir;
+  const std::string path = dir.Sub("db");
+  StoreOptions options = TestOptions(path);
+  options.blob_cache_bytes = 0;
+  auto opened = Store::Open(options);
+  ASSERT_TRUE(opened.ok());
+  Store* store = opened->get();
+  ASSERT_TRUE(store->CreateExperiment("e", "{}").ok());
+  ASSERT_TRUE(store->CreateMember("e", "a", {}).ok());
+  const std::string first = MakeBlob(1, 2048, 1);
+  const std::string second = MakeBlob(2, 2048, 2);
+  CommitRequest req;
+  req.exp = "e";
+  req.member = "a";
+  req.blob = first.data();
+  req.blob_size = first.size();
+  ASSERT_TRUE(store->CommitResult(req).ok());  // v1
+  req.expected_head_version = 1;
+  req.blob = second.data();
+  req.blob_size = second.size();
+  ASSERT_TRUE(store->CommitResult(req).ok());  // v2
+  ASSERT_TRUE(store->Flush().ok());
+  std::string file;
+  size_t at = 0;
+  ASSERT_TRUE(FindInBlobFiles(path, second, &file, &at));
+  FlipByte(file, at + second.size() / 2);
+  ASSERT_TRUE(store->ReadHeadBlob("e", "a").status().IsCorruption());
+
+  // Fall back to v1 (v3), retrain to the same bytes as v2 (v4).
+  ASSERT_TRUE(store->Restore("e", "a", 1).ok());
+  req.expected_head_version = 3;
+  auto v = store->CommitResult(req);
+  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  EXPECT_EQ(*v, 4);
+  auto head = store->ReadHeadBlob("e", "a");
+  ASSERT_TRUE(head.ok()) << head.status().ToString();
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(head->data()), head->size()), second);
+  // v2 holds the same blob id: it reads intact too now.
+  auto report = store->Verify();
+  ASSERT_TRUE(report.ok());
+  EXPECT_TRUE(report->ok()) << report->problems.front();
+}
+
 }  // namespace
 }  // namespace ckpt::store::testing
