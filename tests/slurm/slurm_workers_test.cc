@@ -31,6 +31,7 @@ namespace {
 using std::chrono::milliseconds;
 using testing::Child;
 using testing::Sh;
+using testing::TraceLine;
 using testing::Trim;
 
 constexpr int kPopulation = 6;
@@ -182,19 +183,31 @@ TEST_F(SlurmWorkersTest, WorkerJobRunsAPopulationAndASecondJobFinishesACancelled
   ASSERT_EQ(stat(secret_.c_str(), &st), 0) << "the scheduler made no secret file " << secret_;
   EXPECT_EQ(st.st_mode & 0777, 0600u);
 
-  // First job: two workers; cancelled once a third of the run is committed.
+  // First job: two workers; cancelled once both have trained and a third of
+  // the run is committed (a task may start long after the other on a busy
+  // machine).
   const std::string first = Submit(addr, "first");
   ASSERT_FALSE(first.empty());
   const int total = kPopulation * kIntervals;
-  ASSERT_TRUE(testing::WaitForResults(scheduler, total / 3))
-      << "job " << first << " " << JobField(first, "JobState") << "\n"
-      << JobOutput("first", first) << "\nscheduler:\n"
-      << scheduler.Log();
-  std::set<int> first_workers;
-  for (const auto& t : testing::ParseTrace(scheduler.Log())) {
-    if (t.kind == testing::TraceLine::kConnected) first_workers.insert(t.worker);
+  std::set<int> first_workers;  // the scheduler's indexes of the first job's workers
+  const auto until = std::chrono::steady_clock::now() + std::chrono::minutes(5);
+  for (;;) {
+    const auto trace = testing::ParseTrace(scheduler.Log());
+    first_workers.clear();
+    int trained = 0;  // of first_workers, how many delivered a result
+    for (const auto& t : trace) {
+      if (t.kind == testing::TraceLine::kConnected) first_workers.insert(t.worker);
+    }
+    for (int w : first_workers) trained += testing::CountTrace(trace, TraceLine::kResult, w) > 0;
+    if (trained == 2 && testing::ResultsLogged(scheduler) >= total / 3) break;
+    ASSERT_TRUE(scheduler.Running() && std::chrono::steady_clock::now() < until)
+        << "job " << first << " (" << JobField(first, "JobState")
+        << "): not both workers trained within 5 minutes, or the run ended first\n"
+        << JobOutput("first", first) << "\nscheduler:\n"
+        << scheduler.Log();
+    std::this_thread::sleep_for(milliseconds(5));
   }
-  EXPECT_EQ(first_workers.size(), 2u) << scheduler.Log();
+  ASSERT_EQ(first_workers.size(), 2u) << scheduler.Log();
   std::string out;
   ASSERT_EQ(Sh("scancel " + first, &out), 0) << out;
   ASSERT_TRUE(WaitForJobEnd(first, std::chrono::seconds(60)))
