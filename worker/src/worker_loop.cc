@@ -594,11 +594,18 @@ StatusOr<std::unique_ptr<ipc::Channel>> ConnectToScheduler(const WorkerOptions& 
   to.channel = co;
   const auto until = std::chrono::steady_clock::now() + options.connect_timeout;
   auto backoff = std::chrono::milliseconds(100);
+  bool told = false;
   while (true) {
     auto ch = ipc::TcpChannel::Connect(options.connect, secret, to);
     // Only an unreachable scheduler is worth waiting for; a refused proof or
     // a bad address will not get better.
     if (ch.ok() || !ch.status().IsUnavailable()) return ch;
+    if (!told) {
+      told = true;
+      std::fprintf(stderr, "ckpt-worker tcp:%s: %s; retrying for up to %lld s\n",
+                   options.connect.c_str(), ch.status().message().c_str(),
+                   static_cast<long long>(options.connect_timeout.count() / 1000));
+    }
     if (std::chrono::steady_clock::now() + backoff >= until) {
       return Status::Unavailable("no scheduler reachable at " + options.connect + " within " +
                                  std::to_string(options.connect_timeout.count() / 1000) +
