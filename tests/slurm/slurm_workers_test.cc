@@ -8,13 +8,16 @@
 // lost.
 //
 // The cluster: $CKPT_SLURM_DIR's when that one is up (the CI step starts one
-// and leaves it running), else a private one in this test's temp directory,
+// and leaves it running), else a private one in $TMPDIR/ckpt-slurm-test-<pid>,
 // started and stopped here.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -37,6 +40,8 @@ using testing::Trim;
 constexpr int kPopulation = 6;
 constexpr int kIntervals = 8;
 constexpr int kStepsPerInterval = 6;
+// The private cluster's run directory: $TMPDIR/<prefix><pid of this test>.
+constexpr char kPrivateClusterPrefix[] = "ckpt-slurm-test-";
 
 class SlurmWorkersTest : public ::testing::Test {
  protected:
@@ -55,7 +60,10 @@ class SlurmWorkersTest : public ::testing::Test {
         << out;
 
     slurm_dir_ = testing::Env("CKPT_SLURM_DIR");
-    if (slurm_dir_.empty()) slurm_dir_ = dir_ + "/slurm";
+    if (slurm_dir_.empty()) {
+      StopStaleClusters();
+      slurm_dir_ = TmpRoot() + "/" + kPrivateClusterPrefix + std::to_string(getpid());
+    }
     slurm_ = "CKPT_SLURM_DIR=" + slurm_dir_ + " " + source_ + "/scripts/slurm-local";
     if (Sh(slurm_ + " status", &out) != 0) {
       started_slurm_ = true;
@@ -80,6 +88,26 @@ class SlurmWorkersTest : public ::testing::Test {
       std::printf("kept %s for its logs (slurm: %s/log)\n", dir_.c_str(), slurm_dir_.c_str());
     } else {
       std::filesystem::remove_all(dir_);
+      if (started_slurm_) std::filesystem::remove_all(slurm_dir_);
+    }
+  }
+
+  static std::string TmpRoot() { return testing::Env("TMPDIR", "/tmp"); }
+
+  // Private clusters of earlier runs of this test that were killed (by a
+  // ctest timeout, say) before they could stop theirs: the pid in the run
+  // directory's name is gone. Their daemons are stopped, their files removed.
+  void StopStaleClusters() {
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(TmpRoot(), ec)) {
+      const std::string name = e.path().filename().string();
+      if (name.rfind(kPrivateClusterPrefix, 0) != 0) continue;
+      const std::string pid = name.substr(std::strlen(kPrivateClusterPrefix));
+      if (pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos) continue;
+      if (kill(std::stoi(pid), 0) == 0 || errno == EPERM) continue;
+      std::string out;
+      Sh("CKPT_SLURM_DIR=" + e.path().string() + " " + source_ + "/scripts/slurm-local stop", &out);
+      std::filesystem::remove_all(e.path(), ec);
     }
   }
 
