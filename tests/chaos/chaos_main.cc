@@ -108,6 +108,9 @@ class Child {
     argv.push_back(nullptr);
     for (auto& s : e) envp.push_back(s.data());
     envp.push_back(nullptr);
+    // setns() into a mount namespace moves the working directory to its
+    // root: relative paths need it back.
+    const std::string cwd = std::filesystem::current_path().string();
     pid_ = fork();
     if (pid_ == 0) {
       const int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
@@ -116,7 +119,7 @@ class Child {
       if (mount_ns_of > 0) {
         const std::string ns = "/proc/" + std::to_string(mount_ns_of) + "/ns/mnt";
         const int nsfd = open(ns.c_str(), O_RDONLY | O_CLOEXEC);
-        if (nsfd < 0 || setns(nsfd, CLONE_NEWNS) != 0) {
+        if (nsfd < 0 || setns(nsfd, CLONE_NEWNS) != 0 || chdir(cwd.c_str()) != 0) {
           std::perror("ckpt-chaos: entering the store's mount namespace");
           _exit(126);
         }
