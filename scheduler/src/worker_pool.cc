@@ -224,6 +224,11 @@ ckpt::Status WorkerPool::StartListening() {
   to.on_refused = [](const std::string& peer, const ckpt::Status& why) {
     Logger().warn("refused a worker connection from {}: {}", peer, why.ToString());
   };
+  // From the listener's thread onto the event loop.
+  to.on_accepted = [this](ipc::Accepted accepted) {
+    auto shared = std::make_shared<ipc::Accepted>(std::move(accepted));
+    asio::post(io_, [this, shared] { AddRemote(std::move(*shared)); });
+  };
   CKPT_ASSIGN_OR_RETURN(listener_socket_, ipc::TcpListener::Listen(options_.listen, *secret, to));
   const std::string address = listener_socket_->address();
   Logger().info("listening for workers on {}", address);
@@ -243,35 +248,12 @@ ckpt::Status WorkerPool::StartListening() {
                                    ": " + ec.message());
     }
   }
-  accept_thread_ = std::thread([this] { AcceptLoop(); });
   return ckpt::Status::OK();
 }
 
-void WorkerPool::AcceptLoop() {
-  // Thread root.
-  try {
-    while (!accept_stop_.load()) {
-      auto a = listener_socket_->Accept(ipc::DeadlineIn(milliseconds(200)));
-      if (a.ok()) {
-        auto shared = std::make_shared<ipc::Accepted>(std::move(*a));
-        asio::post(io_, [this, shared] { AddRemote(std::move(*shared)); });
-      } else if (!a.status().IsResourceExhausted()) {
-        return;  // closed
-      }
-    }
-  } catch (const std::exception& e) {
-    CountRootException();
-    Logger().error("worker accept thread: unexpected exception: {}", e.what());
-  } catch (...) {
-    CountRootException();
-    Logger().error("worker accept thread: unexpected non-standard exception");
-  }
-}
-
 void WorkerPool::StopListening() {
-  accept_stop_.store(true);
+  // Joins the listener's thread: no connection is handed over after this.
   if (listener_socket_) listener_socket_->Close();
-  if (accept_thread_.joinable()) accept_thread_.join();
 }
 
 void WorkerPool::AddRemote(ipc::Accepted accepted) {

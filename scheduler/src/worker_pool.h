@@ -5,10 +5,10 @@
 //
 // Remote workers (StartListening): with `listen` set the pool also accepts
 // `ckpt-worker --connect` workers on a TcpListener (ckpt/ipc/tcp_channel.h),
-// which authenticates each connection on its own thread with a deadline; an
-// accept thread hands each authenticated channel to the event loop, where it
-// becomes one more worker entry ("r<N>", labelled by its address) that takes
-// tasks after its HELLO like any other. A lost remote worker is a loss like
+// which authenticates each connection asynchronously on its own thread, each
+// with a deadline, and posts each authenticated channel to the event loop,
+// where it becomes one more worker entry ("r<N>", labelled by its address)
+// that takes tasks after its HELLO like any other. A lost remote worker is a loss like
 // any other (its unfinished tasks go back to the listener) but is not
 // restarted: whoever launched it may connect again, as new workers may at any
 // time. While listening, OnAllGivenUp is never reported: the run waits for
@@ -180,7 +180,6 @@ class WorkerPool : public TaskSink {
   void ArmHelloTimer(size_t i, uint64_t incarnation);
   // On the event loop: a remote worker authenticated by the listener.
   void AddRemote(ipc::Accepted accepted);
-  void AcceptLoop();
   void StopListening();
   void OnEvent(size_t i, uint64_t incarnation, WorkerEvent ev);
   void OnLost(size_t i, const std::string& reason);
@@ -196,9 +195,8 @@ class WorkerPool : public TaskSink {
   bool stopped_ = false;
   int remotes_ = 0;  // remote workers ever connected: the N of "r<N>"
 
+  // Its thread authenticates connections and posts them to io_.
   std::unique_ptr<ipc::TcpListener> listener_socket_;
-  std::thread accept_thread_;  // Accept loop; posts to io_
-  std::atomic<bool> accept_stop_{false};
 };
 
 }  // namespace ckpt::scheduler

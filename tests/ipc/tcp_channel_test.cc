@@ -577,6 +577,42 @@ TEST(TcpChannelTest, ListenerSurvivesAFloodOfBadConnections) {
   EXPECT_GE((*l)->Stats().refused, 100u);
 }
 
+TEST(TcpChannelTest, OnAcceptedGetsTheAuthenticatedConnectionsInsteadOfAccept) {
+  std::mutex mu;
+  std::vector<Accepted> got;
+  TcpOptions o;
+  o.on_accepted = [&](Accepted a) {
+    std::lock_guard<std::mutex> l(mu);
+    got.push_back(std::move(a));
+  };
+  auto l = TcpListener::Listen("127.0.0.1:0", kSecret, o);
+  ASSERT_TRUE(l.ok());
+  auto w = TcpChannel::Connect("127.0.0.1:" + std::to_string((*l)->port()), kSecret, {});
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  // Handed over when the listener's proof has gone out: about when Connect
+  // returns.
+  const auto until = Clock::now() + milliseconds(10000);
+  while (Clock::now() < until) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!got.empty()) break;
+    }
+    std::this_thread::sleep_for(milliseconds(1));
+  }
+  (*l)->Close();
+  std::lock_guard<std::mutex> lock(mu);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ((*l)->Stats().accepted, 1u);
+  EXPECT_TRUE((*l)->Accept(DeadlineIn(milliseconds(10))).status().IsAborted());
+  Stats st;
+  ASSERT_TRUE((*w)->Send(RecordType::kStats, Encoded(st).data(), EncodedSize(st),
+                         DeadlineIn(milliseconds(5000)))
+                  .ok());
+  auto r = got[0].channel->Receive(DeadlineIn(milliseconds(10000)));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->type, RecordType::kStats);
+}
+
 TEST(TcpChannelTest, SecretFileIsCreatedPrivateAndOpenOnesAreRefused) {
   TempDir dir;
   const std::string path = dir.path() + "/secret";

@@ -901,6 +901,14 @@ class TcpListenerImpl final : public TcpListener {
       }
       SetSocketOptions(p.fd);
       ++accepted_;
+      if (options_.on_accepted) {
+        Accepted a;
+        a.peer = p.peer;
+        a.channel = std::make_unique<TcpChannelImpl>(p.fd, "worker at " + p.peer, "tcp:" + p.peer,
+                                                     options_.channel);
+        options_.on_accepted(std::move(a));
+        return;
+      }
       {
         std::lock_guard<std::mutex> lock(mu_);
         if (closed_) {

@@ -74,6 +74,12 @@ StatusOr<std::string> LoadSecretFile(const std::string& path);
 // and a newline. AlreadyExists when it exists; IOError when it cannot be made.
 Status CreateSecretFile(const std::string& path);
 
+// An authenticated connection.
+struct Accepted {
+  std::unique_ptr<Channel> channel;
+  std::string peer;  // "ADDRESS:PORT" of the worker
+};
+
 struct TcpOptions {
   // Record and liveness settings (ring_bytes bounds the receive queue;
   // max_message_bytes, heartbeat_interval and heartbeat_timeout as there;
@@ -88,6 +94,10 @@ struct TcpOptions {
   // TcpListener only: told of each refused connection (peer "ADDRESS:PORT",
   // why), on the listener's thread; it must not block. Default: none.
   std::function<void(const std::string& peer, const Status& why)> on_refused;
+  // TcpListener only: when set, each authenticated connection is handed to
+  // it, on the listener's thread (it must not block), instead of being queued
+  // for Accept. Default: none.
+  std::function<void(Accepted accepted)> on_accepted;
 };
 
 class TcpChannel {
@@ -109,15 +119,10 @@ struct TcpListenerStats {
   uint64_t refused = 0;   // wrong or missing proof, bad frames, handshake timeouts
 };
 
-// An authenticated connection.
-struct Accepted {
-  std::unique_ptr<Channel> channel;
-  std::string peer;  // "ADDRESS:PORT" of the worker
-};
-
 // Listens on one address and authenticates connecting workers on its own
 // thread (asynchronous handshakes, each with a deadline; no thread per
-// connection). A refused connection is closed, logged as a warning naming the
+// connection); authenticated ones are queued for Accept, or handed to
+// TcpOptions::on_accepted. A refused connection is closed, logged as a warning naming the
 // peer, and counted; it costs nothing else.
 class TcpListener {
  public:
