@@ -231,6 +231,14 @@ StatusOr<internal::Mac> ProofMac(const std::string& secret, const uint8_t* first
 
 // ---------------------------------------------------------------------------
 
+// A received message (or a rejected record) waiting for Receive.
+struct Item {
+  Status error;  // non-OK: a rejected record, reported once
+  RecordType type = RecordType::kPadding;
+  uint64_t sequence = 0;
+  std::vector<uint8_t> payload;
+};
+
 class TcpChannelImpl final : public Channel {
  public:
   TcpChannelImpl(int fd, std::string peer, std::string name, const ChannelOptions& options)
@@ -361,13 +369,6 @@ class TcpChannelImpl final : public Channel {
   const std::string& name() const override { return name_; }
 
  private:
-  struct Item {
-    Status error;  // non-OK: a rejected record, reported once
-    RecordType type = RecordType::kPadding;
-    uint64_t sequence = 0;
-    std::vector<uint8_t> payload;
-  };
-
   Status DeadStatus() const {
     std::lock_guard<std::mutex> lock(dead_mu_);
     return Status::Unavailable(dead_reason_);
