@@ -59,10 +59,14 @@ asan: deps
 	cmake --build build-asan -j $(JOBS)
 	cd build-asan && ctest --output-on-failure -j $(JOBS) --timeout 1800
 
-# The torch-free libraries' tests under TSan, in build-tsan/.
+# The torch-free libraries' tests under TSan, in build-tsan/. GCC 12 warns
+# that TSan does not model std::atomic_thread_fence (Boost.Asio's fenced
+# blocks, in every handler): under -Werror that stopped the scheduler's build,
+# so the warning stays a warning here.
 tsan: deps
 	cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKPT_SANITIZE=thread \
-	  -DCKPT_BUILD_WORKER=OFF -DCKPT_BUILD_BENCHMARKS=OFF -DCKPT_BUILD_TOOLS=OFF
+	  -DCKPT_BUILD_WORKER=OFF -DCKPT_BUILD_BENCHMARKS=OFF -DCKPT_BUILD_TOOLS=OFF \
+	  -DCMAKE_CXX_FLAGS=-Wno-error=tsan
 	cmake --build build-tsan -j $(JOBS)
 	cd build-tsan && TSAN_OPTIONS="suppressions=$(CURDIR)/tests/tsan.supp $$TSAN_OPTIONS" \
 	  ctest --output-on-failure -j $(JOBS) --timeout 1800 -L 'format|store|ipc|scheduler|metrics'

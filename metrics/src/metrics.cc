@@ -67,6 +67,8 @@ std::string_view FailureReasonName(FailureReason reason) {
       return "internal";
     case FailureReason::kCommitError:
       return "commit_error";
+    case FailureReason::kStoreFull:
+      return "store_full";
     case FailureReason::kWorkerLost:
       return "worker_lost";
   }
@@ -420,8 +422,6 @@ class Metrics::Impl {
   void SetScores(std::string_view experiment, double best, double median);
   void ForgetExperiment(std::string_view experiment);
   void StoreOperation(StoreOp op, double seconds, uint64_t bytes);
-  void StoreNoSpace() { store_no_space_->Increment(); }
-  void SetStoreWaitingForSpace(bool waiting) { store_waiting_for_space_->Set(waiting ? 1 : 0); }
   void WorkerStarted(std::string_view worker, std::string_view device, pid_t pid);
   void WorkerExited(std::string_view worker, std::string_view device);
   void SetWorkerStats(std::string_view worker, std::string_view device, const WorkerStats& stats);
@@ -502,8 +502,6 @@ class Metrics::Impl {
   Family<Counter>* ring_bad_ = nullptr;
   Family<Counter>* ring_bytes_ = nullptr;
   Counter* dropped_ = nullptr;
-  Counter* store_no_space_ = nullptr;
-  prometheus::Gauge* store_waiting_for_space_ = nullptr;
   // The store families have one series per op, made by Init: no lookup per update.
   std::array<Histogram*, kStoreOpCount> store_op_seconds_{};
   std::array<Counter*, kStoreOpCount> store_op_bytes_{};
@@ -634,19 +632,6 @@ Status Metrics::Impl::Init() {
                        .Name("ckpt_ring_bytes_total")
                        .Help("Record bytes moved through a worker's rings, by direction.")
                        .Register(r);
-    store_no_space_ = &prometheus::BuildCounter()
-                           .Name("ckpt_store_no_space_total")
-                           .Help(
-                               "Store writes refused because the store's disk was full (each "
-                               "such commit is retried, not counted as a member failure).")
-                           .Register(r)
-                           .Add({});
-    store_waiting_for_space_ =
-        &prometheus::BuildGauge()
-             .Name("ckpt_store_waiting_for_space")
-             .Help("1 while dispatch is paused until the store's disk has space again, else 0.")
-             .Register(r)
-             .Add({});
     dropped_ = &prometheus::BuildCounter()
                     .Name("ckpt_metrics_dropped_updates_total")
                     .Help(
@@ -950,8 +935,6 @@ void Metrics::ForgetExperiment(std::string_view experiment) { impl_->ForgetExper
 void Metrics::StoreOperation(StoreOp op, double seconds, uint64_t bytes) {
   impl_->StoreOperation(op, seconds, bytes);
 }
-void Metrics::StoreNoSpace() { impl_->StoreNoSpace(); }
-void Metrics::SetStoreWaitingForSpace(bool waiting) { impl_->SetStoreWaitingForSpace(waiting); }
 void Metrics::WorkerStarted(std::string_view worker, std::string_view device, pid_t pid) {
   impl_->WorkerStarted(worker, device, pid);
 }

@@ -370,7 +370,7 @@ void SchedulerImpl::OnTaskEvent(size_t worker, WorkerEvent ev) {
         if (ev.code == StatusCodeName(StatusCode::kResourceExhausted)) {
           // A full disk is no fault of the member: the interval reruns from
           // its committed head once the store has space again.
-          if (metrics_) metrics_->StoreNoSpace();
+          if (metrics_) metrics_->MemberFailed(e->id(), metrics::FailureReason::kStoreFull);
           e->OnReturned(item);
           WaitForStoreSpace(ev.reason);
           break;
@@ -405,7 +405,6 @@ void SchedulerImpl::WaitForStoreSpace(const std::string& reason) {
   waiting_for_space_ = true;
   waiting_since_ = Clock::now();
   store_retry_delay_ = milliseconds(1000);
-  if (metrics_) metrics_->SetStoreWaitingForSpace(true);
   Logger().error(
       "store full: {}; dispatch paused until the store accepts writes again ({} bytes free on "
       "its file system); the interval reruns from its committed head",
@@ -431,7 +430,6 @@ void SchedulerImpl::RetryStore() {
     return;
   }
   waiting_for_space_ = false;
-  if (metrics_) metrics_->SetStoreWaitingForSpace(false);
   if (s.ok()) {
     Logger().info("store writable again after {:.1f} s waiting for space; dispatch resumes",
                   SecondsSince(waiting_since_));

@@ -51,8 +51,6 @@
 //   labels {worker, device, direction}: direction "to_worker" | "from_worker"
 //     ckpt_ring_bytes_total             counter    record bytes moved
 //   no labels:
-//     ckpt_store_no_space_total         counter    store writes refused for a full disk
-//     ckpt_store_waiting_for_space      gauge      1 while dispatch waits for disk space
 //     ckpt_scheduler_cpu_seconds_total  counter    this process (process sampler)
 //     ckpt_scheduler_resident_memory_bytes  gauge  this process (process sampler)
 //     ckpt_host_cpus                    gauge      CPUs this process may run on
@@ -161,8 +159,10 @@ enum class FailureReason {
   kInternal,     // "internal": any other worker-side failure
   kCommitError,  // "commit_error": the store refused the result
   kWorkerLost,   // "worker_lost": the worker died or hung with the member in flight
+  kStoreFull,    // "store_full": the store's disk was full; the interval is rerun
+                 // once it has space, and it does not count against the member
 };
-inline constexpr int kFailureReasonCount = 7;
+inline constexpr int kFailureReasonCount = 8;
 std::string_view FailureReasonName(FailureReason reason);
 // The reason of a worker's FAILED code ("non-finite", "out-of-memory",
 // "bad-state", "bad-request", "internal"); kInternal for any other code.
@@ -252,10 +252,6 @@ class Metrics {
   // --- store ----------------------------------------------------------------
   // One store operation took `seconds` and wrote or read `bytes`.
   void StoreOperation(StoreOp op, double seconds, uint64_t bytes);
-  // A store write (a commit) was refused because the disk was full.
-  void StoreNoSpace();
-  // Dispatch is paused until the store's disk has space again (or no longer).
-  void SetStoreWaitingForSpace(bool waiting);
 
   // --- per worker -----------------------------------------------------------
   // Worker `worker` (on `device`) runs as process `pid`. From now on the
