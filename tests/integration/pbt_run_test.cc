@@ -12,6 +12,7 @@
 #include "ckpt/format/checksum.h"
 #include "ckpt/store/store.h"
 #include "process_util.h"
+#include "run_heads.h"
 
 namespace ckpt {
 namespace {
@@ -19,6 +20,8 @@ namespace {
 using std::chrono::milliseconds;
 using testing::Child;
 using testing::ChildrenOf;
+using testing::Head;
+using testing::ResultsLogged;
 
 std::string Config(const std::string& name, const std::string& mode, int workers,
                    int population = 6, int intervals = 4) {
@@ -70,32 +73,8 @@ class PbtRunTest : public ::testing::Test {
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
   }
 
-  struct Head {
-    int64_t version;
-    int64_t step;
-    std::string blob;
-    std::map<std::string, double> hparams;
-    bool operator==(const Head& o) const {
-      return version == o.version && step == o.step && blob == o.blob && hparams == o.hparams;
-    }
-  };
   std::map<std::string, Head> Heads(const std::string& store_path, const std::string& exp) {
-    store::StoreOptions o;
-    o.path = store_path;
-    auto s = store::Store::Open(o);
-    EXPECT_TRUE(s.ok()) << s.status().ToString();
-    std::map<std::string, Head> out;
-    if (!s.ok()) return out;
-    auto members = (*s)->ListMembers(exp);
-    EXPECT_TRUE(members.ok());
-    for (const auto& m : *members) {
-      out[m.member] = Head{m.version, m.step, m.blob ? m.blob->Hex() : "", m.hparams};
-    }
-    auto report = (*s)->Verify();
-    EXPECT_TRUE(report.ok() && report->ok())
-        << (report.ok() && !report->problems.empty() ? report->problems[0]
-                                                     : std::string("verify failed"));
-    return out;
+    return testing::ReadHeads(store_path, exp, /*verify=*/true);
   }
 
   // The arguments of a run that logs one line per result it receives
@@ -106,16 +85,6 @@ class PbtRunTest : public ::testing::Test {
     std::vector<std::string> args = {"/usr/bin/env", "CKPT_TRACE=1"};
     for (auto& a : RunArgs(config, store)) args.push_back(a);
     return args;
-  }
-
-  static int ResultsLogged(const Child& c) {
-    const std::string log = c.Log();
-    int n = 0;
-    for (size_t at = log.find("got RESULT"); at != std::string::npos;
-         at = log.find("got RESULT", at + 1)) {
-      ++n;
-    }
-    return n;
   }
 
   // Waits until `c` has logged at least `n` results. False when it exited

@@ -18,12 +18,15 @@
 
 #include "ckpt/store/store.h"
 #include "process_util.h"
+#include "run_heads.h"
 
 namespace ckpt {
 namespace {
 
 using std::chrono::milliseconds;
 using testing::Child;
+using testing::Head;
+using testing::ResultsLogged;
 
 std::string Config(const std::string& name, int local_workers, int intervals,
                    const std::string& workers_table) {
@@ -92,38 +95,8 @@ class RemoteWorkersTest : public ::testing::Test {
         dir_ + "/" + log);
   }
 
-  static int ResultsLogged(const Child& c) {
-    const std::string log = c.Log();
-    int n = 0;
-    for (size_t at = log.find("got RESULT"); at != std::string::npos;
-         at = log.find("got RESULT", at + 1)) {
-      ++n;
-    }
-    return n;
-  }
-
-  struct Head {
-    int64_t version;
-    int64_t step;
-    std::string blob;
-    std::map<std::string, double> hparams;
-    bool operator==(const Head& o) const {
-      return version == o.version && step == o.step && blob == o.blob && hparams == o.hparams;
-    }
-  };
   std::map<std::string, Head> Heads(const std::string& store_path, const std::string& exp) {
-    store::StoreOptions o;
-    o.path = store_path;
-    auto s = store::Store::Open(o);
-    EXPECT_TRUE(s.ok()) << s.status().ToString();
-    std::map<std::string, Head> out;
-    if (!s.ok()) return out;
-    auto members = (*s)->ListMembers(exp);
-    EXPECT_TRUE(members.ok());
-    for (const auto& m : *members) {
-      out[m.member] = Head{m.version, m.step, m.blob ? m.blob->Hex() : "", m.hparams};
-    }
-    return out;
+    return testing::ReadHeads(store_path, exp, /*verify=*/false);
   }
 
   int CountEvents(const std::string& store_path, const std::string& exp, const std::string& type) {

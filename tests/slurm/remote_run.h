@@ -22,6 +22,7 @@
 
 #include "ckpt/store/store.h"
 #include "process_util.h"
+#include "run_heads.h"
 
 namespace ckpt::testing {
 
@@ -96,17 +97,6 @@ inline std::string WaitForWorkersAddr(Child& scheduler, const std::string& store
   return "";
 }
 
-// Results the scheduler has logged (CKPT_TRACE=1: one "got RESULT" line each).
-inline int ResultsLogged(const Child& c) {
-  const std::string log = c.Log();
-  int n = 0;
-  for (size_t at = log.find("got RESULT"); at != std::string::npos;
-       at = log.find("got RESULT", at + 1)) {
-    ++n;
-  }
-  return n;
-}
-
 // Waits until `c` has logged at least `n` results; false when it exited first
 // or `limit` passed.
 inline bool WaitForResults(Child& c, int n,
@@ -167,17 +157,6 @@ inline int CountTrace(const std::vector<TraceLine>& trace, TraceLine::Kind kind,
   for (const auto& t : trace) n += t.kind == kind && t.worker == worker;
   return n;
 }
-
-// A member's committed head.
-struct Head {
-  int64_t version = 0;
-  int64_t step = 0;
-  std::string blob;
-  std::map<std::string, double> hparams;
-  bool operator==(const Head& o) const {
-    return version == o.version && step == o.step && blob == o.blob && hparams == o.hparams;
-  }
-};
 
 // What a finished run left in its store: every member's head, every version's
 // blob (member -> version -> blob id), the audit log, and whether the store
