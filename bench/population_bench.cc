@@ -44,7 +44,7 @@
 
 #include "bench.h"
 #include "ckpt/ipc/tcp_channel.h"
-#include "ckpt/scheduler/config.h"
+#include "ckpt/records/config.h"
 #include "ckpt/scheduler/scheduler.h"
 #include "ckpt/worker/trainer.h"
 
@@ -128,7 +128,7 @@ std::vector<pid_t> ConnectWorkers(const std::string& store, const std::string& s
   return pids;
 }
 
-StatusOr<RunResult> RunPipeline(scheduler::ExperimentConfig config, const std::string& store,
+StatusOr<RunResult> RunPipeline(records::ExperimentConfig config, const std::string& store,
                                 int workers, int slots, size_t ring_bytes, bool tcp = false) {
   scheduler::SchedulerOptions o;
   o.store_path = store;
@@ -139,11 +139,11 @@ StatusOr<RunResult> RunPipeline(scheduler::ExperimentConfig config, const std::s
     o.remote.local = false;
   }
   if (ring_bytes > 0) o.ring_bytes = ring_bytes;
-  scheduler::DeviceConfig d;
+  records::DeviceConfig d;
   d.device = "cpu";
   d.count = workers;
   d.slots = slots;
-  d.fusion = scheduler::FusionMode::kPlain;
+  d.fusion = records::FusionMode::kPlain;
   d.intra_op_threads = 1;
   o.devices = {d};
   o.progress = stderr;
@@ -181,7 +181,7 @@ StatusOr<RunResult> RunPipeline(scheduler::ExperimentConfig config, const std::s
 
 // The same kernels, no scheduler, store or ring: `slots` threads each train
 // members in turn, feeding each new state back in, for about `seconds`.
-double BareLoopSamplesPerSecond(const scheduler::ExperimentConfig& c, int slots, double seconds) {
+double BareLoopSamplesPerSecond(const records::ExperimentConfig& c, int slots, double seconds) {
   model::TrainerOptions t;
   t.model_spec = c.model_spec;
   t.optimizer = c.optimizer;
@@ -230,7 +230,7 @@ double BareLoopSamplesPerSecond(const scheduler::ExperimentConfig& c, int slots,
 
 // The bare loop in a fresh process of this program (a worker is a separate
 // process; this separates "another process" from "the pipeline"). 0 on error.
-double BareLoopInChildProcess(const std::string& config, const scheduler::ExperimentConfig& c,
+double BareLoopInChildProcess(const std::string& config, const records::ExperimentConfig& c,
                               int slots) {
   const std::string cmd = "/proc/" + std::to_string(getpid()) + "/exe";
   char exe[4096];
@@ -250,8 +250,8 @@ double BareLoopInChildProcess(const std::string& config, const scheduler::Experi
 }
 
 // --transport tcp: each run over the ring, then over TCP.
-int PopulationOverTcp(const Args& args, const scheduler::ExperimentConfig& c, int workers,
-                      int slots, size_t ring_bytes, const std::string& root) {
+int PopulationOverTcp(const Args& args, const records::ExperimentConfig& c, int workers, int slots,
+                      size_t ring_bytes, const std::string& root) {
   json out = {{"bench", "population"},
               {"transport", "tcp"},
               {"device", "cpu"},
@@ -286,7 +286,7 @@ int PopulationOverTcp(const Args& args, const scheduler::ExperimentConfig& c, in
       add(prefix + "training_s_last", s.training_s);
       add(prefix + "first_result_s_last", s.first_result_s);
     }
-    scheduler::ExperimentConfig z = c;
+    records::ExperimentConfig z = c;
     z.name = "bench-null";
     z.population = static_cast<int>(args.GetInt("null-members", 30));
     z.intervals = static_cast<int>(args.GetInt("null-intervals", 10));
@@ -324,13 +324,13 @@ int PopulationOverTcp(const Args& args, const scheduler::ExperimentConfig& c, in
 
 int Population(const Args& args) {
   const std::string path = args.Get("config", "examples/fashion-mnist-pbt.toml");
-  auto loaded = scheduler::LoadExperimentConfig(path);
+  auto loaded = records::LoadExperimentConfig(path);
   if (!loaded.ok()) {
     std::fprintf(stderr, "population: %s (run from the repository root or pass --config)\n",
                  loaded.status().ToString().c_str());
     return 1;
   }
-  scheduler::ExperimentConfig c = *loaded;
+  records::ExperimentConfig c = *loaded;
   c.population = static_cast<int>(args.GetInt("members", 8));
   c.intervals = static_cast<int>(args.GetInt("intervals", 3));
   c.steps_per_interval = args.GetInt("steps", 100);
@@ -421,7 +421,7 @@ int Population(const Args& args) {
   }
   double per_s_first = 0;
   for (long long n : sizes) {
-    scheduler::ExperimentConfig z = c;
+    records::ExperimentConfig z = c;
     z.name = "bench-null-" + std::to_string(n);
     z.population = static_cast<int>(n);
     // The same number of intervals at every size: the first interval of a

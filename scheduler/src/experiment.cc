@@ -45,7 +45,7 @@ StatusOr<ExperimentStatus> ParseExperimentStatus(std::string_view name) {
                                  "'");
 }
 
-Experiment::Experiment(ExperimentConfig config, std::unique_ptr<Policy> policy,
+Experiment::Experiment(records::ExperimentConfig config, std::unique_ptr<Policy> policy,
                        std::vector<Member> members, ExperimentStatus status,
                        const ExperimentOptions& options, ExperimentIo* io, Clock::time_point now)
     : config_(std::move(config)),
@@ -83,7 +83,7 @@ std::string Experiment::MemberEvent(const char* type, const Member& m) const {
 
 void Experiment::Enqueue(int member, bool eval, bool front) {
   Member& m = members_[member];
-  if (!eval) m.state.status = MemberStatus::kQueued;
+  if (!eval) m.state.status = records::MemberStatus::kQueued;
   if (front) {
     ready_.push_front(Pending{member, eval});
   } else {
@@ -107,9 +107,9 @@ WorkItem Experiment::TakeNext(Clock::time_point now) {
   w.state_after = m.state;
   w.state_after.interval = w.interval_after;
   w.state_after.failures = 0;
-  w.state_after.status =
-      w.interval_after >= config_.intervals ? MemberStatus::kDone : MemberStatus::kIdle;
-  if (!p.eval) m.state.status = MemberStatus::kRunning;
+  w.state_after.status = w.interval_after >= config_.intervals ? records::MemberStatus::kDone
+                                                               : records::MemberStatus::kIdle;
+  if (!p.eval) m.state.status = records::MemberStatus::kRunning;
   if (first_dispatch_ == Clock::time_point{}) first_dispatch_ = now;
   ++in_flight_;
   return w;
@@ -121,7 +121,7 @@ void Experiment::OnCommitted(const WorkItem& item, int64_t version, int64_t step
   const int i = Find(item.member);
   if (i < 0) return;
   Member* m = &members_[i];
-  m->state.status = MemberStatus::kIdle;
+  m->state.status = records::MemberStatus::kIdle;
   m->state.interval = item.interval_after;
   m->state.score = score;
   m->state.failures = 0;
@@ -133,7 +133,7 @@ void Experiment::OnCommitted(const WorkItem& item, int64_t version, int64_t step
   if (first_result_ == Clock::time_point{}) first_result_ = now;
   io_->KillPoint("scheduler.committed");
   if (phase_ != Phase::kTraining) {
-    if (m->state.interval >= config_.intervals) m->state.status = MemberStatus::kDone;
+    if (m->state.interval >= config_.intervals) m->state.status = records::MemberStatus::kDone;
     return;
   }
   AfterInterval(m, now);
@@ -141,7 +141,7 @@ void Experiment::OnCommitted(const WorkItem& item, int64_t version, int64_t step
 
 void Experiment::AfterInterval(Member* m, Clock::time_point now) {
   const auto& c = config_;
-  if (m->state.interval >= c.intervals) m->state.status = MemberStatus::kDone;
+  if (m->state.interval >= c.intervals) m->state.status = records::MemberStatus::kDone;
   if (c.target_metric > 0 && m->state.score >= c.target_metric && !training_closed_) {
     training_closed_ = true;
     Logger().info("{}: {} reached the target {} (score {:.4f}); no new intervals", c.name, m->name,
@@ -158,11 +158,12 @@ void Experiment::AfterInterval(Member* m, Clock::time_point now) {
     Logger().info("{}: wall-time limit of {} s reached; no new intervals", c.name, c.max_wall_s);
     io_->AppendEvent(json{{"type", "wall_time_reached"}, {"max_wall_s", c.max_wall_s}}.dump());
   }
-  if (!policy_->synchronous() && !training_closed_ && m->state.status == MemberStatus::kIdle) {
+  if (!policy_->synchronous() && !training_closed_ &&
+      m->state.status == records::MemberStatus::kIdle) {
     std::vector<MemberProgress> all;
     for (const auto& o : members_) all.push_back(Progress(o));
     ApplyDecisions(policy_->Decide(m->state.interval, {Progress(*m)}, all));
-    if (m->state.status == MemberStatus::kIdle) Enqueue(Find(m->name), false);
+    if (m->state.status == records::MemberStatus::kIdle) Enqueue(Find(m->name), false);
   }
   MaybeAdvance();
 }
@@ -177,8 +178,8 @@ void Experiment::MaybeAdvance() {
       for (const auto& m : members_) {
         if (!m.active()) continue;
         gen = std::min(gen, m.state.interval);
-        busy = busy || m.state.status == MemberStatus::kRunning ||
-               m.state.status == MemberStatus::kQueued;
+        busy = busy || m.state.status == records::MemberStatus::kRunning ||
+               m.state.status == records::MemberStatus::kQueued;
       }
       // A member past the generation (only in a resumed run) means its barrier
       // was already applied: deciding it again would rank the laggards against
@@ -201,7 +202,8 @@ void Experiment::MaybeAdvance() {
         // Members ahead of the generation (a resumed run) wait; those at it run.
         for (size_t i = 0; i < members_.size(); ++i) {
           Member& m = members_[i];
-          if (m.active() && m.state.status == MemberStatus::kIdle && m.state.interval == gen) {
+          if (m.active() && m.state.status == records::MemberStatus::kIdle &&
+              m.state.interval == gen) {
             Enqueue(static_cast<int>(i), false);
           }
         }
@@ -209,7 +211,7 @@ void Experiment::MaybeAdvance() {
     } else {
       for (size_t i = 0; i < members_.size(); ++i) {
         Member& m = members_[i];
-        if (m.state.status == MemberStatus::kIdle && m.state.interval < c.intervals) {
+        if (m.state.status == records::MemberStatus::kIdle && m.state.interval < c.intervals) {
           Enqueue(static_cast<int>(i), false);
         }
       }
@@ -222,10 +224,11 @@ void Experiment::MaybeAdvance() {
   }
   bool open = false;
   for (const auto& m : members_) {
-    if (m.state.status == MemberStatus::kRunning || m.state.status == MemberStatus::kQueued) {
+    if (m.state.status == records::MemberStatus::kRunning ||
+        m.state.status == records::MemberStatus::kQueued) {
       open = true;
     }
-    if (!training_closed_ && m.state.status == MemberStatus::kIdle &&
+    if (!training_closed_ && m.state.status == records::MemberStatus::kIdle &&
         m.state.interval < c.intervals) {
       open = true;
     }
@@ -259,7 +262,7 @@ void Experiment::ApplyDecisions(const std::map<std::string, Decision>& decisions
       io_->KillPoint("scheduler.exploited");
       io_->SaveState(name, m.state);
     } else if (d.kind == Decision::Kind::kStop) {
-      m.state.status = MemberStatus::kStopped;
+      m.state.status = records::MemberStatus::kStopped;
       io_->SaveState(name, m.state);
       io_->AppendEvent(json{{"type", "member_stopped"}, {"member", name}, {"why", d.why}}.dump());
     }
@@ -280,7 +283,7 @@ void Experiment::OnFailed(const WorkItem& item, const std::string& code, const s
   const int i = Find(item.member);
   if (i < 0) return;
   Member* m = &members_[i];
-  if (!item.eval_only) m->state.status = MemberStatus::kIdle;
+  if (!item.eval_only) m->state.status = records::MemberStatus::kIdle;
   if (phase_ == Phase::kDone) return;
   if (!item.eval_only && !head_moved && code == kBadState && phase_ == Phase::kTraining &&
       item.head_version > 0 && item.head_version == m->version &&
@@ -306,7 +309,7 @@ void Experiment::OnFailed(const WorkItem& item, const std::string& code, const s
     return;
   }
   if (m->state.failures >= options_.max_member_failures) {
-    m->state.status = MemberStatus::kFailed;
+    m->state.status = records::MemberStatus::kFailed;
     io_->SaveState(m->name, m->state);
     io_->AppendEvent(json{
         {"type", "member_stopped"},
@@ -347,7 +350,7 @@ bool Experiment::FallBackFromCorruptHead(int member, const WorkItem& item,
   m.state.interval = interval;
   m.state.last_exploit = std::min(m.state.last_exploit, interval);
   m.state.score = good->score;
-  m.state.status = MemberStatus::kIdle;
+  m.state.status = records::MemberStatus::kIdle;
   io_->SaveState(m.name, m.state);
   auto v = io_->Restore(m.name, good->version);
   if (!v.ok()) {
@@ -379,7 +382,7 @@ void Experiment::OnReturned(const WorkItem& item) {
   --in_flight_;
   const int i = Find(item.member);
   if (i < 0) return;
-  if (!item.eval_only) members_[i].state.status = MemberStatus::kIdle;
+  if (!item.eval_only) members_[i].state.status = records::MemberStatus::kIdle;
   if (phase_ == Phase::kDone) return;
   Enqueue(i, item.eval_only, /*front=*/true);
 }
@@ -395,7 +398,8 @@ void Experiment::OnConfigureRefused(const std::string& reason) {
 void Experiment::End(ExperimentStatus status) {
   for (const auto& p : ready_) {
     Member& m = members_[p.member];
-    if (m.state.status == MemberStatus::kQueued) m.state.status = MemberStatus::kIdle;
+    if (m.state.status == records::MemberStatus::kQueued)
+      m.state.status = records::MemberStatus::kIdle;
   }
   ready_.clear();
   phase_ = Phase::kDone;
@@ -505,7 +509,7 @@ ExperimentSummary Experiment::Summary(Clock::time_point now) const {
     MemberSummary ms;
     ms.member = m.name;
     ms.intervals_done = m.state.interval;
-    ms.status = MemberStatusName(m.state.status);
+    ms.status = records::MemberStatusName(m.state.status);
     ms.val_acc = std::isfinite(m.state.score) ? m.state.score : 0;
     ms.test_acc = std::isfinite(m.state.test_acc) ? m.state.test_acc : -1;
     ms.version = m.version;

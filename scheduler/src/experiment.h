@@ -33,10 +33,10 @@
 #include <vector>
 
 #include "ckpt/format/status.h"
-#include "ckpt/scheduler/config.h"
+#include "ckpt/records/config.h"
+#include "ckpt/records/member_record.h"
 #include "ckpt/scheduler/policy.h"
 #include "ckpt/scheduler/summary.h"
-#include "member_state.h"
 
 namespace ckpt::scheduler {
 
@@ -52,13 +52,15 @@ StatusOr<ExperimentStatus> ParseExperimentStatus(std::string_view name);
 // One member as the scheduler tracks it: its head and its state record.
 struct Member {
   std::string name;
-  MemberState state;  // index, interval, last exploit, score, status, failures, test accuracy
-  HParams hparams;    // of the head
+  records::MemberRecord
+      state;        // index, interval, last exploit, score, status, failures, test accuracy
+  HParams hparams;  // of the head
   int64_t version = 0;
   int64_t step = 0;
 
   bool active() const {
-    return state.status != MemberStatus::kStopped && state.status != MemberStatus::kFailed;
+    return state.status != records::MemberStatus::kStopped &&
+           state.status != records::MemberStatus::kFailed;
   }
 };
 
@@ -73,7 +75,7 @@ struct WorkItem {
   int interval_after = 0;  // the member's interval count once committed
   // The member's state record once the result is committed (its score is
   // filled in from the result); written right after the commit.
-  MemberState state_after;
+  records::MemberRecord state_after;
 };
 
 // A member's stored version that reads back intact (ExperimentIo::NewestGoodVersion).
@@ -95,7 +97,7 @@ class ExperimentIo {
   virtual StatusOr<int64_t> Exploit(const std::string& member, const std::string& donor,
                                     const HParams& hparams, const std::string& event_json) = 0;
   // Writes a member's state record. Failures are logged by the implementation.
-  virtual void SaveState(const std::string& member, const MemberState& state) = 0;
+  virtual void SaveState(const std::string& member, const records::MemberRecord& state) = 0;
   // Appends one event (a JSON object) to the experiment's log.
   virtual void AppendEvent(const std::string& json) = 0;
   // Records the experiment's status. Errors: the store's.
@@ -127,16 +129,16 @@ class Experiment {
  public:
   // `members` as LoadMembers derived them from the store (in population order);
   // `status` the stored one: kDone/kStopped/kFailed start ended, kPaused paused.
-  Experiment(ExperimentConfig config, std::unique_ptr<Policy> policy, std::vector<Member> members,
-             ExperimentStatus status, const ExperimentOptions& options, ExperimentIo* io,
-             Clock::time_point now);
+  Experiment(records::ExperimentConfig config, std::unique_ptr<Policy> policy,
+             std::vector<Member> members, ExperimentStatus status, const ExperimentOptions& options,
+             ExperimentIo* io, Clock::time_point now);
 
   // Queues what can run now (and decides a barrier that a crash left
   // undecided). Call once, after construction.
   void Start();
 
   const std::string& id() const { return config_.name; }
-  const ExperimentConfig& config() const { return config_; }
+  const records::ExperimentConfig& config() const { return config_; }
   ExperimentStatus status() const { return status_; }
   Phase phase() const { return phase_; }
   bool ended() const { return phase_ == Phase::kDone; }
@@ -206,7 +208,7 @@ class Experiment {
     bool eval;
   };
 
-  const ExperimentConfig config_;
+  const records::ExperimentConfig config_;
   const std::unique_ptr<Policy> policy_;
   const ExperimentOptions options_;
   ExperimentIo* const io_;

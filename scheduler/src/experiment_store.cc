@@ -17,7 +17,7 @@ std::string MemberName(int index, int population) {
   return "m" + std::string(width > static_cast<int>(n.size()) ? width - n.size() : 0, '0') + n;
 }
 
-Status CreateExperimentRecords(store::Store* store, const ExperimentConfig& config) {
+Status CreateExperimentRecords(store::Store* store, const records::ExperimentConfig& config) {
   const std::string& id = config.name;
   CKPT_RETURN_IF_ERROR(store->CreateExperiment(id, nlohmann::json{{"toml", config.source}}.dump()));
   std::map<std::string, std::map<std::string, double>> hparams;
@@ -26,15 +26,16 @@ Status CreateExperimentRecords(store::Store* store, const ExperimentConfig& conf
   }
   CKPT_RETURN_IF_ERROR(store->CreateMembers(id, hparams));
   for (int i = 0; i < config.population; ++i) {
-    MemberState s;
+    records::MemberRecord s;
     s.index = i;
-    CKPT_RETURN_IF_ERROR(
-        store->SetMemberState(id, MemberName(i, config.population), EncodeMemberState(s)));
+    CKPT_RETURN_IF_ERROR(store->SetMemberState(id, MemberName(i, config.population),
+                                               records::EncodeMemberRecord(s)));
   }
   return Status::OK();
 }
 
-StatusOr<std::vector<Member>> LoadMembers(store::Store* store, const ExperimentConfig& config) {
+StatusOr<std::vector<Member>> LoadMembers(store::Store* store,
+                                          const records::ExperimentConfig& config) {
   const std::string& exp = config.name;
   CKPT_ASSIGN_OR_RETURN(auto heads, store->ListMembers(exp));
   std::vector<Member> members;
@@ -45,7 +46,7 @@ StatusOr<std::vector<Member>> LoadMembers(store::Store* store, const ExperimentC
     m.version = h.version;
     m.step = h.step;
     m.hparams = h.hparams;
-    CKPT_ASSIGN_OR_RETURN(m.state, DecodeMemberState(h.state, exp, h.member));
+    CKPT_ASSIGN_OR_RETURN(m.state, records::DecodeMemberRecord(h.state, exp, h.member));
     // A record without an index (a fresh or version-1 one): the position in
     // the population, which the zero-padded names keep in key order.
     if (m.state.index < 0) m.state.index = static_cast<int>(members.size());
@@ -68,9 +69,10 @@ StatusOr<std::vector<Member>> LoadMembers(store::Store* store, const ExperimentC
         m.state.last_exploit = m.state.interval;
       }
     }
-    if (m.state.status != MemberStatus::kStopped && m.state.status != MemberStatus::kFailed) {
-      m.state.status =
-          m.state.interval >= config.intervals ? MemberStatus::kDone : MemberStatus::kIdle;
+    if (m.state.status != records::MemberStatus::kStopped &&
+        m.state.status != records::MemberStatus::kFailed) {
+      m.state.status = m.state.interval >= config.intervals ? records::MemberStatus::kDone
+                                                            : records::MemberStatus::kIdle;
     }
     members.push_back(std::move(m));
   }
@@ -113,8 +115,8 @@ StatusOr<int64_t> StoreExperimentIo::Exploit(const std::string& member, const st
   return v;
 }
 
-void StoreExperimentIo::SaveState(const std::string& member, const MemberState& state) {
-  const std::string bytes = EncodeMemberState(state);
+void StoreExperimentIo::SaveState(const std::string& member, const records::MemberRecord& state) {
+  const std::string bytes = records::EncodeMemberRecord(state);
   StoreTimer t(metrics_, metrics::StoreOp::kSetMemberState, bytes.size());
   Status s = store_->SetMemberState(exp_, member, bytes);
   if (!s.ok()) {

@@ -21,7 +21,7 @@
 
 #include "ckpt/format/status.h"
 #include "ckpt/metrics/metrics.h"
-#include "ckpt/scheduler/config.h"
+#include "ckpt/records/config.h"
 #include "ckpt/store/store.h"
 #include "experiment.h"
 
@@ -34,12 +34,13 @@ std::string MemberName(int index, int population);
 // Creates the experiment (config JSON {"toml": source}), its members with their
 // initial hyperparameters (SampleInitial) and their first state records
 // (index, interval 0). Errors: the store's.
-Status CreateExperimentRecords(store::Store* store, const ExperimentConfig& config);
+Status CreateExperimentRecords(store::Store* store, const records::ExperimentConfig& config);
 
 // The members of `config.name` in population order, with their state as the
 // store has it. Corruption naming the experiment and member when a state
 // record does not decode; the store's errors otherwise.
-StatusOr<std::vector<Member>> LoadMembers(store::Store* store, const ExperimentConfig& config);
+StatusOr<std::vector<Member>> LoadMembers(store::Store* store,
+                                          const records::ExperimentConfig& config);
 
 class StoreExperimentIo : public ExperimentIo {
  public:
@@ -51,7 +52,7 @@ class StoreExperimentIo : public ExperimentIo {
 
   StatusOr<int64_t> Exploit(const std::string& member, const std::string& donor,
                             const HParams& hparams, const std::string& event_json) override;
-  void SaveState(const std::string& member, const MemberState& state) override;
+  void SaveState(const std::string& member, const records::MemberRecord& state) override;
   void AppendEvent(const std::string& json) override;
   Status SetStatus(ExperimentStatus status) override;
   void KillPoint(std::string_view point) override;

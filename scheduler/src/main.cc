@@ -10,7 +10,7 @@
 #include <exception>
 #include <utility>
 
-#include "ckpt/scheduler/config.h"
+#include "ckpt/records/config.h"
 #include "ckpt/scheduler/scheduler.h"
 #include "ckpt/scheduler/service.h"
 
@@ -24,14 +24,14 @@ struct RunFlags {
   bool quiet = false;
   int backoff_ms = -1;  // -1 = the file's
   int grace_ms = -1;
-  int ring_mib = static_cast<int>(ckpt::scheduler::kDefaultRingBytes >> 20);
+  int ring_mib = static_cast<int>(ckpt::records::kDefaultRingBytes >> 20);
   std::string listen;       // "" = the file's [workers] listen
   std::string secret_file;  // "" = the file's
   bool no_local_workers = false;
 };
 
 int Run(const RunFlags& f) {
-  auto config = ckpt::scheduler::LoadExperimentConfig(f.path);
+  auto config = ckpt::records::LoadExperimentConfig(f.path);
   if (!config.ok()) {
     std::fprintf(stderr, "ckpt-scheduler: %s\n", config.status().ToString().c_str());
     return 2;

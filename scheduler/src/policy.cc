@@ -12,13 +12,13 @@ double Uniform01(std::mt19937_64& rng) {
   return std::uniform_real_distribution<double>(0.0, 1.0)(rng);
 }
 
-double Sample(const SearchDim& dim, std::mt19937_64& rng) {
+double Sample(const records::SearchDim& dim, std::mt19937_64& rng) {
   switch (dim.kind) {
-    case SearchDim::Kind::kUniform:
+    case records::SearchDim::Kind::kUniform:
       return dim.min + (dim.max - dim.min) * Uniform01(rng);
-    case SearchDim::Kind::kLogUniform:
+    case records::SearchDim::Kind::kLogUniform:
       return std::exp(std::log(dim.min) + (std::log(dim.max) - std::log(dim.min)) * Uniform01(rng));
-    case SearchDim::Kind::kChoice:
+    case records::SearchDim::Kind::kChoice:
       return dim.values[rng() % dim.values.size()];
   }
   return dim.min;
@@ -34,8 +34,8 @@ std::string Fmt(double v) {
 // PBT: truncation selection among members ready for exploit.
 class PbtPolicy : public Policy {
  public:
-  explicit PbtPolicy(const ExperimentConfig& config) : config_(config) {}
-  bool synchronous() const override { return config_.policy.mode == PolicyMode::kSync; }
+  explicit PbtPolicy(const records::ExperimentConfig& config) : config_(config) {}
+  bool synchronous() const override { return config_.policy.mode == records::PolicyMode::kSync; }
 
   std::map<std::string, Decision> Decide(
       int generation, const std::vector<MemberProgress>& members,
@@ -73,28 +73,28 @@ class PbtPolicy : public Policy {
   }
 
  private:
-  const ExperimentConfig config_;
+  const records::ExperimentConfig config_;
 };
 
 class RandomSearchPolicy : public Policy {
  public:
-  explicit RandomSearchPolicy(const ExperimentConfig& config) : config_(config) {}
-  bool synchronous() const override { return config_.policy.mode == PolicyMode::kSync; }
+  explicit RandomSearchPolicy(const records::ExperimentConfig& config) : config_(config) {}
+  bool synchronous() const override { return config_.policy.mode == records::PolicyMode::kSync; }
   std::map<std::string, Decision> Decide(int, const std::vector<MemberProgress>&,
                                          const std::vector<MemberProgress>&) const override {
     return {};
   }
 
  private:
-  const ExperimentConfig config_;
+  const records::ExperimentConfig config_;
 };
 
 // Successive halving: at rungs min_intervals * eta^i keep the top 1/eta of the
 // members that reached the rung (async: of those that reached it so far, ASHA).
 class SuccessiveHalvingPolicy : public Policy {
  public:
-  explicit SuccessiveHalvingPolicy(const ExperimentConfig& config) : config_(config) {}
-  bool synchronous() const override { return config_.policy.mode == PolicyMode::kSync; }
+  explicit SuccessiveHalvingPolicy(const records::ExperimentConfig& config) : config_(config) {}
+  bool synchronous() const override { return config_.policy.mode == records::PolicyMode::kSync; }
 
   bool IsRung(int intervals) const {
     for (long long r = config_.policy.min_intervals; r <= intervals; r *= config_.policy.eta) {
@@ -129,7 +129,7 @@ class SuccessiveHalvingPolicy : public Policy {
   }
 
  private:
-  const ExperimentConfig config_;
+  const records::ExperimentConfig config_;
 };
 
 }  // namespace
@@ -156,14 +156,14 @@ std::vector<const MemberProgress*> RankByScore(const std::vector<MemberProgress>
   return out;
 }
 
-HParams SampleInitial(const ExperimentConfig& config, int index) {
+HParams SampleInitial(const records::ExperimentConfig& config, int index) {
   std::mt19937_64 rng(MixSeed(config.seed, 0xC0FFEE, static_cast<uint64_t>(index)));
   HParams h = config.fixed_hparams;
   for (const auto& [name, dim] : config.search_space) h[name] = Sample(dim, rng);
   return h;
 }
 
-HParams Explore(const ExperimentConfig& config, const HParams& from, uint64_t rng_seed) {
+HParams Explore(const records::ExperimentConfig& config, const HParams& from, uint64_t rng_seed) {
   std::mt19937_64 rng(rng_seed);
   HParams h = from;
   for (const auto& [name, dim] : config.search_space) {
@@ -174,7 +174,7 @@ HParams Explore(const ExperimentConfig& config, const HParams& from, uint64_t rn
     }
     const auto& factors = config.policy.perturb;
     const double f = factors[rng() % factors.size()];
-    if (dim.kind == SearchDim::Kind::kChoice) {
+    if (dim.kind == records::SearchDim::Kind::kChoice) {
       // Move to the neighbouring choice in the factor's direction.
       auto pos = std::find(dim.values.begin(), dim.values.end(), it->second);
       size_t i = pos == dim.values.end() ? 0 : static_cast<size_t>(pos - dim.values.begin());
@@ -188,13 +188,13 @@ HParams Explore(const ExperimentConfig& config, const HParams& from, uint64_t rn
   return h;
 }
 
-StatusOr<std::unique_ptr<Policy>> Policy::Create(const ExperimentConfig& config) {
+StatusOr<std::unique_ptr<Policy>> Policy::Create(const records::ExperimentConfig& config) {
   switch (config.policy.kind) {
-    case PolicyKind::kPbt:
+    case records::PolicyKind::kPbt:
       return std::unique_ptr<Policy>(new PbtPolicy(config));
-    case PolicyKind::kRandom:
+    case records::PolicyKind::kRandom:
       return std::unique_ptr<Policy>(new RandomSearchPolicy(config));
-    case PolicyKind::kSuccessiveHalving:
+    case records::PolicyKind::kSuccessiveHalving:
       return std::unique_ptr<Policy>(new SuccessiveHalvingPolicy(config));
   }
   return Status::InvalidArgument("policy.kind: unknown policy");

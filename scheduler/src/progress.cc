@@ -25,7 +25,7 @@ std::string ProgressLine(const Experiment& e, Clock::time_point now) {
   int done = 0, remaining = 0;
   for (const auto& m : e.members()) {
     if (std::isfinite(m.state.score)) scores.push_back(m.state.score);
-    if (m.state.status == MemberStatus::kDone) ++done;
+    if (m.state.status == records::MemberStatus::kDone) ++done;
     if (m.active()) remaining += std::max(0, c.intervals - m.state.interval);
   }
   std::sort(scores.begin(), scores.end());

@@ -71,22 +71,22 @@ metrics::MemberCounts CountMembers(const Experiment& e) {
   metrics::MemberCounts c;
   for (const auto& m : e.members()) {
     switch (m.state.status) {
-      case MemberStatus::kIdle:
+      case records::MemberStatus::kIdle:
         ++c.idle;
         break;
-      case MemberStatus::kQueued:
+      case records::MemberStatus::kQueued:
         ++c.queued;
         break;
-      case MemberStatus::kRunning:
+      case records::MemberStatus::kRunning:
         ++c.running;
         break;
-      case MemberStatus::kDone:
+      case records::MemberStatus::kDone:
         ++c.done;
         break;
-      case MemberStatus::kStopped:
+      case records::MemberStatus::kStopped:
         ++c.stopped;
         break;
-      case MemberStatus::kFailed:
+      case records::MemberStatus::kFailed:
         ++c.failed;
         break;
     }
@@ -121,7 +121,7 @@ class SchedulerImpl : public Scheduler, public ControlTarget, public WorkerPoolL
 
   store::Store* store() override { return store_.get(); }
 
-  Status Submit(const ExperimentConfig& config) override;
+  Status Submit(const records::ExperimentConfig& config) override;
   Status Run() override;
   void RequestStop() override {
     asio::post(io_, [this] { BeginStop("stop requested"); });
@@ -227,15 +227,15 @@ class SchedulerImpl : public Scheduler, public ControlTarget, public WorkerPoolL
   std::map<std::string, Entry> entries_;
   std::vector<std::string> order_;
   std::mutex configs_mu_;
-  std::map<std::string, ExperimentConfig> configs_;  // GUARDED_BY(configs_mu_)
-  uint64_t working_set_bytes_ = 0;                   // last given to store_->SizeForWorkingSet
+  std::map<std::string, records::ExperimentConfig> configs_;  // GUARDED_BY(configs_mu_)
+  uint64_t working_set_bytes_ = 0;  // last given to store_->SizeForWorkingSet
   bool stopping_ = false;
   bool finished_ = false;
   Status run_status_;
   std::unique_ptr<ControlServer> control_;
 };
 
-Status SchedulerImpl::Submit(const ExperimentConfig& config) {
+Status SchedulerImpl::Submit(const records::ExperimentConfig& config) {
   const std::string& id = config.name;
   if (entries_.count(id)) return Status::AlreadyExists("experiment " + id + " already submitted");
   CKPT_ASSIGN_OR_RETURN(std::unique_ptr<Policy> policy, Policy::Create(config));
@@ -299,7 +299,7 @@ StatusOr<ipc::Configure> SchedulerImpl::ConfigureFor(const std::string& exp) {
   std::lock_guard<std::mutex> lock(configs_mu_);
   auto it = configs_.find(exp);
   if (it == configs_.end()) return Status::NotFound("experiment " + exp + " is not known");
-  const ExperimentConfig& c = it->second;
+  const records::ExperimentConfig& c = it->second;
   ipc::Configure m;
   m.experiment = c.name;
   m.model_spec = c.model_spec;
@@ -594,8 +594,8 @@ void SchedulerImpl::PrintProgress(bool force_line) {
 
 Status SchedulerImpl::Run() {
   // With remote.local false only connected workers train.
-  const auto devices =
-      options_.remote.local ? ExpandDevices(options_.devices) : std::vector<DeviceConfig>{};
+  const auto devices = options_.remote.local ? ExpandDevices(options_.devices)
+                                             : std::vector<records::DeviceConfig>{};
   if (devices.empty() && options_.remote.listen.empty()) {
     return Status::InvalidArgument("no devices configured and not listening for workers");
   }
@@ -679,7 +679,7 @@ Status SchedulerImpl::RunLoop() {
       const std::string toml = j.is_object() && j.contains("toml") && j["toml"].is_string()
                                    ? j["toml"].get<std::string>()
                                    : std::string();
-      auto config = ParseExperimentConfig(toml, x.id);
+      auto config = records::ParseExperimentConfig(toml, x.id);
       Status s = config.ok() ? Submit(*config) : config.status();
       if (!s.ok()) {
         Logger().error("cannot resume experiment {}: {}", x.id, s.ToString());
@@ -717,7 +717,8 @@ Status SchedulerImpl::RunLoop() {
 StatusOr<std::string> SchedulerImpl::SubmitToml(const std::string& toml,
                                                 const std::string& origin) {
   if (stopping_) return Status::Unavailable("the scheduler is stopping");
-  CKPT_ASSIGN_OR_RETURN(ExperimentConfig config, ParseExperimentConfig(toml, origin));
+  CKPT_ASSIGN_OR_RETURN(records::ExperimentConfig config,
+                        records::ParseExperimentConfig(toml, origin));
   CKPT_RETURN_IF_ERROR(Submit(config));
   AfterChange();
   Dispatch();

@@ -14,17 +14,17 @@
 #include <set>
 #include <sstream>
 
-#include "config_tables.h"
+#include "ckpt/records/config_tables.h"
+#include "ckpt/records/toml_reader.h"
+#include "ckpt/records/workers_table.h"
 #include "log.h"
-#include "toml_reader.h"
-#include "workers_table.h"
 
 namespace ckpt::scheduler {
 namespace {
 
 using std::chrono::milliseconds;
 
-using Reader = TomlTableReader;
+using Reader = records::TomlTableReader;
 
 bool AllDigits(const std::string& s) {
   if (s.empty() || s.size() > 10) return false;
@@ -73,7 +73,8 @@ Status CheckNames(Reader* r, const toml::table& table, const std::string& key,
   return Status::OK();
 }
 
-bool SameDevices(const std::vector<DeviceConfig>& a, const std::vector<DeviceConfig>& b) {
+bool SameDevices(const std::vector<records::DeviceConfig>& a,
+                 const std::vector<records::DeviceConfig>& b) {
   if (a.size() != b.size()) return false;
   for (size_t i = 0; i < a.size(); ++i) {
     const auto& x = a[i];
@@ -95,7 +96,7 @@ void LogLine(FILE* log, const std::string& line) {
 
 StatusOr<ServiceConfig> ParseServiceConfig(const std::string& toml_text,
                                            const std::string& origin) {
-  CKPT_ASSIGN_OR_RETURN(toml::table doc, ParseToml(toml_text, origin));
+  CKPT_ASSIGN_OR_RETURN(toml::table doc, records::ParseToml(toml_text, origin));
   ServiceConfig c;
   c.origin = origin;
   Reader top(doc, "", origin);
@@ -110,7 +111,7 @@ StatusOr<ServiceConfig> ParseServiceConfig(const std::string& toml_text,
                      "the socket path " + c.socket + " is longer than 107 bytes");
   }
   CKPT_RETURN_IF_ERROR(top.String("metrics", &c.metrics));
-  if (!ValidListenAddress(c.metrics)) {
+  if (!records::ValidListenAddress(c.metrics)) {
     return top.Error("metrics",
                      "must be host:port (port 1-65535) or \"\", not '" + c.metrics + "'");
   }
@@ -142,13 +143,13 @@ StatusOr<ServiceConfig> ParseServiceConfig(const std::string& toml_text,
     c.ring_bytes = static_cast<size_t>(ring_mib) << 20;
     CKPT_RETURN_IF_ERROR(
         r.Seconds("heartbeat_timeout_s", 0.1, 86400, &c.supervision.heartbeat_timeout));
-    CKPT_RETURN_IF_ERROR(ReadSupervision(&r, &c.supervision));
-    CKPT_RETURN_IF_ERROR(ReadRemoteWorkers(&r, &c.remote));
+    CKPT_RETURN_IF_ERROR(records::ReadSupervision(&r, &c.supervision));
+    CKPT_RETURN_IF_ERROR(records::ReadRemoteWorkers(&r, &c.remote));
     CKPT_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
   }
-  CKPT_RETURN_IF_ERROR(ReadDevices(&top, origin, "auto", &c.devices));
+  CKPT_RETURN_IF_ERROR(records::ReadDevices(&top, origin, "auto", &c.devices));
   if (c.devices.empty()) {
-    DeviceConfig d;
+    records::DeviceConfig d;
     d.device = "auto";
     c.devices.push_back(d);
   }
@@ -166,7 +167,8 @@ StatusOr<ServiceConfig> LoadServiceConfig(const std::string& path) {
     return Status::IOError("cannot read service configuration " + path);
   }
   std::string text;
-  if (!ReadBoundedToml(in, &text)) return Status::IOError("reading service configuration " + path);
+  if (!records::ReadBoundedToml(in, &text))
+    return Status::IOError("reading service configuration " + path);
   return ParseServiceConfig(text, path);
 }
 
@@ -211,8 +213,8 @@ std::string SettingsNeedingRestart(const ServiceConfig& a, const ServiceConfig& 
   }
   if (a.final_eval_top != b.final_eval_top) changed.push_back("final_eval_top");
   if (a.log_progress != b.log_progress) changed.push_back("log_progress");
-  const SupervisionOptions& x = a.supervision;
-  const SupervisionOptions& y = b.supervision;
+  const records::SupervisionOptions& x = a.supervision;
+  const records::SupervisionOptions& y = b.supervision;
   if (a.worker_binary != b.worker_binary || a.ring_bytes != b.ring_bytes ||
       x.heartbeat_timeout != y.heartbeat_timeout || x.restart_backoff != y.restart_backoff ||
       x.max_restart_backoff != y.max_restart_backoff || x.healthy_reset != y.healthy_reset ||

@@ -76,7 +76,7 @@ Status WorkerHandle::Spawn() {
                                    "--slots",
                                    std::to_string(spec_.device.slots),
                                    "--fusion",
-                                   FusionModeName(spec_.device.fusion),
+                                   records::FusionModeName(spec_.device.fusion),
                                    "--fusion-width",
                                    std::to_string(spec_.device.fusion_width),
                                    "--intra-op-threads",
@@ -366,9 +366,10 @@ void WorkerHandle::HandleResult(const ipc::Received& rec) {
   }
   // The head's state record follows the commit; a crash between the two is
   // reconciled from the head manifest at start-up.
-  MemberState state = e.task.state_after;
+  records::MemberRecord state = e.task.state_after;
   state.score = r->val_acc;
-  Status saved = store_->SetMemberState(e.task.exp, e.task.member, EncodeMemberState(state));
+  Status saved =
+      store_->SetMemberState(e.task.exp, e.task.member, records::EncodeMemberRecord(state));
   if (!saved.ok()) {
     Logger().error(
         "{}/{}: writing the state record after v{}: {} (reconciled from the head at "

@@ -11,7 +11,7 @@
 //
 // Ownership: the Scheduler owns handles; a handle owns its process until Stop.
 // The commit of a RESULT is followed by the member's state record
-// (Task::state_after with the result's score): one encoder, EncodeMemberState.
+// (Task::state_after with the result's score): one encoder, EncodeMemberRecord.
 //
 // Failure containment: an exception escaping either thread (none is expected:
 // every library call returns a Status) is caught at the thread's root, logged,
@@ -83,10 +83,10 @@ struct WorkerEvent {
 struct WorkerSpec {
   int index = 0;     // position in the pool
   std::string name;  // metrics label: "w<index>"
-  DeviceConfig device;
+  records::DeviceConfig device;
   std::string binary;   // path of ckpt-worker
   std::string segment;  // shm name; "" for a remote worker
-  size_t ring_bytes = kDefaultRingBytes;
+  size_t ring_bytes = records::kDefaultRingBytes;
   std::chrono::milliseconds heartbeat_timeout{10000};
   // Where store and ring timings go (thread-safe); nullptr: nowhere.
   metrics::Metrics* metrics = nullptr;

@@ -73,8 +73,8 @@ int VisibleGpuCount(int gpus, const char* visible) {
 
 }  // namespace
 
-std::vector<DeviceConfig> ExpandDevices(const std::vector<DeviceConfig>& in) {
-  std::vector<DeviceConfig> out;
+std::vector<records::DeviceConfig> ExpandDevices(const std::vector<records::DeviceConfig>& in) {
+  std::vector<records::DeviceConfig> out;
   for (const auto& d : in) {
     std::vector<std::string> names;
     if (d.device == "auto") {
@@ -89,7 +89,7 @@ std::vector<DeviceConfig> ExpandDevices(const std::vector<DeviceConfig>& in) {
     }
     for (const auto& n : names) {
       for (int c = 0; c < d.count; ++c) {
-        DeviceConfig one = d;
+        records::DeviceConfig one = d;
         one.device = n;
         one.count = 1;
         out.push_back(one);
@@ -114,13 +114,13 @@ std::string FindWorkerBinary(const std::string& configured) {
 }
 
 milliseconds NextRestartDelay(milliseconds previous, Clock::duration uptime,
-                              const SupervisionOptions& s) {
+                              const records::SupervisionOptions& s) {
   if (uptime >= s.healthy_reset) previous = milliseconds(0);
   if (previous.count() == 0) return s.restart_backoff;
   return std::min(previous * 2, s.max_restart_backoff);
 }
 
-milliseconds StartDeadline(const SupervisionOptions& s) {
+milliseconds StartDeadline(const records::SupervisionOptions& s) {
   return std::max(s.heartbeat_timeout, milliseconds(30000));
 }
 

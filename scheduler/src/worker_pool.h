@@ -43,7 +43,7 @@
 
 #include "ckpt/format/status.h"
 #include "ckpt/ipc/tcp_channel.h"
-#include "ckpt/scheduler/config.h"
+#include "ckpt/records/config.h"
 #include "ckpt/scheduler/summary.h"
 #include "dispatcher.h"
 #include "worker_handle.h"
@@ -56,7 +56,7 @@ using Clock = std::chrono::steady_clock;
 // "auto" is one worker per GPU this process's CUDA would show (the NVIDIA
 // driver's GPUs, /proc/driver/nvidia/gpus or /dev/nvidiaN, narrowed by
 // CUDA_VISIBLE_DEVICES), else the CPU; `count` workers each.
-std::vector<DeviceConfig> ExpandDevices(const std::vector<DeviceConfig>& devices);
+std::vector<records::DeviceConfig> ExpandDevices(const std::vector<records::DeviceConfig>& devices);
 
 // The ckpt-worker to run: `configured` when set, else $CKPT_WORKER, else one
 // beside this executable (or in ../bin, ../lib/ckpt), else "ckpt-worker".
@@ -65,13 +65,14 @@ std::string FindWorkerBinary(const std::string& configured);
 // The delay before restarting a worker that was lost after `uptime`, whose
 // previous delay was `previous` (0: none yet).
 std::chrono::milliseconds NextRestartDelay(std::chrono::milliseconds previous,
-                                           Clock::duration uptime, const SupervisionOptions& s);
+                                           Clock::duration uptime,
+                                           const records::SupervisionOptions& s);
 
 // How long a started worker may take to say HELLO: its heartbeat only starts
 // once it has attached to its ring, so one that hangs while loading (or is
 // stopped) before that is noticed by this deadline alone. The heartbeat
 // timeout, and never under 30 s (loading LibTorch on a busy machine).
-std::chrono::milliseconds StartDeadline(const SupervisionOptions& s);
+std::chrono::milliseconds StartDeadline(const records::SupervisionOptions& s);
 
 class WorkerPoolListener {
  public:
@@ -92,14 +93,14 @@ class WorkerPoolListener {
 
 struct WorkerPoolOptions {
   // Expanded device entries (ExpandDevices), one worker each. Required.
-  std::vector<DeviceConfig> devices;
+  std::vector<records::DeviceConfig> devices;
   // Path of ckpt-worker (FindWorkerBinary). Required.
   std::string binary;
   // Segment name prefix; worker i uses "<instance>-w<i>". Required.
   std::string instance;
   // Bytes of each ring. Default: kDefaultRingBytes.
-  size_t ring_bytes = kDefaultRingBytes;
-  SupervisionOptions supervision;
+  size_t ring_bytes = records::kDefaultRingBytes;
+  records::SupervisionOptions supervision;
   // Where worker starts, exits, STATS and ring figures go; nullptr: nowhere.
   metrics::Metrics* metrics = nullptr;
   // "HOST:PORT" to accept remote workers on (port 0: ephemeral); "" = none.
@@ -154,7 +155,7 @@ class WorkerPool : public TaskSink {
   int64_t PeakRssBytes() const;
   // One entry per worker index: the configured devices, then one per remote
   // worker that connected (device "r<N>@ADDRESS").
-  const std::vector<DeviceConfig>& devices() const { return devices_; }
+  const std::vector<records::DeviceConfig>& devices() const { return devices_; }
 
  private:
   struct Worker {
@@ -190,7 +191,7 @@ class WorkerPool : public TaskSink {
   const std::function<StatusOr<ipc::Configure>(const std::string&)> configure_;
   WorkerPoolListener* const listener_;
   std::vector<std::unique_ptr<Worker>> workers_;
-  std::vector<DeviceConfig> devices_;  // devices() for every entry of workers_
+  std::vector<records::DeviceConfig> devices_;  // devices() for every entry of workers_
   bool draining_ = false;
   bool stopped_ = false;
   int remotes_ = 0;  // remote workers ever connected: the N of "r<N>"

@@ -9,15 +9,15 @@
 #include <cstdlib>
 #include <string>
 
-#include "ckpt/scheduler/config.h"
+#include "ckpt/records/config.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);
-  auto config = ckpt::scheduler::ParseExperimentConfig(text, "fuzz.toml");
+  auto config = ckpt::records::ParseExperimentConfig(text, "fuzz.toml");
   if (config.ok()) {
     if (config->name.empty() || config->population < 1 ||
-        config->population > ckpt::scheduler::kMaxPopulation || config->devices.empty() ||
-        config->name.size() > ckpt::scheduler::kMaxExperimentNameBytes) {
+        config->population > ckpt::records::kMaxPopulation || config->devices.empty() ||
+        config->name.size() > ckpt::records::kMaxExperimentNameBytes) {
       std::abort();
     }
   } else if (!config.status().IsInvalidArgument()) {

@@ -1,4 +1,4 @@
-#include "ckpt/scheduler/config.h"
+#include "ckpt/records/config.h"
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -46,7 +46,7 @@ count = 2
 )";
 
 void ExpectError(const std::string& text, const std::string& needle) {
-  auto c = ParseExperimentConfig(text, "exp.toml");
+  auto c = records::ParseExperimentConfig(text, "exp.toml");
   ASSERT_FALSE(c.ok()) << "accepted: " << text;
   EXPECT_TRUE(c.status().IsInvalidArgument()) << c.status().ToString();
   EXPECT_NE(c.status().message().find(needle), std::string::npos)
@@ -60,7 +60,7 @@ std::string Replace(std::string s, const std::string& from, const std::string& t
 }
 
 TEST(ConfigTest, ParsesEveryField) {
-  auto c = ParseExperimentConfig(kGood, "exp.toml");
+  auto c = records::ParseExperimentConfig(kGood, "exp.toml");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_EQ(c->name, "t1");
   EXPECT_EQ(c->seed, 7u);
@@ -70,9 +70,9 @@ TEST(ConfigTest, ParsesEveryField) {
   EXPECT_EQ(c->steps_per_interval, 20);
   EXPECT_EQ(c->intervals, 4);
   ASSERT_EQ(c->search_space.size(), 3u);
-  EXPECT_EQ(c->search_space["lr"].kind, SearchDim::Kind::kLogUniform);
+  EXPECT_EQ(c->search_space["lr"].kind, records::SearchDim::Kind::kLogUniform);
   EXPECT_EQ(c->search_space["nesterov"].values.size(), 2u);
-  EXPECT_EQ(c->policy.mode, PolicyMode::kAsync);
+  EXPECT_EQ(c->policy.mode, records::PolicyMode::kAsync);
   EXPECT_DOUBLE_EQ(c->policy.quantile, 0.25);
   ASSERT_EQ(c->devices.size(), 1u);
   EXPECT_EQ(c->devices[0].count, 2);
@@ -118,7 +118,7 @@ TEST(ConfigTest, MissingDatasetIsRefusedBeforeAnythingStarts) {
 }
 
 TEST(ConfigTest, LoadNamesAMissingFile) {
-  auto c = LoadExperimentConfig("/nonexistent/exp.toml");
+  auto c = records::LoadExperimentConfig("/nonexistent/exp.toml");
   ASSERT_FALSE(c.ok());
   EXPECT_TRUE(c.status().IsNotFound());
   EXPECT_NE(c.status().message().find("/nonexistent/exp.toml"), std::string::npos);
@@ -126,9 +126,9 @@ TEST(ConfigTest, LoadNamesAMissingFile) {
 
 // docs/LIMITS.md: each limit of an experiment file, at its value and one past.
 TEST(ConfigLimitsTest, PopulationAtAndPastTheLimit) {
-  auto c = ParseExperimentConfig(Replace(kGood, "size = 6", "size = 10000"), "exp.toml");
+  auto c = records::ParseExperimentConfig(Replace(kGood, "size = 6", "size = 10000"), "exp.toml");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
-  EXPECT_EQ(c->population, kMaxPopulation);
+  EXPECT_EQ(c->population, records::kMaxPopulation);
   ExpectError(Replace(kGood, "size = 6", "size = 10001"),
               "population.size (exp.toml line 10): must be in [1, 10000], not 10001");
 }
@@ -136,19 +136,19 @@ TEST(ConfigLimitsTest, PopulationAtAndPastTheLimit) {
 TEST(ConfigLimitsTest, ModelSpecAtAndPastTheLimit) {
   // A JSON layer list of exactly 64 KiB (padded with spaces, which JSON allows).
   std::string spec = "[{\"type\": \"flatten\"}]";
-  spec += std::string(kMaxModelSpecBytes - spec.size(), ' ');
-  auto c = ParseExperimentConfig(Replace(kGood, "spec = \"lenet5\"", "spec = '" + spec + "'"),
-                                 "exp.toml");
+  spec += std::string(records::kMaxModelSpecBytes - spec.size(), ' ');
+  auto c = records::ParseExperimentConfig(
+      Replace(kGood, "spec = \"lenet5\"", "spec = '" + spec + "'"), "exp.toml");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
-  EXPECT_EQ(c->model_spec.size(), kMaxModelSpecBytes);
+  EXPECT_EQ(c->model_spec.size(), records::kMaxModelSpecBytes);
   ExpectError(Replace(kGood, "spec = \"lenet5\"", "spec = '" + spec + " '"),
               "model.spec (exp.toml line 4): is 65537 bytes; the limit is 65536");
 }
 
 TEST(ConfigLimitsTest, NameAtAndPastTheLimit) {
-  const std::string at(kMaxExperimentNameBytes, 'n');
-  auto c =
-      ParseExperimentConfig(Replace(kGood, "name = \"t1\"", "name = \"" + at + "\""), "exp.toml");
+  const std::string at(records::kMaxExperimentNameBytes, 'n');
+  auto c = records::ParseExperimentConfig(Replace(kGood, "name = \"t1\"", "name = \"" + at + "\""),
+                                          "exp.toml");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   ExpectError(Replace(kGood, "name = \"t1\"", "name = \"" + at + "n\""),
               "name (exp.toml line 1): is 129 bytes; the limit is 128");
@@ -166,7 +166,7 @@ std::string TomlOfSize(size_t bytes) {
 
 TEST(ConfigLimitsTest, TomlSizeAtAndPastTheLimit) {
   const size_t limit = size_t{1} << 20;
-  auto c = ParseExperimentConfig(TomlOfSize(limit), "exp.toml");
+  auto c = records::ParseExperimentConfig(TomlOfSize(limit), "exp.toml");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   ExpectError(TomlOfSize(limit + 1),
               "exp.toml: 1048577 bytes of TOML, above the limit of 1048576 bytes (1 MiB)");
@@ -186,7 +186,7 @@ TEST(ConfigLimitsTest, TomlSizeAtAndPastTheLimit) {
 
 TEST(ConfigLimitsTest, LoadReadsNoMoreThanTheLimit) {
   // /dev/zero never ends: the loader stops one byte past the limit.
-  auto c = LoadExperimentConfig("/dev/zero");
+  auto c = records::LoadExperimentConfig("/dev/zero");
   ASSERT_FALSE(c.ok());
   EXPECT_TRUE(c.status().IsInvalidArgument()) << c.status().ToString();
   EXPECT_NE(c.status().message().find("/dev/zero: 1048577 bytes of TOML"), std::string::npos)

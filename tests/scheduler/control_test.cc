@@ -68,10 +68,10 @@ class ControlTest : public ::testing::Test {
                       std::function<StatusOr<ControlOptions>()> reload = {}) {
     SchedulerOptions o;
     o.store_path = dir_ + "/" + store;
-    DeviceConfig d;
+    records::DeviceConfig d;
     d.device = "cpu";
     d.slots = 1;
-    d.fusion = FusionMode::kPlain;
+    d.fusion = records::FusionMode::kPlain;
     o.devices = {d};
     o.worker_binary = CKPT_WORKER_BIN;
     o.progress = nullptr;

@@ -20,7 +20,7 @@ using std::chrono::milliseconds;
 using std::chrono::seconds;
 
 TEST(RestartBackoffTest, DoublesUpToTheCapAndResetsAfterAHealthyUptime) {
-  SupervisionOptions s;
+  records::SupervisionOptions s;
   s.restart_backoff = milliseconds(100);
   s.max_restart_backoff = milliseconds(1000);
   s.healthy_reset = seconds(60);
@@ -38,17 +38,17 @@ TEST(RestartBackoffTest, DoublesUpToTheCapAndResetsAfterAHealthyUptime) {
 }
 
 TEST(ExpandDevicesTest, CountExpandsAndAutoFallsBackToTheCpuWithoutGpus) {
-  DeviceConfig cpu;
+  records::DeviceConfig cpu;
   cpu.device = "cpu";
   cpu.count = 3;
-  DeviceConfig gpu;
+  records::DeviceConfig gpu;
   gpu.device = "cuda:1";
   auto out = ExpandDevices({cpu, gpu});
   ASSERT_EQ(out.size(), 4u);
   for (int i = 0; i < 3; ++i) EXPECT_EQ(out[i].device, "cpu");
   EXPECT_EQ(out[3].device, "cuda:1");
   for (const auto& d : out) EXPECT_EQ(d.count, 1);
-  DeviceConfig any;
+  records::DeviceConfig any;
   any.device = "auto";
   auto autos = ExpandDevices({any});
   ASSERT_FALSE(autos.empty());
@@ -84,13 +84,13 @@ class RecordingSink : public TaskSink {
   std::vector<int> busy_;
 };
 
-ExperimentConfig Config(const std::string& name, int population) {
-  ExperimentConfig c;
+records::ExperimentConfig Config(const std::string& name, int population) {
+  records::ExperimentConfig c;
   c.name = name;
   c.seed = 3;
   c.population = population;
   c.intervals = 2;
-  c.search_space["lr"] = SearchDim{SearchDim::Kind::kLogUniform, 1e-3, 1e-1, {}};
+  c.search_space["lr"] = records::SearchDim{records::SearchDim::Kind::kLogUniform, 1e-3, 1e-1, {}};
   c.source = name;
   return c;
 }

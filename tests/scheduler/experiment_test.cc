@@ -17,9 +17,9 @@
 #include <random>
 #include <set>
 
+#include "ckpt/records/member_record.h"
 #include "ckpt/scheduler/policy.h"
 #include "experiment_store.h"
-#include "member_state.h"
 #include "store/test_util.h"
 
 namespace ckpt::scheduler {
@@ -28,16 +28,17 @@ namespace {
 using json = nlohmann::json;
 using store::testing::TempDir;
 
-ExperimentConfig BaseConfig(int population, int intervals) {
-  ExperimentConfig c;
+records::ExperimentConfig BaseConfig(int population, int intervals) {
+  records::ExperimentConfig c;
   c.name = "exp";
   c.seed = 7;
   c.population = population;
   c.intervals = intervals;
   c.steps_per_interval = 10;
-  c.search_space["lr"] = SearchDim{SearchDim::Kind::kLogUniform, 1e-3, 1e-1, {}};
-  c.search_space["momentum"] = SearchDim{SearchDim::Kind::kUniform, 0.5, 0.99, {}};
-  c.policy.kind = PolicyKind::kPbt;
+  c.search_space["lr"] = records::SearchDim{records::SearchDim::Kind::kLogUniform, 1e-3, 1e-1, {}};
+  c.search_space["momentum"] =
+      records::SearchDim{records::SearchDim::Kind::kUniform, 0.5, 0.99, {}};
+  c.policy.kind = records::PolicyKind::kPbt;
   c.policy.quantile = 0.25;
   c.policy.resample_probability = 0;
   c.source = "test " + std::to_string(population) + "x" + std::to_string(intervals);
@@ -77,7 +78,7 @@ class Harness {
  public:
   // `shared`: a store to create the experiment in (many harnesses, one
   // store); nullptr: a store of its own in a temp dir.
-  explicit Harness(ExperimentConfig config, ExperimentOptions options = {},
+  explicit Harness(records::ExperimentConfig config, ExperimentOptions options = {},
                    store::Store* shared = nullptr)
       : config_(std::move(config)), options_(options), store_(shared) {
     if (store_ == nullptr) {
@@ -150,9 +151,10 @@ class Harness {
     trained_[{w.member, w.interval_after}]++;
     trained_hparams_[{w.member, w.interval_after}] = w.hparams;
     if (crash_before_state) throw Crash{};
-    MemberState st = w.state_after;
+    records::MemberRecord st = w.state_after;
     st.score = score;
-    ASSERT_TRUE(store_->SetMemberState(config_.name, w.member, EncodeMemberState(st)).ok());
+    ASSERT_TRUE(
+        store_->SetMemberState(config_.name, w.member, records::EncodeMemberRecord(st)).ok());
     e_->OnCommitted(w, *v, c.step, score, w.steps * 64, now_);
   }
 
@@ -191,7 +193,7 @@ class Harness {
 
  private:
   std::unique_ptr<TempDir> dir_;
-  ExperimentConfig config_;
+  records::ExperimentConfig config_;
   ExperimentOptions options_;
   std::unique_ptr<store::Store> own_store_;
   store::Store* store_;
@@ -210,29 +212,30 @@ class Harness {
 
 TEST(MemberStateTest, NegativeAndNanScoresReadBackEqual) {
   for (double score : {-2.5, -1.0, 0.0, 0.75, std::nan("")}) {
-    MemberState s;
+    records::MemberRecord s;
     s.index = 12;
     s.interval = 4;
     s.last_exploit = 3;
     s.score = score;
-    s.status = MemberStatus::kStopped;
+    s.status = records::MemberStatus::kStopped;
     s.failures = 2;
     s.test_acc = score < 0 ? std::nan("") : 0.5;
-    auto back = DecodeMemberState(EncodeMemberState(s), "e", "m012");
+    auto back = records::DecodeMemberRecord(records::EncodeMemberRecord(s), "e", "m012");
     ASSERT_TRUE(back.ok()) << back.status().ToString();
-    EXPECT_EQ(*back, s) << EncodeMemberState(s);
+    EXPECT_EQ(*back, s) << records::EncodeMemberRecord(s);
   }
-  EXPECT_NE(EncodeMemberState(MemberState{}).find("\"score\":null"), std::string::npos);
+  EXPECT_NE(records::EncodeMemberRecord(records::MemberRecord{}).find("\"score\":null"),
+            std::string::npos);
 }
 
 TEST(MemberStateTest, VersionOneRecordsReadTheirMinusOneAsNoScore) {
-  auto s = DecodeMemberState(R"({"interval":3,"last_exploit":1,"score":-1.0,"status":"running"})",
-                             "e", "m001");
+  auto s = records::DecodeMemberRecord(
+      R"({"interval":3,"last_exploit":1,"score":-1.0,"status":"running"})", "e", "m001");
   ASSERT_TRUE(s.ok()) << s.status().ToString();
   EXPECT_TRUE(std::isnan(s->score));
   EXPECT_EQ(s->interval, 3);
   EXPECT_EQ(s->index, -1);  // the caller supplies the position
-  auto fresh = DecodeMemberState("created", "e", "m001");
+  auto fresh = records::DecodeMemberRecord("created", "e", "m001");
   ASSERT_TRUE(fresh.ok());
   EXPECT_EQ(fresh->interval, 0);
 }
@@ -242,7 +245,7 @@ TEST(MemberStateTest, DamagedRecordsAreCorruptionNamingExperimentAndMember) {
        {"{not json", "[1,2]", R"({"v":2,"interval":"three"})", R"({"v":2,"score":"high"})",
         R"({"v":2,"status":"dancing"})", R"({"v":9,"interval":1})", R"({"v":2,"interval":-4})",
         R"({"v":2,"interval":1,"last_exploit":5})", "\xff\xfe"}) {
-    auto s = DecodeMemberState(bad, "fmnist", "m007");
+    auto s = records::DecodeMemberRecord(bad, "fmnist", "m007");
     ASSERT_FALSE(s.ok()) << bad;
     EXPECT_TRUE(s.status().IsCorruption()) << s.status().ToString();
     EXPECT_NE(s.status().message().find("experiment fmnist member m007"), std::string::npos)
@@ -280,9 +283,9 @@ TEST(ExperimentStoreTest, MemberIndexComesFromTheRecordNotTheName) {
     EXPECT_EQ((*members)[i].state.index, static_cast<int>(i));
     EXPECT_EQ((*members)[i].name, MemberName(static_cast<int>(i), 12));
   }
-  MemberState moved;
+  records::MemberRecord moved;
   moved.index = 40;
-  ASSERT_TRUE((*st)->SetMemberState("exp", "m003", EncodeMemberState(moved)).ok());
+  ASSERT_TRUE((*st)->SetMemberState("exp", "m003", records::EncodeMemberRecord(moved)).ok());
   members = LoadMembers(st->get(), c);
   ASSERT_TRUE(members.ok());
   EXPECT_EQ((*members)[3].state.index, 40);
@@ -343,7 +346,8 @@ TEST(ExperimentTest, ExploitPointsAtTheDonorBlobWithPerturbedHparamsUsedNext) {
 
 TEST(ExperimentTest, ResampleProbabilityOneDrawsFromTheSearchSpace) {
   auto c = BaseConfig(10, 2);
-  c.search_space["batch_norm"] = SearchDim{SearchDim::Kind::kChoice, 0, 0, {1, 2, 4}};
+  c.search_space["batch_norm"] =
+      records::SearchDim{records::SearchDim::Kind::kChoice, 0, 0, {1, 2, 4}};
   c.policy.resample_probability = 1.0;
   Harness h(c);
   std::vector<WorkItem> first;
@@ -356,7 +360,7 @@ TEST(ExperimentTest, ResampleProbabilityOneDrawsFromTheSearchSpace) {
     auto donor = h.store().GetMember("exp", ev["donor"].get<std::string>());
     for (const auto& [k, dim] : c.search_space) {
       const double v = head->hparams.at(k);
-      if (dim.kind == SearchDim::Kind::kChoice) {
+      if (dim.kind == records::SearchDim::Kind::kChoice) {
         EXPECT_NE(std::find(dim.values.begin(), dim.values.end(), v), dim.values.end());
       } else {
         EXPECT_GE(v, dim.min);
@@ -437,7 +441,7 @@ TEST(TruncationTest, TiesBreakByNameNanRanksLastInactiveTakeNoPart) {
 
 TEST(ExperimentTest, AsyncPbtDecidesWhenAMembersIntervalEndsWithoutABarrier) {
   auto c = BaseConfig(6, 4);
-  c.policy.mode = PolicyMode::kAsync;
+  c.policy.mode = records::PolicyMode::kAsync;
   c.policy.quantile = 0.34;
   Harness h(c);
   std::vector<WorkItem> running;
@@ -464,7 +468,7 @@ TEST(ExperimentTest, AsyncPbtDecidesWhenAMembersIntervalEndsWithoutABarrier) {
   EXPECT_EQ(exploits.back()["member"], "m000");
   EXPECT_EQ(h.e().members()[5].state.interval, 0);
   // m000 is queued for interval 3 from its exploit version.
-  EXPECT_EQ(h.e().members()[0].state.status, MemberStatus::kQueued);
+  EXPECT_EQ(h.e().members()[0].state.status, records::MemberStatus::kQueued);
   EXPECT_TRUE(h.decided().empty());
   // The rest runs out; every member ends with all its intervals.
   for (auto& r : running) {
@@ -481,7 +485,7 @@ TEST(ExperimentTest, AsyncPbtDecidesWhenAMembersIntervalEndsWithoutABarrier) {
 
 TEST(ExperimentTest, SyncSuccessiveHalvingStopsAllButTheTopThirdAtEachRung) {
   auto c = BaseConfig(9, 4);
-  c.policy.kind = PolicyKind::kSuccessiveHalving;
+  c.policy.kind = records::PolicyKind::kSuccessiveHalving;
   c.policy.eta = 3;
   c.policy.min_intervals = 1;
   Harness h(c);
@@ -510,14 +514,14 @@ TEST(ExperimentTest, SyncSuccessiveHalvingStopsAllButTheTopThirdAtEachRung) {
   EXPECT_EQ(stopped.count("m008"), 0u);
   EXPECT_EQ(h.e().members()[8].state.interval, 4);
   EXPECT_EQ(h.e().members()[7].state.interval, 3);
-  EXPECT_EQ(h.e().members()[7].state.status, MemberStatus::kStopped);
+  EXPECT_EQ(h.e().members()[7].state.status, records::MemberStatus::kStopped);
   EXPECT_TRUE(h.e().ended());
 }
 
 TEST(ExperimentTest, AsyncSuccessiveHalvingStopsLateArrivalsBelowTheRungsCut) {
   auto c = BaseConfig(6, 3);
-  c.policy.kind = PolicyKind::kSuccessiveHalving;
-  c.policy.mode = PolicyMode::kAsync;
+  c.policy.kind = records::PolicyKind::kSuccessiveHalving;
+  c.policy.mode = records::PolicyMode::kAsync;
   c.policy.eta = 2;
   Harness h(c);
   std::vector<WorkItem> batch;
@@ -556,15 +560,15 @@ TEST(ExperimentTest, MemberFailingMaxTimesIsStoppedAndTheGenerationGoesOn) {
     const Member& m = h.e().members()[2];
     if (attempt < 3) {
       EXPECT_EQ(m.state.failures, attempt);
-      EXPECT_EQ(m.state.status, MemberStatus::kQueued) << "retried";
+      EXPECT_EQ(m.state.status, records::MemberStatus::kQueued) << "retried";
     } else {
-      EXPECT_EQ(m.state.status, MemberStatus::kFailed);
+      EXPECT_EQ(m.state.status, records::MemberStatus::kFailed);
     }
   }
   auto head = h.store().GetMember("exp", "m002");
-  auto st = DecodeMemberState(head->state, "exp", "m002");
+  auto st = records::DecodeMemberRecord(head->state, "exp", "m002");
   ASSERT_TRUE(st.ok());
-  EXPECT_EQ(st->status, MemberStatus::kFailed);
+  EXPECT_EQ(st->status, records::MemberStatus::kFailed);
   EXPECT_EQ(h.Events("failed").size(), 3u);
   // The others went past the barrier without it.
   h.RunToEnd();
@@ -578,7 +582,7 @@ TEST(ExperimentTest, CommitRefusedBecauseTheHeadMovedCountsNoFailure) {
   WorkItem w = h.Take();
   h.e().OnFailed(w, "Aborted", "head moved", /*head_moved=*/true);
   EXPECT_EQ(h.e().members()[h.e().Find(w.member)].state.failures, 0);
-  EXPECT_EQ(h.e().members()[h.e().Find(w.member)].state.status, MemberStatus::kQueued);
+  EXPECT_EQ(h.e().members()[h.e().Find(w.member)].state.status, records::MemberStatus::kQueued);
 }
 
 // Flips one byte of `needle`'s copy in the store's blob files on disk; false
@@ -833,19 +837,20 @@ TEST(ExperimentRandomTest, InvariantsHoldUnderRandomEventOrders) {
     c.seed = rng();
     c.source = "random " + std::to_string(seq);
     const int kind = static_cast<int>(rng() % 3);
-    c.policy.kind = kind == 0 ? PolicyKind::kPbt
-                              : (kind == 1 ? PolicyKind::kSuccessiveHalving : PolicyKind::kRandom);
+    c.policy.kind = kind == 0 ? records::PolicyKind::kPbt
+                              : (kind == 1 ? records::PolicyKind::kSuccessiveHalving
+                                           : records::PolicyKind::kRandom);
     c.policy.eta = 2;
     c.policy.quantile = 0.25 + 0.05 * static_cast<double>(rng() % 5);
     const bool sync = rng() % 4 != 0;
-    c.policy.mode = sync ? PolicyMode::kSync : PolicyMode::kAsync;
+    c.policy.mode = sync ? records::PolicyMode::kSync : records::PolicyMode::kAsync;
     ExperimentOptions opts;
     opts.max_member_failures = 3;
     opts.final_eval_top = 2;
 
     Outcome expected;
     if (sync) {
-      ExperimentConfig rc = c;
+      records::ExperimentConfig rc = c;
       rc.name = "ref" + std::to_string(seq);
       Harness ref(rc, opts, shared->get());
       ref.RunToEnd();
@@ -915,11 +920,11 @@ TEST(ExperimentRandomTest, InvariantsHoldUnderRandomEventOrders) {
           << "seq " << seq << ": " << ev.dump() << " exploited twice";
     }
     for (const auto& m : h.e().members()) {
-      if (m.state.status == MemberStatus::kDone && sync) {
+      if (m.state.status == records::MemberStatus::kDone && sync) {
         EXPECT_EQ(m.step, static_cast<int64_t>(intervals) * c.steps_per_interval)
             << "seq " << seq << " " << m.name;
       }
-      if (m.state.status == MemberStatus::kDone) {
+      if (m.state.status == records::MemberStatus::kDone) {
         EXPECT_EQ(m.state.interval, intervals);
       }
     }

@@ -7,20 +7,21 @@
 namespace ckpt::scheduler {
 namespace {
 
-ExperimentConfig PbtConfig(int population) {
-  ExperimentConfig c;
+records::ExperimentConfig PbtConfig(int population) {
+  records::ExperimentConfig c;
   c.name = "p";
   c.seed = 11;
   c.population = population;
   c.intervals = 10;
-  c.search_space["lr"] = SearchDim{SearchDim::Kind::kLogUniform, 1e-3, 1e-1, {}};
-  c.search_space["momentum"] = SearchDim{SearchDim::Kind::kUniform, 0.5, 0.99, {}};
-  c.policy.kind = PolicyKind::kPbt;
+  c.search_space["lr"] = records::SearchDim{records::SearchDim::Kind::kLogUniform, 1e-3, 1e-1, {}};
+  c.search_space["momentum"] =
+      records::SearchDim{records::SearchDim::Kind::kUniform, 0.5, 0.99, {}};
+  c.policy.kind = records::PolicyKind::kPbt;
   c.policy.quantile = 0.2;
   return c;
 }
 
-std::vector<MemberProgress> Population(const ExperimentConfig& c, int interval) {
+std::vector<MemberProgress> Population(const records::ExperimentConfig& c, int interval) {
   std::vector<MemberProgress> v;
   for (int i = 0; i < c.population; ++i) {
     MemberProgress m;
@@ -102,7 +103,7 @@ TEST(PolicyTest, ExplorePerturbsWithinBounds) {
 
 TEST(PolicyTest, SuccessiveHalvingStopsAllButTheTopThirdAtARung) {
   auto c = PbtConfig(9);
-  c.policy.kind = PolicyKind::kSuccessiveHalving;
+  c.policy.kind = records::PolicyKind::kSuccessiveHalving;
   c.policy.eta = 3;
   c.policy.min_intervals = 1;
   auto policy = Policy::Create(c);
@@ -118,7 +119,7 @@ TEST(PolicyTest, SuccessiveHalvingStopsAllButTheTopThirdAtARung) {
 
 TEST(PolicyTest, RandomSearchNeverIntervenes) {
   auto c = PbtConfig(6);
-  c.policy.kind = PolicyKind::kRandom;
+  c.policy.kind = records::PolicyKind::kRandom;
   auto policy = Policy::Create(c);
   auto pop = Population(c, 5);
   EXPECT_TRUE((*policy)->Decide(5, pop, pop).empty());

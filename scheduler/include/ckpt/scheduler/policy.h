@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "ckpt/scheduler/config.h"
+#include "ckpt/records/config.h"
 
 namespace ckpt::scheduler {
 
@@ -50,7 +50,7 @@ class Policy {
   virtual ~Policy() = default;
 
   // Builds the policy of `config.policy`. InvalidArgument for an unknown kind.
-  static StatusOr<std::unique_ptr<Policy>> Create(const ExperimentConfig& config);
+  static StatusOr<std::unique_ptr<Policy>> Create(const records::ExperimentConfig& config);
 
   virtual bool synchronous() const = 0;
 
@@ -65,12 +65,12 @@ class Policy {
 
 // Samples a member's initial hyperparameters from the search space (plus the
 // fixed ones), deterministically from (seed, index).
-HParams SampleInitial(const ExperimentConfig& config, int index);
+HParams SampleInitial(const records::ExperimentConfig& config, int index);
 
 // Explore step of PBT: each searched hyperparameter is resampled with
 // probability resample_probability, else multiplied by one of the perturb
 // factors (clamped to the space; choice: a neighbouring value).
-HParams Explore(const ExperimentConfig& config, const HParams& from, uint64_t rng_seed);
+HParams Explore(const records::ExperimentConfig& config, const HParams& from, uint64_t rng_seed);
 
 // 64-bit mix of several values (SplitMix64), for per-decision seeds.
 uint64_t MixSeed(uint64_t a, uint64_t b, uint64_t c = 0);

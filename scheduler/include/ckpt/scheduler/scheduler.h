@@ -44,7 +44,7 @@
 #include <vector>
 
 #include "ckpt/format/status.h"
-#include "ckpt/scheduler/config.h"
+#include "ckpt/records/config.h"
 #include "ckpt/scheduler/summary.h"
 
 namespace ckpt::store {
@@ -75,7 +75,7 @@ struct SchedulerOptions {
   // Store directory. Required.
   std::string store_path;
   // Workers to run. Default: one "cpu" worker.
-  std::vector<DeviceConfig> devices = {DeviceConfig{}};
+  std::vector<records::DeviceConfig> devices = {records::DeviceConfig{}};
   // Path of ckpt-worker. Default: "" = $CKPT_WORKER, else ckpt-worker next to
   // this executable, else ../bin/ckpt-worker from it.
   std::string worker_binary;
@@ -83,7 +83,7 @@ struct SchedulerOptions {
   // "ckpt-<hash of the store path>".
   std::string instance;
   // Bytes of each ring. Default: kDefaultRingBytes (16 MiB).
-  size_t ring_bytes = kDefaultRingBytes;
+  size_t ring_bytes = records::kDefaultRingBytes;
   // Prometheus endpoint "HOST:PORT" (numeric IPv4; ckpt::metrics), "" for
   // none. `run` takes an experiment file's `metrics`, `serve` its file's.
   // Default: "" (none).
@@ -96,14 +96,14 @@ struct SchedulerOptions {
   // Worker restarts, heartbeat, member failures and the stop grace.
   // Defaults: as in SupervisionOptions. `run` takes an experiment file's
   // [supervision]; `serve` its file's [workers] and grace_s.
-  SupervisionOptions supervision;
+  records::SupervisionOptions supervision;
   // Workers on other hosts: with `listen` set, Run accepts authenticated
   // `ckpt-worker --connect` workers at any time (logged "listening for workers
   // on HOST:PORT", the address written to <store_path>/workers.addr) and does
   // not end for want of workers; with `local` false it spawns none of
   // `devices`. `run` takes an experiment file's [workers] (and its flags);
   // `serve` its file's. Default: none (local workers only).
-  RemoteWorkersConfig remote;
+  records::RemoteWorkersConfig remote;
   // Members evaluated on the test split when an experiment ends. Default: 5.
   int final_eval_top = 5;
   // Progress output (nullptr: none). Lines are rewritten in place on a TTY.
@@ -149,7 +149,7 @@ class Scheduler {
   // configuration under the same name is InvalidArgument). Done experiments are
   // reported, not rerun. Corruption naming the experiment and member when a
   // stored member-state record is damaged.
-  virtual Status Submit(const ExperimentConfig& config) = 0;
+  virtual Status Submit(const records::ExperimentConfig& config) = 0;
 
   // Runs until every submitted experiment has ended or RequestStop; then
   // stops the workers and returns. Errors: no worker could be started, or

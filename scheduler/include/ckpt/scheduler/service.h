@@ -35,7 +35,7 @@
 #include <vector>
 
 #include "ckpt/format/status.h"
-#include "ckpt/scheduler/config.h"
+#include "ckpt/records/config.h"
 #include "ckpt/scheduler/scheduler.h"
 
 namespace ckpt::scheduler {
@@ -50,7 +50,7 @@ struct ServiceConfig {
   // Prometheus endpoint, host:port; "" = none. Default: "127.0.0.1:9464".
   std::string metrics = "127.0.0.1:9464";
   // Workers. Default: one "auto" entry (every GPU, else the CPU).
-  std::vector<DeviceConfig> devices;
+  std::vector<records::DeviceConfig> devices;
   // See ControlOptions; the limits and peers of the control socket.
   std::vector<std::string> allowed_users;
   std::vector<std::string> allowed_groups;
@@ -58,8 +58,8 @@ struct ServiceConfig {
   int max_clients = 64;
   std::chrono::milliseconds client_idle_timeout{30000};
   // grace_s and [workers]. Defaults: as in SupervisionOptions, except grace 30 s.
-  SupervisionOptions supervision = [] {
-    SupervisionOptions s;
+  records::SupervisionOptions supervision = [] {
+    records::SupervisionOptions s;
     s.grace = std::chrono::milliseconds(30000);
     return s;
   }();
@@ -68,9 +68,9 @@ struct ServiceConfig {
   int final_eval_top = 5;
   bool log_progress = true;
   std::string worker_binary;
-  size_t ring_bytes = kDefaultRingBytes;
+  size_t ring_bytes = records::kDefaultRingBytes;
   // [workers] listen, secret_file, local: workers on other hosts.
-  RemoteWorkersConfig remote;
+  records::RemoteWorkersConfig remote;
   // Where the configuration was read from (for messages and reloads).
   std::string origin;
 };

@@ -1,19 +1,19 @@
 // Readers of the TOML tables that experiment files (config.cc) and the service
-// file (service.cc) share, so each is parsed in one place (private to
-// ckpt::scheduler). Errors name the key and its line, as TomlTableReader does.
+// file (service.cc) share, so each is parsed in one place (shared by
+// ckpt::records and the scheduler). Errors name the key and its line, as TomlTableReader does.
 //
 // Thread-safety: pure functions.
-#ifndef CKPT_SCHEDULER_CONFIG_TABLES_H_
-#define CKPT_SCHEDULER_CONFIG_TABLES_H_
+#ifndef CKPT_RECORDS_CONFIG_TABLES_H_
+#define CKPT_RECORDS_CONFIG_TABLES_H_
 
 #include <string>
 #include <vector>
 
 #include "ckpt/format/status.h"
-#include "ckpt/scheduler/config.h"
-#include "toml_reader.h"
+#include "ckpt/records/config.h"
+#include "ckpt/records/toml_reader.h"
 
-namespace ckpt::scheduler {
+namespace ckpt::records {
 
 // The [[devices]] array of `top`, appended to `out`; entries without a
 // `device` key get `default_device`. Leaves `out` as it is when the key is
@@ -32,6 +32,6 @@ bool ValidListenAddress(const std::string& address);
 // "cpu", "cuda:N" (N decimal) or, when `allow_auto`, "auto".
 bool ValidDeviceName(const std::string& name, bool allow_auto);
 
-}  // namespace ckpt::scheduler
+}  // namespace ckpt::records
 
-#endif  // CKPT_SCHEDULER_CONFIG_TABLES_H_
+#endif  // CKPT_RECORDS_CONFIG_TABLES_H_

@@ -1,4 +1,4 @@
-#include "ckpt/scheduler/config.h"
+#include "ckpt/records/config.h"
 
 #include <sys/stat.h>
 #include <toml++/toml.h>
@@ -10,14 +10,12 @@
 #include <sstream>
 
 #include "ckpt/ipc/tcp_channel.h"
-#include "config_tables.h"
-#include "toml_reader.h"
-#include "workers_table.h"
+#include "ckpt/records/config_tables.h"
+#include "ckpt/records/toml_reader.h"
+#include "ckpt/records/workers_table.h"
 
-namespace ckpt::scheduler {
+namespace ckpt::records {
 namespace {
-
-using TableReader = TomlTableReader;
 
 bool FileExists(const std::string& path) {
   struct stat st;
@@ -33,11 +31,11 @@ bool RegularFile(const std::string& path) {
 
 Status ParseSearchSpace(const toml::table& space, const std::string& origin,
                         ExperimentConfig* config) {
-  TableReader top(space, "search_space", origin);
+  TomlTableReader top(space, "search_space", origin);
   for (const auto& [k, v] : space) {
     const std::string name(k.str());
     CKPT_ASSIGN_OR_RETURN(const toml::table* t, top.Table(name));
-    TableReader r(*t, "search_space." + name, origin);
+    TomlTableReader r(*t, "search_space." + name, origin);
     SearchDim dim;
     std::string type;
     CKPT_RETURN_IF_ERROR(r.OneOf("type", {"log_uniform", "uniform", "choice"}, &type));
@@ -67,7 +65,7 @@ constexpr std::string_view kTorchScriptPrefix = "torchscript:";
 // fully at CONFIGURE, and a refusal there ends the experiment): a TorchScript
 // file must be readable and be a zip archive (torch.jit.save writes one); a
 // layer list must be JSON.
-Status CheckModelSpec(TableReader* r, const std::string& spec) {
+Status CheckModelSpec(TomlTableReader* r, const std::string& spec) {
   if (spec.empty()) return r->Error("spec", "must not be empty");
   // The spec travels to every worker in CONFIGURE, whose JSON is bounded.
   if (spec.size() > kMaxModelSpecBytes) {
@@ -136,7 +134,7 @@ Status ReadDevices(TomlTableReader* top, const std::string& origin,
   for (size_t i = 0; i < arr->size(); ++i) {
     const toml::table* t = (*arr)[i].as_table();
     if (t == nullptr) return top->Error("devices", "entries must be tables");
-    TableReader r(*t, "devices[" + std::to_string(i) + "]", origin);
+    TomlTableReader r(*t, "devices[" + std::to_string(i) + "]", origin);
     DeviceConfig d;
     d.device = default_device;
     CKPT_RETURN_IF_ERROR(r.String("device", &d.device));
@@ -219,7 +217,7 @@ StatusOr<ExperimentConfig> ParseExperimentConfig(const std::string& toml_text,
   CKPT_ASSIGN_OR_RETURN(toml::table doc, ParseToml(toml_text, origin));
   ExperimentConfig c;
   c.source = toml_text;
-  TableReader top(doc, "", origin);
+  TomlTableReader top(doc, "", origin);
   CKPT_RETURN_IF_ERROR(top.String("name", &c.name));
   if (c.name.empty()) return top.Error("name", "is required");
   if (c.name.size() > kMaxExperimentNameBytes) {
@@ -243,7 +241,7 @@ StatusOr<ExperimentConfig> ParseExperimentConfig(const std::string& toml_text,
 
   CKPT_ASSIGN_OR_RETURN(const toml::table* model, top.Table("model"));
   if (model != nullptr) {
-    TableReader r(*model, "model", origin);
+    TomlTableReader r(*model, "model", origin);
     CKPT_RETURN_IF_ERROR(r.String("spec", &c.model_spec));
     CKPT_RETURN_IF_ERROR(CheckModelSpec(&r, c.model_spec));
     CKPT_RETURN_IF_ERROR(r.OneOf("optimizer", {"sgd", "adam", "adamw"}, &c.optimizer));
@@ -251,7 +249,7 @@ StatusOr<ExperimentConfig> ParseExperimentConfig(const std::string& toml_text,
   }
   CKPT_ASSIGN_OR_RETURN(const toml::table* data, top.Table("data"));
   if (data != nullptr) {
-    TableReader r(*data, "data", origin);
+    TomlTableReader r(*data, "data", origin);
     CKPT_RETURN_IF_ERROR(r.OneOf("dataset", {"fashion-mnist", "mnist"}, &c.dataset));
     CKPT_RETURN_IF_ERROR(r.String("path", &c.dataset_path));
     CKPT_RETURN_IF_ERROR(r.Int("batch_size", 1, 65536, &c.batch_size));
@@ -269,7 +267,7 @@ StatusOr<ExperimentConfig> ParseExperimentConfig(const std::string& toml_text,
   CKPT_ASSIGN_OR_RETURN(const toml::table* pop, top.Table("population"));
   if (pop == nullptr) return top.Error("population", "is required ([population] size = N)");
   {
-    TableReader r(*pop, "population", origin);
+    TomlTableReader r(*pop, "population", origin);
     if (pop->get("size") == nullptr) return r.Error("size", "is required");
     CKPT_RETURN_IF_ERROR(r.Int("size", 1, kMaxPopulation, &c.population));
     CKPT_RETURN_IF_ERROR(r.Int("steps_per_interval", 0, int64_t{1} << 40, &c.steps_per_interval));
@@ -282,7 +280,7 @@ StatusOr<ExperimentConfig> ParseExperimentConfig(const std::string& toml_text,
   if (space != nullptr) CKPT_RETURN_IF_ERROR(ParseSearchSpace(*space, origin, &c));
   CKPT_ASSIGN_OR_RETURN(const toml::table* fixed, top.Table("hparams"));
   if (fixed != nullptr) {
-    TableReader r(*fixed, "hparams", origin);
+    TomlTableReader r(*fixed, "hparams", origin);
     for (const auto& [k, v] : *fixed) {
       double value = 0;
       CKPT_RETURN_IF_ERROR(r.Double(std::string(k.str()), -1e300, 1e300, &value));
@@ -301,7 +299,7 @@ StatusOr<ExperimentConfig> ParseExperimentConfig(const std::string& toml_text,
   CKPT_ASSIGN_OR_RETURN(const toml::table* policy, top.Table("policy"));
   if (policy != nullptr) {
     PolicyConfig& p = c.policy;
-    TableReader r(*policy, "policy", origin);
+    TomlTableReader r(*policy, "policy", origin);
     std::string kind = PolicyKindName(p.kind), mode = PolicyModeName(p.mode);
     CKPT_RETURN_IF_ERROR(r.OneOf("kind", {"pbt", "random", "successive_halving"}, &kind));
     p.kind = kind == "random" ? PolicyKind::kRandom
@@ -324,7 +322,7 @@ StatusOr<ExperimentConfig> ParseExperimentConfig(const std::string& toml_text,
   if (c.devices.empty()) c.devices.push_back(DeviceConfig{});
   CKPT_ASSIGN_OR_RETURN(const toml::table* sup, top.Table("supervision"));
   if (sup != nullptr) {
-    TableReader r(*sup, "supervision", origin);
+    TomlTableReader r(*sup, "supervision", origin);
     CKPT_RETURN_IF_ERROR(ReadSupervision(&r, &c.supervision));
     CKPT_RETURN_IF_ERROR(r.Seconds("grace_s", 0, 86400, &c.supervision.grace));
     CKPT_RETURN_IF_ERROR(
@@ -333,7 +331,7 @@ StatusOr<ExperimentConfig> ParseExperimentConfig(const std::string& toml_text,
   }
   CKPT_ASSIGN_OR_RETURN(const toml::table* workers, top.Table("workers"));
   if (workers != nullptr) {
-    TableReader r(*workers, "workers", origin);
+    TomlTableReader r(*workers, "workers", origin);
     CKPT_RETURN_IF_ERROR(ReadRemoteWorkers(&r, &c.workers));
     CKPT_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
   }
@@ -352,4 +350,4 @@ StatusOr<ExperimentConfig> LoadExperimentConfig(const std::string& path) {
   return ParseExperimentConfig(text, path);
 }
 
-}  // namespace ckpt::scheduler
+}  // namespace ckpt::records

@@ -25,8 +25,8 @@
 // Every key is checked: an unknown key, a wrong type or a bad value is an
 // InvalidArgument naming the key and its line ("population.size (line 7): must
 // be at least 1"). Thread-safety: a value.
-#ifndef CKPT_SCHEDULER_CONFIG_H_
-#define CKPT_SCHEDULER_CONFIG_H_
+#ifndef CKPT_RECORDS_CONFIG_H_
+#define CKPT_RECORDS_CONFIG_H_
 
 #include <chrono>
 #include <cstddef>
@@ -37,7 +37,7 @@
 
 #include "ckpt/format/status.h"
 
-namespace ckpt::scheduler {
+namespace ckpt::records {
 
 struct SearchDim {
   enum class Kind { kLogUniform, kUniform, kChoice };
@@ -188,6 +188,6 @@ StatusOr<ExperimentConfig> ParseExperimentConfig(const std::string& toml_text,
 // Reads and parses a file; NotFound / IOError naming the path.
 StatusOr<ExperimentConfig> LoadExperimentConfig(const std::string& path);
 
-}  // namespace ckpt::scheduler
+}  // namespace ckpt::records
 
-#endif  // CKPT_SCHEDULER_CONFIG_H_
+#endif  // CKPT_RECORDS_CONFIG_H_

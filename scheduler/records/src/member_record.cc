@@ -1,12 +1,12 @@
 // The only file that knows the member-state record's JSON; nlohmann's
 // exceptions never leave it (parsing without exceptions, every field checked
 // for its type before it is read).
-#include "member_state.h"
+#include "ckpt/records/member_record.h"
 
 #include <limits>
 #include <nlohmann/json.hpp>
 
-namespace ckpt::scheduler {
+namespace ckpt::records {
 namespace {
 
 using json = nlohmann::json;
@@ -33,24 +33,24 @@ const char* MemberStatusName(MemberStatus status) {
   return "running";
 }
 
-bool operator==(const MemberState& a, const MemberState& b) {
+bool operator==(const MemberRecord& a, const MemberRecord& b) {
   return a.index == b.index && a.interval == b.interval && a.last_exploit == b.last_exploit &&
          SameDouble(a.score, b.score) &&
          MemberStatusName(a.status) == std::string_view(MemberStatusName(b.status)) &&
          a.failures == b.failures && SameDouble(a.test_acc, b.test_acc);
 }
 
-std::string EncodeMemberState(const MemberState& s) {
-  json j = {{"v", kMemberStateVersion},       {"index", s.index},
+std::string EncodeMemberRecord(const MemberRecord& s) {
+  json j = {{"v", kMemberRecordVersion},      {"index", s.index},
             {"interval", s.interval},         {"last_exploit", s.last_exploit},
             {"score", NumberOrNull(s.score)}, {"status", MemberStatusName(s.status)},
             {"failures", s.failures},         {"test_acc", NumberOrNull(s.test_acc)}};
   return j.dump();
 }
 
-StatusOr<MemberState> DecodeMemberState(std::string_view bytes, const std::string& exp,
-                                        const std::string& member) {
-  MemberState s;
+StatusOr<MemberRecord> DecodeMemberRecord(std::string_view bytes, const std::string& exp,
+                                          const std::string& member) {
+  MemberRecord s;
   if (bytes.empty() || bytes == "created") return s;
   auto bad = [&](const std::string& what) {
     return Status::Corruption("experiment " + exp + " member " + member + ": state record " + what);
@@ -62,9 +62,9 @@ StatusOr<MemberState> DecodeMemberState(std::string_view bytes, const std::strin
   if (auto it = j.find("v"); it != j.end()) {
     if (!it->is_number_integer()) return bad("field 'v' is not an integer");
     version = it->get<int>();
-    if (version < 2 || version > kMemberStateVersion) {
+    if (version < 2 || version > kMemberRecordVersion) {
       return bad("has version " + std::to_string(version) + "; this scheduler reads 1 to " +
-                 std::to_string(kMemberStateVersion));
+                 std::to_string(kMemberRecordVersion));
     }
   }
   auto read_int = [&](const char* key, int lo, int* out) -> Status {
@@ -116,4 +116,4 @@ StatusOr<MemberState> DecodeMemberState(std::string_view bytes, const std::strin
   return s;
 }
 
-}  // namespace ckpt::scheduler
+}  // namespace ckpt::records

@@ -1,9 +1,9 @@
 // TomlTableReader: reads one table of a TOML file (experiment or service
 // configuration), checking each value's type and range and that every key is
 // known; every error names the key with its table prefix, the file and the line
-// (private to ckpt::scheduler).
-#ifndef CKPT_SCHEDULER_TOML_READER_H_
-#define CKPT_SCHEDULER_TOML_READER_H_
+// (used by ckpt::records and the scheduler's service file).
+#ifndef CKPT_RECORDS_TOML_READER_H_
+#define CKPT_RECORDS_TOML_READER_H_
 
 #include <toml++/toml.h>
 
@@ -19,7 +19,7 @@
 
 #include "ckpt/format/status.h"
 
-namespace ckpt::scheduler {
+namespace ckpt::records {
 
 // The largest TOML document read (experiment and service files, and TOML
 // submitted over the control socket): real ones are a few KiB.
@@ -197,6 +197,6 @@ class TomlTableReader {
   std::set<std::string> known_;
 };
 
-}  // namespace ckpt::scheduler
+}  // namespace ckpt::records
 
-#endif  // CKPT_SCHEDULER_TOML_READER_H_
+#endif  // CKPT_RECORDS_TOML_READER_H_

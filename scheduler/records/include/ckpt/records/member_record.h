@@ -1,7 +1,7 @@
-// MemberState: the scheduling state of one member, kept in the `state` field
+// MemberRecord: the scheduling record of one member, kept in the `state` field
 // of its head (store::Store::SetMemberState), and its one encoder and decoder.
 //
-// Stored form: a JSON object, written only by EncodeMemberState:
+// Stored form: a JSON object, written only by EncodeMemberRecord:
 //   {"v": 2,                 format version
 //    "index": 7,             position in the population (seeds its data order
 //                            and initial weights; never parsed from the name)
@@ -22,8 +22,8 @@
 // never throws. Unknown fields are ignored (a newer minor writer may add some).
 //
 // Thread-safety: values and pure functions.
-#ifndef CKPT_SCHEDULER_MEMBER_STATE_H_
-#define CKPT_SCHEDULER_MEMBER_STATE_H_
+#ifndef CKPT_RECORDS_MEMBER_RECORD_H_
+#define CKPT_RECORDS_MEMBER_RECORD_H_
 
 #include <cmath>
 #include <string>
@@ -31,7 +31,7 @@
 
 #include "ckpt/format/status.h"
 
-namespace ckpt::scheduler {
+namespace ckpt::records {
 
 // What a member is doing. The first three are the event loop's; the store
 // keeps kIdle/kQueued/kRunning as "running".
@@ -40,9 +40,9 @@ enum class MemberStatus { kIdle, kQueued, kRunning, kDone, kStopped, kFailed };
 // "running" (idle, queued, running), "done", "stopped", "failed".
 const char* MemberStatusName(MemberStatus status);
 
-inline constexpr int kMemberStateVersion = 2;
+inline constexpr int kMemberRecordVersion = 2;
 
-struct MemberState {
+struct MemberRecord {
   int index = -1;  // -1: not recorded (a version-1 or fresh record)
   int interval = 0;
   int last_exploit = 0;
@@ -52,15 +52,15 @@ struct MemberState {
   double test_acc = std::nan("");
 
   // Exact comparison (NaN equals NaN), for tests and round trips.
-  friend bool operator==(const MemberState& a, const MemberState& b);
+  friend bool operator==(const MemberRecord& a, const MemberRecord& b);
 };
 
-std::string EncodeMemberState(const MemberState& state);
+std::string EncodeMemberRecord(const MemberRecord& state);
 
 // `exp` and `member` name the record in errors.
-StatusOr<MemberState> DecodeMemberState(std::string_view bytes, const std::string& exp,
-                                        const std::string& member);
+StatusOr<MemberRecord> DecodeMemberRecord(std::string_view bytes, const std::string& exp,
+                                          const std::string& member);
 
-}  // namespace ckpt::scheduler
+}  // namespace ckpt::records
 
-#endif  // CKPT_SCHEDULER_MEMBER_STATE_H_
+#endif  // CKPT_RECORDS_MEMBER_RECORD_H_

@@ -1,16 +1,16 @@
 // The [workers] keys of remote workers (listen, secret_file, local), shared by
 // experiment files (config.cc) and the service file (service.cc) so the table
-// is parsed in one place (private to ckpt::scheduler).
+// is parsed in one place.
 //
 // Thread-safety: pure function.
-#ifndef CKPT_SCHEDULER_WORKERS_TABLE_H_
-#define CKPT_SCHEDULER_WORKERS_TABLE_H_
+#ifndef CKPT_RECORDS_WORKERS_TABLE_H_
+#define CKPT_RECORDS_WORKERS_TABLE_H_
 
 #include "ckpt/format/status.h"
-#include "ckpt/scheduler/config.h"
-#include "toml_reader.h"
+#include "ckpt/records/config.h"
+#include "ckpt/records/toml_reader.h"
 
-namespace ckpt::scheduler {
+namespace ckpt::records {
 
 // Reads listen, secret_file and local of `r` into `out` (keys not present keep
 // their value). InvalidArgument naming the key and line: a listen address that
@@ -18,6 +18,6 @@ namespace ckpt::scheduler {
 // Does not check for unknown keys.
 Status ReadRemoteWorkers(TomlTableReader* r, RemoteWorkersConfig* out);
 
-}  // namespace ckpt::scheduler
+}  // namespace ckpt::records
 
-#endif  // CKPT_SCHEDULER_WORKERS_TABLE_H_
+#endif  // CKPT_RECORDS_WORKERS_TABLE_H_
