@@ -980,12 +980,12 @@ TEST_F(ToolTest, RestoreThroughTheRunningSchedulerTakesEffectAtTheNextInterval) 
   const std::string socket = tmp_ + "/run/control.sock";
   WriteFile(tmp_ + "/service.toml", "store = \"" + store + "\"\nruntime_directory = \"" + tmp_ +
                                         "/run\"\nmetrics = \"\"\nlog_progress = false\n"
+                                        "[[devices]]\ndevice = \"cpu\"\nslots = 2\n"
+                                        "fusion = \"plain\"\n"
                                         // The test's client stays idle while the
                                         // member trains (38 s on a loaded host):
-                                        // more than the default 30 s would close it.
-                                        "client_idle_timeout_s = 3600\n"
-                                        "[[devices]]\ndevice = \"cpu\"\nslots = 2\n"
-                                        "fusion = \"plain\"\n");
+                                        // the default 30 s would close it.
+                                        "[control]\nclient_idle_timeout_s = 3600\n");
   Process serve({CKPT_SCHEDULER_BIN, "serve", "--config", tmp_ + "/service.toml"}, tmp_ + "/serve");
   std::unique_ptr<scheduler::ControlClient> client;
   for (int i = 0; i < 600 && !client; ++i) {
