@@ -11,6 +11,7 @@
 #include <exception>
 #include <filesystem>
 #include <mutex>
+#include <optional>
 #include <system_error>
 #include <thread>
 #include <utility>
@@ -19,6 +20,7 @@
 #include "futex.h"
 #include "layout.h"
 #include "liveness.h"
+#include "payload_checksum.h"
 #include "ring.h"
 #include "shm_segment.h"
 
@@ -182,8 +184,7 @@ class ChannelImpl final : public Channel {
     internal::RecordSpec spec{type, 0, size, type, size, 0};
     uint8_t* dst = nullptr;
     CKPT_RETURN_IF_ERROR(ReserveInRing(spec, deadline, &dst));
-    if (size != 0) std::memcpy(dst, bytes, size);
-    CommitInRing(size);
+    CommitInRing(size, internal::CopyAndXxh3(dst, bytes, size));
     return Status::OK();
   }
 
@@ -387,8 +388,14 @@ class ChannelImpl final : public Channel {
     }
   }
 
-  void CommitInRing(size_t size) {
-    writer_.Commit();
+  // Publishes the pending record; `payload_xxh3` when the caller hashed it
+  // while copying it in, else it is read again here.
+  void CommitInRing(size_t size, std::optional<uint64_t> payload_xxh3 = std::nullopt) {
+    if (payload_xxh3.has_value()) {
+      writer_.Commit(*payload_xxh3);
+    } else {
+      writer_.Commit();
+    }
     records_sent_.fetch_add(1, std::memory_order_relaxed);
     bytes_sent_.fetch_add(size, std::memory_order_relaxed);
     send_ring_used_.store(writer_.used(), std::memory_order_relaxed);
@@ -408,8 +415,7 @@ class ChannelImpl final : public Channel {
       internal::RecordSpec spec{RecordType::kFragment, flags, n, type, size, off};
       uint8_t* dst = nullptr;
       CKPT_RETURN_IF_ERROR(ReserveInRing(spec, deadline, &dst));
-      std::memcpy(dst, bytes + off, n);
-      writer_.Commit();
+      writer_.Commit(internal::CopyAndXxh3(dst, bytes + off, n));
       *sent = off + n;
     }
     records_sent_.fetch_add(1, std::memory_order_relaxed);

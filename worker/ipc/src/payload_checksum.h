@@ -1,6 +1,7 @@
 // XXH3-64 of record payloads: the same value as ckpt::Xxh3_64, computed with
 // AVX2 when the CPU has it. Payload checksums are two of the passes over every
-// byte a record costs (producer and consumer), so their speed is the ring's.
+// byte a record costs (producer and consumer), so their speed is the ring's;
+// CopyAndXxh3 folds a checksum into the copy that moves the bytes anyway.
 //
 // Thread-safety: pure function.
 #ifndef CKPT_IPC_SRC_PAYLOAD_CHECKSUM_H_
@@ -12,6 +13,14 @@
 namespace ckpt::ipc::internal {
 
 uint64_t PayloadXxh3(const void* data, size_t size);
+
+// Copies `size` bytes from `src` to `dst` and returns PayloadXxh3 of the bytes
+// written to `dst`, in one pass: each chunk is hashed while it is still in
+// the L1 cache from its copy, instead of a second read of a buffer larger
+// than the caches. What is hashed is the destination, so a writer to `src`
+// (the ring, for a receiver) cannot change what the checksum covers.
+// REQUIRES: the ranges do not overlap.
+uint64_t CopyAndXxh3(void* dst, const void* src, size_t size);
 
 }  // namespace ckpt::ipc::internal
 

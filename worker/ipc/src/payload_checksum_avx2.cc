@@ -7,8 +7,14 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "copy_and_hash.h"
+
 namespace ckpt::ipc::internal {
 
 uint64_t PayloadXxh3Avx2(const void* data, size_t size) { return XXH3_64bits(data, size); }
+
+uint64_t CopyAndXxh3Avx2(void* dst, const void* src, size_t size) {
+  return CopyAndXxh3Generic(dst, src, size);
+}
 
 }  // namespace ckpt::ipc::internal

@@ -86,6 +86,11 @@ RingWriter::Result RingWriter::TryReserve(const RecordSpec& spec, uint8_t** payl
 }
 
 void RingWriter::Commit() {
+  const uint8_t* payload = data_ + (pending_pos_ & (ring_bytes_ - 1)) + kAlign;
+  Commit(PayloadXxh3(payload, pending_spec_.payload_bytes));
+}
+
+void RingWriter::Commit(uint64_t payload_xxh3) {
   const RecordSpec& s = pending_spec_;
   uint8_t* record = data_ + (pending_pos_ & (ring_bytes_ - 1));
   RecordHeader h{};
@@ -94,7 +99,7 @@ void RingWriter::Commit() {
   h.flags = s.flags;
   h.sequence = sequence_ + (pending_pad_ != 0 ? 1 : 0);
   h.payload_bytes = s.payload_bytes;
-  h.payload_xxh3 = PayloadXxh3(record + kAlign, s.payload_bytes);
+  h.payload_xxh3 = payload_xxh3;
   h.message_bytes = s.message_bytes;
   h.message_type = static_cast<uint16_t>(s.message_type);
   h.fragment_offset = s.fragment_offset;
@@ -137,8 +142,18 @@ void RingReader::Release() { PublishTail(); }
 void RingReader::DropPartial() {
   if (!assembling_) return;
   assembling_ = false;
-  assembly_.clear();
+  assembly_size_ = 0;
   ++dropped_messages_;
+}
+
+bool RingReader::ReserveAssembly(uint64_t bytes) {
+  if (bytes <= assembly_capacity_) return true;
+  std::unique_ptr<uint8_t[]> bigger(new (std::nothrow) uint8_t[bytes]);
+  if (bigger == nullptr) return false;
+  if (assembly_size_ != 0) std::memcpy(bigger.get(), assembly_.get(), assembly_size_);
+  assembly_ = std::move(bigger);
+  assembly_capacity_ = bytes;
+  return true;
 }
 
 RingReader::Result RingReader::Reject(bool skip_all, uint64_t head, uint64_t record_bytes,
@@ -278,13 +293,13 @@ RingReader::Result RingReader::Next(Message* out, std::string* error) {
       }
       DropPartial();
     } else if (!assembling_ || h.message_type != static_cast<uint16_t>(assembly_type_) ||
-               h.message_bytes != assembly_total_ || h.fragment_offset != assembly_.size()) {
+               h.message_bytes != assembly_total_ || h.fragment_offset != assembly_size_) {
       return Reject(false, head, record_bytes,
                     "fragment at offset " + std::to_string(h.fragment_offset) +
                         " does not continue the message being assembled",
                     error);
     }
-    const uint64_t so_far = first ? 0 : assembly_.size();
+    const uint64_t so_far = first ? 0 : assembly_size_;
     if (h.payload_bytes > h.message_bytes - so_far ||
         last != (so_far + h.payload_bytes == h.message_bytes)) {
       return Reject(false, head, record_bytes, "fragment lengths do not add up", error);
@@ -294,30 +309,43 @@ RingReader::Result RingReader::Next(Message* out, std::string* error) {
       assembly_type_ = static_cast<RecordType>(h.message_type);
       assembly_total_ = h.message_bytes;
       assembly_sequence_ = h.sequence;
-      assembly_.clear();
+      assembly_size_ = 0;
     }
-    try {
-      if (first) assembly_.reserve(std::min<uint64_t>(h.message_bytes, uint64_t{64} << 20));
-      assembly_.insert(assembly_.end(), payload, payload + h.payload_bytes);
-    } catch (const std::bad_alloc&) {
+    // The claimed total is untrusted: room for at most 64 MiB of it up front,
+    // then in doublings as fragments actually arrive.
+    const uint64_t need = so_far + h.payload_bytes;
+    const uint64_t room =
+        need <= assembly_capacity_
+            ? assembly_capacity_
+            : std::min<uint64_t>(
+                  h.message_bytes,
+                  std::max({need, assembly_capacity_ * 2,
+                            std::min<uint64_t>(h.message_bytes, uint64_t{64} << 20)}));
+    if (!ReserveAssembly(room)) {
       const uint64_t total = assembly_total_;
-      assembly_ = std::vector<uint8_t>();
+      assembly_.reset();
+      assembly_capacity_ = 0;
+      assembly_size_ = 0;
+      assembling_ = false;
       return Reject(false, head, record_bytes,
                     "out of memory assembling a message of " + std::to_string(total) + " bytes",
                     error);
     }
-    if (PayloadXxh3(assembly_.data() + so_far, h.payload_bytes) != h.payload_xxh3) {
-      assembly_.resize(so_far);
+    // Copied out and checked in one pass over the bytes; what is checked is
+    // the copy, so later writes to the ring cannot change it.
+    if (CopyAndXxh3(assembly_.get() + so_far, payload, h.payload_bytes) != h.payload_xxh3) {
+      assembly_size_ = so_far;
       return Reject(false, head, record_bytes, "fragment payload checksum mismatch", error);
     }
+    assembly_size_ = need;
     cursor_ += record_bytes;
     PublishTail();
     if (last) {
       assembling_ = false;
       out->type = assembly_type_;
       out->sequence = assembly_sequence_;
-      out->payload = assembly_.data();
-      out->size = assembly_.size();
+      out->payload = assembly_.get();
+      out->size = assembly_size_;
       return Result::kMessage;
     }
   }

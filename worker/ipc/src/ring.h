@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -50,6 +51,11 @@ class RingWriter {
   bool HasRoom(uint64_t payload_bytes) const;
   // Checksums and publishes the pending record and wakes a sleeping consumer.
   void Commit();
+  // Publishes the pending record with `payload_xxh3`, the PayloadXxh3 of its
+  // payload that the caller computed while writing it (CopyAndXxh3), so the
+  // payload is not read a second time. A wrong value makes the consumer
+  // reject the record.
+  void Commit(uint64_t payload_xxh3);
   // Forgets the pending record; nothing of it becomes visible.
   void Abandon() { pending_ = false; }
   bool pending() const { return pending_; }
@@ -112,6 +118,10 @@ class RingReader {
   // Advances the released position to cursor_ and wakes a sleeping producer.
   void PublishTail();
   void DropPartial();
+  // Makes room for `bytes` assembled bytes, keeping those assembled so far.
+  // False when the allocation fails. Never zero-fills: every byte is written
+  // by a fragment's copy before it is read.
+  bool ReserveAssembly(uint64_t bytes);
   Result Reject(bool skip_all, uint64_t head, uint64_t record_bytes, std::string why,
                 std::string* error);
 
@@ -132,7 +142,9 @@ class RingReader {
   RecordType assembly_type_ = RecordType::kPadding;
   uint64_t assembly_total_ = 0;
   uint64_t assembly_sequence_ = 0;
-  std::vector<uint8_t> assembly_;
+  std::unique_ptr<uint8_t[]> assembly_;  // kept between messages
+  uint64_t assembly_size_ = 0;
+  uint64_t assembly_capacity_ = 0;
   uint64_t dropped_messages_ = 0;
 };
 
