@@ -66,10 +66,11 @@
 //     memtables and clears the error, then reloads the index from disk; while
 //     there is still no space it returns ResourceExhausted again and nothing
 //     changes. Once space is freed, writes go on where the disk left off.
-//     RocksDB's own recovery from NoSpace (the default SstFileManager polls
-//     the free space and resumes by itself) is left on: it may resume first,
-//     and then Resume() has nothing left to do; no retry loop runs here, the
-//     caller decides when to try again (e.g. with backoff).
+//     RocksDB's own recovery from NoSpace (its SstFileManager polling the
+//     free space) is turned off: it waits for the space of a whole memtable,
+//     which a nearly full disk may never get back, and answers Resume() with
+//     Busy meanwhile. Nothing resumes in the background and no retry loop
+//     runs here: the caller decides when to try again (e.g. with backoff).
 //   - a compaction failing on a damaged blob file (Corruption) is not a write
 //     failure: it is set aside (TakeBackgroundErrors) and writes go on.
 //   - any other failure: every later write returns it; reopen the store.
