@@ -619,6 +619,7 @@ Status SchedulerImpl::Run() {
   po.metrics = metrics_.get();
   po.listen = options_.remote.listen;
   po.secret_file = options_.remote.secret_file;
+  po.max_remote_workers = options_.remote.max_remote;
   po.address_file = (std::filesystem::path(options_.store_path) / "workers.addr").string();
   pool_ = std::make_unique<WorkerPool>(
       io_, store_.get(), po, [this](const std::string& exp) { return ConfigureFor(exp); }, this);

@@ -220,7 +220,7 @@ std::string SettingsNeedingRestart(const ServiceConfig& a, const ServiceConfig& 
       x.max_restart_backoff != y.max_restart_backoff || x.healthy_reset != y.healthy_reset ||
       x.max_restarts != y.max_restarts || x.max_member_failures != y.max_member_failures ||
       a.remote.listen != b.remote.listen || a.remote.secret_file != b.remote.secret_file ||
-      a.remote.local != b.remote.local) {
+      a.remote.local != b.remote.local || a.remote.max_remote != b.remote.max_remote) {
     changed.push_back("[workers]");
   }
   std::string out;

@@ -19,6 +19,45 @@ using std::chrono::milliseconds;
 
 namespace {
 
+// The listener's refusals, logged at most kRefusalsLogged per interval; the
+// rest are counted and summed up by the first refusal of a later interval.
+// Used on the listener's thread alone.
+class RefusalLog {
+ public:
+  static constexpr int kRefusalsLogged = 10;
+  static constexpr std::chrono::seconds kInterval{10};
+
+  void Refused(const std::string& peer, const ckpt::Status& why) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now - start_ >= kInterval) {
+      if (hidden_ > 0) {
+        Logger().warn(
+            "refused {} more worker connection(s) in the last {} s (not logged one by "
+            "one; the latest from {}: {})",
+            hidden_, kInterval.count(), last_peer_, last_why_);
+      }
+      start_ = now;
+      logged_ = 0;
+      hidden_ = 0;
+    }
+    if (logged_ < kRefusalsLogged) {
+      ++logged_;
+      Logger().warn("refused a worker connection from {}: {}", peer, why.ToString());
+      return;
+    }
+    ++hidden_;
+    last_peer_ = peer;
+    last_why_ = why.ToString();
+  }
+
+ private:
+  std::chrono::steady_clock::time_point start_{};
+  int logged_ = 0;
+  uint64_t hidden_ = 0;
+  std::string last_peer_;
+  std::string last_why_;
+};
+
 // GPUs the NVIDIA driver lists: /proc/driver/nvidia/gpus/<bus id>, or, where a
 // container hides /proc/driver (gVisor), the /dev/nvidiaN device nodes.
 int DriverGpuCount() {
@@ -221,8 +260,12 @@ ckpt::Status WorkerPool::StartListening() {
   ipc::TcpOptions to;
   to.channel.heartbeat_timeout = options_.supervision.heartbeat_timeout;
   to.channel.ring_bytes = options_.ring_bytes;
-  to.on_refused = [](const std::string& peer, const ckpt::Status& why) {
-    Logger().warn("refused a worker connection from {}: {}", peer, why.ToString());
+  to.channel.max_message_bytes = options_.max_message_bytes;
+  // On the listener's thread: a peer may cause one refusal per connection, so
+  // the log says the first few of each interval and then how many more.
+  auto log = std::make_shared<RefusalLog>();
+  to.on_refused = [log](const std::string& peer, const ckpt::Status& why) {
+    log->Refused(peer, why);
   };
   // From the listener's thread onto the event loop.
   to.on_accepted = [this](ipc::Accepted accepted) {
@@ -258,8 +301,35 @@ void WorkerPool::StopListening() {
 
 void WorkerPool::AddRemote(ipc::Accepted accepted) {
   if (stopped_ || draining_) return;  // the channel closes as it goes
-  const size_t i = workers_.size();
+  size_t live = 0;
+  size_t reuse = workers_.size();
+  for (size_t j = 0; j < workers_.size(); ++j) {
+    const Worker& o = *workers_[j];
+    if (!o.remote) continue;
+    if (o.handle) {
+      ++live;
+    } else if (reuse == workers_.size()) {
+      reuse = j;
+    }
+  }
+  if (live >= static_cast<size_t>(std::max(0, options_.max_remote_workers))) {
+    // Logged for the first few, then every 100th: a flood must not flood the log.
+    if (remotes_turned_away_++ < 10 || remotes_turned_away_ % 100 == 0) {
+      Logger().warn(
+          "closed the connection of a worker from {}: {} remote workers are connected already "
+          "(max_remote); {} turned away so far",
+          accepted.peer, live, remotes_turned_away_);
+    }
+    return;  // the channel closes as it goes
+  }
+  // A lost remote worker's entry is reaped: its index, devices() entry and
+  // incarnation count go to the new one (late events of the old are ignored).
+  const size_t i = reuse;
   auto w = std::make_unique<Worker>();
+  if (i < workers_.size()) {
+    w->incarnation = workers_[i]->incarnation;
+    w->peak_rss_total = workers_[i]->peak_rss_total;
+  }
   w->remote = true;
   w->spec.index = static_cast<int>(i);
   w->spec.name = "r" + std::to_string(remotes_++);
@@ -275,8 +345,13 @@ void WorkerPool::AddRemote(ipc::Accepted accepted) {
       });
   Logger().info("worker {} ({}) connected from {}", i, w->spec.name, accepted.peer);
   if (options_.metrics) options_.metrics->WorkerStarted(w->spec.name, w->spec.device.device, 0);
-  devices_.push_back(w->spec.device);
-  workers_.push_back(std::move(w));
+  if (i < workers_.size()) {
+    devices_[i] = w->spec.device;
+    workers_[i] = std::move(w);
+  } else {
+    devices_.push_back(w->spec.device);
+    workers_.push_back(std::move(w));
+  }
   ArmHelloTimer(i, inc);
 }
 
@@ -289,7 +364,11 @@ void WorkerPool::OnEvent(size_t i, uint64_t inc, WorkerEvent ev) {
       return;
     case WorkerEvent::Kind::kHello:
       w.ready = true;
-      w.capacity = std::max(1, ev.hello.slots);
+      w.capacity = std::clamp(ev.hello.slots, 1, kMaxWorkerSlots);
+      if (ev.hello.slots != w.capacity) {
+        Logger().warn("worker {} ({}) offered {} slots; using {} (at least 1, at most {})", i,
+                      w.spec.device.device, ev.hello.slots, w.capacity, kMaxWorkerSlots);
+      }
       w.mode = ev.hello.mode;
       listener_->OnWorkerReady(i);
       return;

@@ -91,6 +91,11 @@ class WorkerPoolListener {
   virtual void OnAllGivenUp(const std::string& last_reason) = 0;
 };
 
+// Remote workers connected at once, by default (WorkerPoolOptions).
+inline constexpr int kDefaultMaxRemoteWorkers = 64;
+// The most tasks one worker may run at once, whatever its HELLO offers.
+inline constexpr int kMaxWorkerSlots = 256;
+
 struct WorkerPoolOptions {
   // Expanded device entries (ExpandDevices), one worker each. Required.
   std::vector<records::DeviceConfig> devices;
@@ -112,6 +117,14 @@ struct WorkerPoolOptions {
   // Where the bound address is written ("HOST:PORT\n"); "" = nowhere.
   // Default: "".
   std::string address_file;
+  // Remote workers connected at once; one more is closed at once (logged).
+  // A lost remote worker's entry is reused by the next one, so the pool holds
+  // at most this many remote entries. Default: kDefaultMaxRemoteWorkers.
+  int max_remote_workers = kDefaultMaxRemoteWorkers;
+  // The largest record a remote worker may send (and be sent): the store's
+  // blob limit plus room for the record's other fields. Default: the default
+  // store's (ipc::kDefaultTcpMaxMessageBytes).
+  size_t max_message_bytes = ipc::kDefaultTcpMaxMessageBytes;
 };
 
 class WorkerPool : public TaskSink {
@@ -179,7 +192,8 @@ class WorkerPool : public TaskSink {
 
   void Start(size_t i);
   void ArmHelloTimer(size_t i, uint64_t incarnation);
-  // On the event loop: a remote worker authenticated by the listener.
+  // On the event loop: a remote worker authenticated by the listener; closed
+  // at once past max_remote_workers. Reuses a lost remote worker's entry.
   void AddRemote(ipc::Accepted accepted);
   void StopListening();
   void OnEvent(size_t i, uint64_t incarnation, WorkerEvent ev);
@@ -194,7 +208,8 @@ class WorkerPool : public TaskSink {
   std::vector<records::DeviceConfig> devices_;  // devices() for every entry of workers_
   bool draining_ = false;
   bool stopped_ = false;
-  int remotes_ = 0;  // remote workers ever connected: the N of "r<N>"
+  int remotes_ = 0;                   // remote workers ever connected: the N of "r<N>"
+  uint64_t remotes_turned_away_ = 0;  // past max_remote_workers
 
   // Its thread authenticates connections and posts them to io_.
   std::unique_ptr<ipc::TcpListener> listener_socket_;

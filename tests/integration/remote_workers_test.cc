@@ -157,7 +157,7 @@ TEST_F(RemoteWorkersTest, ConnectedWorkersEndAsSharedMemoryAndAWrongSecretIsRefu
   ASSERT_TRUE(intruder->WaitFor(milliseconds(60000))) << intruder->Log();
   const int ist = intruder->Wait();
   EXPECT_TRUE(WIFEXITED(ist) && WEXITSTATUS(ist) == 1) << intruder->Log();
-  EXPECT_NE(intruder->Log().find("refused this worker's proof"), std::string::npos)
+  EXPECT_NE(intruder->Log().find("is the secret file the scheduler's"), std::string::npos)
       << intruder->Log();
 
   ASSERT_TRUE(sched.WaitFor(milliseconds(300000))) << sched.Log();

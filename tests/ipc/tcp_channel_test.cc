@@ -6,8 +6,10 @@
 #include "ckpt/ipc/tcp_channel.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/socket.h>
@@ -25,8 +27,9 @@
 
 #include "ckpt/format/checksum.h"
 #include "ckpt/ipc/messages.h"
-#include "hmac.h"
 #include "tcp_frame.h"
+#include "tcp_test_peer.h"
+#include "tls.h"
 
 namespace ckpt::ipc {
 namespace {
@@ -34,7 +37,14 @@ namespace {
 using std::chrono::milliseconds;
 namespace fs = std::filesystem;
 
-const std::string kSecret = "0123456789abcdef0123456789abcdef0123456789abcdef";
+using testing::Frame;
+using testing::kSecret;
+using testing::RawConnect;
+using testing::RawListen;
+using testing::ReadRaw;
+using testing::ServerHandshake;
+using testing::WriteRaw;
+using testing::WriteSealed;
 
 class TempDir {
  public:
@@ -332,109 +342,14 @@ TEST(TcpChannelTest, HeartbeatsKeepAnIdleConnectionAlive) {
 // A hand-written listener: does the handshake by the book, then sends frames
 // that a TcpChannel must reject.
 
-int RawListen(uint16_t* port) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-  EXPECT_EQ(listen(fd, 8), 0);
-  socklen_t len = sizeof(a);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  *port = ntohs(a.sin_port);
-  return fd;
-}
-
-int RawConnect(uint16_t port) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(port);
-  EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-  return fd;
-}
-
-void WriteRaw(int fd, const void* p, size_t n) {
-  const auto* b = static_cast<const uint8_t*>(p);
-  while (n > 0) {
-    ssize_t w = write(fd, b, n);
-    ASSERT_GT(w, 0);
-    b += w;
-    n -= static_cast<size_t>(w);
-  }
-}
-
-bool ReadRaw(int fd, void* p, size_t n) {
-  auto* b = static_cast<uint8_t*>(p);
-  while (n > 0) {
-    ssize_t r = read(fd, b, n);
-    if (r <= 0) return false;
-    b += r;
-    n -= static_cast<size_t>(r);
-  }
-  return true;
-}
-
-std::vector<uint8_t> Frame(uint16_t type, uint64_t seq, const std::vector<uint8_t>& payload,
-                           bool bad_payload = false, bool bad_header = false) {
-  wire::FrameHeader h{};
-  h.magic = wire::kFrameMagic;
-  h.type = type;
-  h.sequence = seq;
-  h.payload_bytes = payload.size();
-  h.payload_xxh3 = Xxh3_64(payload.data(), payload.size()) ^ (bad_payload ? 1 : 0);
-  h.message_bytes = payload.size();
-  h.message_type = type;
-  h.header_xxh3 = Xxh3_64(&h, wire::kHeaderChecked) ^ (bad_header ? 1 : 0);
-  std::vector<uint8_t> out(sizeof(h) + payload.size());
-  std::memcpy(out.data(), &h, sizeof(h));
-  if (!payload.empty()) std::memcpy(out.data() + sizeof(h), payload.data(), payload.size());
-  return out;
-}
-
-std::vector<uint8_t> Cat(const uint8_t* a, const uint8_t* b, const char* label) {
-  const size_t n = std::strlen(label);
-  std::vector<uint8_t> v(64 + n);
-  std::memcpy(v.data(), a, 32);
-  std::memcpy(v.data() + 32, b, 32);
-  std::memcpy(v.data() + 64, label, n);
-  return v;
-}
-
-// Accepts on `lfd` and completes the listener's half of the handshake.
-int RawHandshake(int lfd) {
-  int fd = accept(lfd, nullptr, nullptr);
-  std::vector<uint8_t> challenge(wire::kChallengeBytes, 0);
-  const uint32_t version = wire::kProtocolVersion;
-  std::memcpy(challenge.data(), &version, 4);
-  for (size_t i = 0; i < 32; ++i) challenge[8 + i] = static_cast<uint8_t>(i * 3);
-  auto f = Frame(wire::kTypeChallenge, 0, challenge);
-  WriteRaw(fd, f.data(), f.size());
-  wire::FrameHeader h;
-  EXPECT_TRUE(ReadRaw(fd, &h, sizeof(h)));
-  std::vector<uint8_t> proof(wire::kProofBytes);
-  EXPECT_TRUE(ReadRaw(fd, proof.data(), proof.size()));
-  auto want = internal::HmacSha256(
-      kSecret, Cat(challenge.data() + 8, proof.data(), wire::kWorkerLabel).data(),
-      64 + std::strlen(wire::kWorkerLabel));
-  EXPECT_EQ(std::memcmp(want->data(), proof.data() + 32, 32), 0);
-  auto mine = internal::HmacSha256(
-      kSecret, Cat(proof.data(), challenge.data() + 8, wire::kSchedulerLabel).data(),
-      64 + std::strlen(wire::kSchedulerLabel));
-  std::vector<uint8_t> accept_payload(mine->begin(), mine->end());
-  f = Frame(wire::kTypeAccept, 0, accept_payload);
-  WriteRaw(fd, f.data(), f.size());
-  return fd;
-}
-
 TEST(TcpChannelTest, CorruptPayloadIsSkippedAndCorruptHeaderBreaksTheStream) {
   uint16_t port = 0;
   int lfd = RawListen(&port);
   StatusOr<std::unique_ptr<Channel>> w = Status::Internal("unset");
   std::thread t([&] { w = TcpChannel::Connect("127.0.0.1:" + std::to_string(port), kSecret, {}); });
-  int fd = RawHandshake(lfd);
+  int fd = accept(lfd, nullptr, nullptr);
+  auto tls = ServerHandshake(fd, kSecret);
+  ASSERT_TRUE(tls != nullptr);
   t.join();
   ASSERT_TRUE(w.ok()) << w.status().ToString();
   auto& ch = *w;
@@ -445,7 +360,7 @@ TEST(TcpChannelTest, CorruptPayloadIsSkippedAndCorruptHeaderBreaksTheStream) {
   auto f2 = Frame(type, 2, good);
   auto f3 = Frame(type, 3, good, false, /*bad_header=*/true);
   auto f4 = Frame(type, 4, good);
-  for (const auto* f : {&f1, &f2, &f3, &f4}) WriteRaw(fd, f->data(), f->size());
+  for (const auto* f : {&f1, &f2, &f3, &f4}) WriteSealed(fd, *tls, *f);
   auto r = ch->Receive(DeadlineIn(milliseconds(10000)));
   EXPECT_TRUE(r.status().IsCorruption()) << r.status().ToString();
   r = ch->Receive(DeadlineIn(milliseconds(10000)));
@@ -467,16 +382,32 @@ TEST(TcpChannelTest, ListenerThatCannotProveTheSecretIsRefusedByTheWorker) {
   StatusOr<std::unique_ptr<Channel>> w = Status::Internal("unset");
   std::thread t([&] { w = TcpChannel::Connect("127.0.0.1:" + std::to_string(port), kSecret, {}); });
   int fd = accept(lfd, nullptr, nullptr);
-  std::vector<uint8_t> challenge(wire::kChallengeBytes, 0);
-  const uint32_t version = wire::kProtocolVersion;
-  std::memcpy(challenge.data(), &version, 4);
-  auto f = Frame(wire::kTypeChallenge, 0, challenge);
-  WriteRaw(fd, f.data(), f.size());
-  std::vector<uint8_t> proof(64 + wire::kProofBytes);
-  ASSERT_TRUE(ReadRaw(fd, proof.data(), proof.size()));
-  f = Frame(wire::kTypeAccept, 0, std::vector<uint8_t>(32, 0));  // a made-up proof
+  // A TLS server keyed by another secret: the handshake fails on both sides.
+  auto tls = ServerHandshake(fd, "another secret, at least 32 bytes long");
+  EXPECT_EQ(tls, nullptr);
+  t.join();
+  EXPECT_TRUE(w.status().code() == StatusCode::kFailedPrecondition) << w.status().ToString();
+  close(fd);
+  close(lfd);
+}
+
+TEST(TcpChannelTest, PlaintextListenerIsRefusedByTheWorker) {
+  // Something that answers in plain bytes (a version-1 listener, or anything
+  // else) is not a TLS 1.3 peer holding the key.
+  uint16_t port = 0;
+  int lfd = RawListen(&port);
+  StatusOr<std::unique_ptr<Channel>> w = Status::Internal("unset");
+  TcpOptions o;
+  o.handshake_timeout = milliseconds(2000);
+  std::thread t([&] { w = TcpChannel::Connect("127.0.0.1:" + std::to_string(port), kSecret, o); });
+  int fd = accept(lfd, nullptr, nullptr);
+  std::vector<uint8_t> hello(4096);
+  (void)read(fd, hello.data(), hello.size());
+  Shutdown sd{"x"};
+  auto f = Frame(static_cast<uint16_t>(RecordType::kShutdown), 1, Encoded(sd));
   WriteRaw(fd, f.data(), f.size());
   t.join();
+  EXPECT_FALSE(w.ok());
   EXPECT_TRUE(w.status().code() == StatusCode::kFailedPrecondition) << w.status().ToString();
   close(fd);
   close(lfd);
@@ -510,7 +441,7 @@ TEST(TcpChannelTest, WrongSecretIsRefusedAndLogged) {
   EXPECT_EQ((*l)->Stats().accepted, 0u);
   ASSERT_EQ(refusals.size(), 1u);
   EXPECT_NE(refusals.seen[0].find("127.0.0.1:"), std::string::npos) << refusals.seen[0];
-  EXPECT_NE(refusals.seen[0].find("wrong proof"), std::string::npos) << refusals.seen[0];
+  EXPECT_NE(refusals.seen[0].find("wrong secret"), std::string::npos) << refusals.seen[0];
 }
 
 TEST(TcpChannelTest, NoProofAndGarbageAreRefused) {
@@ -524,7 +455,7 @@ TEST(TcpChannelTest, NoProofAndGarbageAreRefused) {
   int garbage = RawConnect((*l)->port());
   std::vector<uint8_t> junk(64, 0xAB);
   WriteRaw(garbage, junk.data(), junk.size());
-  // Both connections are closed by the listener: reads end (after the challenge).
+  // Both connections are closed by the listener: reads end (after an alert).
   for (int fd : {silent, garbage}) {
     std::vector<uint8_t> buf(4096);
     ssize_t n;
@@ -538,7 +469,7 @@ TEST(TcpChannelTest, NoProofAndGarbageAreRefused) {
   ASSERT_EQ(refusals.size(), 2u);
   std::string all = refusals.seen[0] + refusals.seen[1];
   EXPECT_NE(all.find("handshake not done"), std::string::npos) << all;
-  EXPECT_NE(all.find("Corruption"), std::string::npos) << all;
+  EXPECT_NE(all.find("not a ckpt worker"), std::string::npos) << all;
 }
 
 TEST(TcpChannelTest, ListenerSurvivesAFloodOfBadConnections) {

@@ -592,13 +592,15 @@ StatusOr<std::unique_ptr<ipc::Channel>> ConnectToScheduler(const WorkerOptions& 
   CKPT_ASSIGN_OR_RETURN(std::string secret, ipc::LoadSecretFile(options.secret_file));
   ipc::TcpOptions to;
   to.channel = co;
+  // A record from the scheduler is at most a state the store takes.
+  to.channel.max_message_bytes = std::min(co.max_message_bytes, ipc::kDefaultTcpMaxMessageBytes);
   const auto until = std::chrono::steady_clock::now() + options.connect_timeout;
   auto backoff = std::chrono::milliseconds(100);
   bool told = false;
   while (true) {
     auto ch = ipc::TcpChannel::Connect(options.connect, secret, to);
-    // Only an unreachable scheduler is worth waiting for; a refused proof or
-    // a bad address will not get better.
+    // Only an unreachable scheduler is worth waiting for; a failed TLS
+    // handshake (another secret) or a bad address will not get better.
     if (ch.ok() || !ch.status().IsUnavailable()) return ch;
     if (!told) {
       told = true;

@@ -166,6 +166,7 @@ Status ReadRemoteWorkers(TomlTableReader* r, RemoteWorkersConfig* out) {
     return r->Error("secret_file", "is required when listen is set");
   }
   CKPT_RETURN_IF_ERROR(r->Bool("local", &out->local));
+  CKPT_RETURN_IF_ERROR(r->Int("max_remote", 1, 4096, &out->max_remote));
   if (!out->local && out->listen.empty()) {
     return r->Error("local", "false needs listen (no worker could ever train)");
   }

@@ -1,11 +1,13 @@
-// The TCP channel (ckpt/ipc/tcp_channel.h) over a connected, authenticated
-// socket: it drives the non-blocking socket with poll(2) in slices (tcp_io.h),
+// The TCP channel (ckpt/ipc/tcp_channel.h) over a connected socket whose TLS
+// handshake is done (tls.h): frames are sealed by TLS and sent, and read back
+// through it; it drives the non-blocking socket with poll(2) in slices (tcp_io.h),
 // so that every blocking call honours its deadline, Close and the peer's
 // death; a reader thread validates frames into a bounded queue and a
 // heartbeat thread keeps the link alive and watches the peer.
 #include "ckpt/ipc/tcp_channel.h"
 
 #include <linux/sockios.h>
+#include <poll.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -15,6 +17,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <exception>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -23,6 +26,7 @@
 #include "payload_checksum.h"
 #include "tcp_frame.h"
 #include "tcp_io.h"
+#include "tls.h"
 
 namespace ckpt::ipc::internal {
 namespace {
@@ -40,18 +44,24 @@ struct Item {
 
 class TcpChannelImpl final : public Channel {
  public:
-  TcpChannelImpl(int fd, std::string peer, std::string name, const ChannelOptions& options)
-      : fd_(fd), peer_(std::move(peer)), name_(std::move(name)), options_(options) {
+  TcpChannelImpl(int fd, std::unique_ptr<TlsSession> tls, std::string peer, std::string name,
+                 const ChannelOptions& options)
+      : fd_(fd),
+        tls_(std::move(tls)),
+        peer_(std::move(peer)),
+        name_(std::move(name)),
+        options_(options) {
     last_rx_ns_.store(NowNs());
     last_tx_ns_.store(NowNs());
-    reader_ = std::thread([this] { ReadLoop(); });
-    heartbeat_ = std::thread([this] { HeartbeatLoop(); });
+    reader_ = std::thread([this] { Guarded("reader", [this] { ReadLoop(); }); });
+    heartbeat_ = std::thread([this] { Guarded("heartbeat", [this] { HeartbeatLoop(); }); });
   }
 
   ~TcpChannelImpl() override {
     Close();
     if (reader_.joinable()) reader_.join();
     if (heartbeat_.joinable()) heartbeat_.join();
+    tls_.reset();
     ::close(fd_);
   }
 
@@ -179,6 +189,28 @@ class TcpChannelImpl final : public Channel {
     return Status::OK();
   }
 
+  // A thread's root: whatever it throws (bad_alloc, a bug) ends this
+  // connection alone, as a dead peer whose reason says so; never the process.
+  template <typename F>
+  void Guarded(const char* what, F&& body) {
+    try {
+      body();
+    } catch (const std::exception& e) {
+      Fault(what, e.what());
+    } catch (...) {
+      Fault(what, "unknown exception");
+    }
+  }
+
+  void Fault(const char* what, const char* why) {
+    const std::string reason =
+        "connection to " + peer_ + " closed: its " + what + " thread failed (" + why + ")";
+    MarkDead(reason);
+    std::lock_guard<std::mutex> lock(rx_mu_);
+    if (reader_end_.ok()) reader_end_ = Status::Unavailable(reason);
+    rx_cv_.notify_all();
+  }
+
   void MarkDead(const std::string& reason) {
     {
       std::lock_guard<std::mutex> lock(dead_mu_);
@@ -192,34 +224,29 @@ class TcpChannelImpl final : public Channel {
   }
 
   // Writes frames; REQUIRES: send_mu_ held. See the header for the partial-
-  // frame rule. The unsent rest of a frame goes to tail_.
+  // frame rule. A frame is sealed (encrypted into tail_, its TLS record
+  // sequence spent) only once the socket takes bytes, and from then on it is
+  // started: what the deadline leaves unsent stays in tail_ and goes out
+  // before anything else, so the stream stays whole.
   Status WriteFrameLocked(const FrameHeader& h, const uint8_t* payload, Deadline deadline,
                           bool* started) {
     *started = false;
     CKPT_RETURN_IF_ERROR(FlushTailLocked(deadline));
-    std::vector<iovec> iov = {{const_cast<FrameHeader*>(&h), sizeof(h)},
-                              {const_cast<uint8_t*>(payload), h.payload_bytes}};
-    size_t written = 0;
-    Status s = WriteAll(
-        fd_, iov, deadline, [this] { return Usable(); }, peer_, &written);
-    if (written > 0) {
-      *started = true;
-      last_tx_ns_.store(NowNs());
-    }
-    const size_t total = sizeof(h) + h.payload_bytes;
-    if (s.IsResourceExhausted() && written > 0 && written < total) {
-      // The frame is on the wire in part: keep the rest to send before
-      // anything else, so the stream stays framed.
-      tail_.clear();
-      const auto* hb = reinterpret_cast<const uint8_t*>(&h);
-      if (written < sizeof(h)) tail_.insert(tail_.end(), hb + written, hb + sizeof(h));
-      const size_t pay_from = written > sizeof(h) ? written - sizeof(h) : 0;
-      tail_.insert(tail_.end(), payload + pay_from, payload + h.payload_bytes);
-      tail_sent_ = 0;
+    Status s = WaitFor(
+        fd_, POLLOUT, deadline, [this] { return Usable(); }, "sending to " + peer_);
+    if (!s.ok()) return s;
+    const iovec parts[2] = {{const_cast<FrameHeader*>(&h), sizeof(h)},
+                            {const_cast<uint8_t*>(payload), h.payload_bytes}};
+    tail_.clear();
+    tail_sent_ = 0;
+    s = tls_->Seal(parts, 2, &tail_);
+    if (!s.ok()) {
+      s = Status::Unavailable("connection to " + peer_ + " lost: " + s.message());
+      MarkDead(s.message());
       return s;
     }
-    if (s.IsUnavailable()) MarkDead(s.message());
-    return s;
+    *started = true;
+    return FlushTailLocked(deadline);
   }
 
   Status FlushTailLocked(Deadline deadline) {
@@ -329,6 +356,13 @@ class TcpChannelImpl final : public Channel {
     rx_cv_.notify_all();
   }
 
+  // The socket or TLS failed: a record that fails TLS's authentication
+  // (changed, replayed, forged) ends the connection like a close.
+  void EndRead(const Status& s) {
+    if (s.IsCorruption()) MarkDead(s.message());
+    EndReader(s);
+  }
+
   void ReadLoop() {
     const Deadline never = Clock::time_point::max();
     const StopCheck stop = [this] {
@@ -344,15 +378,19 @@ class TcpChannelImpl final : public Channel {
     while (true) {
       {
         std::unique_lock<std::mutex> lock(rx_mu_);
-        while (queued_bytes_ >= options_.ring_bytes && !closed_.load() && !dead_.load()) {
+        // The message being assembled counts too; it may grow alone up to
+        // max_message_bytes (the queue holds at least one message).
+        partial_bytes_ = partial ? partial->payload.capacity() : 0;
+        while (queued_bytes_ > 0 && queued_bytes_ + partial_bytes_ >= options_.ring_bytes &&
+               !closed_.load() && !dead_.load()) {
           reader_paused_.store(true);
           rx_cv_.wait_for(lock, kSlice);
         }
         if (reader_paused_.exchange(false)) last_rx_ns_.store(NowNs());
       }
       FrameHeader h;
-      Status s = ReadExact(fd_, &h, sizeof(h), never, stop, peer_, on_bytes);
-      if (!s.ok()) return EndReader(s);
+      Status s = ReadExact(*tls_, &h, sizeof(h), never, stop, peer_, on_bytes);
+      if (!s.ok()) return EndRead(s);
       s = CheckHeader(h, peer_);
       const bool fragment = h.type == static_cast<uint16_t>(RecordType::kFragment);
       if (s.ok() && h.sequence != expect_seq) {
@@ -425,8 +463,8 @@ class TcpChannelImpl final : public Channel {
         discard.resize(h.payload_bytes);
         dst = discard.data();
       }
-      s = ReadExact(fd_, dst, h.payload_bytes, never, stop, peer_, on_bytes);
-      if (!s.ok()) return EndReader(s);
+      s = ReadExact(*tls_, dst, h.payload_bytes, never, stop, peer_, on_bytes);
+      if (!s.ok()) return EndRead(s);
       if (skip) continue;
       if (PayloadXxh3(dst, h.payload_bytes) != h.payload_xxh3) {
         ++bad_records_;
@@ -455,6 +493,7 @@ class TcpChannelImpl final : public Channel {
   }
 
   const int fd_;
+  std::unique_ptr<TlsSession> tls_;  // reads: the reader; seals: under send_mu_
   const std::string peer_;
   const std::string name_;
   const ChannelOptions options_;
@@ -467,7 +506,7 @@ class TcpChannelImpl final : public Channel {
   // Send side.
   std::mutex send_mu_;
   uint64_t send_seq_ = 0;       // GUARDED_BY(send_mu_)
-  std::vector<uint8_t> tail_;   // GUARDED_BY(send_mu_): unsent rest of a started frame
+  std::vector<uint8_t> tail_;   // GUARDED_BY(send_mu_): a sealed frame, sent up to tail_sent_
   size_t tail_sent_ = 0;        // GUARDED_BY(send_mu_)
   std::vector<uint8_t> stage_;  // GUARDED_BY(send_mu_): the pending reservation
   bool reserved_ = false;       // GUARDED_BY(send_mu_)
@@ -481,6 +520,7 @@ class TcpChannelImpl final : public Channel {
   std::deque<Item> queue_;       // GUARDED_BY(rx_mu_)
   std::optional<Item> current_;  // GUARDED_BY(rx_mu_): the last received, until Release
   size_t queued_bytes_ = 0;      // GUARDED_BY(rx_mu_): queue_ and current_
+  size_t partial_bytes_ = 0;     // GUARDED_BY(rx_mu_): the message being assembled
   Status reader_end_;            // GUARDED_BY(rx_mu_): why the reader stopped
   std::atomic<int64_t> last_rx_ns_{0};
   std::atomic<bool> reader_paused_{false};
@@ -497,9 +537,10 @@ class TcpChannelImpl final : public Channel {
 
 }  // namespace
 
-std::unique_ptr<Channel> MakeTcpChannel(int fd, std::string peer, std::string name,
-                                        const ChannelOptions& options) {
-  return std::make_unique<TcpChannelImpl>(fd, std::move(peer), std::move(name), options);
+std::unique_ptr<Channel> MakeTcpChannel(int fd, std::unique_ptr<TlsSession> tls, std::string peer,
+                                        std::string name, const ChannelOptions& options) {
+  return std::make_unique<TcpChannelImpl>(fd, std::move(tls), std::move(peer), std::move(name),
+                                          options);
 }
 
 }  // namespace ckpt::ipc::internal

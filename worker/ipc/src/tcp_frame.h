@@ -1,4 +1,6 @@
-// Byte layout of the ckpt::ipc TCP transport (tcp_channel.cc), version 1.
+// Byte layout of the ckpt::ipc TCP transport (tcp_channel.cc), version 2:
+// the frames below travel inside TLS 1.3 (tls.h); the TLS handshake comes
+// first and replaces version 1's challenge-response frames.
 //
 // A connection is a stream of frames in each direction. Integers are little
 // endian (the only byte order ckpt builds for; asserted below, so a big-endian
@@ -11,8 +13,8 @@
 //   type             a message RecordType (kHello..kShutdown), kFragment, or
 //                    one of the transport types below
 //   flags            kFlagFirst / kFlagLast on fragments, 0 otherwise
-//   sequence         per direction: 0 during the handshake, then 1 for the
-//                    first frame after it, +1 per frame (heartbeats included)
+//   sequence         per direction: 1 for the first frame, +1 per frame
+//                    (heartbeats included)
 //   payload_bytes    at most kTcpMaxFramePayload (so a frame's buffer is
 //                    bounded before its length is trusted any further)
 //   payload_xxh3     XXH3-64 of the payload
@@ -22,13 +24,6 @@
 //   fragment_offset  payload bytes of the message before this frame
 //   header_xxh3      XXH3-64 of bytes [0, 56)
 //
-// Handshake (sequence 0, before any record; listener L, worker W):
-//   L -> W  CHALLENGE  u32 kProtocolVersion, u32 0, 32-byte nonce Ns
-//   W -> L  PROOF      32-byte nonce Nw, HMAC-SHA256(secret, Ns||Nw||kWorkerLabel)
-//   L -> W  ACCEPT     HMAC-SHA256(secret, Nw||Ns||kSchedulerLabel)
-// A side that reads anything else (another type, another size, an unknown
-// version, a MAC that does not match) closes the connection.
-//
 // After the handshake: HEARTBEAT frames (no payload) whenever a side has sent
 // nothing for its heartbeat interval; messages as single frames or runs of
 // kFragment frames (First ... Last, contiguous offsets, one type and total).
@@ -36,12 +31,12 @@
 // or a First fragment arriving while a fragmented message is incomplete drops
 // the incomplete one (its sender gave up on it).
 //
-// The reader is a trust boundary: it checks magic, header checksum, a known
-// type, known flags, payload_bytes, message_bytes, sequence == previous + 1
-// and the fragment bookkeeping before it reads the payload; any failure there
-// loses the stream's framing, so the channel's receive side is broken for good
-// (Corruption). A payload whose XXH3 does not match is skipped (the header's
-// length is trusted by then) and reported once as Corruption.
+// The reader is a trust boundary (TLS authenticates the peer and every
+// byte, but a peer holding the secret may still be hostile or broken): it checks magic, header
+// checksum, a known type, known flags, payload_bytes, message_bytes, sequence == previous + 1 and
+// the fragment bookkeeping before it reads the payload; any failure there loses the stream's
+// framing, so the channel's receive side is broken for good (Corruption). A payload whose XXH3 does
+// not match is skipped (the header's length is trusted by then) and reported once as Corruption.
 #ifndef CKPT_IPC_SRC_TCP_FRAME_H_
 #define CKPT_IPC_SRC_TCP_FRAME_H_
 
@@ -54,24 +49,14 @@ namespace ckpt::ipc::wire {
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the TCP frames are little endian");
 
 inline constexpr uint32_t kFrameMagic = 0x54706b63u;  // "ckpT"
-inline constexpr uint32_t kProtocolVersion = 1;
+inline constexpr uint32_t kProtocolVersion = 2;       // also in the TLS PSK identity (tls.cc)
 
 // Transport-only frame types, outside RecordType's range.
 inline constexpr uint16_t kTypeHeartbeat = 64;
-inline constexpr uint16_t kTypeChallenge = 65;
-inline constexpr uint16_t kTypeProof = 66;
-inline constexpr uint16_t kTypeAccept = 67;
 
 inline constexpr uint16_t kFlagFirst = 1;
 inline constexpr uint16_t kFlagLast = 2;
 inline constexpr uint16_t kKnownFlags = kFlagFirst | kFlagLast;
-
-inline constexpr size_t kNonceBytes = 32;
-inline constexpr size_t kChallengeBytes = 8 + kNonceBytes;
-inline constexpr size_t kProofBytes = kNonceBytes + 32;
-inline constexpr size_t kAcceptBytes = 32;
-inline constexpr char kWorkerLabel[] = "ckpt-worker-v1";
-inline constexpr char kSchedulerLabel[] = "ckpt-scheduler-v1";
 
 struct FrameHeader {
   uint32_t magic;            // kFrameMagic

@@ -1,99 +1,71 @@
 // The TCP transport's connection setup (ckpt/ipc/tcp_channel.h): the worker's
-// TcpChannel::Connect and the scheduler's TcpListener, with the two halves of
-// the handshake; Boost.Asio makes the connections (resolve, connect, listen,
-// the listener's asynchronous handshakes). Asio errors become a Status here.
-// An authenticated socket becomes a channel through MakeTcpChannel (tcp_io.h).
-#include <sys/uio.h>
+// TcpChannel::Connect and the scheduler's TcpListener, each with its half of
+// the TLS 1.3 handshake (tls.h); Boost.Asio makes the connections (resolve,
+// connect, listen) and drives the listener's handshakes asynchronously on its
+// thread. Asio errors become a Status here. A socket whose handshake is done
+// becomes a channel through MakeTcpChannel (tcp_io.h).
+#include <poll.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
-#include <boost/asio/read.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/write.hpp>
 #include <condition_variable>
-#include <cstring>
 #include <deque>
+#include <exception>
+#include <map>
 #include <mutex>
 #include <thread>
 #include <vector>
 
 #include "ckpt/ipc/tcp_channel.h"
-#include "hmac.h"
-#include "payload_checksum.h"
-#include "tcp_frame.h"
 #include "tcp_io.h"
+#include "tls.h"
 
 namespace ckpt::ipc {
 namespace {
 
 namespace asio = boost::asio;
 using asio::ip::tcp;
-using internal::CheckHeader;
-using internal::MakeHeader;
 using internal::NoStop;
-using internal::ReadExact;
 using internal::SetSocketOptions;
+using internal::TlsContext;
+using internal::TlsRole;
+using internal::TlsSession;
+using internal::TlsWant;
+using internal::WaitFor;
 using internal::WriteAll;
-using wire::FrameHeader;
+using std::chrono::milliseconds;
 
 std::string Endpoint(const tcp::endpoint& e) {
   const auto a = e.address();
   return (a.is_v6() ? "[" + a.to_string() + "]" : a.to_string()) + ":" + std::to_string(e.port());
 }
 
-// One whole handshake frame (sequence 0) of `type` and exactly `size` bytes.
-Status ReadHandshakeFrame(int fd, uint16_t type, size_t size, Deadline deadline,
-                          const std::string& peer, std::vector<uint8_t>* payload) {
-  FrameHeader h;
-  CKPT_RETURN_IF_ERROR(ReadExact(fd, &h, sizeof(h), deadline, NoStop, peer, nullptr));
-  CKPT_RETURN_IF_ERROR(CheckHeader(h, peer));
-  if (h.type != type || h.payload_bytes != size || h.sequence != 0 || h.flags != 0) {
-    return Status::Corruption("handshake from " + peer + ": expected frame type " +
-                              std::to_string(type) + " of " + std::to_string(size) +
-                              " bytes, got type " + std::to_string(h.type) + " of " +
-                              std::to_string(h.payload_bytes));
-  }
-  payload->resize(size);
-  CKPT_RETURN_IF_ERROR(ReadExact(fd, payload->data(), size, deadline, NoStop, peer, nullptr));
-  if (internal::PayloadXxh3(payload->data(), size) != h.payload_xxh3) {
-    return Status::Corruption("handshake from " + peer + ": payload checksum mismatch");
-  }
-  return Status::OK();
-}
-
-Status WriteHandshakeFrame(int fd, uint16_t type, const std::vector<uint8_t>& payload,
-                           Deadline deadline, const std::string& peer) {
-  FrameHeader h = MakeHeader(type, 0, 0, payload.data(), payload.size(), payload.size(), type, 0);
-  std::vector<iovec> iov = {{&h, sizeof(h)},
-                            {const_cast<uint8_t*>(payload.data()), payload.size()}};
-  size_t written = 0;
-  return WriteAll(fd, std::move(iov), deadline, NoStop, peer, &written);
-}
-
-StatusOr<internal::Mac> ProofMac(const std::string& secret, const uint8_t* first,
-                                 const uint8_t* second, const char* label) {
-  std::vector<uint8_t> in(first, first + wire::kNonceBytes);
-  in.insert(in.end(), second, second + wire::kNonceBytes);
-  in.insert(in.end(), label, label + std::strlen(label));
-  return internal::HmacSha256(secret, in.data(), in.size());
-}
-
 Status AsioStatus(const std::string& what, const boost::system::error_code& ec) {
   return Status::Unavailable(what + ": " + ec.message());
 }
 
+// Longest pause after a failed accept (EMFILE, ENOBUFS...): the listener
+// backs off from 10 ms, doubling, up to this, instead of spinning.
+constexpr milliseconds kMaxAcceptBackoff{1000};
+
 class TcpListenerImpl final : public TcpListener {
  public:
-  TcpListenerImpl(std::string secret, TcpOptions options)
-      : secret_(std::move(secret)), options_(std::move(options)), acceptor_(io_) {}
+  TcpListenerImpl(std::shared_ptr<TlsContext> tls, TcpOptions options)
+      : tls_(std::move(tls)), options_(std::move(options)), acceptor_(io_), backoff_timer_(io_) {}
 
   ~TcpListenerImpl() override {
     Close();
-    for (auto& a : ready_) ::close(a.fd);
+    for (auto& a : ready_) {
+      a.tls.reset();
+      ::close(a.fd);
+    }
   }
 
   Status Bind(const std::string& host_port) {
@@ -114,7 +86,7 @@ class TcpListenerImpl final : public TcpListener {
     port_ = bound.port();
     address_ = Endpoint(bound);
     AcceptNext();
-    thread_ = std::thread([this] { io_.run(); });
+    thread_ = std::thread([this] { Run(); });
     return Status::OK();
   }
 
@@ -128,14 +100,21 @@ class TcpListenerImpl final : public TcpListener {
     lock.unlock();
     Accepted a;
     a.peer = p.peer;
-    a.channel =
-        internal::MakeTcpChannel(p.fd, "worker at " + p.peer, "tcp:" + p.peer, options_.channel);
+    a.channel = internal::MakeTcpChannel(p.fd, std::move(p.tls), "worker at " + p.peer,
+                                         "tcp:" + p.peer, options_.channel);
     return a;
   }
 
   uint16_t port() const override { return port_; }
   std::string address() const override { return address_; }
-  TcpListenerStats Stats() const override { return {accepted_.load(), refused_.load()}; }
+  TcpListenerStats Stats() const override {
+    TcpListenerStats st;
+    st.accepted = accepted_.load();
+    st.refused = refused_.load();
+    st.accept_errors = accept_errors_.load();
+    st.faults = faults_.load();
+    return st;
+  }
 
   void Close() override {
     {
@@ -155,6 +134,7 @@ class TcpListenerImpl final : public TcpListener {
  private:
   struct Pending {
     int fd = -1;
+    std::unique_ptr<TlsSession> tls;
     std::string peer;
   };
 
@@ -163,33 +143,75 @@ class TcpListenerImpl final : public TcpListener {
     explicit Session(asio::io_context& io) : socket(io), timer(io) {}
     tcp::socket socket;
     asio::steady_timer timer;
-    std::string peer;
-    std::vector<uint8_t> out;
-    FrameHeader out_header{};
-    FrameHeader in_header{};
-    std::vector<uint8_t> in;
-    uint8_t nonce[wire::kNonceBytes];
+    std::string peer;    // ADDRESS:PORT
+    std::string source;  // ADDRESS: the key of its handshake slot
+    std::unique_ptr<TlsSession> tls;
+    std::vector<uint8_t> out;  // handshake bytes being sent
     bool done = false;
   };
   using SessionPtr = std::shared_ptr<Session>;
+
+  // The listener thread's root: a handler that throws (bad_alloc, a bug) is
+  // counted and told, and the loop goes on; the session it served is closed
+  // by its deadline.
+  void Run() {
+    while (true) {
+      try {
+        io_.run();
+        return;
+      } catch (const std::exception& e) {
+        ++faults_;
+        if (options_.on_refused) {
+          options_.on_refused("(listener)",
+                              Status::Internal(std::string("handler failed: ") + e.what()));
+        }
+      } catch (...) {
+        ++faults_;
+      }
+    }
+  }
 
   void AcceptNext() {
     auto s = std::make_shared<Session>(io_);
     acceptor_.async_accept(s->socket, [this, s](const boost::system::error_code& ec) {
       if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
-      if (!ec) Begin(s);
+      if (ec) {
+        // Out of descriptors or buffers: back off, do not spin.
+        ++accept_errors_;
+        backoff_ = std::min(kMaxAcceptBackoff,
+                            backoff_ == milliseconds(0) ? milliseconds(10) : backoff_ * 2);
+        if (options_.on_refused) {
+          options_.on_refused("(accept)", AsioStatus("accepting a connection (retrying in " +
+                                                         std::to_string(backoff_.count()) + " ms)",
+                                                     ec));
+        }
+        backoff_timer_.expires_after(backoff_);
+        backoff_timer_.async_wait([this](const boost::system::error_code& e) {
+          if (!e && acceptor_.is_open()) AcceptNext();
+        });
+        return;
+      }
+      backoff_ = milliseconds(0);
+      Begin(s);
       AcceptNext();
     });
+  }
+
+  void Release(const SessionPtr& s) {
+    --pending_;
+    auto it = by_source_.find(s->source);
+    if (it != by_source_.end() && --it->second <= 0) by_source_.erase(it);
   }
 
   void Refuse(const SessionPtr& s, const Status& why) {
     if (s->done) return;
     s->done = true;
     ++refused_;
-    --pending_;
+    Release(s);
     if (options_.on_refused) options_.on_refused(s->peer, why);
     boost::system::error_code ec;
     s->timer.cancel(ec);
+    s->tls.reset();
     s->socket.close(ec);
   }
 
@@ -197,10 +219,18 @@ class TcpListenerImpl final : public TcpListener {
     boost::system::error_code ec;
     const tcp::endpoint remote = s->socket.remote_endpoint(ec);
     s->peer = ec ? std::string("unknown peer") : Endpoint(remote);
+    s->source = ec ? std::string("unknown") : remote.address().to_string();
     ++pending_;
+    const int from_source = ++by_source_[s->source];
     if (pending_ > options_.max_pending_handshakes) {
       Refuse(s, Status::ResourceExhausted("too many handshakes in progress (" +
                                           std::to_string(options_.max_pending_handshakes) + ")"));
+      return;
+    }
+    if (from_source > options_.max_handshakes_per_source) {
+      Refuse(s,
+             Status::ResourceExhausted("too many handshakes in progress from " + s->source + " (" +
+                                       std::to_string(options_.max_handshakes_per_source) + ")"));
       return;
     }
     s->timer.expires_after(options_.handshake_timeout);
@@ -210,111 +240,98 @@ class TcpListenerImpl final : public TcpListener {
              Status::ResourceExhausted("handshake not done within " +
                                        std::to_string(options_.handshake_timeout.count()) + " ms"));
     });
-    Status r = internal::RandomBytes(s->nonce, sizeof(s->nonce));
-    if (!r.ok()) return Refuse(s, r);
-    s->out.assign(wire::kChallengeBytes, 0);
-    const uint32_t version = wire::kProtocolVersion;
-    std::memcpy(s->out.data(), &version, 4);
-    std::memcpy(s->out.data() + 8, s->nonce, wire::kNonceBytes);
-    s->out_header = MakeHeader(wire::kTypeChallenge, 0, 0, s->out.data(), s->out.size(),
-                               s->out.size(), wire::kTypeChallenge, 0);
-    std::vector<asio::const_buffer> bufs = {asio::buffer(&s->out_header, sizeof(FrameHeader)),
-                                            asio::buffer(s->out)};
-    asio::async_write(s->socket, bufs, [this, s](const boost::system::error_code& e, size_t) {
-      if (s->done) return;
-      if (e) return Refuse(s, AsioStatus("sending the challenge", e));
-      asio::async_read(s->socket, asio::buffer(&s->in_header, sizeof(FrameHeader)),
-                       [this, s](const boost::system::error_code& e2, size_t) {
-                         if (s->done) return;
-                         if (e2) return Refuse(s, AsioStatus("reading the proof", e2));
-                         OnProofHeader(s);
-                       });
-    });
+    s->socket.non_blocking(true, ec);
+    if (ec) return Refuse(s, AsioStatus("setting up the connection", ec));
+    auto tls = TlsSession::Make(tls_, s->socket.native_handle());
+    if (!tls.ok()) return Refuse(s, tls.status());
+    s->tls = std::move(*tls);
+    Step(s);
   }
 
-  void OnProofHeader(const SessionPtr& s) {
-    const FrameHeader& h = s->in_header;
-    Status c = CheckHeader(h, s->peer);
-    if (c.ok() && (h.type != wire::kTypeProof || h.payload_bytes != wire::kProofBytes ||
-                   h.sequence != 0 || h.flags != 0)) {
-      c = Status::Corruption("first frame is not a proof (type " + std::to_string(h.type) + ", " +
-                             std::to_string(h.payload_bytes) + " bytes)");
-    }
-    if (!c.ok()) return Refuse(s, c);
-    s->in.resize(wire::kProofBytes);
-    asio::async_read(s->socket, asio::buffer(s->in),
-                     [this, s](const boost::system::error_code& e, size_t) {
-                       if (s->done) return;
-                       if (e) return Refuse(s, AsioStatus("reading the proof", e));
-                       OnProof(s);
-                     });
+  // One step of the server's TLS handshake: send what it produced, then
+  // finish, fail, or wait for the socket.
+  void Step(const SessionPtr& s) {
+    TlsWant want = TlsWant::kNone;
+    const Status r = s->tls->Handshake(&want);
+    s->out.clear();
+    s->tls->TakeOutput(&s->out);
+    auto next = [this, s, r, want] {
+      if (s->done) return;
+      if (r.ok()) return Finish(s);
+      if (r.code() == StatusCode::kFailedPrecondition) {
+        return Refuse(
+            s, Status::FailedPrecondition("wrong secret, or not a ckpt worker of this version (" +
+                                          r.message() + ")"));
+      }
+      if (!r.IsResourceExhausted()) return Refuse(s, r);
+      s->socket.async_wait(
+          want == TlsWant::kWrite ? tcp::socket::wait_write : tcp::socket::wait_read,
+          [this, s](const boost::system::error_code& e) {
+            if (s->done) return;
+            if (e) return Refuse(s, AsioStatus("during the handshake", e));
+            Step(s);
+          });
+    };
+    if (s->out.empty()) return next();
+    asio::async_write(s->socket, asio::buffer(s->out),
+                      [this, s, next](const boost::system::error_code& e, size_t) {
+                        if (s->done) return;
+                        if (e) return Refuse(s, AsioStatus("during the handshake", e));
+                        next();
+                      });
   }
 
-  void OnProof(const SessionPtr& s) {
-    if (internal::PayloadXxh3(s->in.data(), s->in.size()) != s->in_header.payload_xxh3) {
-      return Refuse(s, Status::Corruption("proof payload checksum mismatch"));
+  void Finish(const SessionPtr& s) {
+    s->done = true;
+    Release(s);
+    boost::system::error_code ec;
+    s->timer.cancel(ec);
+    Pending p;
+    p.peer = s->peer;
+    p.tls = std::move(s->tls);
+    p.fd = s->socket.release(ec);
+    if (ec) {
+      ++refused_;
+      if (options_.on_refused) options_.on_refused(s->peer, AsioStatus("releasing socket", ec));
+      return;
     }
-    const uint8_t* worker_nonce = s->in.data();
-    internal::Mac got;
-    std::memcpy(got.data(), s->in.data() + wire::kNonceBytes, internal::kMacBytes);
-    auto want = ProofMac(secret_, s->nonce, worker_nonce, wire::kWorkerLabel);
-    if (!want.ok()) return Refuse(s, want.status());
-    if (!internal::MacEqual(got, *want)) {
-      return Refuse(s, Status::FailedPrecondition("wrong proof (the worker's secret differs)"));
+    SetSocketOptions(p.fd);
+    ++accepted_;
+    if (options_.on_accepted) {
+      Accepted a;
+      a.peer = p.peer;
+      a.channel = internal::MakeTcpChannel(p.fd, std::move(p.tls), "worker at " + p.peer,
+                                           "tcp:" + p.peer, options_.channel);
+      options_.on_accepted(std::move(a));
+      return;
     }
-    auto mine = ProofMac(secret_, worker_nonce, s->nonce, wire::kSchedulerLabel);
-    if (!mine.ok()) return Refuse(s, mine.status());
-    s->out.assign(mine->begin(), mine->end());
-    s->out_header = MakeHeader(wire::kTypeAccept, 0, 0, s->out.data(), s->out.size(), s->out.size(),
-                               wire::kTypeAccept, 0);
-    std::vector<asio::const_buffer> bufs = {asio::buffer(&s->out_header, sizeof(FrameHeader)),
-                                            asio::buffer(s->out)};
-    asio::async_write(s->socket, bufs, [this, s](const boost::system::error_code& e, size_t) {
-      if (s->done) return;
-      if (e) return Refuse(s, AsioStatus("sending the acceptance", e));
-      s->done = true;
-      --pending_;
-      boost::system::error_code ec;
-      s->timer.cancel(ec);
-      Pending p;
-      p.peer = s->peer;
-      p.fd = s->socket.release(ec);
-      if (ec) {
-        ++refused_;
-        if (options_.on_refused) options_.on_refused(s->peer, AsioStatus("releasing socket", ec));
-        return;
-      }
-      SetSocketOptions(p.fd);
-      ++accepted_;
-      if (options_.on_accepted) {
-        Accepted a;
-        a.peer = p.peer;
-        a.channel = internal::MakeTcpChannel(p.fd, "worker at " + p.peer, "tcp:" + p.peer,
-                                             options_.channel);
-        options_.on_accepted(std::move(a));
-        return;
-      }
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (closed_) {
-          ::close(p.fd);
-          return;
-        }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!closed_) {
         ready_.push_back(std::move(p));
+        p.fd = -1;
       }
-      cv_.notify_all();
-    });
+    }
+    if (p.fd >= 0) {
+      p.tls.reset();
+      ::close(p.fd);
+      return;
+    }
+    cv_.notify_all();
   }
 
-  const std::string secret_;
+  const std::shared_ptr<TlsContext> tls_;
   const TcpOptions options_;
   asio::io_context io_;
-  tcp::acceptor acceptor_;  // listener thread (io_) only, after Bind
-  int pending_ = 0;         // listener thread only
+  tcp::acceptor acceptor_;                // listener thread (io_) only, after Bind
+  asio::steady_timer backoff_timer_;      // listener thread only
+  milliseconds backoff_{0};               // listener thread only
+  int pending_ = 0;                       // listener thread only
+  std::map<std::string, int> by_source_;  // listener thread only: handshakes per address
   uint16_t port_ = 0;
   std::string address_;
   std::thread thread_;
-  std::atomic<uint64_t> accepted_{0}, refused_{0};
+  std::atomic<uint64_t> accepted_{0}, refused_{0}, accept_errors_{0}, faults_{0};
 
   std::mutex mu_;
   std::condition_variable cv_;
@@ -364,6 +381,7 @@ StatusOr<std::unique_ptr<Channel>> TcpChannel::Connect(const std::string& host_p
     return Status::InvalidArgument("secret shorter than " + std::to_string(kMinSecretBytes) +
                                    " bytes");
   }
+  CKPT_ASSIGN_OR_RETURN(auto context, TlsContext::Make(TlsRole::kClient, secret));
   const Deadline deadline = Clock::now() + options.handshake_timeout;
   asio::io_context io;
   tcp::socket socket(io);
@@ -389,49 +407,37 @@ StatusOr<std::unique_ptr<Channel>> TcpChannel::Connect(const std::string& host_p
   if (ec) return AsioStatus("connecting to " + host_port, ec);
   SetSocketOptions(fd);
   const std::string peer = "scheduler at " + host_port;
+  auto tls = TlsSession::Make(context, fd);
+  if (!tls.ok()) {
+    ::close(fd);
+    return tls.status();
+  }
   auto fail = [&](Status s) {
+    tls->reset();
     ::close(fd);
     return s;
   };
-  std::vector<uint8_t> challenge;
-  Status s = ReadHandshakeFrame(fd, wire::kTypeChallenge, wire::kChallengeBytes, deadline, peer,
-                                &challenge);
-  if (!s.ok()) return fail(s.WithPrefix("handshake"));
-  uint32_t version = 0;
-  std::memcpy(&version, challenge.data(), 4);
-  if (version != wire::kProtocolVersion) {
-    return fail(Status::FailedPrecondition(peer + " speaks protocol version " +
-                                           std::to_string(version) + ", this worker " +
-                                           std::to_string(wire::kProtocolVersion)));
+  std::vector<uint8_t> out;
+  while (true) {
+    TlsWant want = TlsWant::kNone;
+    const Status r = (*tls)->Handshake(&want);
+    out.clear();
+    (*tls)->TakeOutput(&out);
+    size_t written = 0;
+    const Status w = WriteAll(fd, {{out.data(), out.size()}}, deadline, NoStop, peer, &written);
+    if (r.ok() && w.ok()) break;
+    if (r.code() == StatusCode::kFailedPrecondition) {
+      return fail(Status::FailedPrecondition(
+          "TLS handshake with " + peer +
+          " failed (is the secret file the scheduler's?): " + r.message()));
+    }
+    if (!r.ok() && !r.IsResourceExhausted()) return fail(r.WithPrefix("handshake with " + peer));
+    if (!w.ok()) return fail(w.WithPrefix("handshake"));
+    const Status waited = WaitFor(fd, want == TlsWant::kWrite ? POLLOUT : POLLIN, deadline, NoStop,
+                                  "handshake with " + peer);
+    if (!waited.ok()) return fail(waited);
   }
-  const uint8_t* server_nonce = challenge.data() + 8;
-  std::vector<uint8_t> proof(wire::kProofBytes);
-  s = internal::RandomBytes(proof.data(), wire::kNonceBytes);
-  if (!s.ok()) return fail(s);
-  auto mac = ProofMac(secret, server_nonce, proof.data(), wire::kWorkerLabel);
-  if (!mac.ok()) return fail(mac.status());
-  std::memcpy(proof.data() + wire::kNonceBytes, mac->data(), internal::kMacBytes);
-  s = WriteHandshakeFrame(fd, wire::kTypeProof, proof, deadline, peer);
-  if (!s.ok()) return fail(s.WithPrefix("handshake"));
-  std::vector<uint8_t> accept;
-  s = ReadHandshakeFrame(fd, wire::kTypeAccept, wire::kAcceptBytes, deadline, peer, &accept);
-  if (s.IsUnavailable()) {
-    return fail(Status::FailedPrecondition(
-        peer +
-        " refused this worker's proof (is the secret file the scheduler's?): " + s.message()));
-  }
-  if (!s.ok()) return fail(s.WithPrefix("handshake"));
-  auto want = ProofMac(secret, proof.data(), server_nonce, wire::kSchedulerLabel);
-  if (!want.ok()) return fail(want.status());
-  internal::Mac got;
-  std::memcpy(got.data(), accept.data(), internal::kMacBytes);
-  if (!internal::MacEqual(got, *want)) {
-    return fail(Status::FailedPrecondition(
-        peer +
-        " did not prove it holds the secret (a different scheduler, or a different "
-        "secret file)"));
-  }
-  return internal::MakeTcpChannel(fd, peer, "tcp:" + host_port, options.channel);
+  return internal::MakeTcpChannel(fd, std::move(*tls), peer, "tcp:" + host_port, options.channel);
 }
 
 StatusOr<std::unique_ptr<TcpListener>> TcpListener::Listen(const std::string& host_port,
@@ -441,7 +447,8 @@ StatusOr<std::unique_ptr<TcpListener>> TcpListener::Listen(const std::string& ho
     return Status::InvalidArgument("secret shorter than " + std::to_string(kMinSecretBytes) +
                                    " bytes");
   }
-  auto l = std::make_unique<TcpListenerImpl>(secret, options);
+  CKPT_ASSIGN_OR_RETURN(auto context, TlsContext::Make(TlsRole::kServer, secret));
+  auto l = std::make_unique<TcpListenerImpl>(std::move(context), options);
   CKPT_RETURN_IF_ERROR(l->Bind(host_port));
   return std::unique_ptr<TcpListener>(std::move(l));
 }

@@ -124,34 +124,39 @@ Status WriteAll(int fd, std::vector<iovec> iov, Deadline deadline, const StopChe
   return Status::OK();
 }
 
-// Reads exactly `size` bytes. `on_bytes` is told of each read. Unavailable
-// naming the peer on EOF or a broken connection; ResourceExhausted at the
-// deadline (then the stream is mid-frame: callers treat it as fatal).
-Status ReadExact(int fd, void* out, size_t size, Deadline deadline, const StopCheck& stop,
+Status WaitFor(int fd, short events, Deadline deadline, const StopCheck& stop,
+               const std::string& what) {
+  while (true) {
+    pollfd p{fd, events, 0};
+    if (poll(&p, 1, 0) > 0) return Status::OK();
+    if (Status s = stop(); !s.ok()) return s;
+    const auto now = Clock::now();
+    if (now >= deadline) return Status::ResourceExhausted(what + ": deadline reached");
+    const auto wait = std::min<milliseconds>(
+        kSlice, std::chrono::duration_cast<milliseconds>(deadline - now) + milliseconds(1));
+    (void)poll(&p, 1, static_cast<int>(wait.count()));
+  }
+}
+
+Status ReadExact(TlsSession& tls, void* out, size_t size, Deadline deadline, const StopCheck& stop,
                  const std::string& peer, const std::function<void()>& on_bytes) {
   auto* p = static_cast<uint8_t*>(out);
   size_t got = 0;
   while (got < size) {
-    const ssize_t n = recv(fd, p + got, size - got, 0);
-    if (n > 0) {
-      got += static_cast<size_t>(n);
+    TlsWant want = TlsWant::kNone;
+    StatusOr<size_t> n = tls.Read(p + got, size - got, &want);
+    if (!n.ok()) {
+      const Status& e = n.status();
+      return e.IsUnavailable() ? Status::Unavailable("peer " + peer + " " + e.message())
+                               : Status(e.code(), "from " + peer + ": " + e.message());
+    }
+    if (*n > 0) {
+      got += *n;
       if (on_bytes) on_bytes();
       continue;
     }
-    if (n == 0) return Status::Unavailable("peer " + peer + " closed the connection");
-    if (errno == EINTR) continue;
-    if (errno != EAGAIN && errno != EWOULDBLOCK) {
-      return Status::Unavailable("connection to " + peer + " lost: " + std::strerror(errno));
-    }
-    if (Status s = stop(); !s.ok()) return s;
-    const auto now = Clock::now();
-    if (now >= deadline) {
-      return Status::ResourceExhausted("reading from " + peer + ": deadline reached");
-    }
-    pollfd pf{fd, POLLIN, 0};
-    const auto wait = std::min<milliseconds>(
-        kSlice, std::chrono::duration_cast<milliseconds>(deadline - now) + milliseconds(1));
-    (void)poll(&pf, 1, static_cast<int>(wait.count()));
+    CKPT_RETURN_IF_ERROR(WaitFor(tls.fd(), want == TlsWant::kWrite ? POLLOUT : POLLIN, deadline,
+                                 stop, "reading from " + peer));
   }
   return Status::OK();
 }

@@ -21,6 +21,7 @@
 #include "ckpt/format/status.h"
 #include "ckpt/ipc/channel.h"
 #include "tcp_frame.h"
+#include "tls.h"
 
 namespace ckpt::ipc::internal {
 
@@ -48,25 +49,32 @@ void SetSocketOptions(int fd);
 // give up early (Close, a dead peer): a non-OK status returned as is.
 using StopCheck = std::function<Status()>;
 
-// Writes all of `iov` (modified) or stops at the deadline; `*written` counts
-// the bytes the kernel took. ResourceExhausted at the deadline, Unavailable
-// when the connection breaks.
+// Writes all of `iov` (modified; bytes already sealed by TLS) or stops at the deadline; `*written`
+// counts the bytes the kernel took. ResourceExhausted at the deadline, Unavailable when the
+// connection breaks.
 Status WriteAll(int fd, std::vector<iovec> iov, Deadline deadline, const StopCheck& stop,
                 const std::string& peer, size_t* written);
 
-// Reads exactly `size` bytes. `on_bytes` is told of each read. Unavailable
-// naming the peer on EOF or a broken connection; ResourceExhausted at the
+// Waits until `fd` is ready for `events` (POLLIN, POLLOUT). ResourceExhausted
+// naming `what` at the deadline; `stop`'s status when it says stop.
+Status WaitFor(int fd, short events, Deadline deadline, const StopCheck& stop,
+               const std::string& what);
+
+// Reads exactly `size` decrypted bytes from `tls`. `on_bytes` is told of each
+// read. Unavailable naming the peer on EOF or a broken connection; Corruption
+// naming it when a TLS record fails authentication; ResourceExhausted at the
 // deadline (then the stream is mid-frame: callers treat it as fatal).
-Status ReadExact(int fd, void* out, size_t size, Deadline deadline, const StopCheck& stop,
+Status ReadExact(TlsSession& tls, void* out, size_t size, Deadline deadline, const StopCheck& stop,
                  const std::string& peer, const std::function<void()>& on_bytes);
 
 // A StopCheck that never stops.
 Status NoStop();
 
-// A channel over `fd` (connected, authenticated, non-blocking), which it owns
-// and closes. `peer` names the other side in errors, `name` is name().
-std::unique_ptr<Channel> MakeTcpChannel(int fd, std::string peer, std::string name,
-                                        const ChannelOptions& options);
+// A channel over `fd` (connected, non-blocking, its TLS handshake done in
+// `tls`), which it owns and closes. `peer` names the other side in errors,
+// `name` is name().
+std::unique_ptr<Channel> MakeTcpChannel(int fd, std::unique_ptr<TlsSession> tls, std::string peer,
+                                        std::string name, const ChannelOptions& options);
 
 }  // namespace ckpt::ipc::internal
 

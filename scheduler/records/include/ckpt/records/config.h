@@ -141,6 +141,9 @@ struct RemoteWorkersConfig {
   // Spawn the [[devices]] workers on this host (shared memory); false: only
   // connected workers train (REQUIRES: listen). Default: true.
   bool local = true;
+  // Connected workers at once; one more is closed at once (logged). In
+  // [1, 4096]. Default: 64.
+  int max_remote = 64;
 };
 
 // Limits of an experiment file (docs/LIMITS.md); past each, parsing fails

@@ -30,12 +30,16 @@
 // - Stats: ring_bytes is the receive queue's bound; send_ring_used the bytes
 //   the kernel still holds unsent (SIOCOUTQ).
 //
-// Authentication (before any record): the listener sends a CHALLENGE with a
-// 32-byte random nonce Ns; the worker answers PROOF = its own nonce Nw and
-// HMAC-SHA256(secret, Ns || Nw || "ckpt-worker-v1"); the listener compares it
-// in constant time and answers ACCEPT = HMAC-SHA256(secret, Nw || Ns ||
-// "ckpt-scheduler-v1"), which the worker checks in turn (mutual). The secret
-// never travels. Any failure closes the connection.
+// Security (tls.h): every connection is TLS 1.3, keyed by the experiment's
+// secret as an external pre-shared key with an ephemeral (EC)DHE exchange on
+// top: both ends prove they hold the secret (which never travels), and every
+// frame after the handshake, heartbeats included, is encrypted and
+// authenticated; a changed, replayed, reordered, dropped-then-resumed or
+// injected record fails TLS's authentication, and the connection is dead from
+// then on (Corruption, then Unavailable). There is no plaintext mode. A
+// recorded session cannot be decrypted later even with the secret (forward
+// secrecy). Not protected: that a connection exists, its timing and its sizes;
+// and anyone holding the secret file is a worker.
 //
 // Thread-safety: as Channel. TcpListener: Accept from one thread at a time;
 // port(), Stats() and Close() from any thread.
@@ -56,6 +60,12 @@ namespace ckpt::ipc {
 
 // Largest payload of one frame; larger messages are fragmented.
 inline constexpr size_t kTcpMaxFramePayload = size_t{1} << 20;
+// Room beside a state in the largest record (TRAIN, RESULT): names, figures.
+inline constexpr size_t kTcpMessageSlackBytes = size_t{1} << 20;
+// The largest message a TCP channel accepts by default: the store's default
+// blob limit (StoreOptions::max_blob_bytes, 1 GiB) plus the slack. A longer
+// claim breaks the stream before any byte of it is buffered.
+inline constexpr size_t kDefaultTcpMaxMessageBytes = (size_t{1} << 30) + kTcpMessageSlackBytes;
 // Shortest secret LoadSecretFile accepts.
 inline constexpr size_t kMinSecretBytes = 32;
 
@@ -74,16 +84,19 @@ StatusOr<std::string> LoadSecretFile(const std::string& path);
 // and a newline. AlreadyExists when it exists; IOError when it cannot be made.
 Status CreateSecretFile(const std::string& path);
 
-// An authenticated connection.
+// An authenticated connection (its TLS handshake done).
 struct Accepted {
   std::unique_ptr<Channel> channel;
   std::string peer;  // "ADDRESS:PORT" of the worker
 };
 
 struct TcpOptions {
-  // Record and liveness settings (ring_bytes bounds the receive queue;
+  TcpOptions() { channel.max_message_bytes = kDefaultTcpMaxMessageBytes; }
+  // Record and liveness settings (ring_bytes bounds the receive queue, the
+  // message being reassembled included, and at least one message;
   // max_message_bytes, heartbeat_interval and heartbeat_timeout as there;
-  // spin and populate are unused). Default: ChannelOptions' defaults.
+  // spin and populate are unused). Default: ChannelOptions' defaults, but
+  // max_message_bytes = kDefaultTcpMaxMessageBytes.
   ChannelOptions channel;
   // How long the handshake may take after the TCP connection is made. A peer
   // that has not proven itself by then is dropped. Default: 5 s.
@@ -91,8 +104,14 @@ struct TcpOptions {
   // TcpListener only: connections being authenticated at once; more are
   // closed at once (and refused). Default: 64.
   int max_pending_handshakes = 64;
+  // TcpListener only: of those, from one source address at once (so that one
+  // host cannot hold every slot). Default: 8.
+  int max_handshakes_per_source = 8;
   // TcpListener only: told of each refused connection (peer "ADDRESS:PORT",
-  // why), on the listener's thread; it must not block. Default: none.
+  // why), of each failed accept (peer "(accept)") and of each handler that
+  // threw (peer "(listener)"), on the listener's thread; it must not block,
+  // and should throttle its logging (a peer can cause one call per
+  // connection). Default: none.
   std::function<void(const std::string& peer, const Status& why)> on_refused;
   // TcpListener only: when set, each authenticated connection is handed to
   // it, on the listener's thread (it must not block), instead of being queued
@@ -103,27 +122,30 @@ struct TcpOptions {
 class TcpChannel {
  public:
   // Connects to `host_port` ("HOST:PORT"; HOST a name or an IPv4/IPv6 address,
-  // IPv6 in brackets) and authenticates with `secret`, once, within
+  // IPv6 in brackets) and makes the TLS handshake keyed by `secret`, once, within
   // handshake_timeout plus the connection time (bounded by the same).
   // Unavailable when nothing listens there or the connection fails;
-  // FailedPrecondition when the listener refuses the proof or does not prove
-  // itself; InvalidArgument for a malformed address. The returned channel's
-  // name() is "tcp:HOST:PORT".
+  // FailedPrecondition when the TLS handshake fails (the listener holds
+  // another secret, or speaks another protocol version); InvalidArgument for a malformed address.
+  // The returned channel's name() is "tcp:HOST:PORT".
   static StatusOr<std::unique_ptr<Channel>> Connect(const std::string& host_port,
                                                     const std::string& secret,
                                                     const TcpOptions& options);
 };
 
 struct TcpListenerStats {
-  uint64_t accepted = 0;  // connections that proved themselves
-  uint64_t refused = 0;   // wrong or missing proof, bad frames, handshake timeouts
+  uint64_t accepted = 0;       // connections that proved themselves
+  uint64_t refused = 0;        // failed TLS handshakes, handshake timeouts, no slot
+  uint64_t accept_errors = 0;  // failed accept(2) calls (each followed by a backoff)
+  uint64_t faults = 0;         // handlers that threw (the listener went on)
 };
 
 // Listens on one address and authenticates connecting workers on its own
-// thread (asynchronous handshakes, each with a deadline; no thread per
-// connection); authenticated ones are queued for Accept, or handed to
-// TcpOptions::on_accepted. A refused connection is closed, logged as a warning naming the
-// peer, and counted; it costs nothing else.
+// thread (asynchronous TLS handshakes, each with a deadline, at most
+// max_pending_handshakes at once and max_handshakes_per_source from one
+// address; no thread per connection; a failed accept backs off up to 1 s); authenticated ones are
+// queued for Accept, or handed to TcpOptions::on_accepted. A refused connection is closed, logged
+// as a warning naming the peer, and counted; it costs nothing else.
 class TcpListener {
  public:
   // Binds `host_port` ("HOST:PORT", port 0 = an ephemeral port). InvalidArgument

@@ -1,0 +1,293 @@
+// Hostile peers of the TCP transport over real loopback sockets: a man in the
+// middle (a relay thread) that flips one bit of the TLS stream or replays a
+// recorded opening, an authenticated peer that claims a 2 GiB message, and
+// 1,000 slow connections from one address that must not keep a real worker
+// out. Loopback only (127.0.0.1 and 127.0.0.2).
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <sys/resource.h>
+
+#include <atomic>
+#include <chrono>
+#include <fstream>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "ckpt/ipc/messages.h"
+#include "ckpt/ipc/tcp_channel.h"
+#include "tcp_test_peer.h"
+
+namespace ckpt::ipc {
+namespace {
+
+using std::chrono::milliseconds;
+using testing::kSecret;
+
+// Relays one connection between a client and `upstream_port`, handing each
+// chunk of the client's stream to `tamper` (which may change it) and
+// recording it.
+class Relay {
+ public:
+  using Tamper = std::function<void(std::vector<uint8_t>* chunk, uint64_t offset)>;
+  Relay(uint16_t upstream_port, Tamper tamper) : tamper_(std::move(tamper)) {
+    lfd_ = testing::RawListen(&port_);
+    thread_ = std::thread([this, upstream_port] { Run(upstream_port); });
+  }
+  ~Relay() {
+    stop_ = true;
+    thread_.join();
+    close(lfd_);
+  }
+  uint16_t port() const { return port_; }
+  std::vector<uint8_t> recorded() {
+    std::lock_guard<std::mutex> l(mu_);
+    return recorded_;
+  }
+
+ private:
+  void Run(uint16_t upstream_port) {
+    pollfd pl{lfd_, POLLIN, 0};
+    while (!stop_ && poll(&pl, 1, 50) == 0) {
+    }
+    if (stop_) return;
+    const int down = accept(lfd_, nullptr, nullptr);
+    const int up = testing::RawConnect(upstream_port);
+    uint64_t offset = 0;
+    std::vector<uint8_t> buf(1 << 16);
+    while (!stop_) {
+      pollfd p[2] = {{down, POLLIN, 0}, {up, POLLIN, 0}};
+      if (poll(p, 2, 50) <= 0) continue;
+      if (p[1].revents != 0) {
+        const ssize_t n = recv(up, buf.data(), buf.size(), 0);
+        if (n <= 0 || send(down, buf.data(), static_cast<size_t>(n), MSG_NOSIGNAL) != n) break;
+      }
+      if (p[0].revents != 0) {
+        const ssize_t n = recv(down, buf.data(), buf.size(), 0);
+        if (n <= 0) break;
+        std::vector<uint8_t> chunk(buf.data(), buf.data() + n);
+        {
+          std::lock_guard<std::mutex> l(mu_);
+          recorded_.insert(recorded_.end(), chunk.begin(), chunk.end());
+        }
+        if (tamper_) tamper_(&chunk, offset);
+        offset += static_cast<uint64_t>(n);
+        testing::WriteRaw(up, chunk.data(), chunk.size());
+      }
+    }
+    close(down);
+    close(up);
+  }
+
+  Tamper tamper_;
+  int lfd_ = -1;
+  uint16_t port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+  std::mutex mu_;
+  std::vector<uint8_t> recorded_;
+};
+
+struct Refusals {
+  std::mutex mu;
+  std::vector<std::string> seen;
+  void Add(const std::string& peer, const Status& why) {
+    std::lock_guard<std::mutex> l(mu);
+    seen.push_back(peer + ": " + why.ToString());
+  }
+  std::string All() {
+    std::lock_guard<std::mutex> l(mu);
+    std::string out;
+    for (const auto& s : seen) out += s + "\n";
+    return out;
+  }
+  size_t size() {
+    std::lock_guard<std::mutex> l(mu);
+    return seen.size();
+  }
+};
+
+std::vector<uint8_t> StatsRecord(uint64_t samples) {
+  Stats st;
+  st.samples_total = samples;
+  std::vector<uint8_t> b(EncodedSize(st));
+  EXPECT_TRUE(Encode(st, b.data(), b.size()).ok());
+  return b;
+}
+
+TEST(TcpAttackTest, OneFlippedBitAfterTheHandshakeKillsTheConnectionAndIsNotDelivered) {
+  auto l = TcpListener::Listen("127.0.0.1:0", kSecret, {});
+  ASSERT_TRUE(l.ok());
+  // The handshake is a few hundred bytes; from 4 KiB on the worker sends
+  // records only. One bit flips there.
+  std::atomic<bool> flipped{false};
+  constexpr uint64_t kAt = 4096 + 100;
+  Relay relay((*l)->port(), [&](std::vector<uint8_t>* c, uint64_t off) {
+    if (off <= kAt && kAt < off + c->size()) {
+      (*c)[kAt - off] ^= 0x01;
+      flipped = true;
+    }
+  });
+  auto w = TcpChannel::Connect("127.0.0.1:" + std::to_string(relay.port()), kSecret, {});
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  auto a = (*l)->Accept(DeadlineIn(milliseconds(10000)));
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  // Records of 1 KiB: the first few arrive intact, then the flipped one is
+  // refused, and nothing after it is delivered.
+  const std::vector<uint8_t> kib(1024, 0x33);
+  for (int i = 0; i < 64; ++i) {
+    if (!(*w)->Send(RecordType::kStats, kib.data(), kib.size(), DeadlineIn(milliseconds(5000)))
+             .ok()) {
+      break;
+    }
+  }
+  int delivered = 0;
+  Status end;
+  while (true) {
+    auto r = a->channel->Receive(DeadlineIn(milliseconds(10000)));
+    if (!r.ok()) {
+      end = r.status();
+      break;
+    }
+    ASSERT_EQ(r->size, kib.size());
+    ASSERT_EQ(std::memcmp(r->payload, kib.data(), kib.size()), 0) << "a changed record delivered";
+    ++delivered;
+  }
+  EXPECT_TRUE(flipped.load());
+  EXPECT_LT(delivered, 64);
+  EXPECT_TRUE(end.IsUnavailable()) << end.ToString();
+  EXPECT_NE(end.message().find("TLS record refused"), std::string::npos) << end.ToString();
+  EXPECT_NE(end.message().find(a->peer), std::string::npos) << end.ToString();
+  EXPECT_FALSE(a->channel->PeerAlive());
+}
+
+TEST(TcpAttackTest, AReplayedOpeningIsRefusedByTheListener) {
+  Refusals refusals;
+  TcpOptions o;
+  o.on_refused = [&](const std::string& peer, const Status& why) { refusals.Add(peer, why); };
+  auto l = TcpListener::Listen("127.0.0.1:0", kSecret, o);
+  ASSERT_TRUE(l.ok());
+  std::vector<uint8_t> recorded;
+  {
+    Relay relay((*l)->port(), nullptr);
+    auto w = TcpChannel::Connect("127.0.0.1:" + std::to_string(relay.port()), kSecret, {});
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    auto a = (*l)->Accept(DeadlineIn(milliseconds(10000)));
+    ASSERT_TRUE(a.ok());
+    const auto rec = StatsRecord(7);
+    ASSERT_TRUE(
+        (*w)->Send(RecordType::kStats, rec.data(), rec.size(), DeadlineIn(milliseconds(5000)))
+            .ok());
+    ASSERT_TRUE(a->channel->Receive(DeadlineIn(milliseconds(5000))).ok());
+    recorded = relay.recorded();
+  }
+  ASSERT_GT(recorded.size(), 200u);
+  // On the wire, nothing of the frames shows: not their magic ("ckpT").
+  const std::string wire_bytes(recorded.begin(), recorded.end());
+  EXPECT_EQ(wire_bytes.find("ckpT"), std::string::npos) << "a frame travelled in the clear";
+  // The whole recorded client side, sent again on a new connection.
+  const int fd = testing::RawConnect((*l)->port());
+  testing::WriteRaw(fd, recorded.data(), recorded.size());
+  std::vector<uint8_t> sink(4096);
+  while (read(fd, sink.data(), sink.size()) > 0) {
+  }
+  close(fd);
+  auto again = (*l)->Accept(DeadlineIn(milliseconds(500)));
+  EXPECT_TRUE(again.status().IsResourceExhausted()) << "a replayed session was accepted";
+  EXPECT_EQ((*l)->Stats().accepted, 1u);
+  EXPECT_EQ((*l)->Stats().refused, 1u);
+  EXPECT_NE(refusals.All().find("not a ckpt worker"), std::string::npos) << refusals.All();
+}
+
+int64_t PeakRssKiB() {
+  std::ifstream in("/proc/self/status");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6));
+  }
+  return -1;
+}
+
+TEST(TcpAttackTest, AnAuthenticatedPeerClaimingA2GiBMessageBreaksOnlyItsStream) {
+  uint16_t port = 0;
+  const int lfd = testing::RawListen(&port);
+  StatusOr<std::unique_ptr<Channel>> w = Status::Internal("unset");
+  std::thread t([&] { w = TcpChannel::Connect("127.0.0.1:" + std::to_string(port), kSecret, {}); });
+  const int fd = accept(lfd, nullptr, nullptr);
+  auto tls = testing::ServerHandshake(fd, kSecret);
+  ASSERT_TRUE(tls != nullptr);
+  t.join();
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  const int64_t before = PeakRssKiB();
+  // The first fragment of a 2 GiB RESULT: its header claims the whole size.
+  std::vector<uint8_t> mib(kTcpMaxFramePayload, 0x77);
+  auto f = testing::Frame(static_cast<uint16_t>(RecordType::kFragment), 1, mib);
+  auto* h = reinterpret_cast<wire::FrameHeader*>(f.data());
+  h->flags = wire::kFlagFirst;
+  h->message_type = static_cast<uint16_t>(RecordType::kResult);
+  h->message_bytes = uint64_t{2} << 30;
+  h->header_xxh3 = Xxh3_64(h, wire::kHeaderChecked);
+  testing::WriteSealed(fd, *tls, f);
+  auto r = (*w)->Receive(DeadlineIn(milliseconds(10000)));
+  EXPECT_TRUE(r.status().IsCorruption()) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("bad fragment header"), std::string::npos)
+      << r.status().ToString();
+  EXPECT_LT(PeakRssKiB() - before, 64 * 1024) << "the claim was buffered";
+  tls.reset();
+  close(fd);
+  close(lfd);
+}
+
+TEST(TcpAttackTest, AThousandSlowConnectionsDoNotKeepAWorkerOut) {
+  // Descriptors for 1,000 connections, both ends, in this process.
+  rlimit nofile{};
+  getrlimit(RLIMIT_NOFILE, &nofile);
+  if (nofile.rlim_cur < 2500) {
+    nofile.rlim_cur = std::min<rlim_t>(nofile.rlim_max, 4096);
+    setrlimit(RLIMIT_NOFILE, &nofile);
+  }
+  if (nofile.rlim_cur < 2500) GTEST_SKIP() << "RLIMIT_NOFILE too low: " << nofile.rlim_cur;
+  std::atomic<uint64_t> refusals{0};
+  TcpOptions o;
+  o.handshake_timeout = milliseconds(1000);
+  o.on_refused = [&](const std::string&, const Status&) { ++refusals; };
+  auto l = TcpListener::Listen("127.0.0.1:0", kSecret, o);
+  ASSERT_TRUE(l.ok());
+  const uint16_t port = (*l)->port();
+  // 1,000 connections from 127.0.0.2, each with the first byte of a TLS
+  // record and then nothing (a slow client).
+  const auto start = Clock::now();
+  std::vector<int> slow;
+  for (int i = 0; i < 1000; ++i) {
+    const int fd = testing::RawConnect(port, "127.0.0.2");
+    const uint8_t first = 0x16;
+    testing::WriteRaw(fd, &first, 1);
+    slow.push_back(fd);
+  }
+  // A real worker, from 127.0.0.1, gets in at once: the slow ones hold at
+  // most max_handshakes_per_source slots.
+  const auto before_worker = Clock::now();
+  auto wk = TcpChannel::Connect("127.0.0.1:" + std::to_string(port), kSecret, {});
+  ASSERT_TRUE(wk.ok()) << wk.status().ToString();
+  auto a = (*l)->Accept(DeadlineIn(milliseconds(5000)));
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_LT(Clock::now() - before_worker, milliseconds(3000));
+  // Every slow one is refused within the handshake timeout of its slot.
+  const auto until = Clock::now() + milliseconds(20000);
+  while ((*l)->Stats().refused < 1000 && Clock::now() < until) {
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  EXPECT_EQ((*l)->Stats().refused, 1000u);
+  EXPECT_EQ(refusals.load(), 1000u);
+  EXPECT_EQ((*l)->Stats().accepted, 1u);
+  EXPECT_LT(Clock::now() - start, milliseconds(20000));
+  for (int fd : slow) close(fd);
+  // And the worker's link works.
+  const auto rec = StatsRecord(3);
+  ASSERT_TRUE(
+      (*wk)->Send(RecordType::kStats, rec.data(), rec.size(), DeadlineIn(milliseconds(5000))).ok());
+  auto r = a->channel->Receive(DeadlineIn(milliseconds(5000)));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+}
+
+}  // namespace
+}  // namespace ckpt::ipc
