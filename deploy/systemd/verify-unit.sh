@@ -8,6 +8,8 @@
 # checked as a copy whose ExecStart points at the given binary (default: the
 # one in build/bin). verify exits 0 on unknown keys and unparsable values,
 # only printing them, so any line it prints about the unit fails the check.
+# Then `systemd-analyze security --offline=true` scores the unit's sandbox,
+# which must stay at or below an exposure of 2.0.
 # Exit: 0 clean, 1 problems, 77 systemd-analyze missing (ctest: skipped).
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
@@ -39,3 +41,15 @@ if [ "$rc" -ne 0 ]; then
   exit 1
 fi
 echo "systemd-analyze verify: $unit is clean ($(systemd-analyze --version | head -n1))"
+
+# The sandbox, scored offline: the overall exposure (0 = locked down, 10 =
+# none) must stay at most MAX_EXPOSURE tenths (README: 1.9 with systemd 252;
+# 5.6 before SystemCallFilter=, CapabilityBoundingSet= & co.).
+max_exposure=20
+score=$(systemd-analyze security --offline=true "$work/ckpt-scheduler.service" 2>&1 | tail -n1)
+echo "systemd-analyze security: $score"
+if ! systemd-analyze security --offline=true --threshold=$max_exposure \
+    "$work/ckpt-scheduler.service" >/dev/null 2>&1; then
+  echo "systemd-analyze security: exposure above $max_exposure tenths for $unit" >&2
+  exit 1
+fi

@@ -41,8 +41,4 @@ Status RandomBytes(void* out, size_t size) {
   return Status::OK();
 }
 
-bool MacEqual(const Mac& a, const Mac& b) {
-  return CRYPTO_memcmp(a.data(), b.data(), kMacBytes) == 0;
-}
-
 }  // namespace ckpt::ipc::internal

@@ -1,7 +1,7 @@
-// The OpenSSL adapter of ckpt::ipc (private): HMAC-SHA256, random bytes and a
-// constant-time comparison for the TCP transport's challenge-response
-// handshake (tcp_channel.cc). OpenSSL is used in hmac.cc alone; its failures
-// become a Status here.
+// The libcrypto adapter of ckpt::ipc (private): HMAC-SHA256 (the TLS key is
+// derived with it, tls.cc) and random bytes (secret files, tcp_secret.cc).
+// Its failures become a Status here; the TLS adapter (tls.h) is the other
+// file that uses OpenSSL.
 //
 // Thread-safety: pure functions (OpenSSL 1.1+ is thread-safe without setup).
 #ifndef CKPT_IPC_SRC_HMAC_H_
@@ -24,9 +24,6 @@ StatusOr<Mac> HmacSha256(const std::string& key, const void* data, size_t size);
 
 // Fills [out, out + size) from OpenSSL's CSPRNG. IOError when it is not seeded.
 Status RandomBytes(void* out, size_t size);
-
-// True when the two MACs are equal; takes the same time whatever they hold.
-bool MacEqual(const Mac& a, const Mac& b);
 
 }  // namespace ckpt::ipc::internal
 
