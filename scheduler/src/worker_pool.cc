@@ -301,16 +301,12 @@ void WorkerPool::StopListening() {
 
 void WorkerPool::AddRemote(ipc::Accepted accepted) {
   if (stopped_ || draining_) return;  // the channel closes as it goes
+  // A lost remote worker's entry holds no channel, thread or buffer (OnLost
+  // let its handle go); only its index stays, so that events and commits
+  // keep naming one connection each. The live ones are capped.
   size_t live = 0;
-  size_t reuse = workers_.size();
-  for (size_t j = 0; j < workers_.size(); ++j) {
-    const Worker& o = *workers_[j];
-    if (!o.remote) continue;
-    if (o.handle) {
-      ++live;
-    } else if (reuse == workers_.size()) {
-      reuse = j;
-    }
+  for (const auto& o : workers_) {
+    if (o->remote && o->handle) ++live;
   }
   if (live >= static_cast<size_t>(std::max(0, options_.max_remote_workers))) {
     // Logged for the first few, then every 100th: a flood must not flood the log.
@@ -322,14 +318,8 @@ void WorkerPool::AddRemote(ipc::Accepted accepted) {
     }
     return;  // the channel closes as it goes
   }
-  // A lost remote worker's entry is reaped: its index, devices() entry and
-  // incarnation count go to the new one (late events of the old are ignored).
-  const size_t i = reuse;
+  const size_t i = workers_.size();
   auto w = std::make_unique<Worker>();
-  if (i < workers_.size()) {
-    w->incarnation = workers_[i]->incarnation;
-    w->peak_rss_total = workers_[i]->peak_rss_total;
-  }
   w->remote = true;
   w->spec.index = static_cast<int>(i);
   w->spec.name = "r" + std::to_string(remotes_++);
@@ -345,13 +335,8 @@ void WorkerPool::AddRemote(ipc::Accepted accepted) {
       });
   Logger().info("worker {} ({}) connected from {}", i, w->spec.name, accepted.peer);
   if (options_.metrics) options_.metrics->WorkerStarted(w->spec.name, w->spec.device.device, 0);
-  if (i < workers_.size()) {
-    devices_[i] = w->spec.device;
-    workers_[i] = std::move(w);
-  } else {
-    devices_.push_back(w->spec.device);
-    workers_.push_back(std::move(w));
-  }
+  devices_.push_back(w->spec.device);
+  workers_.push_back(std::move(w));
   ArmHelloTimer(i, inc);
 }
 

@@ -118,8 +118,9 @@ struct WorkerPoolOptions {
   // Default: "".
   std::string address_file;
   // Remote workers connected at once; one more is closed at once (logged).
-  // A lost remote worker's entry is reused by the next one, so the pool holds
-  // at most this many remote entries. Default: kDefaultMaxRemoteWorkers.
+  // A lost one releases its channel and threads; its entry (index, device
+  // name) stays so that logs and commits name one connection each.
+  // Default: kDefaultMaxRemoteWorkers.
   int max_remote_workers = kDefaultMaxRemoteWorkers;
   // The largest record a remote worker may send (and be sent): the store's
   // blob limit plus room for the record's other fields. Default: the default
@@ -193,7 +194,7 @@ class WorkerPool : public TaskSink {
   void Start(size_t i);
   void ArmHelloTimer(size_t i, uint64_t incarnation);
   // On the event loop: a remote worker authenticated by the listener; closed
-  // at once past max_remote_workers. Reuses a lost remote worker's entry.
+  // at once past max_remote_workers.
   void AddRemote(ipc::Accepted accepted);
   void StopListening();
   void OnEvent(size_t i, uint64_t incarnation, WorkerEvent ev);

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <fstream>
 #include <mutex>
+#include <sstream>
 #include <thread>
 #include <vector>
 
@@ -287,6 +288,34 @@ TEST(TcpAttackTest, AThousandSlowConnectionsDoNotKeepAWorkerOut) {
       (*wk)->Send(RecordType::kStats, rec.data(), rec.size(), DeadlineIn(milliseconds(5000))).ok());
   auto r = a->channel->Receive(DeadlineIn(milliseconds(5000)));
   ASSERT_TRUE(r.ok()) << r.status().ToString();
+}
+
+// docs/LIMITS.md's TCP rows say what the code's constants are: each number
+// is printed from the constant and looked for in the row that names it.
+std::string Mib(size_t bytes) {
+  return bytes % (size_t{1} << 30) == 0 ? std::to_string(bytes >> 30) + " GiB"
+                                        : std::to_string(bytes >> 20) + " MiB";
+}
+
+TEST(TcpAttackTest, LimitsDocMatchesTheConstants) {
+  std::ifstream in(std::string(CKPT_SOURCE_DIR) + "/docs/LIMITS.md");
+  ASSERT_TRUE(in) << "docs/LIMITS.md";
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string doc = text.str();
+  const TcpOptions o;
+  const std::vector<std::string> want = {
+      "`kDefaultTcpMaxMessageBytes`: the store's default blob limit (" +
+          Mib(kDefaultTcpMaxMessageBytes - kTcpMessageSlackBytes) + ") + " +
+          Mib(kTcpMessageSlackBytes) + " (`kTcpMessageSlackBytes`)",
+      Mib(kTcpMaxFramePayload) + " (`kTcpMaxFramePayload`)",
+      std::to_string(o.max_pending_handshakes) + " (`max_pending_handshakes`), " +
+          std::to_string(o.max_handshakes_per_source) +
+          " from one address (`max_handshakes_per_source`), each done within " +
+          std::to_string(o.handshake_timeout.count() / 1000) + " s",
+  };
+  for (const auto& w : want) EXPECT_NE(doc.find(w), std::string::npos) << "not in LIMITS.md: " << w;
+  EXPECT_EQ(o.channel.max_message_bytes, kDefaultTcpMaxMessageBytes);
 }
 
 }  // namespace
