@@ -4,6 +4,7 @@
 #include "ckpt/scheduler/control_client.h"
 
 #include <fcntl.h>
+#include <grp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -14,6 +15,7 @@
 #include <cerrno>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <vector>
 
 #include "control_protocol.h"
 
@@ -24,6 +26,35 @@ using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 std::string Errno(int err) { return std::strerror(err); }
+
+Status NoService(const std::string& path, const std::string& why) {
+  return Status::Unavailable("no ckpt-scheduler answers at " + path +
+                             ": is the service running? `systemctl status ckpt-scheduler` (" + why +
+                             ")");
+}
+
+// The group owning the socket, else its directory: the one to join.
+std::string GroupToJoin(const std::string& path) {
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) {
+    const auto slash = path.rfind('/');
+    const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash + (slash == 0));
+    if (stat(dir.c_str(), &st) != 0) return "ckpt";
+  }
+  std::vector<char> buf(16384);
+  group gr;
+  group* found = nullptr;
+  if (getgrgid_r(st.st_gid, &gr, buf.data(), buf.size(), &found) != 0 || found == nullptr) {
+    return std::to_string(st.st_gid);
+  }
+  return gr.gr_name;
+}
+
+Status PermissionDenied(const std::string& path) {
+  const std::string g = GroupToJoin(path);
+  return Status::FailedPrecondition("permission denied on " + path + ": add yourself to group " +
+                                    g + " (`sudo usermod -aG " + g + " $USER`, then log in again)");
+}
 
 class ControlClientImpl : public ControlClient {
  public:
@@ -51,6 +82,12 @@ class ControlClientImpl : public ControlClient {
       sent += static_cast<size_t>(n);
     }
     return ReadLine(deadline);
+  }
+
+  StatusOr<std::string> CallChecked(const std::string& request_line) override {
+    CKPT_ASSIGN_OR_RETURN(std::string line, CallRaw(request_line));
+    CKPT_RETURN_IF_ERROR(Check(line).status());
+    return line;
   }
 
   StatusOr<std::string> Submit(const std::string& toml, const std::string& origin) override {
@@ -88,6 +125,24 @@ class ControlClientImpl : public ControlClient {
       CKPT_ASSIGN_OR_RETURN(WorkerStatus w, protocol::WorkerFromJson(d));
       out.push_back(std::move(w));
     }
+    return out;
+  }
+
+  StatusOr<ServiceStatus> Overview() override {
+    CKPT_ASSIGN_OR_RETURN(json reply, Call({{"verb", "status"}}));
+    ServiceStatus out;
+    CKPT_ASSIGN_OR_RETURN(out.experiments, Summaries(reply));
+    auto devices = reply.find("devices");
+    if (devices == reply.end() || !devices->is_array()) {
+      return Status::Internal("status reply without a 'devices' array");
+    }
+    for (const auto& d : *devices) {
+      CKPT_ASSIGN_OR_RETURN(WorkerStatus w, protocol::WorkerFromJson(d));
+      out.workers.push_back(std::move(w));
+    }
+    auto service = reply.find("service");
+    if (service == reply.end()) return Status::Internal("status reply without 'service'");
+    CKPT_ASSIGN_OR_RETURN(out.service, protocol::ServiceFromJson(*service));
     return out;
   }
 
@@ -187,6 +242,11 @@ class ControlClientImpl : public ControlClient {
   // One request; an "ok": false reply becomes its Status.
   StatusOr<json> Call(const json& request) {
     CKPT_ASSIGN_OR_RETURN(std::string line, CallRaw(protocol::Dump(request)));
+    return Check(line);
+  }
+
+  // The reply line as JSON; an "ok": false reply becomes its Status.
+  StatusOr<json> Check(const std::string& line) {
     json reply = json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (!reply.is_object()) {
       return Fail(Status::Corruption("reply from " + options_.socket_path +
@@ -240,8 +300,9 @@ StatusOr<std::unique_ptr<ControlClient>> ControlClient::Connect(
     return Status::InvalidArgument("control socket path " + path + " is too long");
   }
   struct stat st;
-  if (stat(path.c_str(), &st) != 0 && errno == ENOENT) {
-    return Status::NotFound("no control socket at " + path + " (is ckpt-scheduler serve running?)");
+  if (stat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return NoService(path, "no socket there");
+    if (errno == EACCES) return PermissionDenied(path);
   }
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return Status::IOError("socket(): " + Errno(errno));
@@ -261,15 +322,9 @@ StatusOr<std::unique_ptr<ControlClient>> ControlClient::Connect(
     if (err == EAGAIN) {
       return Status::Unavailable("connecting to " + path + ": the scheduler is not accepting");
     }
-    if (err == ECONNREFUSED) {
-      return Status::Unavailable("nothing listens on " + path +
-                                 " (a stale socket: is ckpt-scheduler serve running?)");
-    }
-    if (err == ENOENT) return Status::NotFound("no control socket at " + path);
-    if (err == EACCES) {
-      return Status::Unavailable("permission denied connecting to " + path +
-                                 " (join the scheduler's group?)");
-    }
+    if (err == ECONNREFUSED) return NoService(path, "a stale socket: nothing listens on it");
+    if (err == ENOENT) return NoService(path, "no socket there");
+    if (err == EACCES || err == EPERM) return PermissionDenied(path);
     return Status::IOError("connecting to " + path + ": " + Errno(err));
   }
   return std::unique_ptr<ControlClient>(new ControlClientImpl(fd, options));

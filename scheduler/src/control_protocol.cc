@@ -8,6 +8,8 @@
 #include <stdexcept>
 #include <vector>
 
+#include "ckpt/scheduler/summary_text.h"
+
 namespace ckpt::scheduler::protocol {
 namespace {
 
@@ -220,13 +222,15 @@ StatusOr<const VerbSpec*> Validate(const json& request, std::string* verb) {
 json SummaryToJson(const ExperimentSummary& s, bool with_members) {
   json j = {{"id", s.id},
             {"status", s.status},
+            {"phase", ExperimentPhaseName(s.phase)},
             {"population", s.population},
             {"intervals", s.intervals},
             {"generation", s.generation},
             {"exploits", s.exploits},
             {"member_intervals", s.member_intervals},
             {"train_samples", s.train_samples},
-            {"best_val_acc", s.members.empty() ? -1.0 : Finite(s.members.front().val_acc)}};
+            {"best_val_acc", s.members.empty() ? -1.0 : Finite(s.members.front().val_acc)},
+            {"progress", ProgressLine(s)}};
   if (!with_members) return j;
   j["wall_s"] = Finite(s.wall_s);
   j["training_s"] = Finite(s.training_s);
@@ -250,11 +254,17 @@ json SummaryToJson(const ExperimentSummary& s, bool with_members) {
 }
 
 json WorkerToJson(const WorkerStatus& w) {
-  return {{"index", w.index},       {"device", w.device},
-          {"pid", w.pid},           {"ready", w.ready},
-          {"mode", w.mode},         {"capacity", w.capacity},
-          {"busy", w.busy},         {"restarts", w.restarts},
-          {"given_up", w.given_up}, {"samples_per_s", Finite(w.samples_per_s)}};
+  return {{"index", w.index},
+          {"device", w.device},
+          {"host", w.host},
+          {"pid", w.pid},
+          {"ready", w.ready},
+          {"mode", w.mode},
+          {"capacity", w.capacity},
+          {"busy", w.busy},
+          {"restarts", w.restarts},
+          {"given_up", w.given_up},
+          {"samples_per_s", Finite(w.samples_per_s)}};
 }
 
 StatusOr<ExperimentSummary> SummaryFromJson(const json& j) {
@@ -263,6 +273,11 @@ StatusOr<ExperimentSummary> SummaryFromJson(const json& j) {
     ExperimentSummary s;
     s.id = j.at("id").get<std::string>();
     s.status = j.at("status").get<std::string>();
+    if (j.contains("phase")) {
+      auto phase = ParseExperimentPhase(j.at("phase").get<std::string>());
+      if (!phase.ok()) throw BadField("field 'phase': " + phase.status().message());
+      s.phase = *phase;
+    }
     s.population = Integer<int>(j, "population");
     s.intervals = Integer<int>(j, "intervals");
     s.generation = Integer<int>(j, "generation");
@@ -299,6 +314,7 @@ StatusOr<WorkerStatus> WorkerFromJson(const json& j) {
     WorkerStatus w;
     w.index = Integer<int>(j, "index");
     w.device = j.at("device").get<std::string>();
+    w.host = j.value("host", "");
     w.pid = Integer<int64_t>(j, "pid");
     w.ready = j.at("ready").get<bool>();
     w.mode = j.at("mode").get<std::string>();
@@ -314,6 +330,31 @@ StatusOr<WorkerStatus> WorkerFromJson(const json& j) {
     return Status::InvalidArgument(std::string("device status: ") + e.what());
   }
 }
+
+json ServiceToJson(const ServiceInfo& s) {
+  return {{"version", s.version},           {"host", s.host},   {"pid", s.pid},
+          {"uptime_s", Finite(s.uptime_s)}, {"store", s.store}, {"socket", s.socket}};
+}
+
+StatusOr<ServiceInfo> ServiceFromJson(const json& j) {
+  if (!j.is_object()) return Status::InvalidArgument("service status is not a JSON object");
+  try {
+    ServiceInfo s;
+    s.version = j.at("version").get<std::string>();
+    s.host = j.at("host").get<std::string>();
+    s.pid = Integer<int64_t>(j, "pid");
+    s.uptime_s = j.at("uptime_s").get<double>();
+    s.store = j.at("store").get<std::string>();
+    s.socket = j.at("socket").get<std::string>();
+    return s;
+  } catch (const json::exception& e) {
+    return Status::InvalidArgument(std::string("service status: ") + e.what());
+  } catch (const BadField& e) {
+    return Status::InvalidArgument(std::string("service status: ") + e.what());
+  }
+}
+
+const char* CkptVersion() { return CKPT_VERSION; }
 
 json ErrorReply(const Status& status) {
   return {{"ok", false},

@@ -11,6 +11,7 @@
 #include <string_view>
 
 #include "ckpt/format/status.h"
+#include "ckpt/scheduler/control_client.h"
 #include "ckpt/scheduler/summary.h"
 
 namespace ckpt::scheduler::protocol {
@@ -18,10 +19,15 @@ namespace ckpt::scheduler::protocol {
 // "brief" (no members) or "full" (with members) form of a summary.
 nlohmann::json SummaryToJson(const ExperimentSummary& summary, bool with_members);
 nlohmann::json WorkerToJson(const WorkerStatus& worker);
+nlohmann::json ServiceToJson(const ServiceInfo& service);
 
 // InvalidArgument naming the field when a value has the wrong shape.
 StatusOr<ExperimentSummary> SummaryFromJson(const nlohmann::json& j);
 StatusOr<WorkerStatus> WorkerFromJson(const nlohmann::json& j);
+StatusOr<ServiceInfo> ServiceFromJson(const nlohmann::json& j);
+
+// ckpt's version ("0.1.0"), as the service reports it.
+const char* CkptVersion();
 
 // {"ok": false, "code": <name>, "error": <message>}.
 nlohmann::json ErrorReply(const Status& status);

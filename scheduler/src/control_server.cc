@@ -161,10 +161,43 @@ std::string Str(const json& request, const char* key, const std::string& fallbac
   return it == request.end() ? fallback : it->get<std::string>();
 }
 
+std::string HostName() {
+  char name[256] = {};
+  if (gethostname(name, sizeof name - 1) != 0) return "";
+  return name;
+}
+
+ServiceInfo Service(ControlTarget* target, const ControlOptions& options,
+                    Clock::time_point started) {
+  ServiceInfo s;
+  s.version = protocol::CkptVersion();
+  s.host = HostName();
+  s.pid = getpid();
+  s.uptime_s = std::chrono::duration<double>(Clock::now() - started).count();
+  s.store = target->StorePath();
+  s.socket = options.socket_path;
+  return s;
+}
+
+// A NotFound about an experiment that does not exist, with the names that do.
+Status WithKnownExperiments(ControlTarget* target, const json& request, Status error) {
+  if (!error.IsNotFound() || !request.contains("experiment")) return error;
+  const std::string wanted = Str(request, "experiment");
+  std::string names;
+  for (const auto& s : target->ListExperiments()) {
+    if (s.id == wanted) return error;  // the member or version is what is missing
+    names += (names.empty() ? "" : ", ") + s.id;
+  }
+  return Status::NotFound(
+      "experiment '" + wanted + "' not found (" +
+      (names.empty() ? std::string("the scheduler has no experiments") : "experiments: " + names) +
+      ")");
+}
+
 // Runs one validated request against the scheduler. `shutdown_why` is set when
 // the reply must be followed by a graceful stop.
-StatusOr<json> Execute(ControlTarget* target, const std::string& verb, const json& request,
-                       std::string* shutdown_why) {
+StatusOr<json> Execute(ControlTarget* target, const ServiceInfo& service, const std::string& verb,
+                       const json& request, std::string* shutdown_why) {
   json reply = {{"ok", true}};
   if (verb == "submit") {
     CKPT_ASSIGN_OR_RETURN(std::string id,
@@ -192,6 +225,7 @@ StatusOr<json> Execute(ControlTarget* target, const std::string& verb, const jso
     json devices = json::array();
     for (const auto& w : target->DeviceStatus()) devices.push_back(protocol::WorkerToJson(w));
     reply["devices"] = std::move(devices);
+    reply["service"] = protocol::ServiceToJson(service);
   } else if (verb == "pause") {
     CKPT_RETURN_IF_ERROR(target->Pause(Str(request, "experiment")));
   } else if (verb == "resume") {
@@ -227,6 +261,7 @@ struct Core {
   ControlTarget* target;
   ControlOptions options;
   AllowedPeers peers;
+  const Clock::time_point started = Clock::now();
   local::acceptor acceptor;
   asio::steady_timer retry;  // re-accept after an accept error (EMFILE, ...)
   bool closed = false;
@@ -345,11 +380,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
     json reply;
     if (error.ok()) {
       if (request.mutates) Log("uid " + std::to_string(uid_) + ": " + request.verb);
-      auto result = Execute(core_->target, request.verb, request.body, &shutdown_why);
+      auto result = Execute(core_->target, Service(core_->target, core_->options, core_->started),
+                            request.verb, request.body, &shutdown_why);
       if (result.ok()) {
         reply = std::move(*result);
       } else {
-        error = result.status();
+        error = WithKnownExperiments(core_->target, request.body, result.status());
       }
     }
     const json& id = request.id;
@@ -423,9 +459,17 @@ void OnAccepted(const std::shared_ptr<Core>& core, const boost::system::error_co
   } else if (!core->peers.Allows(uid, gid)) {
     Log("refused uid " + std::to_string(uid) + " gid " + std::to_string(gid) +
         ": not an allowed user or group");
-    conn->Refuse(Status::FailedPrecondition(
-        "permission denied: uid " + std::to_string(uid) + " (gid " + std::to_string(gid) +
-        ") is not among the scheduler's allowed users or groups"));
+    const auto& groups = core->options.allowed_groups;
+    const std::string fix =
+        groups.empty() ? "ask an administrator to add you to [control] allowed_users or "
+                         "allowed_groups of the scheduler's configuration"
+                       : "add yourself to group " + groups.front() + " (`sudo usermod -aG " +
+                             groups.front() + " $USER`, then log in again)";
+    conn->Refuse(Status::FailedPrecondition("permission denied: uid " + std::to_string(uid) +
+                                            " (gid " + std::to_string(gid) +
+                                            ") is not among the scheduler's allowed users or "
+                                            "groups: " +
+                                            fix));
   } else if (full) {
     conn->Refuse(Status::ResourceExhausted("too many clients: max_clients (" +
                                            std::to_string(core->options.max_clients) +

@@ -28,6 +28,8 @@ class ControlTarget {
   // NotFound naming the experiment.
   virtual StatusOr<ExperimentSummary> ExperimentStatus(const std::string& exp) = 0;
   virtual std::vector<WorkerStatus> DeviceStatus() = 0;
+  // The store directory.
+  virtual std::string StorePath() = 0;
   // No new intervals start; in-flight ones finish and are committed.
   // NotFound; FailedPrecondition when the experiment has ended.
   virtual Status Pause(const std::string& exp) = 0;

@@ -494,6 +494,7 @@ ExperimentSummary Experiment::Summary(Clock::time_point now) const {
   ExperimentSummary s;
   s.id = id();
   s.status = ExperimentStatusName(status_);
+  s.phase = phase_;
   s.population = config_.population;
   s.intervals = config_.intervals;
   s.generation = generation_;

@@ -123,7 +123,7 @@ struct ExperimentOptions {
   int final_eval_top = 5;
 };
 
-enum class Phase { kTraining, kFinalEval, kDone };
+using Phase = ExperimentPhase;  // ckpt/scheduler/summary.h
 
 class Experiment {
  public:

@@ -16,10 +16,7 @@
 
 namespace ckpt::scheduler {
 
-// "42s", "3m07s", "2h05m"; "?" for a negative or non-finite time.
-std::string FormatDuration(double seconds);
-
-// One experiment's progress line.
+// One experiment's progress line (ckpt/scheduler/summary_text.h).
 std::string ProgressLine(const Experiment& e, Clock::time_point now);
 
 class Progress {

@@ -139,6 +139,7 @@ class SchedulerImpl : public Scheduler, public ControlTarget, public WorkerPoolL
   std::vector<WorkerStatus> DeviceStatus() override {
     return pool_ ? pool_->Status() : std::vector<WorkerStatus>{};
   }
+  std::string StorePath() override { return options_.store_path; }
   Status Pause(const std::string& exp) override;
   Status Resume(const std::string& exp) override;
   Status Stop(const std::string& exp) override;

@@ -321,6 +321,7 @@ void WorkerPool::AddRemote(ipc::Accepted accepted) {
   const size_t i = workers_.size();
   auto w = std::make_unique<Worker>();
   w->remote = true;
+  w->peer = accepted.peer;
   w->spec.index = static_cast<int>(i);
   w->spec.name = "r" + std::to_string(remotes_++);
   w->spec.device.device = w->spec.name + "@" + accepted.peer;
@@ -494,6 +495,7 @@ std::vector<WorkerStatus> WorkerPool::Status() const {
     WorkerStatus s;
     s.index = w->spec.index;
     s.device = w->spec.device.device;
+    s.host = w->peer;
     s.pid = w->handle ? w->handle->pid() : 0;
     s.ready = w->ready;
     s.mode = w->mode;

@@ -189,6 +189,7 @@ class WorkerPool : public TaskSink {
     std::string mode;
     int64_t peak_rss_total = 0;  // over this worker's incarnations
     bool remote = false;         // connected over TCP; never restarted
+    std::string peer;            // remote: "ADDRESS:PORT"
   };
 
   void Start(size_t i);

@@ -12,7 +12,8 @@ CommandLine ParseCommandLine(int argc, const char* const* argv, std::ostream& ou
                              std::ostream& err) {
   CommandLine cl;
   CLI::App app{
-      "ckpt-tool: inspect, compare, picture, export, import, restore and verify checkpoints.\n"
+      "ckpt-tool: inspect, compare, picture, export, import, restore and verify checkpoints,\n"
+      "and drive the running service (submit, status, watch, pause, resume, stop, workers, top).\n"
       "Members are named EXPERIMENT/MEMBER[@VERSION] (the head when no version).\n"
       "Exit codes: 0 ok, 1 not found or verification failed, 2 usage."};
   app.require_subcommand(1);
@@ -125,6 +126,49 @@ CommandLine ParseCommandLine(int argc, const char* const* argv, std::ostream& ou
 
   CLI::App* stats_cmd = app.add_subcommand("stats", "counts, bytes, bytes saved by shared blobs");
 
+  // The running service (`ckpt-scheduler serve`), through its control socket.
+  SubmitOptions& submit = cl.submit;
+  CLI::App* submit_cmd = app.add_subcommand(
+      "submit",
+      "check an experiment file with the scheduler's parser, then hand it to the running "
+      "service; --wait follows it to the end (exit 0 done, 1 stopped or failed)");
+  submit_cmd->add_option("file", submit.file, "EXPERIMENT.toml")->required();
+  submit_cmd->add_flag("--wait", submit.wait, "follow the experiment until it ends (as watch)");
+  CLI::App* status_cmd = app.add_subcommand(
+      "status",
+      "the service (version, uptime, store, workers, each experiment's progress), or one "
+      "experiment's progress and members, live");
+  status_cmd->add_option("experiment", cl.status_exp, "EXPERIMENT");
+  WatchOptions& watch = cl.watch;
+  CLI::App* watch_cmd = app.add_subcommand(
+      "watch",
+      "an experiment's progress line (and table, on a terminal) until it ends (exit 0 done, "
+      "1 stopped or failed)");
+  watch_cmd->add_option("experiment", watch.experiment, "EXPERIMENT")->required();
+  CLI::App* pause_cmd = app.add_subcommand(
+      "pause", "start no new intervals of an experiment (in-flight ones finish)");
+  pause_cmd->add_option("experiment", cl.control_exp, "EXPERIMENT")->required();
+  CLI::App* resume_cmd = app.add_subcommand("resume", "let a paused experiment train again");
+  resume_cmd->add_option("experiment", cl.control_exp, "EXPERIMENT")->required();
+  CLI::App* stop_cmd = app.add_subcommand(
+      "stop", "end an experiment now (in-flight intervals finish and are committed)");
+  stop_cmd->add_option("experiment", cl.control_exp, "EXPERIMENT")->required();
+  CLI::App* workers_cmd = app.add_subcommand(
+      "workers",
+      "each worker of the service: host, device, slots, state, members in flight, samples/s, "
+      "restarts");
+  TopOptions& top = cl.top;
+  CLI::App* top_cmd = app.add_subcommand(
+      "top",
+      "a full-screen live view of the service, refreshed every second (q quits); plain text "
+      "when stdout is not a terminal");
+  top_cmd
+      ->add_option("-n,--iterations", top.iterations,
+                   "refreshes before exiting (default: "
+                   "until q, or forever without a "
+                   "terminal)")
+      ->check(CLI::NonNegativeNumber);
+
   // CLI11 calls a word that names no command "a subcommand is required";
   // say what it is.
   for (int i = 1; i < argc; ++i) {
@@ -163,7 +207,10 @@ CommandLine ParseCommandLine(int argc, const char* const* argv, std::ostream& ou
       {plot_cmd, C::kPlot},     {diff_cmd, C::kDiff},     {events_cmd, C::kEvents},
       {export_cmd, C::kExport}, {import_cmd, C::kImport}, {restore_cmd, C::kRestore},
       {pin_cmd, C::kPin},       {unpin_cmd, C::kUnpin},   {verify_cmd, C::kVerify},
-      {gc_cmd, C::kGc},         {stats_cmd, C::kStats}};
+      {gc_cmd, C::kGc},         {stats_cmd, C::kStats},   {submit_cmd, C::kSubmit},
+      {status_cmd, C::kStatus}, {watch_cmd, C::kWatch},   {pause_cmd, C::kPause},
+      {resume_cmd, C::kResume}, {stop_cmd, C::kStop},     {workers_cmd, C::kWorkers},
+      {top_cmd, C::kTop}};
   for (const auto& [sub, command] : commands) {
     if (sub->parsed()) {
       cl.command = command;
@@ -221,6 +268,30 @@ int RunCommandLine(const CommandLine& cl, FILE* err) {
       break;
     case C::kStats:
       status = Stats(cl.tool);
+      break;
+    case C::kSubmit:
+      status = Submit(cl.tool, cl.submit);
+      break;
+    case C::kStatus:
+      status = ServiceStatus(cl.tool, cl.status_exp);
+      break;
+    case C::kWatch:
+      status = Watch(cl.tool, cl.watch);
+      break;
+    case C::kPause:
+      status = Control(cl.tool, ControlVerb::kPause, cl.control_exp);
+      break;
+    case C::kResume:
+      status = Control(cl.tool, ControlVerb::kResume, cl.control_exp);
+      break;
+    case C::kStop:
+      status = Control(cl.tool, ControlVerb::kStop, cl.control_exp);
+      break;
+    case C::kWorkers:
+      status = Workers(cl.tool);
+      break;
+    case C::kTop:
+      status = Top(cl.tool, cl.top);
       break;
   }
   if (!status.ok()) {

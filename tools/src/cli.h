@@ -13,6 +13,7 @@
 #include <ostream>
 #include <string>
 
+#include "service_commands.h"
 #include "tool.h"
 
 namespace ckpt::tool {
@@ -34,7 +35,16 @@ struct CommandLine {
     kUnpin,
     kVerify,
     kGc,
-    kStats
+    kStats,
+    // The running service's commands (service_commands.h).
+    kSubmit,
+    kStatus,
+    kWatch,
+    kPause,
+    kResume,
+    kStop,
+    kWorkers,
+    kTop
   };
   Command command = Command::kNone;
   // With kNone: 0 after --help, kExitUsage after a usage error.
@@ -51,6 +61,11 @@ struct CommandLine {
   std::string restore_ref, pin_ref, unpin_ref;
   std::string verify_exp;
   GcOptions gc;
+  SubmitOptions submit;
+  std::string status_exp;   // "" = the whole service
+  std::string control_exp;  // pause, resume, stop
+  WatchOptions watch;
+  TopOptions top;
 };
 
 // Parses argv (argv[0] the program). Help goes to `out`; a usage error is one

@@ -28,12 +28,12 @@ std::string Canonical(const std::string& path) {
   return ec ? path : p.string();
 }
 
+}  // namespace
+
 std::string DefaultSocket() {
   const char* env = std::getenv("CKPT_SOCKET");
   return env != nullptr && *env != '\0' ? std::string(env) : std::string(kServiceSocket);
 }
-
-}  // namespace
 
 int ExitCodeFor(const Status& status) {
   if (status.ok()) return kExitOk;

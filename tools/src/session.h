@@ -61,6 +61,9 @@ class Session {
   bool control_resolved_ = false;
 };
 
+// $CKPT_SOCKET, else the service's socket (kServiceSocket).
+std::string DefaultSocket();
+
 // What the tool reads of an experiment's configuration (the TOML file the
 // scheduler keeps with it; ckpt/scheduler/config.h). Fields missing from the
 // file keep the scheduler's defaults.

@@ -11,7 +11,7 @@
 //   submit    toml: string, origin: string (optional)     experiment: string
 //   list      -                                           experiments: [brief]
 //   status    experiment: string (optional)               experiment: full  | experiments: [full];
-//                                                         devices: [device]
+//                                                         devices: [device]; service: service
 //   pause     experiment                                  -
 //   resume    experiment                                  -
 //   stop      experiment                                  -
@@ -20,13 +20,22 @@
 //   unpin     experiment, member, version                 -
 //   shutdown  why: string (optional)                      - (then the scheduler stops gracefully)
 //
-//   brief  {"id", "status", "population", "intervals", "generation", "exploits",
-//           "member_intervals", "train_samples", "best_val_acc"}
+//   brief  {"id", "status", "phase" ("training", "final eval", "done"), "population",
+//           "intervals", "generation", "exploits", "member_intervals", "train_samples",
+//           "best_val_acc", "progress" (the progress line of `ckpt-scheduler run`,
+//           ckpt/scheduler/summary_text.h)}
 //   full   brief + {"wall_s", "training_s", "store", "members": [{"member", "status",
 //           "intervals_done", "val_acc", "test_acc" (-1: none), "version", "step",
 //           "hparams": {name: value}}]} (best first)
-//   device {"index", "device", "pid", "ready", "mode", "capacity", "busy",
-//           "restarts", "given_up", "samples_per_s"}
+//   device {"index", "device", "host" ("" = the scheduler's host; "ADDRESS:PORT"
+//           of a worker connected over TCP), "pid", "ready", "mode", "capacity"
+//           (slots), "busy" (members in flight), "restarts", "given_up",
+//           "samples_per_s"}
+//   service {"version" (ckpt's), "host" (hostname), "pid", "uptime_s" (since the
+//           control socket opened), "store" (directory), "socket" (path)}
+//
+// An experiment that is not found gets a NotFound reply that lists the
+// experiments that exist ("experiment 'x' not found (experiments: a, b)").
 //
 // A field of the wrong type, a missing required field, an unknown field, an
 // unknown verb or malformed JSON gets an InvalidArgument reply naming it, and
@@ -53,6 +62,24 @@
 
 namespace ckpt::scheduler {
 
+// The service itself, as the `status` verb reports it.
+struct ServiceInfo {
+  std::string version;  // ckpt's version ("0.1.0")
+  std::string host;     // the scheduler's hostname
+  int64_t pid = 0;
+  double uptime_s = 0;  // since the control socket opened
+  std::string store;    // store directory
+  std::string socket;   // control socket path
+};
+
+// Everything one `status` request without an experiment returns: what `ckpt-tool
+// status` and `top` show.
+struct ServiceStatus {
+  ServiceInfo service;
+  std::vector<ExperimentSummary> experiments;  // members filled, best first
+  std::vector<WorkerStatus> workers;
+};
+
 struct ControlClientOptions {
   // Socket of the running scheduler. Required.
   std::string socket_path;
@@ -66,9 +93,12 @@ class ControlClient {
  public:
   virtual ~ControlClient() = default;
 
-  // Connects. NotFound when nothing is at the path; Unavailable when nobody
-  // listens there (a stale socket) or the connection is refused; IOError
-  // naming the path and errno otherwise.
+  // Connects. Unavailable when nothing is at the path or nobody listens there
+  // (a stale socket): "no ckpt-scheduler answers at PATH: is the service
+  // running? `systemctl status ckpt-scheduler`"; FailedPrecondition when the
+  // socket or its directory may not be used ("permission denied on PATH: add
+  // yourself to group G", G the group owning it); IOError naming the path and
+  // errno otherwise.
   static StatusOr<std::unique_ptr<ControlClient>> Connect(const ControlClientOptions& options);
 
   // Sends one request line (a JSON object; a trailing "\n" is added when
@@ -76,6 +106,12 @@ class ControlClient {
   // Unavailable when the connection fails or is closed by the server,
   // Aborted on timeout. The reply is returned even when it says "ok": false.
   virtual StatusOr<std::string> CallRaw(const std::string& request_line) = 0;
+
+  // CallRaw, except that an "ok": false reply becomes its Status (code and
+  // message as the server gave them) and a reply that is no JSON object with a
+  // boolean "ok" is Corruption. Returns the reply line (for clients that print
+  // the protocol's JSON forms as they are).
+  virtual StatusOr<std::string> CallChecked(const std::string& request_line) = 0;
 
   // Typed helpers: an "ok": false reply becomes its Status (code and message
   // as the server gave them).
@@ -86,6 +122,8 @@ class ControlClient {
   // Every experiment the scheduler runs or ran since it started, members filled.
   virtual StatusOr<std::vector<ExperimentSummary>> AllExperimentStatus() = 0;
   virtual StatusOr<std::vector<WorkerStatus>> Devices() = 0;
+  // The service, every experiment (members filled) and every worker, in one request.
+  virtual StatusOr<ServiceStatus> Overview() = 0;
   virtual Status Pause(const std::string& experiment) = 0;
   virtual Status Resume(const std::string& experiment) = 0;
   virtual Status Stop(const std::string& experiment) = 0;

@@ -14,6 +14,10 @@
 
 namespace ckpt::scheduler {
 
+// Where an experiment is: training its intervals, evaluating its best members
+// on the test split, or ended (done, stopped or failed).
+enum class ExperimentPhase { kTraining, kFinalEval, kDone };
+
 // One member's line in an experiment's summary.
 struct MemberSummary {
   std::string member;
@@ -30,6 +34,7 @@ struct MemberSummary {
 struct WorkerStatus {
   int index = 0;
   std::string device;
+  std::string host;    // "" = the scheduler's host; "ADDRESS:PORT" of a remote worker
   int64_t pid = 0;     // 0 while not running
   bool ready = false;  // said HELLO
   std::string mode;    // "plain" | "fused" | ""
@@ -42,7 +47,8 @@ struct WorkerStatus {
 
 struct ExperimentSummary {
   std::string id;
-  std::string status;  // "running", "done", "stopped", "failed"
+  std::string status;  // "running", "paused", "done", "stopped", "failed"
+  ExperimentPhase phase = ExperimentPhase::kTraining;
   int population = 0;
   int intervals = 0;
   int generation = 0;  // min intervals done over active members

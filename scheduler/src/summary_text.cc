@@ -1,0 +1,90 @@
+#include "ckpt/scheduler/summary_text.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace ckpt::scheduler {
+
+const char* ExperimentPhaseName(ExperimentPhase phase) {
+  switch (phase) {
+    case ExperimentPhase::kTraining:
+      return "training";
+    case ExperimentPhase::kFinalEval:
+      return "final eval";
+    case ExperimentPhase::kDone:
+      return "done";
+  }
+  return "training";
+}
+
+StatusOr<ExperimentPhase> ParseExperimentPhase(std::string_view name) {
+  for (auto p : {ExperimentPhase::kTraining, ExperimentPhase::kFinalEval, ExperimentPhase::kDone}) {
+    if (name == ExperimentPhaseName(p)) return p;
+  }
+  return Status::InvalidArgument("unknown experiment phase '" + std::string(name) +
+                                 "' (known: training, final eval, done)");
+}
+
+std::string FormatDuration(double s) {
+  if (!std::isfinite(s) || s < 0) return "?";
+  const long long t = static_cast<long long>(s);
+  if (s < 60) return fmt::format("{:.0f}s", s);
+  if (s < 3600) return fmt::format("{}m{:02d}s", t / 60, t % 60);
+  return fmt::format("{}h{:02d}m", t / 3600, t % 3600 / 60);
+}
+
+std::string ProgressLine(const ExperimentSummary& s) {
+  std::vector<double> scores;
+  int done = 0, remaining = 0;
+  for (const auto& m : s.members) {
+    // A member scores once it has trained an interval.
+    if (m.intervals_done > 0 && std::isfinite(m.val_acc)) scores.push_back(m.val_acc);
+    if (m.intervals_done >= s.intervals) ++done;
+    if (m.status != "stopped" && m.status != "failed") {
+      remaining += std::max(0, s.intervals - m.intervals_done);
+    }
+  }
+  std::sort(scores.begin(), scores.end());
+  const double rate = s.wall_s > 0 ? static_cast<double>(s.train_samples) / s.wall_s : 0;
+  const double per_interval =
+      s.member_intervals > 0 ? s.wall_s / static_cast<double>(s.member_intervals) : NAN;
+  return fmt::format(
+      "{}: {} interval {}/{} | members done {}/{} | {:.0f} samples/s | best {:.4f} median {:.4f} "
+      "| exploits {} | ETA {}",
+      s.id, ExperimentPhaseName(s.phase),
+      s.phase == ExperimentPhase::kTraining ? s.generation : s.intervals, s.intervals, done,
+      s.members.size(), rate, scores.empty() ? 0.0 : scores.back(),
+      scores.empty() ? 0.0 : scores[scores.size() / 2], s.exploits,
+      s.phase == ExperimentPhase::kDone ? "0s" : FormatDuration(per_interval * remaining));
+}
+
+std::string SummaryTable(const ExperimentSummary& s, size_t max_members) {
+  std::string out = fmt::format("experiment {}: {}, {} members, {} intervals, {} exploits\n", s.id,
+                                s.status, s.population, s.intervals, s.exploits);
+  out += fmt::format("{:<8} {:<8} {:>9} {:>9} {:>8}  {}\n", "member", "status", "val_acc",
+                     "test_acc", "version", "hyperparameters");
+  size_t shown = 0;
+  for (const auto& m : s.members) {
+    if (shown++ >= max_members) break;
+    std::string hp;
+    for (const auto& [k, v] : m.hparams) {
+      hp += fmt::format("{}{}={:.4g}", hp.empty() ? "" : " ", k, v);
+    }
+    const std::string test = m.test_acc >= 0 ? fmt::format("{:.4f}", m.test_acc) : "-";
+    out += fmt::format("{:<8} {:<8} {:>9.4f} {:>9} {:>8}  {}\n", m.member, m.status, m.val_acc,
+                       test, m.version, hp);
+  }
+  return out;
+}
+
+const char* WorkerStateName(const WorkerStatus& w) {
+  if (w.given_up) return "given up";
+  if (w.pid == 0 && !w.ready) return "restarting";
+  if (!w.ready) return "starting";
+  return w.busy > 0 ? "training" : "idle";
+}
+
+}  // namespace ckpt::scheduler
