@@ -10,7 +10,7 @@
 #include <sstream>
 #include <thread>
 
-#include "ckpt/scheduler/config.h"
+#include "ckpt/records/config.h"
 #include "ckpt/scheduler/control_client.h"
 #include "ckpt/scheduler/summary_text.h"
 #include "experiment.h"
@@ -107,8 +107,8 @@ Status Submit(const ToolOptions& tool, const SubmitOptions& options) {
   text << in.rdbuf();
   // The scheduler's own parser: the same errors, with key and line, before
   // anything is sent.
-  CKPT_ASSIGN_OR_RETURN(scheduler::ExperimentConfig config,
-                        scheduler::ParseExperimentConfig(text.str(), options.file));
+  CKPT_ASSIGN_OR_RETURN(records::ExperimentConfig config,
+                        records::ParseExperimentConfig(text.str(), options.file));
   CKPT_ASSIGN_OR_RETURN(auto client, ConnectService(tool));
   CKPT_ASSIGN_OR_RETURN(std::string id, client->Submit(text.str(), options.file));
   if (tool.json && !options.wait) {
