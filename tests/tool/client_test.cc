@@ -199,8 +199,12 @@ class ClientTest : public ::testing::Test {
     return j;
   }
 
+  // Intervals the experiment committed; -1 while the service does not know
+  // it yet (a submit in another process may not have reached it).
   int64_t MemberIntervals(const std::string& experiment) {
-    json j = StatusJson(experiment);
+    Result r = Tool({"status", experiment, "--json"});
+    if (r.code != 0) return -1;
+    json j = json::parse(r.out, nullptr, false);
     return j.contains("experiment") ? j["experiment"].value("member_intervals", int64_t{-1}) : -1;
   }
 
