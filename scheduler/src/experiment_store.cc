@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "log.h"
+#include "trace.h"
 
 namespace ckpt::scheduler {
 
@@ -112,6 +113,7 @@ StatusOr<int64_t> StoreExperimentIo::Exploit(const std::string& member, const st
   StoreTimer t(metrics_, metrics::StoreOp::kExploit, event_json.size());
   auto v = store_->Exploit(exp_, member, donor, hparams, event_json);
   if (v.ok() && metrics_) metrics_->Exploited(exp_);
+  if (v.ok()) trace::Exploited(exp_, member, donor, *v);
   return v;
 }
 

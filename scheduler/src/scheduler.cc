@@ -32,6 +32,7 @@
 #include "experiment_store.h"
 #include "log.h"
 #include "progress.h"
+#include "trace.h"
 #include "worker_pool.h"
 
 namespace ckpt::scheduler {
@@ -410,6 +411,7 @@ void SchedulerImpl::WaitForStoreSpace(const std::string& reason) {
       "store full: {}; dispatch paused until the store accepts writes again ({} bytes free on "
       "its file system); the interval reruns from its committed head",
       reason, FreeBytes(options_.store_path));
+  trace::StoreFull();
   store_retry_.expires_after(store_retry_delay_);
   store_retry_.async_wait([this](const boost::system::error_code& ec) {
     if (!ec) RetryStore();
@@ -434,6 +436,7 @@ void SchedulerImpl::RetryStore() {
   if (s.ok()) {
     Logger().info("store writable again after {:.1f} s waiting for space; dispatch resumes",
                   SecondsSince(waiting_since_));
+    trace::StoreWritable();
   } else {
     // Not a full disk any more but a store that refuses writes for good:
     // the commits that follow fail the members as any commit error does.

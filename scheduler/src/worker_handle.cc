@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "log.h"
+#include "trace.h"
 
 namespace ckpt::scheduler {
 namespace {
@@ -313,6 +314,7 @@ void WorkerHandle::HandleResult(const ipc::Received& rec) {
   }
   WorkerEvent e;
   Logger().trace("worker {}: got RESULT task {}", spec_.index, r->task_id);
+  trace::Result(static_cast<int>(spec_.index), r->task_id);
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = in_flight_.find(r->task_id);
@@ -363,6 +365,10 @@ void WorkerHandle::HandleResult(const ipc::Received& rec) {
     e.reason = version.status().ToString();
     on_event_(std::move(e));
     return;
+  }
+  if (trace::Enabled()) {
+    trace::Committed(c.exp, c.member, *version, e.task.interval_after,
+                     BlobId::Of(c.blob, c.blob_size).Hex());
   }
   // The head's state record follows the commit; a crash between the two is
   // reconciled from the head manifest at start-up.

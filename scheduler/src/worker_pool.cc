@@ -11,6 +11,7 @@
 #include <fstream>
 
 #include "log.h"
+#include "trace.h"
 
 namespace ckpt::scheduler {
 
@@ -356,6 +357,7 @@ void WorkerPool::OnEvent(size_t i, uint64_t inc, WorkerEvent ev) {
                       w.spec.device.device, ev.hello.slots, w.capacity, kMaxWorkerSlots);
       }
       w.mode = ev.hello.mode;
+      trace::Hello(static_cast<int>(i), ev.hello.device);
       listener_->OnWorkerReady(i);
       return;
     case WorkerEvent::Kind::kStats:
@@ -399,6 +401,7 @@ void WorkerPool::OnLost(size_t i, const std::string& reason) {
                 unfinished.empty() ? std::string()
                                    : "; " + std::to_string(unfinished.size()) +
                                          " member(s) requeued from their committed heads");
+  trace::Lost(static_cast<int>(i), reason);
   if (w.remote) {
     // Not ours to restart: its launcher may connect a new one.
     w.given_up = true;

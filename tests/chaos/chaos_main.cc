@@ -6,11 +6,17 @@
 // One undisturbed run of the experiment gives the reference heads; each chaos
 // run then trains the same experiment (synchronous PBT with a fixed seed is
 // deterministic) in a store of its own while faults are injected, paced by the
-// run's progress (the results its scheduler logs with CKPT_TRACE=1), never by
-// wall time. After each run: the final heads must equal the reference's, the
-// store must verify, every member must have trained each interval exactly
-// once, and no head seen after a crash may have gone back. The last line on
-// stdout is one JSON object with the figures (see tests/chaos/README.md).
+// run's progress (the results in the scheduler's structured trace,
+// CKPT_TRACE_FILE: scheduler/src/trace.h), never by wall time. Every commit
+// the scheduler acknowledged in that trace goes into a ledger; after each
+// scheduler death each must be in the store exactly (same version, same
+// blob) or superseded by a later version of its member. After each run: the
+// final heads must equal the reference's, the store must verify, and the
+// store's event log must show every member training each interval exactly
+// once. Every planned fault kind must have been injected at least its share
+// (half of its planned count, rounded down), and at least one fault in all.
+// The last line on stdout is one JSON object with the figures (see
+// tests/chaos/README.md).
 #include <dirent.h>
 #include <fcntl.h>
 #include <sched.h>
@@ -28,6 +34,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <set>
@@ -36,16 +43,21 @@
 #include <thread>
 #include <vector>
 
+#include "../../scheduler/src/trace.h"
 #include "../integration/process_util.h"
+#include "../integration/run_heads.h"
 #include "ckpt/store/store.h"
 
 namespace ckpt::chaos {
 namespace {
 
+namespace trace = scheduler::trace;
 using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
+using testing::Child;
 using testing::ChildrenOf;  // live (not zombie) direct children
+using testing::Head;
 
 double SecondsSince(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
@@ -88,96 +100,36 @@ const char* KindName(Kind k) {
   return "?";
 }
 
-// Kill points a scheduler passes (scheduler/src/experiment.cc and
-// store/src/store_impl.cc) and a worker passes (worker/src/worker_loop.cc).
-const std::vector<std::string> kSchedulerPoints = {"commit.before_write",  "commit.after_write",
-                                                   "scheduler.committed",  "scheduler.exploited",
-                                                   "exploit.before_write", "exploit.after_write"};
+// The least number of faults of a kind planned `planned` times that a run of
+// ckpt-chaos must have injected: half. Some planned faults cannot land (a
+// kill point the rest of the run does not reach, no member fit to damage, a
+// full disk that no commit meets before the run ends), so not all.
+int Share(int planned) { return planned / 2; }
+
+// Kill points a scheduler passes on every commit (scheduler/src/experiment.cc
+// and the store's write path), on every exploit at a barrier, and a worker
+// passes on every member-interval (worker/src/worker_loop.cc).
+const std::vector<std::string> kCommitPoints = {"commit.before_write", "commit.after_write",
+                                                "scheduler.committed"};
+const std::vector<std::string> kExploitPoints = {"scheduler.exploited", "exploit.before_write",
+                                                 "exploit.after_write"};
 const std::vector<std::string> kWorkerPoints = {"worker.decode", "worker.train", "worker.encode",
                                                 "worker.result_sent"};
 
-// A child process with stdout and stderr appended to a file; with
-// `mount_ns_of` > 0, in the mount namespace of that process.
-class Child {
+// Follows a file as it grows: each complete line once, stamped with when it
+// was first seen.
+class LineFollower {
  public:
-  Child(const std::vector<std::string>& args, const std::vector<std::string>& env,
-        const std::string& log_path, pid_t mount_ns_of = 0) {
-    std::vector<std::string> a = args, e = env;
-    std::vector<char*> argv, envp;
-    for (auto& s : a) argv.push_back(s.data());
-    argv.push_back(nullptr);
-    for (auto& s : e) envp.push_back(s.data());
-    envp.push_back(nullptr);
-    // setns() into a mount namespace moves the working directory to its
-    // root: relative paths need it back.
-    const std::string cwd = std::filesystem::current_path().string();
-    pid_ = fork();
-    if (pid_ == 0) {
-      const int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-      dup2(fd, 1);
-      dup2(fd, 2);
-      if (mount_ns_of > 0) {
-        const std::string ns = "/proc/" + std::to_string(mount_ns_of) + "/ns/mnt";
-        const int nsfd = open(ns.c_str(), O_RDONLY | O_CLOEXEC);
-        if (nsfd < 0 || setns(nsfd, CLONE_NEWNS) != 0 || chdir(cwd.c_str()) != 0) {
-          std::perror("ckpt-chaos: entering the store's mount namespace");
-          _exit(126);
-        }
-      }
-      execve(argv[0], argv.data(), envp.data());
-      _exit(127);
-    }
-  }
-  ~Child() {
-    if (pid_ > 0 && !waited_) {
-      kill(pid_, SIGKILL);
-      Wait();
-    }
-  }
-  pid_t pid() const { return pid_; }
-  int Wait() {
-    if (!waited_) {
-      waitpid(pid_, &status_, 0);
-      waited_ = true;
-    }
-    return status_;
-  }
-  bool Running() {
-    if (waited_) return false;
-    if (waitpid(pid_, &status_, WNOHANG) == pid_) {
-      waited_ = true;
-      return false;
-    }
-    return true;
-  }
-  bool WaitFor(milliseconds timeout) {
-    const auto until = Clock::now() + timeout;
-    while (Clock::now() < until) {
-      if (!Running()) return true;
-      std::this_thread::sleep_for(milliseconds(10));
-    }
-    return false;
-  }
-
- private:
-  pid_t pid_ = -1;
-  int status_ = 0;
-  bool waited_ = false;
-};
-
-// Follows a log file as it grows, timestamping each complete line when it is
-// first seen.
-class LogFollower {
- public:
-  explicit LogFollower(std::string path) : path_(std::move(path)) {}
+  explicit LineFollower(std::string path) : path_(std::move(path)) {}
   struct Line {
     Clock::time_point seen;
     std::string text;
   };
-  // Reads what was appended since the last call.
-  void Poll() {
+  // The lines appended since the last call.
+  std::vector<Line> Poll() {
+    std::vector<Line> out;
     std::ifstream in(path_, std::ios::binary);
-    if (!in) return;
+    if (!in) return out;
     in.seekg(static_cast<std::streamoff>(offset_));
     std::string chunk((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     offset_ += chunk.size();
@@ -186,39 +138,96 @@ class LogFollower {
     size_t start = 0;
     for (size_t nl = partial_.find('\n'); nl != std::string::npos;
          nl = partial_.find('\n', start)) {
-      lines_.push_back(Line{now, partial_.substr(start, nl - start)});
-      if (lines_.back().text.find("got RESULT") != std::string::npos) ++results_;
+      out.push_back(Line{now, partial_.substr(start, nl - start)});
       start = nl + 1;
     }
     partial_.erase(0, start);
+    return out;
   }
-  const std::vector<Line>& lines() const { return lines_; }
-  int results() const { return results_; }
-  const std::string& path() const { return path_; }
 
  private:
   std::string path_;
   size_t offset_ = 0;
   std::string partial_;
-  std::vector<Line> lines_;
-  int results_ = 0;
 };
 
-// "worker N" in a scheduler line ("worker 1 (cpu) lost: ...", "worker 1: got RESULT").
-int WorkerIndexOf(const std::string& line, const char* after) {
-  const size_t at = line.find(after);
-  if (at == std::string::npos) return -1;
-  return std::atoi(line.c_str() + at + std::strlen(after));
+// One line of the scheduler's trace (scheduler/src/trace.h).
+struct TraceEvent {
+  Clock::time_point seen;
+  std::string ev;
+  json j;
+  bool Is(const char* name) const { return ev == name; }
+};
+
+std::vector<TraceEvent> PollTrace(LineFollower* f) {
+  std::vector<TraceEvent> out;
+  for (auto& line : f->Poll()) {
+    json j = json::parse(line.text, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object() || !j.contains("ev")) {
+      std::printf("  trace: not a trace line: %s\n", line.text.c_str());
+      continue;
+    }
+    out.push_back(TraceEvent{line.seen, j.value("ev", ""), std::move(j)});
+  }
+  return out;
 }
 
-struct Head {
-  int64_t version = 0;
-  int64_t step = 0;
-  std::string blob;
-  std::map<std::string, double> hparams;
-  bool operator==(const Head& o) const {
-    return version == o.version && step == o.step && blob == o.blob && hparams == o.hparams;
+// Every commit the scheduler acknowledged (its trace's committed and
+// exploited lines), checked against a store at rest: each must be there
+// exactly (the manifest of that version, with that blob for a trained
+// result), or superseded (gone while the member's head is a later version:
+// retention keeps only the newest versions).
+class Ledger {
+ public:
+  void Add(const TraceEvent& e) {
+    if (e.Is(trace::kCommitted)) {
+      acked_[e.j.value("member", "")][e.j.value("version", int64_t{0})] = e.j.value("blob", "");
+    } else if (e.Is(trace::kExploited)) {
+      acked_[e.j.value("member", "")][e.j.value("version", int64_t{0})] = "";
+    } else {
+      return;
+    }
+    ++count_;
   }
+  int count() const { return count_; }
+
+  // The acknowledged commits the store at `path` lacks, one line each.
+  std::vector<std::string> Missing(const std::string& path, const std::string& exp) const {
+    std::vector<std::string> missing;
+    store::StoreOptions o;
+    o.path = path;
+    auto s = store::Store::Open(o);
+    if (!s.ok()) return {"cannot open the store: " + s.status().ToString()};
+    auto members = (*s)->ListMembers(exp);
+    if (!members.ok()) return {"cannot list members: " + members.status().ToString()};
+    std::map<std::string, int64_t> head;
+    for (const auto& m : *members) head[m.member] = m.version;
+    for (const auto& [member, versions] : acked_) {
+      auto listed = (*s)->ListVersions(exp, member);
+      std::map<int64_t, std::string> stored;
+      if (listed.ok()) {
+        for (const auto& v : *listed) stored[v.version] = v.blob.Hex();
+      }
+      for (const auto& [version, blob] : versions) {
+        auto it = stored.find(version);
+        const std::string what = member + " v" + std::to_string(version);
+        if (it == stored.end()) {
+          if (head[member] <= version) {
+            missing.push_back(what + " was acknowledged; the head is v" +
+                              std::to_string(head[member]));
+          }
+        } else if (!blob.empty() && it->second != blob) {
+          missing.push_back(what + " was acknowledged with blob " + blob.substr(0, 12) +
+                            "; the store has " + it->second.substr(0, 12));
+        }
+      }
+    }
+    return missing;
+  }
+
+ private:
+  std::map<std::string, std::map<int64_t, std::string>> acked_;
+  int count_ = 0;
 };
 
 struct StoreCheck {
@@ -227,13 +236,15 @@ struct StoreCheck {
   std::map<std::string, Head> heads;
   bool verified = false;
   std::string verify_problem;
-  int trained_twice = 0;  // (member, interval) pairs committed more than once
+  std::vector<std::string> verify_problems;
+  // From the event log: (member, interval) pairs with more than one
+  // "trained" commit (a fall-back's retraining excepted), or with none.
+  int trained_twice = 0;
   int intervals_missing = 0;
   int fallbacks = 0;  // "corrupt_state" events: members that fell back
-  std::vector<std::string> verify_problems;
 };
 
-StoreCheck CheckStore(const std::string& path, const std::string& exp, int intervals, bool verify) {
+StoreCheck CheckStore(const std::string& path, const std::string& exp, int intervals) {
   StoreCheck c;
   store::StoreOptions o;
   o.path = path;
@@ -248,49 +259,44 @@ StoreCheck CheckStore(const std::string& path, const std::string& exp, int inter
     c.error = members.status().ToString();
     return c;
   }
-  // Members that fell back from a damaged head retrain the intervals since
-  // their intact version: those commits are expected twice.
+  for (const auto& m : *members) {
+    c.heads[m.member] = Head{m.version, m.step, m.blob ? m.blob->Hex() : "", m.hparams};
+  }
+  // The event log keeps every commit's event (retention deletes versions,
+  // not events). A member that fell back from a damaged head retrains the
+  // intervals since its intact version: those are expected twice.
+  auto events = (*s)->ListEvents(exp, 0, 1 << 20);
+  if (!events.ok()) {
+    c.error = events.status().ToString();
+    return c;
+  }
   std::map<std::string, int> fell_back;
-  if (verify) {
-    auto events = (*s)->ListEvents(exp, 0, 1 << 20);
-    if (events.ok()) {
-      for (const auto& e : *events) {
-        const json j = json::parse(e.json, nullptr, false);
-        if (j.is_object() && j.value("type", "") == "corrupt_state") {
-          ++fell_back[j.value("member", "")];
-          ++c.fallbacks;
-        }
-      }
+  std::map<std::string, std::map<int, int>> trained;
+  for (const auto& e : *events) {
+    const json j = json::parse(e.json, nullptr, false);
+    if (!j.is_object()) continue;
+    const std::string type = j.value("type", "");
+    if (type == "corrupt_state") {
+      ++fell_back[j.value("member", "")];
+      ++c.fallbacks;
+    } else if (type == "trained") {
+      ++trained[j.value("member", "")][j.value("interval", -1)];
     }
   }
   for (const auto& m : *members) {
-    c.heads[m.member] = Head{m.version, m.step, m.blob ? m.blob->Hex() : "", m.hparams};
-    if (!verify) continue;
-    auto versions = (*s)->ListVersions(exp, m.member);
-    if (!versions.ok()) {
-      c.error = versions.status().ToString();
-      continue;
-    }
-    std::map<int, int> trained;
-    for (const auto& v : *versions) {
-      if (v.reason != store::kReasonTrained) continue;
-      auto it = v.metrics.find("interval");
-      if (it != v.metrics.end()) ++trained[static_cast<int>(it->second)];
-    }
     for (int i = 1; i <= intervals; ++i) {
-      if (trained[i] > 1 + fell_back[m.member]) ++c.trained_twice;
-      if (trained[i] == 0) ++c.intervals_missing;
+      const int n = trained[m.member][i];
+      if (n > 1 + fell_back[m.member]) ++c.trained_twice;
+      if (n == 0) ++c.intervals_missing;
     }
   }
-  if (verify) {
-    auto report = (*s)->Verify();
-    c.verified = report.ok() && report->ok();
-    if (!report.ok()) {
-      c.verify_problem = report.status().ToString();
-    } else {
-      c.verify_problems = report->problems;
-      if (!report->ok()) c.verify_problem = report->problems[0];
-    }
+  auto report = (*s)->Verify();
+  c.verified = report.ok() && report->ok();
+  if (!report.ok()) {
+    c.verify_problem = report.status().ToString();
+  } else {
+    c.verify_problems = report->problems;
+    if (!report->ok()) c.verify_problem = report->problems[0];
   }
   return c;
 }
@@ -450,11 +456,14 @@ struct Options {
 
 struct Totals {
   int runs = 0;
+  std::map<std::string, int> planned;
   std::map<std::string, int> faults;
+  int commits_acknowledged = 0;
   int committed_lost = 0;
   int runs_diverged = 0;
   int verify_failures = 0;
   int trained_twice = 0;
+  int intervals_missing = 0;
   int members_lost = 0;
   double max_recovery_s = 0;
   std::string max_recovery_kind;
@@ -478,461 +487,615 @@ std::string ExperimentToml(const Options& o) {
   return os.str();
 }
 
-class ChaosRunner {
+// The worker index a worker process serves, from its --segment argument
+// ("...-wN").
+int WorkerIndexOfPid(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/cmdline", std::ios::binary);
+  std::string cmd((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::string> args;
+  std::string cur;
+  for (char ch : cmd) {
+    if (ch == '\0') {
+      args.push_back(cur);
+      cur.clear();
+    } else {
+      cur += ch;
+    }
+  }
+  for (size_t i = 0; i + 1 < args.size(); ++i) {
+    if (args[i] == "--segment") {
+      const size_t w = args[i + 1].rfind("-w");
+      if (w != std::string::npos) return std::atoi(args[i + 1].c_str() + w + 2);
+    }
+  }
+  return -1;
+}
+
+// What every run shares: the options, the experiment file, the environment,
+// the kinds to draw from, and the undisturbed run's figures.
+struct Setup {
+  Options o;
+  std::vector<Kind> kinds;
+  std::vector<std::string> base_env;  // without CKPT_KILL_AT / CKPT_TRACE_FILE
+  std::string config;
+  int calm_results = 0;
+  std::map<std::string, Head> calm;
+
+  std::vector<std::string> Args(const std::string& store) const {
+    return {o.scheduler, "run", config, "--store", store, "--quiet"};
+  }
+};
+
+// One chaos run, in steps: Plan, PrepareStore, then per scheduler incarnation
+// Start, Watch (the trace paces the planned faults) and End (its exit status,
+// then the ledger against the store at rest), and Finish (the final store
+// against the undisturbed run), which adds the run's figures to the totals.
+class ChaosRun {
  public:
-  explicit ChaosRunner(Options o) : o_(std::move(o)) {
-    for (char** e = environ; *e != nullptr; ++e) {
-      if (std::strncmp(*e, "CKPT_KILL_AT=", 13) != 0 && std::strncmp(*e, "CKPT_TRACE=", 11) != 0) {
-        base_env_.emplace_back(*e);
+  ChaosRun(const Setup& s, int run, std::mt19937_64* rng)
+      : s_(s), run_(run), rng_(*rng), base_(s.o.dir + "/run" + std::to_string(run)) {}
+
+  void Execute(Totals* totals) {
+    totals_ = totals;
+    std::filesystem::remove_all(base_);
+    Plan();
+    PrepareStore();
+    trace_path_ = base_ + "-trace.jsonl";
+    std::filesystem::remove(trace_path_);
+    trace_ = std::make_unique<LineFollower>(trace_path_);
+    start_ = Clock::now();
+    while (!finished_ && !failed_) {
+      if (damage_next_) DamageAtRest();
+      if (SecondsSince(start_) > s_.o.run_timeout_s) {
+        std::printf("  run %d: not finished after %.0f s\n", run_, s_.o.run_timeout_s);
+        failed_ = true;
+        break;
       }
+      Start();
+      Watch();
+      End();
     }
-    base_env_.push_back("CKPT_TRACE=1");
-    for (const auto& k : o_.kinds) {
-      for (Kind kind : kAllKinds) {
-        if (k == KindName(kind)) kinds_.push_back(kind);
-      }
+    Finish();
+  }
+
+ private:
+  struct Fault {
+    int at;  // results (summed over incarnations) before it is due
+    Kind kind;
+  };
+  struct Pending {  // a recovery clock
+    bool active = false;
+    Clock::time_point since;
+    Kind kind = Kind::kSchedulerSigkill;
+  };
+
+  // The faults of this run, at increasing counts of results.
+  void Plan() {
+    for (int i = 0; i < s_.o.faults_per_run; ++i) {
+      const int at =
+          1 + static_cast<int>(rng_() % static_cast<uint64_t>(std::max(1, s_.calm_results - 3)));
+      plan_.push_back(Fault{at, s_.kinds[rng_() % s_.kinds.size()]});
     }
-    if (kinds_.empty()) {
-      for (Kind k : kAllKinds) kinds_.push_back(k);
+    std::sort(plan_.begin(), plan_.end(), [](const auto& a, const auto& b) { return a.at < b.at; });
+    std::string text;
+    for (const auto& f : plan_) {
+      text += " " + std::string(KindName(f.kind)) + "@" + std::to_string(f.at);
+      ++totals_->planned[KindName(f.kind)];
     }
-    // A full disk needs a tmpfs in a private mount namespace: root only.
-    if (geteuid() != 0 && std::count(kinds_.begin(), kinds_.end(), Kind::kDiskFull)) {
-      std::printf(
-          "ckpt-chaos: not root, so no disk_full faults (they need a tmpfs mounted in a "
-          "private mount namespace)\n");
-      kinds_.erase(std::remove(kinds_.begin(), kinds_.end(), Kind::kDiskFull), kinds_.end());
+    std::printf("run %d:%s\n", run_, text.c_str());
+    std::fflush(stdout);
+  }
+
+  // A run with a full disk keeps its store on a small tmpfs of its own:
+  // `store_` is the path the schedulers see, `view_` the harness's. When the
+  // tmpfs cannot be mounted the run goes on and its disk_full faults stay
+  // planned and not injected (the share check at the end sees them).
+  void PrepareStore() {
+    store_ = view_ = base_;
+    if (std::none_of(plan_.begin(), plan_.end(),
+                     [](const Fault& f) { return f.kind == Kind::kDiskFull; })) {
+      return;
+    }
+    const std::string mnt = base_ + "-tmpfs";
+    tmpfs_ = std::make_unique<PrivateTmpfs>(mnt, s_.o.tmpfs_bytes);
+    if (tmpfs_->ok()) {
+      store_ = mnt + "/store";
+      view_ = tmpfs_->Outside(store_);
+      ballast_ = tmpfs_->Outside(mnt + "/ballast");
+      return;
+    }
+    std::printf(
+        "run %d: cannot mount a tmpfs in a private mount namespace: its disk_full "
+        "faults are not injected\n",
+        run_);
+    tmpfs_.reset();
+    plan_.erase(std::remove_if(plan_.begin(), plan_.end(),
+                               [](const Fault& f) { return f.kind == Kind::kDiskFull; }),
+                plan_.end());
+  }
+
+  void Injected(Kind k) { ++faults_[KindName(k)]; }
+
+  void DamageAtRest() {
+    damage_next_ = false;
+    const std::string hex = DamageAHeadBlob(view_, "chaos", s_.o.intervals, rng_);
+    if (!hex.empty()) {
+      damaged_.insert(hex);
+      Injected(Kind::kCorruptBlob);
+      std::printf("  damaged blob %s on disk\n", hex.substr(0, 12).c_str());
+    } else {
+      std::printf("  no member fit to damage\n");
     }
   }
 
-  // The reference run. False (with the reason printed) when it fails.
-  bool Calm() {
-    config_ = o_.dir + "/chaos.toml";
-    std::ofstream(config_) << ExperimentToml(o_);
-    const std::string store = o_.dir + "/calm";
-    std::filesystem::remove_all(store);
-    const std::string log = o_.dir + "/calm.log";
-    std::filesystem::remove(log);
-    const auto t0 = Clock::now();
-    Child c(Args(store), base_env_, log);
-    LogFollower f(log);
-    if (!c.WaitFor(milliseconds(static_cast<int64_t>(o_.run_timeout_s * 1000)))) {
-      std::fprintf(stderr, "ckpt-chaos: the undisturbed run did not finish; log %s\n", log.c_str());
-      return false;
+  // A scheduler incarnation, with the kill point due now armed in its
+  // environment.
+  void Start() {
+    ++incarnation_;
+    std::vector<std::string> env = s_.base_env;
+    env.push_back(std::string(trace::kEnv) + "=" + trace_path_);
+    armed_scheduler_point_ = false;
+    if (next_ < plan_.size() && (plan_[next_].kind == Kind::kSchedulerKillPoint ||
+                                 plan_[next_].kind == Kind::kWorkerKillPoint)) {
+      const std::string armed = DrawKillPoint(plan_[next_]);
+      armed_scheduler_point_ = plan_[next_].kind == Kind::kSchedulerKillPoint;
+      env.push_back("CKPT_KILL_AT=" + armed);
+      // One worker kill per arming, not one per worker incarnation.
+      const std::string once = base_ + "-killonce-" + std::to_string(incarnation_);
+      std::filesystem::remove(once);
+      env.push_back("CKPT_KILL_ONCE=" + once);
+      ++next_;
+      std::printf("  incarnation %d: CKPT_KILL_AT=%s\n", incarnation_, armed.c_str());
     }
-    const int st = c.Wait();
-    f.Poll();
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-      std::fprintf(stderr, "ckpt-chaos: the undisturbed run failed; log %s\n", log.c_str());
-      return false;
+    log_ = base_ + "-" + std::to_string(incarnation_) + ".log";
+    std::filesystem::remove(log_);
+    std::function<bool()> join_tmpfs;
+    if (tmpfs_) {
+      // setns() into a mount namespace moves the working directory to its
+      // root: relative paths need it back.
+      const std::string ns = "/proc/" + std::to_string(tmpfs_->pid()) + "/ns/mnt";
+      const std::string cwd = std::filesystem::current_path().string();
+      join_tmpfs = [ns, cwd] {
+        const int fd = open(ns.c_str(), O_RDONLY | O_CLOEXEC);
+        if (fd < 0 || setns(fd, CLONE_NEWNS) != 0 || chdir(cwd.c_str()) != 0) {
+          std::perror("ckpt-chaos: entering the store's mount namespace");
+          return false;
+        }
+        return true;
+      };
     }
-    calm_results_ = f.results();
-    StoreCheck check = CheckStore(store, "chaos", o_.intervals, true);
-    if (!check.opened || !check.verified ||
-        check.heads.size() != static_cast<size_t>(o_.population)) {
-      std::fprintf(stderr, "ckpt-chaos: the undisturbed store does not check: %s %s\n",
-                   check.error.c_str(), check.verify_problem.c_str());
-      return false;
+    child_ = std::make_unique<Child>(s_.Args(store_), log_, env, join_tmpfs);
+    log_follower_ = std::make_unique<LineFollower>(log_);
+    results_now_ = 0;
+    we_killed_ = false;
+    stopped_.clear();
+  }
+
+  // A kill point reached from where it is armed: a few commits or
+  // member-intervals on; an exploit point only while barriers are still ahead
+  // (past the last one, a commit point instead).
+  std::string DrawKillPoint(const Fault& f) {
+    if (f.kind == Kind::kWorkerKillPoint) {
+      return kWorkerPoints[rng_() % kWorkerPoints.size()] + ":" + std::to_string(1 + rng_() % 4);
     }
-    calm_ = check.heads;
-    std::printf("undisturbed run: %d results in %.1f s\n", calm_results_, SecondsSince(t0));
-    std::fflush(stdout);
+    const int last_barrier = s_.calm_results * (s_.o.intervals - 1) / s_.o.intervals;
+    const bool exploit = f.at + 2 < last_barrier && rng_() % 2 == 0;
+    const auto& points = exploit ? kExploitPoints : kCommitPoints;
+    return points[rng_() % points.size()] + ":" + std::to_string(1 + rng_() % (exploit ? 2 : 4));
+  }
+
+  void Watch() {
+    while (child_->Running()) {
+      for (const auto& e : PollTrace(trace_.get())) OnTrace(e);
+      for (const auto& line : log_follower_->Poll()) {
+        if (line.text.find("ckpt-worker: kill point worker.") != std::string::npos) {
+          Injected(Kind::kWorkerKillPoint);
+        }
+      }
+      if (ballast_in_ && SecondsSince(ballast_since_) > 60) {
+        std::printf("  disk full: no commit failed within 60 s; ballast removed\n");
+        RemoveBallast();
+      }
+      if (!InjectDue()) break;
+      std::this_thread::sleep_for(milliseconds(5));
+    }
+  }
+
+  void OnTrace(const TraceEvent& e) {
+    ledger_.Add(e);
+    if (e.Is(trace::kResult)) {
+      ++results_now_;
+      if (scheduler_fault_.active) {
+        Recovered(scheduler_fault_, e.seen);
+        scheduler_fault_.active = false;
+      }
+      auto it = worker_fault_.find(e.j.value("worker", -1));
+      if (it != worker_fault_.end()) {
+        Recovered(it->second, e.seen);
+        worker_fault_.erase(it);
+      }
+    } else if (e.Is(trace::kStoreFull) && ballast_in_) {
+      // A commit failed for want of space: free it.
+      RemoveBallast();
+      Injected(Kind::kDiskFull);
+      disk_fault_ = Pending{true, ballast_since_, Kind::kDiskFull};
+      std::printf("  disk full: a commit failed after %.1f s; ballast removed\n",
+                  std::chrono::duration<double>(e.seen - ballast_since_).count());
+    } else if (e.Is(trace::kStoreWritable) && disk_fault_.active) {
+      Recovered(disk_fault_, e.seen);
+      disk_fault_.active = false;
+    } else if (e.Is(trace::kLost)) {
+      const int w = e.j.value("worker", -1);
+      // A loss the harness did not cause directly (a worker kill point): its
+      // recovery counts from when it was seen.
+      if (w >= 0 && worker_fault_.count(w) == 0) {
+        worker_fault_[w] = Pending{true, e.seen, Kind::kWorkerKillPoint};
+      }
+    }
+  }
+
+  void Recovered(const Pending& p, Clock::time_point at) {
+    const double s = std::chrono::duration<double>(at - p.since).count();
+    std::printf("  %s: recovered in %.1f s\n", KindName(p.kind), s);
+    if (s > totals_->max_recovery_s) {
+      totals_->max_recovery_s = s;
+      totals_->max_recovery_kind = KindName(p.kind);
+    }
+  }
+
+  void RemoveBallast() {
+    std::filesystem::remove(ballast_);
+    ballast_in_ = false;
+  }
+
+  // Injects the next planned fault when it is due. False when this
+  // incarnation is over (the harness killed the scheduler).
+  bool InjectDue() {
+    // While the disk is full, and until the scheduler has written again, no
+    // other fault is injected: a scheduler restarted on a full disk could not
+    // open its store, and one already waiting for space would not report a
+    // second full disk.
+    if (ballast_in_ || disk_fault_.active || next_ >= plan_.size() ||
+        results_before_ + results_now_ < plan_[next_].at) {
+      return true;
+    }
+    const Kind k = plan_[next_].kind;
+    switch (k) {
+      case Kind::kDiskFull: {
+        const uint64_t bytes = FillWithBallast(ballast_);
+        ballast_in_ = true;
+        ballast_since_ = Clock::now();
+        std::printf("  disk full: %.1f MB of ballast\n", static_cast<double>(bytes) / 1e6);
+        ++next_;
+        return true;
+      }
+      case Kind::kCorruptBlob:
+        // The damage is done between incarnations, on a store at rest.
+        KillScheduler(SIGKILL, Kind::kSchedulerSigkill);
+        damage_next_ = true;
+        ++next_;
+        return false;
+      case Kind::kSchedulerKillPoint:
+      case Kind::kWorkerKillPoint:
+        // Armed at the next start: end this incarnation now.
+        KillScheduler(SIGKILL, Kind::kSchedulerSigkill);
+        return false;
+      case Kind::kSchedulerSigkill:
+      case Kind::kSchedulerSigterm:
+        // SIGTERM not before the scheduler's signal handlers are set: once
+        // this incarnation has a result.
+        if (k == Kind::kSchedulerSigterm && results_now_ == 0) return true;
+        KillScheduler(k == Kind::kSchedulerSigkill ? SIGKILL : SIGTERM, k);
+        ++next_;
+        return false;
+      case Kind::kWorkerSigkill:
+      case Kind::kWorkerSigstop:
+        HitWorker(k);
+        return true;
+    }
     return true;
   }
 
-  bool has_kinds() const { return !kinds_.empty(); }
+  void KillScheduler(int sig, Kind k) {
+    kill(child_->pid(), sig);
+    we_killed_ = true;
+    Injected(k);
+    scheduler_fault_ = Pending{true, Clock::now(), k};
+  }
 
-  void Run(int run, std::mt19937_64& rng, Totals* totals) {
-    // Logs and kill-once files; the store too, unless it is on a tmpfs.
-    const std::string base = o_.dir + "/run" + std::to_string(run);
-    std::filesystem::remove_all(base);
-    // The faults of this run, at increasing counts of results (summed over
-    // the scheduler's incarnations).
-    std::vector<std::pair<int, Kind>> plan;
-    for (int i = 0; i < o_.faults_per_run; ++i) {
-      const int at =
-          1 + static_cast<int>(rng() % static_cast<uint64_t>(std::max(1, calm_results_ - 3)));
-      plan.emplace_back(at, kinds_[rng() % kinds_.size()]);
+  // A worker fault falls on a working process: it waits until every worker
+  // is up (a restart may be under way).
+  void HitWorker(Kind k) {
+    std::vector<pid_t> live;
+    for (pid_t w : ChildrenOf(child_->pid())) {
+      if (!stopped_.count(w)) live.push_back(w);
     }
-    std::sort(plan.begin(), plan.end(),
-              [](const auto& a, const auto& b) { return a.first < b.first; });
-    // A run with a full disk keeps its store on a small tmpfs of its own:
-    // `store` is the path the schedulers see, `view` the harness's.
-    std::unique_ptr<PrivateTmpfs> tmpfs;
-    std::string store = base, view = base, ballast;
-    if (std::any_of(plan.begin(), plan.end(),
-                    [](const auto& p) { return p.second == Kind::kDiskFull; })) {
-      const std::string mnt = base + "-tmpfs";
-      tmpfs = std::make_unique<PrivateTmpfs>(mnt, o_.tmpfs_bytes);
-      if (tmpfs->ok()) {
-        store = mnt + "/store";
-        view = tmpfs->Outside(store);
-        ballast = tmpfs->Outside(mnt + "/ballast");
+    if (static_cast<int>(live.size()) < s_.o.workers) return;
+    std::this_thread::sleep_for(milliseconds(rng_() % 30));
+    const pid_t victim = live[rng_() % live.size()];
+    const int index = WorkerIndexOfPid(victim);
+    if (kill(victim, k == Kind::kWorkerSigkill ? SIGKILL : SIGSTOP) == 0) {
+      Injected(k);
+      if (k == Kind::kWorkerSigstop) stopped_.insert(victim);
+      if (index >= 0) worker_fault_[index] = Pending{true, Clock::now(), k};
+    }
+    ++next_;
+  }
+
+  // The incarnation's end: its exit status says whether it finished, was
+  // killed by the harness or an armed kill point, or failed; then, with its
+  // workers gone, every acknowledged commit must be in the store.
+  void End() {
+    const int st = child_->Wait();
+    for (const auto& e : PollTrace(trace_.get())) OnTrace(e);
+    for (const auto& line : log_follower_->Poll()) {
+      if (line.text.find("ckpt-worker: kill point worker.") != std::string::npos) {
+        Injected(Kind::kWorkerKillPoint);
+      }
+    }
+    results_before_ += results_now_;
+    if (ballast_in_) {
+      std::printf("  disk full: the scheduler ended before a commit failed; ballast removed\n");
+      RemoveBallast();
+    }
+    disk_fault_.active = false;
+    const bool killed = WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL;
+    if (we_killed_ && WIFSIGNALED(st) && WTERMSIG(st) == SIGTERM) {
+      // Not expected: SIGTERM stops it gracefully.
+      std::printf("  incarnation %d: died of SIGTERM instead of stopping\n", incarnation_);
+    }
+    if (killed && !we_killed_) {
+      if (armed_scheduler_point_) {
+        Injected(Kind::kSchedulerKillPoint);
+        scheduler_fault_ = Pending{true, Clock::now(), Kind::kSchedulerKillPoint};
       } else {
-        std::printf("run %d: cannot mount a tmpfs in a private mount namespace: no disk_full\n",
-                    run);
-        tmpfs.reset();
-        plan.erase(std::remove_if(plan.begin(), plan.end(),
-                                  [](const auto& p) { return p.second == Kind::kDiskFull; }),
-                   plan.end());
+        std::printf("  incarnation %d: killed by SIGKILL with no cause; log %s\n", incarnation_,
+                    log_.c_str());
+        failed_ = true;
       }
+    } else if (!killed && WIFEXITED(st) && WEXITSTATUS(st) == 0) {
+      std::ifstream in(log_);
+      std::stringstream ss;
+      ss << in.rdbuf();
+      if (ss.str().find("experiment chaos: done") != std::string::npos) finished_ = true;
+    } else if (!killed) {
+      std::printf("  incarnation %d: exit status %d; log %s\n", incarnation_,
+                  WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), log_.c_str());
+      failed_ = true;
     }
-    std::string plan_text;
-    for (const auto& [at, k] : plan)
-      plan_text += " " + std::string(KindName(k)) + "@" + std::to_string(at);
-    std::printf("run %d:%s\n", run, plan_text.c_str());
-    std::fflush(stdout);
+    // Workers die with their scheduler (parent-death signal, which a stopped
+    // worker takes too); wait until they have.
+    for (int i = 0; i < 200 && !ChildrenOf(child_->pid()).empty(); ++i) {
+      std::this_thread::sleep_for(milliseconds(10));
+    }
+    child_.reset();
+    CheckLedger("after incarnation " + std::to_string(incarnation_));
+  }
 
-    size_t next = 0;
-    int results_before = 0;  // in earlier incarnations
-    int incarnation = 0;
-    bool finished = false;
-    bool failed = false;
-    std::map<std::string, Head> seen_heads;  // after each scheduler death
-    int lost_here = 0;
-    std::map<std::string, int> faults_here;
-    const auto run_start = Clock::now();
-    // Recovery clocks: per worker index, when its fault began; for the
-    // scheduler, when it was killed.
-    std::map<int, std::pair<Clock::time_point, Kind>> worker_fault;
-    struct PendingRecovery {
-      bool active = false;
-      Clock::time_point since;
-      Kind kind = Kind::kSchedulerSigkill;
-    } scheduler_fault;
-    auto recovered = [&](Clock::time_point since, Kind k, Clock::time_point at) {
-      const double s = std::chrono::duration<double>(at - since).count();
-      std::printf("  %s: recovered in %.1f s\n", KindName(k), s);
-      if (s > totals->max_recovery_s) {
-        totals->max_recovery_s = s;
-        totals->max_recovery_kind = KindName(k);
-      }
-    };
+  void CheckLedger(const std::string& when) {
+    for (const auto& m : ledger_.Missing(view_, "chaos")) {
+      std::printf("  COMMITTED LOST %s: %s\n", when.c_str(), m.c_str());
+      ++lost_;
+    }
+  }
 
-    bool damage_next = false;
-    std::set<std::string> damaged;  // blob ids damaged on purpose
-    // A disk_full fault: the ballast fills the tmpfs until a commit has
-    // failed with no space (the scheduler logs "store full"), then goes.
-    bool ballast_in = false;
-    Clock::time_point ballast_since;
-    PendingRecovery disk_fault;
-    auto remove_ballast = [&]() {
-      std::filesystem::remove(ballast);
-      ballast_in = false;
-    };
-    while (!finished && !failed) {
-      if (damage_next) {
-        damage_next = false;
-        const std::string hex = DamageAHeadBlob(view, "chaos", o_.intervals, rng);
-        if (!hex.empty()) {
-          damaged.insert(hex);
-          ++faults_here[KindName(Kind::kCorruptBlob)];
-          std::printf("  damaged blob %s on disk\n", hex.substr(0, 12).c_str());
-        }
-      }
-      if (SecondsSince(run_start) > o_.run_timeout_s) {
-        std::printf("  run %d: not finished after %.0f s\n", run, o_.run_timeout_s);
-        failed = true;
-        break;
-      }
-      ++incarnation;
-      std::vector<std::string> env = base_env_;
-      // A kill point due now is armed in this incarnation's environment.
-      std::string armed;
-      bool armed_scheduler_point = false;
-      if (next < plan.size() && (plan[next].second == Kind::kSchedulerKillPoint ||
-                                 plan[next].second == Kind::kWorkerKillPoint)) {
-        armed_scheduler_point = plan[next].second == Kind::kSchedulerKillPoint;
-        const auto& points = armed_scheduler_point ? kSchedulerPoints : kWorkerPoints;
-        const int n = 1 + static_cast<int>(rng() % 8);
-        armed = points[rng() % points.size()] + ":" + std::to_string(n);
-        env.push_back("CKPT_KILL_AT=" + armed);
-        // One worker kill per arming, not one per worker incarnation.
-        const std::string once = base + "-killonce-" + std::to_string(incarnation);
-        std::filesystem::remove(once);
-        env.push_back("CKPT_KILL_ONCE=" + once);
-        ++next;
-        std::printf("  incarnation %d: CKPT_KILL_AT=%s\n", incarnation, armed.c_str());
-      }
-      const std::string log = base + "-" + std::to_string(incarnation) + ".log";
-      std::filesystem::remove(log);
-      Child c(Args(store), env, log, tmpfs ? tmpfs->pid() : 0);
-      LogFollower f(log);
-      bool we_killed = false;
-      size_t scanned = 0;
-      std::set<pid_t> stopped;
-      while (c.Running()) {
-        f.Poll();
-        // Recoveries and losses in the new lines.
-        for (; scanned < f.lines().size(); ++scanned) {
-          const auto& line = f.lines()[scanned];
-          if (line.text.find("got RESULT") != std::string::npos) {
-            if (scheduler_fault.active) {
-              recovered(scheduler_fault.since, scheduler_fault.kind, line.seen);
-              scheduler_fault.active = false;
-            }
-            const int w = WorkerIndexOf(line.text, "worker ");
-            auto it = worker_fault.find(w);
-            if (it != worker_fault.end()) {
-              recovered(it->second.first, it->second.second, line.seen);
-              worker_fault.erase(it);
-            }
-          } else if (ballast_in && line.text.find("store full: ") != std::string::npos) {
-            // A commit failed for want of space: free it.
-            remove_ballast();
-            ++faults_here[KindName(Kind::kDiskFull)];
-            disk_fault = {true, ballast_since, Kind::kDiskFull};
-            std::printf("  disk full: a commit failed after %.1f s; ballast removed\n",
-                        std::chrono::duration<double>(line.seen - ballast_since).count());
-          } else if (disk_fault.active &&
-                     line.text.find("store writable again") != std::string::npos) {
-            recovered(disk_fault.since, disk_fault.kind, line.seen);
-            disk_fault.active = false;
-          } else if (line.text.find("ckpt-worker: kill point worker.") != std::string::npos) {
-            ++faults_here[KindName(Kind::kWorkerKillPoint)];
-          } else if (line.text.find(") lost: ") != std::string::npos) {
-            const int w = WorkerIndexOf(line.text, "worker ");
-            if (w >= 0 && worker_fault.count(w) == 0) {
-              // A loss the harness did not cause directly (a worker kill
-              // point): its recovery counts from when it was seen.
-              worker_fault[w] = {line.seen, Kind::kWorkerKillPoint};
-            }
-          }
-        }
-        if (ballast_in && SecondsSince(ballast_since) > 60) {
-          std::printf("  disk full: no commit failed within 60 s; ballast removed\n");
-          remove_ballast();
-        }
-        // While the disk is full, and until the scheduler has written again,
-        // no other fault is injected: a scheduler restarted on a full disk
-        // could not open its store, and one already waiting for space would
-        // not report a second full disk.
-        if (!ballast_in && !disk_fault.active && next < plan.size() &&
-            results_before + f.results() >= plan[next].first) {
-          const Kind k = plan[next].second;
-          if (k == Kind::kDiskFull) {
-            const uint64_t bytes = FillWithBallast(ballast);
-            ballast_in = true;
-            ballast_since = Clock::now();
-            std::printf("  disk full: %.1f MB of ballast\n", static_cast<double>(bytes) / 1e6);
-            ++next;
-            continue;
-          }
-          if (k == Kind::kCorruptBlob) {
-            // The damage is done between incarnations, on a store at rest.
-            kill(c.pid(), SIGKILL);
-            we_killed = true;
-            ++faults_here[KindName(Kind::kSchedulerSigkill)];
-            scheduler_fault = {true, Clock::now(), Kind::kSchedulerSigkill};
-            damage_next = true;
-            ++next;
-            break;
-          }
-          if (k == Kind::kSchedulerKillPoint || k == Kind::kWorkerKillPoint) {
-            // Armed at the next start: end this incarnation now.
-            kill(c.pid(), SIGKILL);
-            we_killed = true;
-            ++faults_here[KindName(Kind::kSchedulerSigkill)];
-            scheduler_fault = {true, Clock::now(), Kind::kSchedulerSigkill};
-            break;
-          }
-          if (k == Kind::kSchedulerSigkill || k == Kind::kSchedulerSigterm) {
-            // SIGTERM not before the scheduler's signal handlers are set: once
-            // this incarnation has a result.
-            if (k == Kind::kSchedulerSigkill || f.results() > 0) {
-              kill(c.pid(), k == Kind::kSchedulerSigkill ? SIGKILL : SIGTERM);
-              we_killed = true;
-              ++faults_here[KindName(k)];
-              scheduler_fault = {true, Clock::now(), k};
-              ++next;
-              break;
-            }
-          } else {
-            // A worker fault: wait until every worker is up (a restart may be
-            // under way) so that it falls on a working process.
-            std::vector<pid_t> live;
-            for (pid_t w : ChildrenOf(c.pid())) {
-              if (!stopped.count(w)) live.push_back(w);
-            }
-            if (static_cast<int>(live.size()) >= o_.workers) {
-              std::this_thread::sleep_for(milliseconds(rng() % 30));
-              const pid_t victim = live[rng() % live.size()];
-              const int index = WorkerIndexOfPid(victim);
-              if (kill(victim, k == Kind::kWorkerSigkill ? SIGKILL : SIGSTOP) == 0) {
-                ++faults_here[KindName(k)];
-                if (k == Kind::kWorkerSigstop) stopped.insert(victim);
-                if (index >= 0) worker_fault[index] = {Clock::now(), k};
-              }
-              ++next;
-            }
-          }
-        }
-        std::this_thread::sleep_for(milliseconds(5));
-      }
-      const int st = c.Wait();
-      f.Poll();
-      results_before += f.results();
-      if (ballast_in) {
-        std::printf("  disk full: the scheduler ended before a commit failed; ballast removed\n");
-        remove_ballast();
-      }
-      disk_fault.active = false;
-      // A stopped worker whose scheduler died is killed with it (its
-      // parent-death signal is SIGKILL, which a stopped process takes too).
-      if (we_killed && WIFSIGNALED(st) && WTERMSIG(st) == SIGTERM) {
-        // Not expected: SIGTERM stops it gracefully.
-        std::printf("  incarnation %d: died of SIGTERM instead of stopping\n", incarnation);
-      }
-      const bool killed = WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL;
-      if (killed && !we_killed) {
-        if (armed_scheduler_point) {
-          ++faults_here[KindName(Kind::kSchedulerKillPoint)];
-          scheduler_fault = {true, Clock::now(), Kind::kSchedulerKillPoint};
-        } else {
-          std::printf("  incarnation %d: killed by SIGKILL with no cause; log %s\n", incarnation,
-                      log.c_str());
-          failed = true;
-        }
-      } else if (!killed && WIFEXITED(st) && WEXITSTATUS(st) == 0) {
-        std::ifstream in(log);
-        std::stringstream ss;
-        ss << in.rdbuf();
-        if (ss.str().find("experiment chaos: done") != std::string::npos) finished = true;
-      } else if (!killed) {
-        std::printf("  incarnation %d: exit status %d; log %s\n", incarnation,
-                    WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), log.c_str());
-        failed = true;
-      }
-      // Workers die with their scheduler; wait until they have.
-      for (int i = 0; i < 200 && !ChildrenOfDead(c.pid()); ++i) {
-        std::this_thread::sleep_for(milliseconds(10));
-      }
-      // What is committed now must survive: heads only ever move forward.
-      if (!finished && !failed) {
-        StoreCheck now = CheckStore(view, "chaos", o_.intervals, false);
-        if (now.opened) {
-          for (const auto& [m, h] : seen_heads) {
-            auto it = now.heads.find(m);
-            if (it == now.heads.end() || it->second.version < h.version) ++lost_here;
-          }
-          seen_heads = now.heads;
-        }
-      }
-    }
-    const StoreCheck end = CheckStore(view, "chaos", o_.intervals, true);
-    for (const auto& [m, h] : seen_heads) {
-      auto it = end.heads.find(m);
-      if (it == end.heads.end() || it->second.version < h.version) ++lost_here;
-    }
+  void Finish() {
+    const StoreCheck end = CheckStore(view_, "chaos", s_.o.intervals);
     // A member that fell back from a damaged head has more versions than in
     // the undisturbed run: its head must hold the same state (blob, step,
-    // hyperparameters), under a later version number.
-    bool heads_differ = end.heads.size() != calm_.size();
-    for (const auto& [m, h] : calm_) {
+    // hyperparameters), under a later version number. Only for that member.
+    std::set<std::string> fell_back;
+    if (end.fallbacks > 0) fell_back = FellBack();
+    bool heads_differ = end.heads.size() != s_.calm.size();
+    for (const auto& [m, h] : s_.calm) {
       auto it = end.heads.find(m);
       if (it == end.heads.end()) {
         heads_differ = true;
         continue;
       }
       Head got = it->second;
-      if (end.fallbacks > 0 && got.version >= h.version) got.version = h.version;
+      if (fell_back.count(m) && got.version >= h.version) got.version = h.version;
       if (!(got == h)) heads_differ = true;
     }
-    const bool diverged = failed || !end.opened || heads_differ;
+    const bool diverged = failed_ || !end.opened || heads_differ;
     // Verify must find the blobs damaged on purpose, and nothing else.
-    bool verified = end.verify_problem.empty() || !end.verify_problems.empty();
+    bool verified = end.opened && (end.verify_problem.empty() || !end.verify_problems.empty());
     for (const auto& p : end.verify_problems) {
       bool expected = false;
-      for (const auto& hex : damaged) expected = expected || p.find(hex) != std::string::npos;
+      for (const auto& hex : damaged_) expected = expected || p.find(hex) != std::string::npos;
       if (!expected) verified = false;
     }
-    if (!end.opened) verified = false;
     int members_lost = 0;
-    for (const auto& [m, h] : calm_) {
+    for (const auto& [m, h] : s_.calm) {
       if (!end.heads.count(m)) ++members_lost;
     }
-    ++totals->runs;
-    for (const auto& [k, n] : faults_here) totals->faults[k] += n;
-    totals->committed_lost += lost_here;
-    totals->runs_diverged += diverged ? 1 : 0;
-    totals->verify_failures += verified ? 0 : 1;
-    totals->trained_twice += end.trained_twice;
-    totals->members_lost += members_lost;
+    Totals& t = *totals_;
+    ++t.runs;
+    for (const auto& [k, n] : faults_) t.faults[k] += n;
+    t.commits_acknowledged += ledger_.count();
+    t.committed_lost += lost_;
+    t.runs_diverged += diverged ? 1 : 0;
+    t.verify_failures += verified ? 0 : 1;
+    t.trained_twice += end.trained_twice;
+    t.intervals_missing += end.intervals_missing;
+    t.members_lost += members_lost;
     int injected = 0;
-    for (const auto& [k, n] : faults_here) injected += n;
-    std::printf("  run %d: %d faults, %d incarnations, %.1f s: %s%s%s%s\n", run, injected,
-                incarnation, SecondsSince(run_start),
-                diverged ? "DIVERGED " : "heads as undisturbed ",
-                verified ? (damaged.empty() ? "verified" : "verified (damage found)")
-                         : ("VERIFY FAILED: " + end.verify_problem + end.error).c_str(),
-                lost_here ? ", COMMITTED LOST" : "", end.trained_twice ? ", TRAINED TWICE" : "");
-    if (diverged) {
-      for (const auto& [m, h] : calm_) {
-        auto it = end.heads.find(m);
-        if (it == end.heads.end()) {
-          std::printf("    %s: missing\n", m.c_str());
-        } else if (!(it->second == h)) {
-          std::printf("    %s: v%lld step %lld %s, undisturbed v%lld step %lld %s\n", m.c_str(),
-                      static_cast<long long>(it->second.version),
-                      static_cast<long long>(it->second.step),
-                      it->second.blob.substr(0, 12).c_str(), static_cast<long long>(h.version),
-                      static_cast<long long>(h.step), h.blob.substr(0, 12).c_str());
-        }
-      }
-    }
+    for (const auto& [k, n] : faults_) injected += n;
+    std::printf(
+        "  run %d: %d faults, %d incarnations, %d commits acknowledged, %.1f s: %s%s%s%s%s\n", run_,
+        injected, incarnation_, ledger_.count(), SecondsSince(start_),
+        diverged ? "DIVERGED " : "heads as undisturbed ",
+        verified ? (damaged_.empty() ? "verified" : "verified (damage found)")
+                 : ("VERIFY FAILED: " + end.verify_problem + end.error).c_str(),
+        lost_ ? ", COMMITTED LOST" : "", end.trained_twice ? ", TRAINED TWICE" : "",
+        end.intervals_missing ? ", INTERVALS MISSING" : "");
+    if (diverged) PrintDivergence(end);
     std::fflush(stdout);
-    const bool bad = diverged || !verified || lost_here || end.trained_twice;
-    if (tmpfs && (bad || o_.keep)) {
+    const bool bad = diverged || !verified || lost_ || end.trained_twice || end.intervals_missing;
+    if (tmpfs_ && (bad || s_.o.keep)) {
       // The tmpfs goes with this run: keep a copy of its store.
       std::error_code ec;
-      std::filesystem::copy(view, base, std::filesystem::copy_options::recursive, ec);
+      std::filesystem::copy(view_, base_, std::filesystem::copy_options::recursive, ec);
     }
-    if (!bad && !o_.keep) {
-      std::filesystem::remove_all(base);
-      std::filesystem::remove_all(base + "-tmpfs");
-      for (int i = 1; i <= incarnation; ++i) {
-        std::filesystem::remove(base + "-" + std::to_string(i) + ".log");
-        std::filesystem::remove(base + "-killonce-" + std::to_string(i));
+    tmpfs_.reset();
+    if (!bad && !s_.o.keep) {
+      std::filesystem::remove_all(base_);
+      std::filesystem::remove_all(base_ + "-tmpfs");
+      std::filesystem::remove(trace_path_);
+      for (int i = 1; i <= incarnation_; ++i) {
+        std::filesystem::remove(base_ + "-" + std::to_string(i) + ".log");
+        std::filesystem::remove(base_ + "-killonce-" + std::to_string(i));
       }
     }
+  }
+
+  // The members with a "corrupt_state" event (a fall-back from a damaged head).
+  std::set<std::string> FellBack() const {
+    std::set<std::string> out;
+    store::StoreOptions o;
+    o.path = view_;
+    auto s = store::Store::Open(o);
+    if (!s.ok()) return out;
+    auto events = (*s)->ListEvents("chaos", 0, 1 << 20);
+    if (!events.ok()) return out;
+    for (const auto& e : *events) {
+      const json j = json::parse(e.json, nullptr, false);
+      if (j.is_object() && j.value("type", "") == "corrupt_state")
+        out.insert(j.value("member", ""));
+    }
+    return out;
+  }
+
+  void PrintDivergence(const StoreCheck& end) const {
+    for (const auto& [m, h] : s_.calm) {
+      auto it = end.heads.find(m);
+      if (it == end.heads.end()) {
+        std::printf("    %s: missing\n", m.c_str());
+      } else if (!(it->second == h)) {
+        std::printf("    %s: v%lld step %lld %s, undisturbed v%lld step %lld %s\n", m.c_str(),
+                    static_cast<long long>(it->second.version),
+                    static_cast<long long>(it->second.step), it->second.blob.substr(0, 12).c_str(),
+                    static_cast<long long>(h.version), static_cast<long long>(h.step),
+                    h.blob.substr(0, 12).c_str());
+      }
+    }
+  }
+
+  const Setup& s_;
+  const int run_;
+  std::mt19937_64& rng_;
+  const std::string base_;  // logs, trace and kill-once files; the store unless on a tmpfs
+  Totals* totals_ = nullptr;
+  std::vector<Fault> plan_;
+  size_t next_ = 0;
+  std::unique_ptr<PrivateTmpfs> tmpfs_;
+  std::string store_, view_, ballast_;
+  std::string trace_path_;
+  std::unique_ptr<LineFollower> trace_;
+  Ledger ledger_;
+  Clock::time_point start_;
+  int incarnation_ = 0;
+  bool finished_ = false;
+  bool failed_ = false;
+  int lost_ = 0;
+  std::map<std::string, int> faults_;
+  // The current incarnation.
+  std::unique_ptr<Child> child_;
+  std::string log_;
+  std::unique_ptr<LineFollower> log_follower_;
+  int results_before_ = 0;  // in earlier incarnations
+  int results_now_ = 0;
+  bool we_killed_ = false;
+  bool armed_scheduler_point_ = false;
+  std::set<pid_t> stopped_;
+  // Recovery clocks: per worker index, for the scheduler, for a full disk.
+  std::map<int, Pending> worker_fault_;
+  Pending scheduler_fault_;
+  Pending disk_fault_;
+  bool damage_next_ = false;
+  std::set<std::string> damaged_;  // blob ids damaged on purpose
+  bool ballast_in_ = false;
+  Clock::time_point ballast_since_;
+};
+
+class ChaosRunner {
+ public:
+  explicit ChaosRunner(Options o) {
+    s_.o = std::move(o);
+    for (char** e = environ; *e != nullptr; ++e) {
+      if (std::strncmp(*e, "CKPT_KILL_AT=", 13) != 0 &&
+          std::strncmp(*e, trace::kEnv, std::strlen(trace::kEnv)) != 0) {
+        s_.base_env.emplace_back(*e);
+      }
+    }
+    for (const auto& k : s_.o.kinds) {
+      for (Kind kind : kAllKinds) {
+        if (k == KindName(kind)) s_.kinds.push_back(kind);
+      }
+    }
+    if (s_.kinds.empty()) {
+      for (Kind k : kAllKinds) s_.kinds.push_back(k);
+    }
+    // A full disk needs a tmpfs in a private mount namespace: root only.
+    if (geteuid() != 0 && std::count(s_.kinds.begin(), s_.kinds.end(), Kind::kDiskFull)) {
+      std::printf(
+          "ckpt-chaos: not root, so no disk_full faults (they need a tmpfs mounted in a "
+          "private mount namespace)\n");
+      s_.kinds.erase(std::remove(s_.kinds.begin(), s_.kinds.end(), Kind::kDiskFull),
+                     s_.kinds.end());
+    }
+  }
+
+  bool has_kinds() const { return !s_.kinds.empty(); }
+
+  // The reference run. False (with the reason printed) when it fails.
+  bool Calm() {
+    s_.config = s_.o.dir + "/chaos.toml";
+    std::ofstream(s_.config) << ExperimentToml(s_.o);
+    const std::string store = s_.o.dir + "/calm";
+    std::filesystem::remove_all(store);
+    const std::string log = s_.o.dir + "/calm.log";
+    const std::string trace_path = s_.o.dir + "/calm-trace.jsonl";
+    std::filesystem::remove(log);
+    std::filesystem::remove(trace_path);
+    std::vector<std::string> env = s_.base_env;
+    env.push_back(std::string(trace::kEnv) + "=" + trace_path);
+    const auto t0 = Clock::now();
+    Child c(s_.Args(store), log, env);
+    if (!c.WaitFor(milliseconds(static_cast<int64_t>(s_.o.run_timeout_s * 1000)))) {
+      std::fprintf(stderr, "ckpt-chaos: the undisturbed run did not finish; log %s\n", log.c_str());
+      return false;
+    }
+    const int st = c.Wait();
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+      std::fprintf(stderr, "ckpt-chaos: the undisturbed run failed; log %s\n", log.c_str());
+      return false;
+    }
+    LineFollower f(trace_path);
+    for (const auto& e : PollTrace(&f)) s_.calm_results += e.Is(trace::kResult) ? 1 : 0;
+    StoreCheck check = CheckStore(store, "chaos", s_.o.intervals);
+    if (!check.opened || !check.verified ||
+        check.heads.size() != static_cast<size_t>(s_.o.population) || s_.calm_results == 0 ||
+        check.trained_twice != 0 || check.intervals_missing != 0) {
+      std::fprintf(stderr,
+                   "ckpt-chaos: the undisturbed run does not check: %s %s (%d results traced, "
+                   "%d intervals trained twice, %d missing)\n",
+                   check.error.c_str(), check.verify_problem.c_str(), s_.calm_results,
+                   check.trained_twice, check.intervals_missing);
+      return false;
+    }
+    s_.calm = check.heads;
+    std::printf("undisturbed run: %d results in %.1f s\n", s_.calm_results, SecondsSince(t0));
+    std::fflush(stdout);
+    return true;
+  }
+
+  void Run(int run, std::mt19937_64& rng, Totals* totals) {
+    ChaosRun(s_, run, &rng).Execute(totals);
   }
 
  private:
-  std::vector<std::string> Args(const std::string& store) const {
-    return {o_.scheduler, "run", config_, "--store", store, "--quiet"};
-  }
-
-  static bool ChildrenOfDead(pid_t pid) { return ChildrenOf(pid).empty(); }
-
-  // The worker index a worker process serves, from its --segment argument
-  // ("...-wN").
-  static int WorkerIndexOfPid(pid_t pid) {
-    std::ifstream in("/proc/" + std::to_string(pid) + "/cmdline", std::ios::binary);
-    std::string cmd((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    std::vector<std::string> args;
-    std::string cur;
-    for (char ch : cmd) {
-      if (ch == '\0') {
-        args.push_back(cur);
-        cur.clear();
-      } else {
-        cur += ch;
-      }
-    }
-    for (size_t i = 0; i + 1 < args.size(); ++i) {
-      if (args[i] == "--segment") {
-        const size_t w = args[i + 1].rfind("-w");
-        if (w != std::string::npos) return std::atoi(args[i + 1].c_str() + w + 2);
-      }
-    }
-    return -1;
-  }
-
-  Options o_;
-  std::vector<Kind> kinds_;
-  std::vector<std::string> base_env_;
-  std::string config_;
-  int calm_results_ = 0;
-  std::map<std::string, Head> calm_;
+  Setup s_;
 };
 
 std::string DefaultScheduler() {
@@ -1000,26 +1163,43 @@ int Main(int argc, char** argv) {
   std::mt19937_64 rng(o.seed);
   Totals t;
   for (int r = 0; r < o.runs; ++r) runner.Run(r, rng, &t);
-  json faults = json::object();
+  json faults = json::object(), planned = json::object();
   int total = 0;
+  // Every kind that was planned must have landed at least its share.
+  std::vector<std::string> short_of_share;
   for (Kind k : kAllKinds) {
-    faults[KindName(k)] = t.faults[KindName(k)];
-    total += t.faults[KindName(k)];
+    const int p = t.planned[KindName(k)], n = t.faults[KindName(k)];
+    faults[KindName(k)] = n;
+    planned[KindName(k)] = p;
+    total += n;
+    if (p > 0 && n < Share(p)) {
+      short_of_share.push_back(std::string(KindName(k)) + ": " + std::to_string(n) + " of " +
+                               std::to_string(p) + " planned, at least " +
+                               std::to_string(Share(p)) + " needed");
+    }
   }
   json out{{"seed", o.seed},
            {"runs", t.runs},
+           {"faults_planned", planned},
            {"faults_injected", faults},
            {"faults_total", total},
+           {"commits_acknowledged", t.commits_acknowledged},
            {"committed_lost", t.committed_lost},
            {"runs_diverged", t.runs_diverged},
            {"verify_failures", t.verify_failures},
            {"trained_twice", t.trained_twice},
+           {"intervals_missing", t.intervals_missing},
            {"members_lost", t.members_lost},
            {"max_recovery_s", t.max_recovery_s},
            {"max_recovery_kind", t.max_recovery_kind}};
+  for (const auto& s : short_of_share) {
+    std::printf("ckpt-chaos: FAILED: too few faults injected of %s\n", s.c_str());
+  }
+  if (total == 0) std::printf("ckpt-chaos: FAILED: no fault was injected\n");
   std::printf("%s\n", out.dump().c_str());
   const bool ok = t.committed_lost == 0 && t.runs_diverged == 0 && t.verify_failures == 0 &&
-                  t.trained_twice == 0 && t.members_lost == 0;
+                  t.trained_twice == 0 && t.intervals_missing == 0 && t.members_lost == 0 &&
+                  short_of_share.empty() && total > 0;
   if (ok && !o.keep) std::filesystem::remove_all(o.dir);
   return ok ? 0 : 1;
 }

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -22,18 +23,14 @@ namespace ckpt::testing {
 class Child {
  public:
   Child(const std::vector<std::string>& args, const std::string& log_path) : log_(log_path) {
-    std::vector<char*> argv;
-    std::vector<std::string> copy = args;
-    for (auto& a : copy) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    pid_ = fork();
-    if (pid_ == 0) {
-      int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-      dup2(fd, 1);
-      dup2(fd, 2);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
+    Start(args, nullptr, nullptr);
+  }
+  // With `env` as the child's whole environment, and `in_child` (when set)
+  // called in the child before exec: the child exits 126 when it returns false.
+  Child(const std::vector<std::string>& args, const std::string& log_path,
+        const std::vector<std::string>& env, const std::function<bool()>& in_child = nullptr)
+      : log_(log_path) {
+    Start(args, &env, in_child ? &in_child : nullptr);
   }
   ~Child() {
     if (pid_ > 0 && !waited_) {
@@ -79,6 +76,29 @@ class Child {
   }
 
  private:
+  void Start(const std::vector<std::string>& args, const std::vector<std::string>* env,
+             const std::function<bool()>* in_child) {
+    std::vector<std::string> a = args, e = env ? *env : std::vector<std::string>();
+    std::vector<char*> argv, envp;
+    for (auto& s : a) argv.push_back(s.data());
+    argv.push_back(nullptr);
+    for (auto& s : e) envp.push_back(s.data());
+    envp.push_back(nullptr);
+    pid_ = fork();
+    if (pid_ == 0) {
+      int fd = open(log_.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+      dup2(fd, 1);
+      dup2(fd, 2);
+      if (in_child != nullptr && !(*in_child)()) _exit(126);
+      if (env != nullptr) {
+        execve(argv[0], argv.data(), envp.data());
+      } else {
+        execv(argv[0], argv.data());
+      }
+      _exit(127);
+    }
+  }
+
   pid_t pid_ = -1;
   int status_ = 0;
   bool waited_ = false;
