@@ -1,6 +1,9 @@
 // Whole runs of `ckpt-scheduler run` with workers on cuda:0: real scheduler
 // and worker processes, a real store, real shared-memory rings. Skipped where
-// cuda:0 cannot be used (a build without CKPT_WITH_CUDA, or no GPU).
+// no CUDA device can be expected (cuda_visible.h); where one is visible and
+// cuda:0 cannot be used, they fail. Each worker must say (its HELLO, in the
+// scheduler's trace: scheduler/src/trace.h) that it trains on the device
+// asked for.
 //
 // Written and compiled without a GPU: these tests have not run on one yet.
 #include <gtest/gtest.h>
@@ -12,13 +15,16 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 #include <string>
 #include <thread>
 
+#include "../../scheduler/src/trace.h"
 #include "ckpt/store/store.h"
 #include "ckpt/worker/trainer.h"
+#include "cuda_visible.h"
 #include "model_test_util.h"
 #include "process_util.h"
 
@@ -60,8 +66,9 @@ std::string Config(const std::string& device, int count, int population, int int
 class GpuRunTest : public ::testing::Test {
  protected:
   void SetUp() override {
+    if (const std::string no = testing::NoCudaDevice(); !no.empty()) GTEST_SKIP() << no;
     const std::string why = NoGpuReason();
-    if (!why.empty()) GTEST_SKIP() << "no usable cuda:0: " << why;
+    ASSERT_TRUE(why.empty()) << "a CUDA device is visible, yet cuda:0 cannot be used: " << why;
     dir_ = testing::TempDir("gpu-run");
     ASSERT_FALSE(dir_.empty());
     scheduler_ = testing::Env("CKPT_SCHEDULER_BIN", CKPT_SCHEDULER_BIN);
@@ -70,15 +77,20 @@ class GpuRunTest : public ::testing::Test {
     if (!dir_.empty()) std::filesystem::remove_all(dir_);
   }
 
-  // Runs `config` to completion in its own store; returns the members' heads.
+  // Runs `config` (its workers on `device`) to completion in its own store;
+  // returns the members' heads. Every worker's HELLO must name `device`.
   // `max_workers` receives the most ckpt-worker children seen at once.
-  std::map<std::string, store::MemberHead> Run(const std::string& tag, const std::string& config,
+  std::map<std::string, store::MemberHead> Run(const std::string& tag, const std::string& device,
+                                               const std::string& config,
                                                int* max_workers = nullptr) {
     const std::string path = dir_ + "/" + tag + ".toml";
     std::ofstream(path) << config;
     const std::string store_dir = dir_ + "/" + tag + "-store";
+    const std::string trace_path = dir_ + "/" + tag + "-trace.jsonl";
+    setenv(scheduler::trace::kEnv, trace_path.c_str(), 1);
     testing::Child c({scheduler_, "run", path, "--store", store_dir, "--quiet"},
                      dir_ + "/" + tag + ".log");
+    unsetenv(scheduler::trace::kEnv);
     int most = 0;
     const auto until = std::chrono::steady_clock::now() + milliseconds(400000);
     while (c.Running() && std::chrono::steady_clock::now() < until) {
@@ -93,6 +105,7 @@ class GpuRunTest : public ::testing::Test {
     }
     const int st = c.Wait();
     EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << tag << ":\n" << c.Log();
+    ExpectWorkersOn(device, trace_path, tag);
     store::StoreOptions so;
     so.path = store_dir;
     auto s = store::Store::Open(so);
@@ -107,6 +120,21 @@ class GpuRunTest : public ::testing::Test {
     return heads;
   }
 
+  // The HELLO of every worker started, from the scheduler's trace, names
+  // `device`: a worker asked for cuda:0 trains there, not on a fallback.
+  static void ExpectWorkersOn(const std::string& device, const std::string& trace_path,
+                              const std::string& tag) {
+    std::ifstream in(trace_path);
+    int hellos = 0;
+    for (std::string line; std::getline(in, line);) {
+      const auto j = nlohmann::json::parse(line, nullptr, false);
+      if (!j.is_object() || j.value("ev", "") != scheduler::trace::kHello) continue;
+      ++hellos;
+      EXPECT_EQ(j.value("device", ""), device) << tag << ": worker " << j.value("worker", -1);
+    }
+    EXPECT_GT(hellos, 0) << tag << ": no worker HELLO in the trace " << trace_path;
+  }
+
   std::string dir_;
   std::string scheduler_;
 };
@@ -116,8 +144,8 @@ class GpuRunTest : public ::testing::Test {
 // on 1,000 images agrees within 0.03 (float rounding and kernel choice
 // differ between the devices; 80 SGD steps keep the trajectories close).
 TEST_F(GpuRunTest, PopulationOnCudaMatchesTheCpuRun) {
-  auto gpu = Run("cuda", Config("cuda:0", 1, 4, 2));
-  auto cpu = Run("cpu", Config("cpu", 1, 4, 2));
+  auto gpu = Run("cuda", "cuda:0", Config("cuda:0", 1, 4, 2));
+  auto cpu = Run("cpu", "cpu", Config("cpu", 1, 4, 2));
   ASSERT_EQ(gpu.size(), 4u);
   ASSERT_EQ(cpu.size(), gpu.size());
   for (const auto& [member, g] : gpu) {
@@ -136,7 +164,7 @@ TEST_F(GpuRunTest, PopulationOnCudaMatchesTheCpuRun) {
 // at once and the population completes.
 TEST_F(GpuRunTest, TwoWorkersOnOneGpu) {
   int workers = 0;
-  auto heads = Run("two", Config("cuda:0", 2, 6, 2), &workers);
+  auto heads = Run("two", "cuda:0", Config("cuda:0", 2, 6, 2), &workers);
   EXPECT_EQ(workers, 2) << "ckpt-worker processes seen at once";
   ASSERT_EQ(heads.size(), 6u);
   for (const auto& [member, h] : heads) {

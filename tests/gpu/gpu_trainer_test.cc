@@ -1,6 +1,8 @@
 // ckpt::model on a CUDA device, checked against itself (fused against
-// separate) and against the CPU. Each test skips where cuda:0 cannot be used
-// (a build without CKPT_WITH_CUDA, or no GPU), naming the reason.
+// separate) and against the CPU. Each test skips where no CUDA device can be
+// expected (a build without CKPT_WITH_CUDA, or no device visible: see
+// cuda_visible.h), naming the reason; where one is visible and cuda:0 cannot
+// be used, it fails.
 //
 // Written and compiled without a GPU: these tests have not run on one yet.
 // The tolerances assume cuDNN's default TF32 convolutions on Ampere and later
@@ -21,6 +23,7 @@
 #include <vector>
 
 #include "ckpt/ipc/channel.h"
+#include "cuda_visible.h"
 #include "model_test_util.h"
 
 namespace ckpt::model {
@@ -32,7 +35,7 @@ using testing::Task;
 
 constexpr const char* kDevice = "cuda:0";
 
-// A trainer on cuda:0, or the reason there is none (for GTEST_SKIP).
+// A trainer on cuda:0, or the reason there is none.
 std::unique_ptr<Trainer> GpuTrainer(TrainerOptions o, std::string* why) {
   o.device = kDevice;
   auto t = Trainer::Create(o);
@@ -43,12 +46,12 @@ std::unique_ptr<Trainer> GpuTrainer(TrainerOptions o, std::string* why) {
   return std::move(t).value();
 }
 
-#define CKPT_GPU_OR_SKIP(trainer, options)                            \
-  std::string why_##trainer;                                          \
-  auto trainer = GpuTrainer(options, &why_##trainer);                 \
-  if (trainer == nullptr) {                                           \
-    GTEST_SKIP() << "no usable " << kDevice << ": " << why_##trainer; \
-  }
+#define CKPT_GPU_OR_SKIP(trainer, options)                                                         \
+  if (const std::string no = testing::NoCudaDevice(); !no.empty()) GTEST_SKIP() << no;             \
+  std::string why_##trainer;                                                                       \
+  auto trainer = GpuTrainer(options, &why_##trainer);                                              \
+  ASSERT_NE(trainer, nullptr) << "a CUDA device is visible, yet no trainer on " << kDevice << ": " \
+                              << why_##trainer
 
 std::map<std::string, double> Hparams(const std::string& optimizer, int i) {
   if (optimizer == "sgd") {
