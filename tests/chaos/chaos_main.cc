@@ -623,10 +623,19 @@ class ChaosRun {
       damaged_.insert(hex);
       Injected(Kind::kCorruptBlob);
       std::printf("  damaged blob %s on disk\n", hex.substr(0, 12).c_str());
+    } else if (results_before_ + kDamageRetryAfter < s_.calm_results - 3) {
+      // Too early (no member past its second interval) or no head of its
+      // own: the same fault again a few results on.
+      const int at = results_before_ + kDamageRetryAfter;
+      auto it = std::find_if(plan_.begin() + static_cast<std::ptrdiff_t>(next_), plan_.end(),
+                             [at](const Fault& f) { return f.at > at; });
+      plan_.insert(it, Fault{at, Kind::kCorruptBlob});
+      std::printf("  no member fit to damage: again at %d results\n", at);
     } else {
       std::printf("  no member fit to damage\n");
     }
   }
+  static constexpr int kDamageRetryAfter = 6;
 
   // A scheduler incarnation, with the kill point due now armed in its
   // environment.

@@ -47,7 +47,7 @@ std::unique_ptr<Trainer> GpuTrainer(TrainerOptions o, std::string* why) {
 }
 
 #define CKPT_GPU_OR_SKIP(trainer, options)                                                         \
-  if (const std::string no = testing::NoCudaDevice(); !no.empty()) GTEST_SKIP() << no;             \
+  if (const std::string no = ::ckpt::testing::NoCudaDevice(); !no.empty()) GTEST_SKIP() << no;     \
   std::string why_##trainer;                                                                       \
   auto trainer = GpuTrainer(options, &why_##trainer);                                              \
   ASSERT_NE(trainer, nullptr) << "a CUDA device is visible, yet no trainer on " << kDevice << ": " \
