@@ -35,54 +35,6 @@
 
 namespace ckpt::metrics {
 
-std::string_view MemberStateName(MemberState state) {
-  switch (state) {
-    case MemberState::kIdle:
-      return "idle";
-    case MemberState::kQueued:
-      return "queued";
-    case MemberState::kRunning:
-      return "running";
-    case MemberState::kDone:
-      return "done";
-    case MemberState::kStopped:
-      return "stopped";
-    case MemberState::kFailed:
-      return "failed";
-  }
-  return "unknown";
-}
-
-std::string_view FailureReasonName(FailureReason reason) {
-  switch (reason) {
-    case FailureReason::kNonFinite:
-      return "non_finite";
-    case FailureReason::kOutOfMemory:
-      return "out_of_memory";
-    case FailureReason::kBadState:
-      return "bad_state";
-    case FailureReason::kBadRequest:
-      return "bad_request";
-    case FailureReason::kInternal:
-      return "internal";
-    case FailureReason::kCommitError:
-      return "commit_error";
-    case FailureReason::kStoreFull:
-      return "store_full";
-    case FailureReason::kWorkerLost:
-      return "worker_lost";
-  }
-  return "unknown";
-}
-
-FailureReason FailureReasonFromWorkerCode(std::string_view code) {
-  if (code == "non-finite") return FailureReason::kNonFinite;
-  if (code == "out-of-memory") return FailureReason::kOutOfMemory;
-  if (code == "bad-state") return FailureReason::kBadState;
-  if (code == "bad-request") return FailureReason::kBadRequest;
-  return FailureReason::kInternal;
-}
-
 std::string_view StoreOpName(StoreOp op) {
   switch (op) {
     case StoreOp::kCommitResult:
@@ -418,7 +370,7 @@ class Metrics::Impl {
                          uint64_t samples);
   void SetMemberCounts(std::string_view experiment, const MemberCounts& counts);
   void Exploited(std::string_view experiment);
-  void MemberFailed(std::string_view experiment, FailureReason reason);
+  void MemberFailed(std::string_view experiment, records::FailureCode reason);
   void SetScores(std::string_view experiment, double best, double median);
   void ForgetExperiment(std::string_view experiment);
   void StoreOperation(StoreOp op, double seconds, uint64_t bytes);
@@ -437,9 +389,9 @@ class Metrics::Impl {
   // update, at 0, so that rate() and increase() see their first increment.
   struct ExperimentSeries {
     Counter* exploits = nullptr;
-    std::array<Counter*, kFailureReasonCount> failures{};
-    std::array<Gauge*, kMemberStateCount> members{};  // from the first SetMemberCounts
-    Gauge* best = nullptr;                            // from the first SetScores
+    std::array<Counter*, records::kMemberFailureCodeCount> failures{};
+    std::array<Gauge*, records::kMemberStatusCount> members{};  // from the first SetMemberCounts
+    Gauge* best = nullptr;                                      // from the first SetScores
     Gauge* median = nullptr;
     std::map<std::string, DeviceSeries, std::less<>> devices;
   };
@@ -701,10 +653,10 @@ Metrics::Impl::ExperimentSeries* Metrics::Impl::Experiment(std::string_view expe
   const std::string name(experiment);
   ExperimentSeries& e = experiments_[name];
   e.exploits = &exploits_->Add({{"experiment", name}});
-  for (int i = 0; i < kFailureReasonCount; ++i) {
+  for (int i = 0; i < records::kMemberFailureCodeCount; ++i) {
     e.failures[i] = &failures_->Add(
         {{"experiment", name},
-         {"reason", std::string(FailureReasonName(static_cast<FailureReason>(i)))}});
+         {"reason", records::FailureCodeName(static_cast<records::FailureCode>(i))}});
   }
   return &e;
 }
@@ -769,13 +721,13 @@ void Metrics::Impl::SetMemberCounts(std::string_view experiment, const MemberCou
   std::lock_guard<std::mutex> lock(mu_);
   ExperimentSeries* e = Experiment(experiment);
   if (e == nullptr) return;
-  const std::array<int64_t, kMemberStateCount> values{counts.idle, counts.queued,  counts.running,
-                                                      counts.done, counts.stopped, counts.failed};
-  for (int i = 0; i < kMemberStateCount; ++i) {
+  const std::array<int64_t, records::kMemberStatusCount> values{
+      counts.idle, counts.queued, counts.running, counts.done, counts.stopped, counts.failed};
+  for (int i = 0; i < records::kMemberStatusCount; ++i) {
     if (e->members[i] == nullptr) {
-      e->members[i] =
-          &members_->Add({{"experiment", std::string(experiment)},
-                          {"state", std::string(MemberStateName(static_cast<MemberState>(i)))}});
+      e->members[i] = &members_->Add(
+          {{"experiment", std::string(experiment)},
+           {"state", records::MemberStatusName(static_cast<records::MemberStatus>(i))}});
     }
     e->members[i]->Set(static_cast<double>(values[i]));
   }
@@ -786,7 +738,11 @@ void Metrics::Impl::Exploited(std::string_view experiment) {
   if (ExperimentSeries* e = Experiment(experiment)) e->exploits->Increment();
 }
 
-void Metrics::Impl::MemberFailed(std::string_view experiment, FailureReason reason) {
+void Metrics::Impl::MemberFailed(std::string_view experiment, records::FailureCode reason) {
+  // An interval the worker abandoned (told to stop) counts as internal; a
+  // refused CONFIGURE is the experiment's, not a member's.
+  if (reason == records::FailureCode::kAborted) reason = records::FailureCode::kInternal;
+  if (static_cast<int>(reason) >= records::kMemberFailureCodeCount) return;
   std::lock_guard<std::mutex> lock(mu_);
   if (ExperimentSeries* e = Experiment(experiment)) {
     e->failures[static_cast<int>(reason)]->Increment();
@@ -925,7 +881,7 @@ void Metrics::SetMemberCounts(std::string_view experiment, const MemberCounts& c
   impl_->SetMemberCounts(experiment, counts);
 }
 void Metrics::Exploited(std::string_view experiment) { impl_->Exploited(experiment); }
-void Metrics::MemberFailed(std::string_view experiment, FailureReason reason) {
+void Metrics::MemberFailed(std::string_view experiment, records::FailureCode reason) {
   impl_->MemberFailed(experiment, reason);
 }
 void Metrics::SetScores(std::string_view experiment, double best, double median) {

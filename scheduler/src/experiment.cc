@@ -2,51 +2,19 @@
 
 #include <algorithm>
 #include <cmath>
-#include <nlohmann/json.hpp>
 
 #include "log.h"
 
 namespace ckpt::scheduler {
 namespace {
 
-using json = nlohmann::json;
-
 // Salt of the per-member initial-weights seed (kept: stores depend on it).
 constexpr uint64_t kInitSeedSalt = 0x1A1A;
 
-// The worker's FAILED code for a state it cannot use (ckpt::model::kFailBadState).
-constexpr const char kBadState[] = "bad-state";
-
 }  // namespace
 
-const char* ExperimentStatusName(ExperimentStatus status) {
-  switch (status) {
-    case ExperimentStatus::kRunning:
-      return "running";
-    case ExperimentStatus::kPaused:
-      return "paused";
-    case ExperimentStatus::kDone:
-      return "done";
-    case ExperimentStatus::kStopped:
-      return "stopped";
-    case ExperimentStatus::kFailed:
-      return "failed";
-  }
-  return "running";
-}
-
-StatusOr<ExperimentStatus> ParseExperimentStatus(std::string_view name) {
-  if (name == "running" || name == "created") return ExperimentStatus::kRunning;
-  if (name == "paused") return ExperimentStatus::kPaused;
-  if (name == "done") return ExperimentStatus::kDone;
-  if (name == "stopped") return ExperimentStatus::kStopped;
-  if (name == "failed") return ExperimentStatus::kFailed;
-  return Status::InvalidArgument("unknown experiment status '" + std::string(name.substr(0, 32)) +
-                                 "'");
-}
-
 Experiment::Experiment(records::ExperimentConfig config, std::unique_ptr<Policy> policy,
-                       std::vector<Member> members, ExperimentStatus status,
+                       std::vector<Member> members, records::ExperimentStatus status,
                        const ExperimentOptions& options, ExperimentIo* io, Clock::time_point now)
     : config_(std::move(config)),
       policy_(std::move(policy)),
@@ -56,8 +24,9 @@ Experiment::Experiment(records::ExperimentConfig config, std::unique_ptr<Policy>
       status_(status),
       start_(now) {
   for (size_t i = 0; i < members_.size(); ++i) by_name_[members_[i].name] = static_cast<int>(i);
-  if (status_ == ExperimentStatus::kDone || status_ == ExperimentStatus::kStopped ||
-      status_ == ExperimentStatus::kFailed) {
+  if (status_ == records::ExperimentStatus::kDone ||
+      status_ == records::ExperimentStatus::kStopped ||
+      status_ == records::ExperimentStatus::kFailed) {
     phase_ = Phase::kDone;
   }
 }
@@ -75,10 +44,6 @@ int Experiment::Find(const std::string& member) const {
 MemberProgress Experiment::Progress(const Member& m) const {
   return MemberProgress{m.name,        m.state.index, m.state.interval, m.state.last_exploit,
                         m.state.score, m.hparams,     m.active()};
-}
-
-std::string Experiment::MemberEvent(const char* type, const Member& m) const {
-  return json{{"type", type}, {"member", m.name}}.dump();
 }
 
 void Experiment::Enqueue(int member, bool eval, bool front) {
@@ -146,17 +111,14 @@ void Experiment::AfterInterval(Member* m, Clock::time_point now) {
     training_closed_ = true;
     Logger().info("{}: {} reached the target {} (score {:.4f}); no new intervals", c.name, m->name,
                   c.target_metric, m->state.score);
-    io_->AppendEvent(json{{"type", "target_reached"},
-                          {"member", m->name},
-                          {"score", m->state.score},
-                          {"target", c.target_metric}}
-                         .dump());
+    io_->AppendEvent(records::EncodeEvent(
+        records::TargetReachedEvent{m->name, m->state.score, c.target_metric}));
   }
   if (c.max_wall_s > 0 && !training_closed_ &&
       std::chrono::duration<double>(now - start_).count() >= c.max_wall_s) {
     training_closed_ = true;
     Logger().info("{}: wall-time limit of {} s reached; no new intervals", c.name, c.max_wall_s);
-    io_->AppendEvent(json{{"type", "wall_time_reached"}, {"max_wall_s", c.max_wall_s}}.dump());
+    io_->AppendEvent(records::EncodeEvent(records::WallTimeReachedEvent{c.max_wall_s}));
   }
   if (!policy_->synchronous() && !training_closed_ &&
       m->state.status == records::MemberStatus::kIdle) {
@@ -244,10 +206,9 @@ void Experiment::ApplyDecisions(const std::map<std::string, Decision>& decisions
     if (d.kind == Decision::Kind::kExploit) {
       const int donor_index = Find(d.donor);
       if (donor_index < 0 || donor_index == i) continue;
-      json ev = {{"type", "exploit"}, {"member", name},
-                 {"donor", d.donor},  {"interval", m.state.interval},
-                 {"why", d.why},      {"hparams", d.hparams}};
-      auto v = io_->Exploit(name, d.donor, d.hparams, ev.dump());
+      auto v = io_->Exploit(name, d.donor, d.hparams,
+                            records::EncodeEvent(records::ExploitEvent{
+                                name, d.donor, m.state.interval, d.why, d.hparams, 0}));
       if (!v.ok()) {
         Logger().warn("{}: exploit {} <- {} failed: {}", config_.name, name, d.donor,
                       v.status().ToString());
@@ -264,7 +225,8 @@ void Experiment::ApplyDecisions(const std::map<std::string, Decision>& decisions
     } else if (d.kind == Decision::Kind::kStop) {
       m.state.status = records::MemberStatus::kStopped;
       io_->SaveState(name, m.state);
-      io_->AppendEvent(json{{"type", "member_stopped"}, {"member", name}, {"why", d.why}}.dump());
+      io_->AppendEvent(
+          records::EncodeEvent(records::MemberStoppedEvent{name, d.why, std::nullopt}));
     }
   }
 }
@@ -277,27 +239,24 @@ void Experiment::OnEvaluated(const WorkItem& item, double test_acc) {
   if (--evals_pending_ == 0) Finish();
 }
 
-void Experiment::OnFailed(const WorkItem& item, const std::string& code, const std::string& reason,
-                          bool head_moved) {
+void Experiment::OnFailed(const WorkItem& item, records::FailureCode code,
+                          const std::string& reason, bool head_moved) {
   --in_flight_;
   const int i = Find(item.member);
   if (i < 0) return;
   Member* m = &members_[i];
   if (!item.eval_only) m->state.status = records::MemberStatus::kIdle;
   if (phase_ == Phase::kDone) return;
-  if (!item.eval_only && !head_moved && code == kBadState && phase_ == Phase::kTraining &&
-      item.head_version > 0 && item.head_version == m->version &&
+  if (!item.eval_only && !head_moved && code == records::FailureCode::kBadState &&
+      phase_ == Phase::kTraining && item.head_version > 0 && item.head_version == m->version &&
       FallBackFromCorruptHead(i, item, reason)) {
     return;
   }
   if (!head_moved) ++m->state.failures;
-  io_->AppendEvent(json{{"type", "failed"},
-                        {"member", m->name},
-                        {"code", code},
-                        {"reason", reason},
-                        {"failures", m->state.failures}}
-                       .dump());
-  Logger().warn("{}: member {} failed ({}): {}", config_.name, m->name, code, reason);
+  io_->AppendEvent(
+      records::EncodeEvent(records::FailedEvent{m->name, code, reason, m->state.failures}));
+  Logger().warn("{}: member {} failed ({}): {}", config_.name, m->name,
+                records::FailureCodeName(code), reason);
   if (item.eval_only) {
     // A member that cannot be evaluated keeps its trained state; it is
     // reported without a test accuracy.
@@ -311,12 +270,9 @@ void Experiment::OnFailed(const WorkItem& item, const std::string& code, const s
   if (m->state.failures >= options_.max_member_failures) {
     m->state.status = records::MemberStatus::kFailed;
     io_->SaveState(m->name, m->state);
-    io_->AppendEvent(json{
-        {"type", "member_stopped"},
-        {"member", m->name},
-        {"why", "failed " + std::to_string(m->state.failures) + " times; last: " + reason},
-        {"kept_version",
-         m->version}}.dump());
+    io_->AppendEvent(records::EncodeEvent(records::MemberStoppedEvent{
+        m->name, "failed " + std::to_string(m->state.failures) + " times; last: " + reason,
+        m->version}));
     Logger().warn("{}: member {} stopped after {} failures; its last good version {} is kept",
                   config_.name, m->name, m->state.failures, m->version);
     MaybeAdvance();
@@ -361,15 +317,8 @@ bool Experiment::FallBackFromCorruptHead(int member, const WorkItem& item,
   m.version = *v;
   m.step = good->step;
   m.hparams = good->hparams;
-  io_->AppendEvent(json{
-      {"type", "corrupt_state"},
-      {"member", m.name},
-      {"bad_version", item.head_version},
-      {"restored_from", good->version},
-      {"version", *v},
-      {"interval", interval},
-      {"reason",
-       reason}}.dump());
+  io_->AppendEvent(records::EncodeEvent(
+      records::CorruptStateEvent{m.name, item.head_version, good->version, *v, interval, reason}));
   Logger().warn(
       "{}: member {} v{} is damaged in the store ({}); it falls back to v{} (interval "
       "{}) as v{} and retrains from there",
@@ -391,11 +340,11 @@ void Experiment::OnConfigureRefused(const std::string& reason) {
   if (phase_ == Phase::kDone) return;
   Logger().error("{}: a worker refused the experiment: {}; the experiment has failed", config_.name,
                  reason);
-  io_->AppendEvent(json{{"type", "configure_refused"}, {"reason", reason}}.dump());
-  End(ExperimentStatus::kFailed);
+  io_->AppendEvent(records::EncodeEvent(records::ConfigureRefusedEvent{reason}));
+  End(records::ExperimentStatus::kFailed);
 }
 
-void Experiment::End(ExperimentStatus status) {
+void Experiment::End(records::ExperimentStatus status) {
   for (const auto& p : ready_) {
     Member& m = members_[p.member];
     if (m.state.status == records::MemberStatus::kQueued)
@@ -406,7 +355,7 @@ void Experiment::End(ExperimentStatus status) {
   status_ = status;
   Status s = io_->SetStatus(status);
   if (!s.ok()) {
-    Logger().error("{}: recording its end ({}): {}", id(), ExperimentStatusName(status),
+    Logger().error("{}: recording its end ({}): {}", id(), records::ExperimentStatusName(status),
                    s.ToString());
   }
 }
@@ -414,33 +363,33 @@ void Experiment::End(ExperimentStatus status) {
 Status Experiment::Pause() {
   if (phase_ == Phase::kDone) {
     return Status::FailedPrecondition("experiment " + id() + " has ended (" +
-                                      ExperimentStatusName(status_) + ")");
+                                      records::ExperimentStatusName(status_) + ")");
   }
-  CKPT_RETURN_IF_ERROR(io_->SetStatus(ExperimentStatus::kPaused));
-  status_ = ExperimentStatus::kPaused;
-  io_->AppendEvent(json{{"type", "paused"}}.dump());
+  CKPT_RETURN_IF_ERROR(io_->SetStatus(records::ExperimentStatus::kPaused));
+  status_ = records::ExperimentStatus::kPaused;
+  io_->AppendEvent(records::EncodeEvent(records::PausedEvent{}));
   return Status::OK();
 }
 
 Status Experiment::Resume() {
   if (phase_ == Phase::kDone) {
     return Status::FailedPrecondition("experiment " + id() + " has ended (" +
-                                      ExperimentStatusName(status_) + ")");
+                                      records::ExperimentStatusName(status_) + ")");
   }
-  CKPT_RETURN_IF_ERROR(io_->SetStatus(ExperimentStatus::kRunning));
-  status_ = ExperimentStatus::kRunning;
-  io_->AppendEvent(json{{"type", "resumed"}}.dump());
+  CKPT_RETURN_IF_ERROR(io_->SetStatus(records::ExperimentStatus::kRunning));
+  status_ = records::ExperimentStatus::kRunning;
+  io_->AppendEvent(records::EncodeEvent(records::ResumedEvent{}));
   return Status::OK();
 }
 
 Status Experiment::Stop() {
   if (phase_ == Phase::kDone) {
     return Status::FailedPrecondition("experiment " + id() + " has ended (" +
-                                      ExperimentStatusName(status_) + ")");
+                                      records::ExperimentStatusName(status_) + ")");
   }
-  CKPT_RETURN_IF_ERROR(io_->SetStatus(ExperimentStatus::kStopped));
-  io_->AppendEvent(json{{"type", "stopped"}}.dump());
-  End(ExperimentStatus::kStopped);
+  CKPT_RETURN_IF_ERROR(io_->SetStatus(records::ExperimentStatus::kStopped));
+  io_->AppendEvent(records::EncodeEvent(records::StoppedEvent{}));
+  End(records::ExperimentStatus::kStopped);
   return Status::OK();
 }
 
@@ -477,23 +426,20 @@ void Experiment::StartFinalEval() {
 // the experiment is marked done), so a finished experiment reports them after
 // a restart without reading its event log.
 void Experiment::Finish() {
-  json results = json::array();
+  records::FinalEvalEvent final_eval;
   for (const auto& m : members_) {
     if (std::isnan(m.state.test_acc)) continue;
     io_->SaveState(m.name, m.state);
-    results.push_back({{"member", m.name},
-                       {"val_acc", m.state.score},
-                       {"test_acc", m.state.test_acc},
-                       {"version", m.version}});
+    final_eval.results.push_back({m.name, m.state.score, m.state.test_acc, m.version});
   }
-  io_->AppendEvent(json{{"type", "final_eval"}, {"results", results}}.dump());
-  End(ExperimentStatus::kDone);
+  io_->AppendEvent(records::EncodeEvent(final_eval));
+  End(records::ExperimentStatus::kDone);
 }
 
 ExperimentSummary Experiment::Summary(Clock::time_point now) const {
   ExperimentSummary s;
   s.id = id();
-  s.status = ExperimentStatusName(status_);
+  s.status = records::ExperimentStatusName(status_);
   s.phase = phase_;
   s.population = config_.population;
   s.intervals = config_.intervals;
@@ -510,7 +456,7 @@ ExperimentSummary Experiment::Summary(Clock::time_point now) const {
     MemberSummary ms;
     ms.member = m.name;
     ms.intervals_done = m.state.interval;
-    ms.status = records::MemberStatusName(m.state.status);
+    ms.status = records::MemberStatusName(records::StoredMemberStatus(m.state.status));
     ms.val_acc = std::isfinite(m.state.score) ? m.state.score : 0;
     ms.test_acc = std::isfinite(m.state.test_acc) ? m.state.test_acc : -1;
     ms.version = m.version;

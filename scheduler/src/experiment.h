@@ -34,20 +34,16 @@
 
 #include "ckpt/format/status.h"
 #include "ckpt/records/config.h"
+#include "ckpt/records/events.h"
+#include "ckpt/records/failure_code.h"
 #include "ckpt/records/member_record.h"
+#include "ckpt/records/status.h"
 #include "ckpt/scheduler/policy.h"
 #include "ckpt/scheduler/summary.h"
 
 namespace ckpt::scheduler {
 
 using Clock = std::chrono::steady_clock;
-
-// An experiment's status as the store keeps it ("running", "paused", "done",
-// "stopped", "failed"; the store's "created" reads as running).
-enum class ExperimentStatus { kRunning, kPaused, kDone, kStopped, kFailed };
-const char* ExperimentStatusName(ExperimentStatus status);
-// InvalidArgument quoting an unknown name.
-StatusOr<ExperimentStatus> ParseExperimentStatus(std::string_view name);
 
 // One member as the scheduler tracks it: its head and its state record.
 struct Member {
@@ -101,7 +97,7 @@ class ExperimentIo {
   // Appends one event (a JSON object) to the experiment's log.
   virtual void AppendEvent(const std::string& json) = 0;
   // Records the experiment's status. Errors: the store's.
-  virtual Status SetStatus(ExperimentStatus status) = 0;
+  virtual Status SetStatus(records::ExperimentStatus status) = 0;
   // Crash-test seam (SchedulerOptions::kill_point).
   virtual void KillPoint(std::string_view point) = 0;
   // When `bad_version`'s blob no longer reads back intact (its stored bytes
@@ -130,8 +126,8 @@ class Experiment {
   // `members` as LoadMembers derived them from the store (in population order);
   // `status` the stored one: kDone/kStopped/kFailed start ended, kPaused paused.
   Experiment(records::ExperimentConfig config, std::unique_ptr<Policy> policy,
-             std::vector<Member> members, ExperimentStatus status, const ExperimentOptions& options,
-             ExperimentIo* io, Clock::time_point now);
+             std::vector<Member> members, records::ExperimentStatus status,
+             const ExperimentOptions& options, ExperimentIo* io, Clock::time_point now);
 
   // Queues what can run now (and decides a barrier that a crash left
   // undecided). Call once, after construction.
@@ -139,11 +135,13 @@ class Experiment {
 
   const std::string& id() const { return config_.name; }
   const records::ExperimentConfig& config() const { return config_; }
-  ExperimentStatus status() const { return status_; }
+  records::ExperimentStatus status() const { return status_; }
   Phase phase() const { return phase_; }
   bool ended() const { return phase_ == Phase::kDone; }
   // Whether TakeNext has work to give (running, not paused, queue not empty).
-  bool Runnable() const { return status_ == ExperimentStatus::kRunning && !ready_.empty(); }
+  bool Runnable() const {
+    return status_ == records::ExperimentStatus::kRunning && !ready_.empty();
+  }
   int in_flight() const { return in_flight_; }
   int generation() const { return generation_; }
   int64_t exploits() const { return exploits_; }
@@ -162,12 +160,12 @@ class Experiment {
   // A dispatched item failed: the worker's FAILED (`code`, `reason`), or a
   // commit error. `head_moved`: the commit was refused because the head moved
   // (a restore): no failure is counted, the member reruns from its new head.
-  // A training item refused as "bad-state" whose head blob is damaged in the
+  // A training item refused as kBadState whose head blob is damaged in the
   // store falls back instead: the member's newest intact version becomes its
   // head again (a restore), its interval count goes back to that version's,
   // a "corrupt_state" event is logged, and it retrains from there; no failure
   // is counted.
-  void OnFailed(const WorkItem& item, const std::string& code, const std::string& reason,
+  void OnFailed(const WorkItem& item, records::FailureCode code, const std::string& reason,
                 bool head_moved);
   // A dispatched item will never be reported (its worker was lost): it goes
   // back to the front of the queue, from the committed head.
@@ -199,9 +197,8 @@ class Experiment {
   void Enqueue(int member, bool eval, bool front = false);
   void StartFinalEval();
   void Finish();
-  void End(ExperimentStatus status);
+  void End(records::ExperimentStatus status);
   MemberProgress Progress(const Member& m) const;
-  std::string MemberEvent(const char* type, const Member& m) const;
 
   struct Pending {
     int member;
@@ -215,7 +212,7 @@ class Experiment {
   std::vector<Member> members_;
   std::map<std::string, int> by_name_;
   std::deque<Pending> ready_;
-  ExperimentStatus status_ = ExperimentStatus::kRunning;
+  records::ExperimentStatus status_ = records::ExperimentStatus::kRunning;
   Phase phase_ = Phase::kTraining;
   bool training_closed_ = false;  // target reached / wall time: no new intervals
   int generation_ = 0;

@@ -4,7 +4,6 @@
 #include <chrono>
 #include <cmath>
 #include <map>
-#include <nlohmann/json.hpp>
 
 #include "log.h"
 #include "trace.h"
@@ -20,7 +19,7 @@ std::string MemberName(int index, int population) {
 
 Status CreateExperimentRecords(store::Store* store, const records::ExperimentConfig& config) {
   const std::string& id = config.name;
-  CKPT_RETURN_IF_ERROR(store->CreateExperiment(id, nlohmann::json{{"toml", config.source}}.dump()));
+  CKPT_RETURN_IF_ERROR(store->CreateExperiment(id, records::EncodeExperimentRecord(config)));
   std::map<std::string, std::map<std::string, double>> hparams;
   for (int i = 0; i < config.population; ++i) {
     hparams[MemberName(i, config.population)] = SampleInitial(config, i);
@@ -132,8 +131,8 @@ void StoreExperimentIo::AppendEvent(const std::string& json) {
   if (!s.ok()) Logger().error("{}: appending an event: {}", exp_, s.status().ToString());
 }
 
-Status StoreExperimentIo::SetStatus(ExperimentStatus status) {
-  return store_->SetExperimentStatus(exp_, ExperimentStatusName(status));
+Status StoreExperimentIo::SetStatus(records::ExperimentStatus status) {
+  return store_->SetExperimentStatus(exp_, records::ExperimentStatusName(status));
 }
 
 void StoreExperimentIo::KillPoint(std::string_view point) {

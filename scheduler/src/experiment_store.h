@@ -54,7 +54,7 @@ class StoreExperimentIo : public ExperimentIo {
                             const HParams& hparams, const std::string& event_json) override;
   void SaveState(const std::string& member, const records::MemberRecord& state) override;
   void AppendEvent(const std::string& json) override;
-  Status SetStatus(ExperimentStatus status) override;
+  Status SetStatus(records::ExperimentStatus status) override;
   void KillPoint(std::string_view point) override;
   StatusOr<GoodVersion> NewestGoodVersion(const std::string& member, int64_t bad_version) override;
   StatusOr<int64_t> Restore(const std::string& member, int64_t version) override;

@@ -18,7 +18,6 @@
 #include <filesystem>
 #include <memory>
 #include <mutex>
-#include <nlohmann/json.hpp>
 
 #include "ckpt/format/checksum.h"
 #include "ckpt/ipc/channel.h"
@@ -39,7 +38,6 @@ namespace ckpt::scheduler {
 namespace {
 
 namespace asio = boost::asio;
-using json = nlohmann::json;
 using std::chrono::milliseconds;
 
 // "ckpt-" + 10 hex digits (the default instance) + "-w" + worker index.
@@ -241,18 +239,17 @@ Status SchedulerImpl::Submit(const records::ExperimentConfig& config) {
   const std::string& id = config.name;
   if (entries_.count(id)) return Status::AlreadyExists("experiment " + id + " already submitted");
   CKPT_ASSIGN_OR_RETURN(std::unique_ptr<Policy> policy, Policy::Create(config));
-  scheduler::ExperimentStatus status = scheduler::ExperimentStatus::kRunning;
+  records::ExperimentStatus status = records::ExperimentStatus::kRunning;
   auto existing = store_->GetExperiment(id);
   if (existing.ok()) {
-    json stored = json::parse(existing->config_json, nullptr, false);
-    if (!stored.is_object() || !stored.contains("toml") || !stored["toml"].is_string() ||
-        stored["toml"].get<std::string>() != config.source) {
+    auto stored = records::DecodeExperimentToml(existing->config_json, id);
+    if (!stored.ok() || *stored != config.source) {
       return Status::InvalidArgument("experiment " + id + " exists in store " +
                                      options_.store_path +
                                      " with a different configuration; give it another name or "
                                      "use another store");
     }
-    auto parsed = ParseExperimentStatus(existing->status);
+    auto parsed = records::ParseExperimentStatus(existing->status);
     if (!parsed.ok()) {
       return Status::Corruption("experiment " + id +
                                 ": stored status: " + parsed.status().message());
@@ -265,13 +262,13 @@ Status SchedulerImpl::Submit(const records::ExperimentConfig& config) {
   }
   CKPT_ASSIGN_OR_RETURN(std::vector<Member> members, LoadMembers(store_.get(), config));
   if (existing.ok()) {
-    if (status == scheduler::ExperimentStatus::kPaused) {
+    if (status == records::ExperimentStatus::kPaused) {
       Logger().info("experiment {} is paused", id);
-    } else if (status == scheduler::ExperimentStatus::kRunning) {
+    } else if (status == records::ExperimentStatus::kRunning) {
       Logger().info("resuming experiment {} from {}", id, options_.store_path);
     }
   }
-  if (status == scheduler::ExperimentStatus::kRunning) {
+  if (status == records::ExperimentStatus::kRunning) {
     CKPT_RETURN_IF_ERROR(store_->SetExperimentStatus(id, "running"));
   }
   Entry entry;
@@ -364,22 +361,21 @@ void SchedulerImpl::OnTaskEvent(size_t worker, WorkerEvent ev) {
         e->OnEvaluated(item, ev.result.test_acc);
         break;
       case WorkerEvent::Kind::kFailed:
-        if (metrics_)
-          metrics_->MemberFailed(e->id(), metrics::FailureReasonFromWorkerCode(ev.code));
+        if (metrics_) metrics_->MemberFailed(e->id(), ev.code);
         e->OnFailed(item, ev.code, ev.reason, /*head_moved=*/false);
         break;
       case WorkerEvent::Kind::kCommitError: {
-        if (ev.code == StatusCodeName(StatusCode::kResourceExhausted)) {
+        if (ev.commit_status == StatusCode::kResourceExhausted) {
           // A full disk is no fault of the member: the interval reruns from
           // its committed head once the store has space again.
-          if (metrics_) metrics_->MemberFailed(e->id(), metrics::FailureReason::kStoreFull);
+          if (metrics_) metrics_->MemberFailed(e->id(), records::FailureCode::kStoreFull);
           e->OnReturned(item);
           WaitForStoreSpace(ev.reason);
           break;
         }
-        const bool moved = ev.code == "Aborted";
+        const bool moved = ev.commit_status == StatusCode::kAborted;
         if (metrics_ && !moved) {
-          metrics_->MemberFailed(e->id(), metrics::FailureReason::kCommitError);
+          metrics_->MemberFailed(e->id(), records::FailureCode::kCommitError);
         }
         e->OnFailed(item, ev.code, ev.reason, /*head_moved=*/moved);
         break;
@@ -453,7 +449,7 @@ void SchedulerImpl::ReportStoreBackgroundErrors() {
   for (const std::string& error : store_->TakeBackgroundErrors()) {
     Logger().error("{}", error);
     for (const auto& id : order_) {
-      (void)store_->AppendEvent(id, json{{"type", "store_error"}, {"error", error}}.dump());
+      (void)store_->AppendEvent(id, records::EncodeEvent(records::StoreErrorEvent{error}));
     }
   }
 }
@@ -464,19 +460,15 @@ void SchedulerImpl::OnWorkerLost(size_t worker, const std::string& reason,
     Experiment* e = Find(t.exp);
     if (e == nullptr) continue;
     if (metrics_ && !t.eval_only && !e->ended()) {
-      metrics_->MemberFailed(e->id(), metrics::FailureReason::kWorkerLost);
+      metrics_->MemberFailed(e->id(), records::FailureCode::kWorkerLost);
     }
     e->OnReturned(t);
   }
   const auto& device = pool_->devices()[worker].device;
   for (const auto& id : order_) {
-    (void)store_->AppendEvent(id, json{{"type", "worker_lost"},
-                                       {"given_up", given_up && !stopping_},
-                                       {"worker", worker},
-                                       {"device", device},
-                                       {"reason", reason},
-                                       {"requeued", unfinished.size()}}
-                                      .dump());
+    (void)store_->AppendEvent(id, records::EncodeEvent(records::WorkerLostEvent{
+                                      given_up && !stopping_, static_cast<int64_t>(worker), device,
+                                      reason, static_cast<int64_t>(unfinished.size())}));
   }
   if (stopping_) {
     MaybeFinishStop();
@@ -674,22 +666,18 @@ Status SchedulerImpl::RunLoop() {
     // reported and left as it is, and the others go on.
     CKPT_ASSIGN_OR_RETURN(auto stored, store_->ListExperiments());
     for (const auto& x : stored) {
-      auto status = ParseExperimentStatus(x.status);
-      if (Find(x.id) != nullptr ||
-          (status.ok() && *status != scheduler::ExperimentStatus::kRunning &&
-           *status != scheduler::ExperimentStatus::kPaused)) {
+      auto status = records::ParseExperimentStatus(x.status);
+      if (Find(x.id) != nullptr || (status.ok() && *status != records::ExperimentStatus::kRunning &&
+                                    *status != records::ExperimentStatus::kPaused)) {
         continue;
       }
-      json j = json::parse(x.config_json, nullptr, false);
-      const std::string toml = j.is_object() && j.contains("toml") && j["toml"].is_string()
-                                   ? j["toml"].get<std::string>()
-                                   : std::string();
-      auto config = records::ParseExperimentConfig(toml, x.id);
+      auto toml = records::DecodeExperimentToml(x.config_json, x.id);
+      auto config = records::ParseExperimentConfig(toml.ok() ? *toml : std::string(), x.id);
       Status s = config.ok() ? Submit(*config) : config.status();
       if (!s.ok()) {
         Logger().error("cannot resume experiment {}: {}", x.id, s.ToString());
         (void)store_->AppendEvent(x.id,
-                                  json{{"type", "resume_failed"}, {"error", s.ToString()}}.dump());
+                                  records::EncodeEvent(records::ResumeFailedEvent{s.ToString()}));
       }
     }
   } else if (AllEnded()) {
@@ -771,9 +759,8 @@ StatusOr<int64_t> SchedulerImpl::Restore(const std::string& exp, const std::stri
   if (metrics_) metrics_->StoreOperation(metrics::StoreOp::kRestore, SecondsSince(t0), 0);
   CKPT_ASSIGN_OR_RETURN(store::MemberHead head, store_->GetMember(exp, member));
   CKPT_RETURN_IF_ERROR(e->OnRestored(member, v, head.hparams, head.step));
-  (void)store_->AppendEvent(
-      exp, json{{"type", "restore"}, {"member", member}, {"from_version", version}, {"version", v}}
-               .dump());
+  (void)store_->AppendEvent(exp,
+                            records::EncodeEvent(records::RestoreEvent{member, version, v, ""}));
   return v;
 }
 

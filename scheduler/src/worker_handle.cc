@@ -12,7 +12,6 @@
 #include <cstring>
 #include <exception>
 #include <fstream>
-#include <nlohmann/json.hpp>
 
 #include "log.h"
 #include "trace.h"
@@ -24,7 +23,6 @@ using std::chrono::milliseconds;
 
 // The FAILED code a worker gives, with task id 0, when it cannot set up an
 // experiment from its CONFIGURE (worker_loop.cc).
-constexpr const char kConfigureRefused[] = "configure-refused";
 
 double SecondsSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -254,7 +252,8 @@ void WorkerHandle::ReceiveLoopBody() {
           return;
         }
         WorkerEvent e;
-        if (f->task_id == 0 && f->code == kConfigureRefused) {
+        const records::FailureCode code = records::FailureCodeFromWorker(f->code);
+        if (f->task_id == 0 && code == records::FailureCode::kConfigureRefused) {
           e.kind = WorkerEvent::Kind::kConfigureRefused;
           e.exp = f->member;
           e.reason = f->reason;
@@ -269,7 +268,7 @@ void WorkerHandle::ReceiveLoopBody() {
           e.task = it->second;
           in_flight_.erase(it);
         }
-        e.code = f->code;
+        e.code = code;
         e.reason = f->reason;
         on_event_(std::move(e));
         break;
@@ -347,12 +346,8 @@ void WorkerHandle::HandleResult(const ipc::Received& rec) {
                {"samples", static_cast<double>(r->samples)},
                {"compute_s", r->compute_s}};
   c.hparams = e.task.hparams;
-  c.event_json = nlohmann::json{
-      {"type", "trained"},
-      {"interval", e.task.interval_after},
-      {"val_acc", r->val_acc},
-      {"worker",
-       spec_.index}}.dump();
+  c.event_json = records::EncodeEvent(
+      records::TrainedEvent{e.task.interval_after, r->val_acc, spec_.index, "", 0});
   const auto t0 = std::chrono::steady_clock::now();
   auto version = store_->CommitResult(c);
   channel_->Release();
@@ -361,7 +356,8 @@ void WorkerHandle::HandleResult(const ipc::Received& rec) {
   }
   if (!version.ok()) {
     e.kind = WorkerEvent::Kind::kCommitError;
-    e.code = std::string(StatusCodeName(version.status().code()));
+    e.code = records::FailureCode::kCommitError;
+    e.commit_status = version.status().code();
     e.reason = version.status().ToString();
     on_event_(std::move(e));
     return;

@@ -41,6 +41,7 @@
 #include "ckpt/ipc/channel.h"
 #include "ckpt/ipc/messages.h"
 #include "ckpt/metrics/metrics.h"
+#include "ckpt/records/failure_code.h"
 #include "ckpt/scheduler/policy.h"
 #include "ckpt/store/store.h"
 #include "experiment.h"
@@ -58,7 +59,7 @@ struct Task : WorkItem {
 // What the receiver reports to the event loop.
 struct WorkerEvent {
   // kConfigureRefused: the worker could not set up experiment `exp` (its
-  // FAILED record with task id 0 and code "configure-refused").
+  // FAILED record with task id 0 and code kConfigureRefused).
   enum class Kind {
     kHello,
     kCommitted,
@@ -75,9 +76,10 @@ struct WorkerEvent {
   ipc::Result result;   // kCommitted / kEvaluated (state: data null, size kept)
   ipc::Hello hello;     // kHello
   ipc::Stats stats;     // kStats
-  std::string code;     // kFailed: worker's code; kCommitError: status code name
-  std::string reason;   // kFailed / kCommitError / kLost / kConfigureRefused
-  std::string exp;      // kConfigureRefused
+  records::FailureCode code = records::FailureCode::kInternal;  // kFailed: the worker's
+  StatusCode commit_status = StatusCode::kOk;  // kCommitError: why the store refused
+  std::string reason;                          // kFailed / kCommitError / kLost / kConfigureRefused
+  std::string exp;                             // kConfigureRefused
 };
 
 struct WorkerSpec {

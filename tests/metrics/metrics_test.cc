@@ -427,8 +427,8 @@ TEST(MetricsTest, ExperimentFiguresAreWhatWasReported) {
   ASSERT_NE(m, nullptr);
   m->IntervalCommitted("e", "cuda:1", 0.3, 640);
   m->IntervalCommitted("e", "cuda:1", 1.5, 640);
-  m->MemberFailed("e", FailureReasonFromWorkerCode("out-of-memory"));
-  m->MemberFailed("e", FailureReasonFromWorkerCode("something new"));
+  m->MemberFailed("e", records::FailureCodeFromWorker("out-of-memory"));
+  m->MemberFailed("e", records::FailureCodeFromWorker("something new"));
   m->Exploited("e");
   MemberCounts c;
   c.running = 3;

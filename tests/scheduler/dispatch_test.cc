@@ -111,9 +111,9 @@ TEST(DispatcherTest, ExperimentsShareWorkersRoundRobinWithinTwoTasksPerSlot) {
     ios.push_back(std::make_unique<StoreExperimentIo>(st->get(), name, nullptr));
     auto policy = Policy::Create(c);
     ASSERT_TRUE(policy.ok());
-    exps.push_back(std::make_unique<Experiment>(c, std::move(*policy), std::move(*members),
-                                                ExperimentStatus::kRunning, ExperimentOptions{},
-                                                ios.back().get(), Clock::now()));
+    exps.push_back(std::make_unique<Experiment>(
+        c, std::move(*policy), std::move(*members), records::ExperimentStatus::kRunning,
+        ExperimentOptions{}, ios.back().get(), Clock::now()));
     exps.back()->Start();
   }
   RecordingSink sink({2, 1});  // two workers: 2 slots and 1 slot

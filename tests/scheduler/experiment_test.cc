@@ -105,7 +105,7 @@ class Harness {
     CKPT_CHECK(members.ok());
     auto info = store_->GetExperiment(config_.name);
     CKPT_CHECK(info.ok());
-    auto status = ParseExperimentStatus(info->status);
+    auto status = records::ParseExperimentStatus(info->status);
     CKPT_CHECK(status.ok());
     auto policy = Policy::Create(config_);
     CKPT_CHECK(policy.ok());
@@ -477,7 +477,7 @@ TEST(ExperimentTest, AsyncPbtDecidesWhenAMembersIntervalEndsWithoutABarrier) {
   }
   h.RunToEnd();
   EXPECT_TRUE(h.e().ended());
-  EXPECT_EQ(h.e().status(), ExperimentStatus::kDone);
+  EXPECT_EQ(h.e().status(), records::ExperimentStatus::kDone);
   for (const auto& m : h.e().members()) EXPECT_EQ(m.state.interval, 4) << m.name;
 }
 
@@ -552,7 +552,7 @@ TEST(ExperimentTest, MemberFailingMaxTimesIsStoppedAndTheGenerationGoesOn) {
     while (h.e().Runnable()) batch.push_back(h.Take());
     for (const auto& w : batch) {
       if (w.member == "m002") {
-        h.e().OnFailed(w, "non-finite", "loss is nan at step 3", false);
+        h.e().OnFailed(w, records::FailureCode::kNonFinite, "loss is nan at step 3", false);
       } else {
         h.Commit(w, ScoreOf(w.hparams, w.interval_after));
       }
@@ -580,7 +580,7 @@ TEST(ExperimentTest, MemberFailingMaxTimesIsStoppedAndTheGenerationGoesOn) {
 TEST(ExperimentTest, CommitRefusedBecauseTheHeadMovedCountsNoFailure) {
   Harness h(BaseConfig(2, 1));
   WorkItem w = h.Take();
-  h.e().OnFailed(w, "Aborted", "head moved", /*head_moved=*/true);
+  h.e().OnFailed(w, records::FailureCode::kCommitError, "head moved", /*head_moved=*/true);
   EXPECT_EQ(h.e().members()[h.e().Find(w.member)].state.failures, 0);
   EXPECT_EQ(h.e().members()[h.e().Find(w.member)].state.status, records::MemberStatus::kQueued);
 }
@@ -636,7 +636,8 @@ TEST(ExperimentTest, DamagedHeadBlobFallsBackToTheNewestIntactVersionAndRetrains
   ASSERT_TRUE(DamageInBlobFiles(so.path, bytes, bytes.size() / 2));
   ASSERT_TRUE(h.store().ReadHeadBlob("exp", bad.member).status().IsCorruption());
 
-  h.e().OnFailed(bad, "bad-state", "tensor fc3.weight: checksum mismatch", false);
+  h.e().OnFailed(bad, records::FailureCode::kBadState, "tensor fc3.weight: checksum mismatch",
+                 false);
   const Member& m = h.e().members()[h.e().Find(bad.member)];
   EXPECT_EQ(m.state.failures, 0);
   EXPECT_EQ(m.state.interval, 1);
@@ -666,7 +667,7 @@ TEST(ExperimentTest, DamagedHeadBlobFallsBackToTheNewestIntactVersionAndRetrains
   h.Commit(retry, ScoreOf(retry.hparams, retry.interval_after));
   h.RunToEnd();
   EXPECT_TRUE(h.e().ended());
-  EXPECT_EQ(h.e().status(), ExperimentStatus::kDone);
+  EXPECT_EQ(h.e().status(), records::ExperimentStatus::kDone);
   for (const auto& mm : h.e().members()) EXPECT_EQ(mm.state.interval, 4) << mm.name;
   EXPECT_EQ((h.trained()[{bad.member, 2}]), 2);
   EXPECT_EQ((h.trained()[{bad.member, 3}]), 1);
@@ -679,7 +680,7 @@ TEST(ExperimentTest, BadStateWithAnIntactHeadIsAnOrdinaryFailure) {
   for (const auto& w : batch) h.Commit(w, ScoreOf(w.hparams, w.interval_after));
   WorkItem w = h.Take();
   ASSERT_GT(w.head_version, 0);
-  h.e().OnFailed(w, "bad-state", "shape mismatch", false);
+  h.e().OnFailed(w, records::FailureCode::kBadState, "shape mismatch", false);
   EXPECT_EQ(h.e().members()[h.e().Find(w.member)].state.failures, 1);
   EXPECT_EQ(h.e().members()[h.e().Find(w.member)].version, w.head_version);
   EXPECT_TRUE(h.Events("corrupt_state").empty());
@@ -702,14 +703,14 @@ TEST(ExperimentTest, RefusedConfigureEndsTheExperimentAtOnceAsFailed) {
   WorkItem w = h.Take();
   h.e().OnConfigureRefused("worker 0: model spec torchscript:/x.pt: cannot load");
   EXPECT_TRUE(h.e().ended());
-  EXPECT_EQ(h.e().status(), ExperimentStatus::kFailed);
+  EXPECT_EQ(h.e().status(), records::ExperimentStatus::kFailed);
   EXPECT_FALSE(h.e().Runnable());
   EXPECT_EQ(h.store().GetExperiment("exp")->status, "failed");
   ASSERT_EQ(h.Events("configure_refused").size(), 1u);
   EXPECT_NE(h.Events("configure_refused")[0]["reason"].get<std::string>().find("cannot load"),
             std::string::npos);
   // The in-flight task's FAILED, when it comes, counts nothing.
-  h.e().OnFailed(w, "bad-request", "no CONFIGURE", false);
+  h.e().OnFailed(w, records::FailureCode::kBadRequest, "no CONFIGURE", false);
   EXPECT_EQ(h.e().members()[h.e().Find(w.member)].state.failures, 0);
   EXPECT_TRUE(h.Events("failed").empty());
 }
@@ -731,7 +732,7 @@ TEST(ExperimentTest, TargetMetricEndsTrainingAndTheExperiment) {
     h.e().OnEvaluated(w, 0.9);
   }
   EXPECT_TRUE(h.e().ended());
-  EXPECT_EQ(h.e().status(), ExperimentStatus::kDone);
+  EXPECT_EQ(h.e().status(), records::ExperimentStatus::kDone);
   EXPECT_EQ(h.Events("target_reached").size(), 1u);
   for (const auto& m : h.e().members()) EXPECT_EQ(m.state.interval, 1);
 }
@@ -872,7 +873,7 @@ TEST(ExperimentRandomTest, InvariantsHoldUnderRandomEventOrders) {
         in_flight.erase(in_flight.begin() + static_cast<long>(i));
         const Member& m = h.e().members()[h.e().Find(w.member)];
         if (action == 7 && m.state.failures + 1 < opts.max_member_failures) {
-          h.e().OnFailed(w, "non-finite", "random failure", false);
+          h.e().OnFailed(w, records::FailureCode::kNonFinite, "random failure", false);
         } else if (w.eval_only) {
           h.e().OnEvaluated(w, 0.5);
         } else {

@@ -62,12 +62,13 @@ StatusOr<ExperimentView> LoadExperiment(store::Store* s, const std::string& exp)
 }
 
 json MemberJson(const ExperimentView& e, const store::MemberHead& h) {
-  MemberProgress p = ReadMemberProgress(h);
+  const records::MemberRecord p = ReadMemberRecord(h);
   return json{{"member", h.member},
               {"version", h.version},
               {"step", h.step},
               {"score", ScoreJson(h.last_score)},
-              {"state", MemberStateName(p, e.settings.intervals, e.info.status)},
+              {"state", records::MemberStatusName(
+                            ShownMemberStatus(p, e.settings.intervals, e.info.status))},
               {"intervals_done", p.interval},
               {"hparams", NumberMapJson(h.hparams)},
               {"blob", h.blob ? json(h.blob->Hex()) : json(nullptr)},
@@ -90,9 +91,12 @@ Status LsExperiments(Session* session) {
     double best = std::nan("");
     std::string best_member;
     for (const auto& h : e.members) {
-      const MemberProgress p = ReadMemberProgress(h);
+      const records::MemberRecord p = ReadMemberRecord(h);
       max_done = std::max(max_done, p.interval);
-      if (p.status != "failed" && p.status != "stopped") min_done = std::min(min_done, p.interval);
+      if (p.status != records::MemberStatus::kFailed &&
+          p.status != records::MemberStatus::kStopped) {
+        min_done = std::min(min_done, p.interval);
+      }
       if (std::isfinite(h.last_score) && !(h.last_score <= best)) {
         best = h.last_score;
         best_member = VersionName(h.member, h.version);
@@ -148,12 +152,12 @@ Status LsMembers(Session* session, const LsOptions& options) {
   TextTable table;
   table.AddRow({"MEMBER", "VERSION", "STEP", "SCORE", "STATE", "INTERVALS", "HYPERPARAMETERS"});
   for (const auto& h : members) {
-    MemberProgress p = ReadMemberProgress(h);
-    table.AddRow({h.member, std::to_string(h.version), std::to_string(h.step),
-                  FormatScore(h.last_score),
-                  MemberStateName(p, e.settings.intervals, e.info.status),
-                  std::to_string(p.interval) + "/" + std::to_string(e.settings.intervals),
-                  FormatHparams(h.hparams)});
+    const records::MemberRecord p = ReadMemberRecord(h);
+    table.AddRow(
+        {h.member, std::to_string(h.version), std::to_string(h.step), FormatScore(h.last_score),
+         records::MemberStatusName(ShownMemberStatus(p, e.settings.intervals, e.info.status)),
+         std::to_string(p.interval) + "/" + std::to_string(e.settings.intervals),
+         FormatHparams(h.hparams)});
   }
   return Print(tool.out, "experiment " + exp + " (" + e.info.status + ", " +
                              std::to_string(members.size()) + " members)\n" + table.Render());
@@ -458,7 +462,10 @@ Status Events(const ToolOptions& tool, const EventsOptions& options) {
     }
     if (!options.follow) break;
     CKPT_ASSIGN_OR_RETURN(store::ExperimentInfo info, s->GetExperiment(exp));
-    if (info.status == "done" || info.status == "stopped" || info.status == "failed") {
+    auto status = records::ParseExperimentStatus(info.status);
+    if (status.ok() && (*status == records::ExperimentStatus::kDone ||
+                        *status == records::ExperimentStatus::kStopped ||
+                        *status == records::ExperimentStatus::kFailed)) {
       // Events appended with the final status were read above only if this
       // view saw them; one more pass reads the rest.
       CKPT_ASSIGN_OR_RETURN(auto rest, s->ListEvents(exp, next, 100000));

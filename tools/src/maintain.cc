@@ -8,6 +8,7 @@
 #include <set>
 #include <vector>
 
+#include "ckpt/records/events.h"
 #include "session.h"
 #include "text_table.h"
 #include "tool.h"
@@ -52,13 +53,9 @@ Status Restore(const ToolOptions& tool, const std::string& text) {
     if (!v.ok())
       return Status(v.status().code(), "restore " + ref.ToString() + ": " + v.status().message());
     version = *v;
-    // What the scheduler logs when it restores, so the event log tells the same story.
-    (void)s->AppendEvent(ref.exp, json{{"type", "restore"},
-                                       {"member", ref.member},
-                                       {"from_version", *ref.version},
-                                       {"version", version},
-                                       {"by", "ckpt-tool"}}
-                                      .dump());
+    // The scheduler's restore event, so the event log tells the same story.
+    (void)s->AppendEvent(ref.exp, records::EncodeEvent(records::RestoreEvent{
+                                      ref.member, *ref.version, version, "ckpt-tool"}));
     via = "store";
   }
   return Done(tool,

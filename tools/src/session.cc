@@ -211,23 +211,20 @@ StatusOr<ExperimentSettings> ReadExperimentSettings(const store::ExperimentInfo&
   return s;
 }
 
-MemberProgress ReadMemberProgress(const store::MemberHead& head) {
-  MemberProgress p;
-  json st = json::parse(head.state, nullptr, /*allow_exceptions=*/false);
-  if (!st.is_object()) return p;
-  if (st.contains("interval") && st["interval"].is_number_integer()) {
-    p.interval = st["interval"].get<int>();
-  }
-  if (st.contains("status") && st["status"].is_string()) p.status = st["status"].get<std::string>();
-  return p;
+records::MemberRecord ReadMemberRecord(const store::MemberHead& head) {
+  auto record = records::DecodeMemberRecord(head.state, "", head.member);
+  return record.ok() ? *record : records::MemberRecord{};
 }
 
-std::string MemberStateName(const MemberProgress& progress, int intervals,
-                            const std::string& experiment_status) {
-  if (!progress.status.empty() && progress.status != "running") return progress.status;
-  if (intervals > 0 && progress.interval >= intervals) return "done";
-  if (experiment_status == "running") return "running";
-  return "idle";
+records::MemberStatus ShownMemberStatus(const records::MemberRecord& record, int intervals,
+                                        const std::string& experiment_status) {
+  if (records::Finished(record.status)) return record.status;
+  if (intervals > 0 && record.interval >= intervals) return records::MemberStatus::kDone;
+  auto experiment = records::ParseExperimentStatus(experiment_status);
+  if (experiment.ok() && *experiment == records::ExperimentStatus::kRunning) {
+    return records::MemberStatus::kRunning;
+  }
+  return records::MemberStatus::kIdle;
 }
 
 std::string FormatNumber(double value) {

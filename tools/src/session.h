@@ -14,6 +14,8 @@
 #include <vector>
 
 #include "ckpt/format/status.h"
+#include "ckpt/records/member_record.h"
+#include "ckpt/records/status.h"
 #include "ckpt/scheduler/control_client.h"
 #include "ckpt/store/store.h"
 #include "member_ref.h"
@@ -83,18 +85,15 @@ struct ExperimentSettings {
 // experiment when its TOML does not parse.
 StatusOr<ExperimentSettings> ReadExperimentSettings(const store::ExperimentInfo& info);
 
-// A member's scheduling record (MemberHead::state, JSON written by the
-// scheduler): intervals done and status; defaults when it is not JSON.
-struct MemberProgress {
-  int interval = 0;
-  std::string status;  // "" when the record has none
-};
-MemberProgress ReadMemberProgress(const store::MemberHead& head);
+// A member's scheduling record (MemberHead::state, records::DecodeMemberRecord);
+// a fresh record when it does not decode (the tool shows what it can).
+records::MemberRecord ReadMemberRecord(const store::MemberHead& head);
 
-// "done" when interval >= intervals, else the record's status, else "running"
-// when the experiment runs, else "idle".
-std::string MemberStateName(const MemberProgress& progress, int intervals,
-                            const std::string& experiment_status);
+// What the tool shows of a member: the record's status when it is finished
+// (done, stopped, failed), else kDone when it has done `intervals`, else
+// kRunning when the experiment (`experiment_status`, as stored) runs, else kIdle.
+records::MemberStatus ShownMemberStatus(const records::MemberRecord& record, int intervals,
+                                        const std::string& experiment_status);
 
 // Formatting shared by the commands.
 std::string FormatScore(double score);                                    // "0.8123" or "-"

@@ -6,6 +6,7 @@
 #include <cctype>
 #include <cmath>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 
@@ -338,6 +339,23 @@ StatusOr<ExperimentConfig> ParseExperimentConfig(const std::string& toml_text,
   }
   CKPT_RETURN_IF_ERROR(top.CheckNoUnknownKeys());
   return c;
+}
+
+std::string EncodeExperimentRecord(const ExperimentConfig& config) {
+  return nlohmann::json{{"toml", config.source}}.dump();
+}
+
+StatusOr<std::string> DecodeExperimentToml(std::string_view config_json, const std::string& exp) {
+  const auto j = nlohmann::json::parse(config_json.begin(), config_json.end(), nullptr,
+                                       /*allow_exceptions=*/false);
+  if (j.is_discarded()) {
+    return Status::Corruption("experiment " + exp + ": its configuration record is not JSON");
+  }
+  auto toml = j.is_object() ? j.find("toml") : j.end();
+  if (!j.is_object() || toml == j.end() || !toml->is_string()) {
+    return Status::NotFound("experiment " + exp + " carries no TOML configuration");
+  }
+  return toml->get<std::string>();
 }
 
 StatusOr<ExperimentConfig> LoadExperimentConfig(const std::string& path) {

@@ -17,34 +17,19 @@ json NumberOrNull(double v) { return std::isfinite(v) ? json(v) : json(nullptr);
 
 }  // namespace
 
-const char* MemberStatusName(MemberStatus status) {
-  switch (status) {
-    case MemberStatus::kIdle:
-    case MemberStatus::kQueued:
-    case MemberStatus::kRunning:
-      return "running";
-    case MemberStatus::kDone:
-      return "done";
-    case MemberStatus::kStopped:
-      return "stopped";
-    case MemberStatus::kFailed:
-      return "failed";
-  }
-  return "running";
-}
-
 bool operator==(const MemberRecord& a, const MemberRecord& b) {
   return a.index == b.index && a.interval == b.interval && a.last_exploit == b.last_exploit &&
          SameDouble(a.score, b.score) &&
-         MemberStatusName(a.status) == std::string_view(MemberStatusName(b.status)) &&
-         a.failures == b.failures && SameDouble(a.test_acc, b.test_acc);
+         StoredMemberStatus(a.status) == StoredMemberStatus(b.status) && a.failures == b.failures &&
+         SameDouble(a.test_acc, b.test_acc);
 }
 
 std::string EncodeMemberRecord(const MemberRecord& s) {
-  json j = {{"v", kMemberRecordVersion},      {"index", s.index},
-            {"interval", s.interval},         {"last_exploit", s.last_exploit},
-            {"score", NumberOrNull(s.score)}, {"status", MemberStatusName(s.status)},
-            {"failures", s.failures},         {"test_acc", NumberOrNull(s.test_acc)}};
+  json j = {
+      {"v", kMemberRecordVersion},      {"index", s.index},
+      {"interval", s.interval},         {"last_exploit", s.last_exploit},
+      {"score", NumberOrNull(s.score)}, {"status", MemberStatusName(StoredMemberStatus(s.status))},
+      {"failures", s.failures},         {"test_acc", NumberOrNull(s.test_acc)}};
   return j.dump();
 }
 
@@ -101,17 +86,13 @@ StatusOr<MemberRecord> DecodeMemberRecord(std::string_view bytes, const std::str
   if (auto it = j.find("status"); it != j.end()) {
     if (!it->is_string()) return bad("field 'status' is not a string");
     const std::string& st = it->get_ref<const std::string&>();
-    if (st == "running") {
-      s.status = MemberStatus::kIdle;
-    } else if (st == "done") {
-      s.status = MemberStatus::kDone;
-    } else if (st == "stopped") {
-      s.status = MemberStatus::kStopped;
-    } else if (st == "failed") {
-      s.status = MemberStatus::kFailed;
-    } else {
+    auto parsed = ParseMemberStatus(st);
+    // Stored: "running" (the event loop's idle, queued or running), "done",
+    // "stopped", "failed".
+    if (!parsed.ok() || StoredMemberStatus(*parsed) != *parsed) {
       return bad("has unknown status '" + st.substr(0, 32) + "'");
     }
+    s.status = *parsed == MemberStatus::kRunning ? MemberStatus::kIdle : *parsed;
   }
   return s;
 }

@@ -27,9 +27,10 @@
 //     ckpt_exploits_total               counter    PBT exploits
 //     ckpt_best_score                   gauge      best member score (higher is better)
 //     ckpt_median_score                 gauge      median member score
-//   labels {experiment, state}:  state in MemberState
+//   labels {experiment, state}:  state: records::MemberStatusName (ckpt/records/status.h)
 //     ckpt_members                      gauge      members in each state
-//   labels {experiment, reason}: reason in FailureReason
+//   labels {experiment, reason}: reason: records::FailureCodeName of the member failure
+//                                codes (ckpt/records/failure_code.h)
 //     ckpt_member_failures_total        counter    member-intervals that failed
 //   labels {op}: op in StoreOp
 //     ckpt_store_operation_duration_seconds  histogram
@@ -101,6 +102,8 @@
 #include <string_view>
 
 #include "ckpt/format/status.h"
+#include "ckpt/records/failure_code.h"
+#include "ckpt/records/status.h"
 
 namespace ckpt::metrics {
 
@@ -134,12 +137,6 @@ struct MetricsOptions {
   std::function<void(LogLevel level, const std::string& line)> log;
 };
 
-// A member's scheduling state, as counted by ckpt_members{state}.
-enum class MemberState { kIdle, kQueued, kRunning, kDone, kStopped, kFailed };
-inline constexpr int kMemberStateCount = 6;
-// "idle", "queued", "running", "done", "stopped", "failed".
-std::string_view MemberStateName(MemberState state);
-
 // Members of one experiment in each state.
 struct MemberCounts {
   int64_t idle = 0;
@@ -149,24 +146,6 @@ struct MemberCounts {
   int64_t stopped = 0;
   int64_t failed = 0;
 };
-
-// Why a member-interval failed, as counted by ckpt_member_failures_total{reason}.
-enum class FailureReason {
-  kNonFinite,    // "non_finite": the loss or a parameter became NaN or infinite
-  kOutOfMemory,  // "out_of_memory"
-  kBadState,     // "bad_state": the worker rejected the member's checkpoint
-  kBadRequest,   // "bad_request": the worker rejected the TRAIN record
-  kInternal,     // "internal": any other worker-side failure
-  kCommitError,  // "commit_error": the store refused the result
-  kWorkerLost,   // "worker_lost": the worker died or hung with the member in flight
-  kStoreFull,    // "store_full": the store's disk was full; the interval is rerun
-                 // once it has space, and it does not count against the member
-};
-inline constexpr int kFailureReasonCount = 8;
-std::string_view FailureReasonName(FailureReason reason);
-// The reason of a worker's FAILED code ("non-finite", "out-of-memory",
-// "bad-state", "bad-request", "internal"); kInternal for any other code.
-FailureReason FailureReasonFromWorkerCode(std::string_view code);
 
 // A store operation, as labelled by the ckpt_store_* families {op}.
 enum class StoreOp {
@@ -241,7 +220,7 @@ class Metrics {
   // One PBT exploit in `experiment`.
   void Exploited(std::string_view experiment);
   // One member-interval of `experiment` failed for `reason`.
-  void MemberFailed(std::string_view experiment, FailureReason reason);
+  void MemberFailed(std::string_view experiment, records::FailureCode reason);
   // Best and median score of the population (NaN: no score yet).
   void SetScores(std::string_view experiment, double best, double median);
   // Removes every series labelled with `experiment` (it was deleted or

@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ckpt/format/status.h"
@@ -190,6 +191,14 @@ StatusOr<ExperimentConfig> ParseExperimentConfig(const std::string& toml_text,
                                                  const std::string& origin);
 // Reads and parses a file; NotFound / IOError naming the path.
 StatusOr<ExperimentConfig> LoadExperimentConfig(const std::string& path);
+
+// The experiment record's configuration (store::ExperimentInfo::config_json):
+// {"toml": SOURCE}, the file's text as submitted.
+std::string EncodeExperimentRecord(const ExperimentConfig& config);
+// The TOML text of a stored configuration; NotFound when it holds none (an
+// experiment created by something other than the scheduler), Corruption
+// naming `exp` when it is not JSON.
+StatusOr<std::string> DecodeExperimentToml(std::string_view config_json, const std::string& exp);
 
 }  // namespace ckpt::records
 

@@ -30,15 +30,9 @@
 #include <string_view>
 
 #include "ckpt/format/status.h"
+#include "ckpt/records/status.h"
 
 namespace ckpt::records {
-
-// What a member is doing. The first three are the event loop's; the store
-// keeps kIdle/kQueued/kRunning as "running".
-enum class MemberStatus { kIdle, kQueued, kRunning, kDone, kStopped, kFailed };
-
-// "running" (idle, queued, running), "done", "stopped", "failed".
-const char* MemberStatusName(MemberStatus status);
 
 inline constexpr int kMemberRecordVersion = 2;
 
