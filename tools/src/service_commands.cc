@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "ckpt/records/config.h"
+#include "ckpt/records/status.h"
 #include "ckpt/scheduler/control_client.h"
 #include "ckpt/scheduler/summary_text.h"
 #include "experiment.h"
@@ -42,8 +43,8 @@ Status PrintJson(const ToolOptions& tool, const json& j, bool pretty) {
 
 // OK when the experiment ended done; Aborted naming how it ended otherwise.
 Status EndedWell(const ExperimentSummary& s) {
-  auto status = scheduler::ParseExperimentStatus(s.status);
-  if (status.ok() && *status == scheduler::ExperimentStatus::kDone) return Status::OK();
+  auto status = records::ParseExperimentStatus(s.status);
+  if (status.ok() && *status == records::ExperimentStatus::kDone) return Status::OK();
   return Status::Aborted("experiment " + s.id + " ended " + s.status);
 }
 
