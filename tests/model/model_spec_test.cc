@@ -258,16 +258,17 @@ TEST_F(IdxTest, SplitsAndNormalizes) {
   // Validation is the train file's last rows, in order, after the train rows.
   auto whole = ReadIdxFile(dir_ + "/train-images-idx3-ubyte.gz");
   ASSERT_TRUE(whole.ok());
-  std::vector<uint8_t> joined = (*ds)->train.images;
-  joined.insert(joined.end(), (*ds)->validation.images.begin(), (*ds)->validation.images.end());
+  const auto* train_x = static_cast<const uint8_t*>((*ds)->train.x);
+  const auto* val_x = static_cast<const uint8_t*>((*ds)->validation.x);
+  std::vector<uint8_t> joined(train_x, train_x + 10 * 4);
+  joined.insert(joined.end(), val_x, val_x + kValidationSize * 4);
   EXPECT_EQ(joined, whole->data);
-  EXPECT_EQ((*ds)->train.labels.size(), 10u);
-  EXPECT_EQ((*ds)->validation.labels.size(), static_cast<size_t>(kValidationSize));
   EXPECT_EQ((*ds)->test.count, 5);
   EXPECT_EQ((*ds)->num_classes, 7);
-  EXPECT_EQ((*ds)->height, 2);
+  EXPECT_EQ((*ds)->sample_shape, (std::vector<int64_t>{1, 2, 2}));
+  EXPECT_EQ((*ds)->x_dtype, format::DType::kU8);
   // Normalized train pixels have mean 0: mean * 255 * scale + shift == 0.
-  EXPECT_NEAR((*ds)->mean * 255.0 * (*ds)->scale + (*ds)->shift, 0.0, 1e-9);
+  EXPECT_NEAR((*ds)->mean[0] * 255.0 * (*ds)->scale[0] + (*ds)->shift[0], 0.0, 1e-9);
 
   WritePlain("t10k-labels-idx1-ubyte", Idx({4}, 0));
   EXPECT_TRUE(LoadDataset("tiny", dir_).status().IsCorruption());
@@ -280,9 +281,9 @@ TEST(DatasetTest, FashionMnistSplits) {
   EXPECT_EQ(ds->validation.count, 10000);
   EXPECT_EQ(ds->test.count, 10000);
   EXPECT_EQ(ds->num_classes, 10);
-  EXPECT_EQ(ds->height, 28);
-  EXPECT_NEAR(ds->mean, 0.286, 0.002);
-  EXPECT_NEAR(ds->stddev, 0.353, 0.002);
+  EXPECT_EQ(ds->sample_shape, (std::vector<int64_t>{1, 28, 28}));
+  EXPECT_NEAR(ds->mean[0], 0.286, 0.002);
+  EXPECT_NEAR(ds->stddev[0], 0.353, 0.002);
 }
 
 TEST(DataOrderTest, PermutationIsDeterministicAndComplete) {

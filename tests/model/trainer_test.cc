@@ -550,7 +550,7 @@ TEST(TrainerTest, CreateRejectsBadOptions) {
   EXPECT_FALSE(Trainer::Create(o).ok());
   o = BaseOptions(R"([{"type": "flatten"}, {"type": "linear", "out": 7}])", "sgd");
   auto s = Trainer::Create(o).status();
-  EXPECT_NE(s.message().find("7 logits"), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find("7 outputs"), std::string::npos) << s.ToString();
   o = BaseOptions("torchscript:/nonexistent/model.pt", "sgd");
   EXPECT_TRUE(Trainer::Create(o).status().IsNotFound());
   o = BaseOptions("lenet5", "sgd");

@@ -16,8 +16,9 @@ StatusOr<double> MeasureBareLibTorchLoop(const BaselineOptions& options) {
   if (!data) {
     CKPT_ASSIGN_OR_RETURN(data, LoadDataset(o.dataset, o.dataset_path));
   }
-  if (data->channels != 1 || data->height != 28 || data->width != 28) {
-    return Status::InvalidArgument("baseline: LeNet-5 needs 1x28x28 images");
+  if (data->sample_shape != std::vector<int64_t>{1, 28, 28} ||
+      data->x_dtype != format::DType::kU8 || data->y_dtype != format::DType::kU8) {
+    return Status::InvalidArgument("baseline: LeNet-5 needs 1x28x28 U8 images with U8 labels");
   }
   try {
     internal::SetThreadIntraOpThreads(o.intra_op_threads);
@@ -30,12 +31,10 @@ StatusOr<double> MeasureBareLibTorchLoop(const BaselineOptions& options) {
       return Status::Unavailable("baseline: device " + device + " is not available");
     }
     const int64_t n = data->train.count;
-    torch::Tensor images = torch::from_blob(const_cast<uint8_t*>(data->train.images.data()),
-                                            {n, 1, 28, 28}, torch::kUInt8)
-                               .to(dev);
-    torch::Tensor labels =
-        torch::from_blob(const_cast<uint8_t*>(data->train.labels.data()), {n}, torch::kUInt8)
-            .to(dev, torch::kLong);
+    torch::Tensor images =
+        torch::from_blob(const_cast<void*>(data->train.x), {n, 1, 28, 28}, torch::kUInt8).to(dev);
+    torch::Tensor labels = torch::from_blob(const_cast<void*>(data->train.y), {n}, torch::kUInt8)
+                               .to(dev, torch::kLong);
 
     namespace nn = torch::nn;
     nn::Sequential net(nn::Conv2d(nn::Conv2dOptions(1, 6, 5).padding(2)), nn::ReLU(),
@@ -49,7 +48,7 @@ StatusOr<double> MeasureBareLibTorchLoop(const BaselineOptions& options) {
     auto step = [&] {
       torch::Tensor idx = torch::randint(n, {o.batch_size}, gen, torch::kLong).to(dev);
       torch::Tensor x =
-          images.index_select(0, idx).to(torch::kFloat).mul_(data->scale).add_(data->shift);
+          images.index_select(0, idx).to(torch::kFloat).mul_(data->scale[0]).add_(data->shift[0]);
       torch::Tensor y = labels.index_select(0, idx);
       opt.zero_grad();
       loss = torch::nn::functional::cross_entropy(net->forward(x), y);

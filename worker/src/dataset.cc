@@ -209,48 +209,86 @@ StatusOr<std::shared_ptr<const DatasetSplits>> LoadDataset(const std::string& na
                               " held out for validation");
   }
 
+  // The arrays the rows were read into stay where they are: one copy of the images.
+  struct IdxStorage {
+    IdxArray train_x, train_y, test_x, test_y;
+  };
+  auto store = std::make_shared<IdxStorage>();
+  store->train_x = std::move(train_x);
+  store->train_y = std::move(train_y);
+  store->test_x = std::move(test_x);
+  store->test_y = std::move(test_y);
+
   auto ds = std::make_shared<DatasetSplits>();
   ds->name = name;
-  if (train_x.dims.size() == 4) {
-    ds->channels = train_x.dims[1];
-    ds->height = train_x.dims[2];
-    ds->width = train_x.dims[3];
+  const std::vector<int64_t>& dims = store->train_x.dims;
+  if (dims.size() == 4) {
+    ds->sample_shape = {dims[1], dims[2], dims[3]};
   } else {
-    ds->channels = 1;
-    ds->height = train_x.dims[1];
-    ds->width = train_x.dims[2];
+    ds->sample_shape = {1, dims[1], dims[2]};
   }
+  ds->x_dtype = format::DType::kU8;
+  ds->y_dtype = format::DType::kU8;
+  ds->target = format::TargetKind::kClasses;
   const int64_t n_train = n_all - kValidationSize;
-
-  // Each split keeps the array its rows were read into: one copy of the images.
-  ds->validation.count = kValidationSize;
-  ds->validation.images = std::move(train_x.tail);
-  ds->validation.labels = std::move(train_y.tail);
-  ds->train.count = n_train;
-  ds->train.images = std::move(train_x.data);
-  ds->train.labels = std::move(train_y.data);
-  ds->test.count = test_x.dims[0];
-  ds->test.images = std::move(test_x.data);
-  ds->test.labels = std::move(test_y.data);
+  ds->train = {n_train, store->train_x.data.data(), store->train_y.data.data()};
+  ds->validation = {kValidationSize, store->train_x.tail.data(), store->train_y.tail.data()};
+  ds->test = {store->test_x.dims[0], store->test_x.data.data(), store->test_y.data.data()};
 
   int max_label = 0;
-  for (const auto* labels : {&ds->train.labels, &ds->validation.labels, &ds->test.labels}) {
+  for (const auto* labels : {&store->train_y.data, &store->train_y.tail, &store->test_y.data}) {
     for (uint8_t l : *labels) max_label = l > max_label ? l : max_label;
   }
   ds->num_classes = max_label + 1;
 
   uint64_t sum = 0;
   uint64_t sum_sq = 0;
-  for (uint8_t v : ds->train.images) {
+  for (uint8_t v : store->train_x.data) {
     sum += v;
     sum_sq += uint64_t{v} * v;
   }
-  const double count = static_cast<double>(ds->train.images.size());
-  ds->mean = static_cast<double>(sum) / (count * 255.0);
+  const double count = static_cast<double>(store->train_x.data.size());
+  const double mean = static_cast<double>(sum) / (count * 255.0);
   const double mean_sq = static_cast<double>(sum_sq) / (count * 255.0 * 255.0);
-  ds->stddev = std::sqrt(std::max(mean_sq - ds->mean * ds->mean, 1e-12));
-  ds->scale = 1.0 / (255.0 * ds->stddev);
-  ds->shift = -ds->mean / ds->stddev;
+  const double stddev = std::sqrt(std::max(mean_sq - mean * mean, 1e-12));
+  // One statistic over all channels (the MNIST family has one).
+  const size_t channels = static_cast<size_t>(ds->sample_shape[0]);
+  ds->mean.assign(channels, mean);
+  ds->stddev.assign(channels, stddev);
+  ds->scale.assign(channels, 1.0 / (255.0 * stddev));
+  ds->shift.assign(channels, -mean / stddev);
+  ds->storage = std::move(store);
+  return std::shared_ptr<const DatasetSplits>(std::move(ds));
+}
+
+int64_t DatasetSplits::sample_numel() const {
+  int64_t n = 1;
+  for (int64_t d : sample_shape) n *= d;
+  return n;
+}
+
+StatusOr<std::shared_ptr<const DatasetSplits>> LoadTensorDataset(
+    const format::TensorDatasetOptions& options) {
+  CKPT_ASSIGN_OR_RETURN(std::shared_ptr<const format::TensorDataset> file,
+                        format::TensorDataset::Open(options));
+  auto ds = std::make_shared<DatasetSplits>();
+  ds->name = file->path();
+  ds->x_dtype = file->x_dtype();
+  ds->sample_shape = file->sample_shape();
+  ds->target = file->target();
+  ds->y_dtype =
+      file->target() == format::TargetKind::kClasses ? format::DType::kI64 : format::DType::kF32;
+  ds->target_width = file->target_width();
+  ds->num_classes = file->num_classes();
+  auto split = [](const format::TensorSplit& s) { return DataSplit{s.count, s.x, s.y}; };
+  ds->train = split(file->train());
+  ds->validation = split(file->validation());
+  ds->test = split(file->test());
+  ds->mean = file->mean();
+  ds->stddev = file->stddev();
+  ds->scale = file->scale();
+  ds->shift = file->shift();
+  ds->storage = std::move(file);
   return std::shared_ptr<const DatasetSplits>(std::move(ds));
 }
 

@@ -20,81 +20,20 @@ double Seconds(std::chrono::steady_clock::time_point since) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
 }
 
-at::Tensor ForwardFused(const Context& ctx, const std::vector<at::Tensor>& P, at::Tensor x,
+// The same input for each of K members: [B, C, H, W] -> [B, K*C, H, W]
+// (member k's channels at k*C), [B, F] -> [K, B, F].
+at::Tensor Widen(const at::Tensor& x, int64_t K) {
+  if (x.dim() == 4) return x.repeat({1, K, 1, 1});
+  return x.unsqueeze(0).expand({K, x.size(0), x.size(1)}).contiguous();
+}
+
+at::Tensor ForwardFused(const Context& ctx, const std::vector<at::Tensor>& P, const at::Tensor& x,
                         bool train, const std::vector<MemberState*>& members) {
-  const int64_t K = static_cast<int64_t>(members.size());
-  const auto& layers = ctx.spec.layers();
-  for (size_t i = 0; i < layers.size(); ++i) {
-    const LayerSpec& l = layers[i];
-    const LayerTensors& lt = ctx.layer_tensors[i];
-    switch (l.kind) {
-      case LayerKind::kConv2d: {
-        at::Tensor bias = lt.bias >= 0 ? P[lt.bias].flatten() : at::Tensor();
-        x = at::conv2d(x, P[lt.weight].flatten(0, 1), bias, {l.stride, l.stride},
-                       {l.padding, l.padding}, {1, 1}, K);
-        break;
-      }
-      case LayerKind::kLinear: {
-        at::Tensor wt = P[lt.weight].transpose(1, 2);
-        x = lt.bias >= 0 ? at::baddbmm(P[lt.bias].unsqueeze(1), x, wt) : at::bmm(x, wt);
-        break;
-      }
-      case LayerKind::kRelu:
-        if (i + 1 < layers.size() && layers[i + 1].kind == LayerKind::kMaxPool2d &&
-            FastMaxPool2dApplies(x, layers[i + 1].kernel, layers[i + 1].stride,
-                                 layers[i + 1].padding)) {
-          // relu then max pool as one pass: the pool of the relu is the relu of the pool.
-          x = FastMaxPool2d(x, layers[i + 1].kernel, layers[i + 1].stride, /*relu_first=*/true);
-          ++i;
-          break;
-        }
-        x = at::relu(x);
-        break;
-      case LayerKind::kTanh:
-        x = at::tanh(x);
-        break;
-      case LayerKind::kMaxPool2d:
-        if (FastMaxPool2dApplies(x, l.kernel, l.stride, l.padding)) {
-          x = FastMaxPool2d(x, l.kernel, l.stride, /*relu_first=*/false);
-          break;
-        }
-        x = at::max_pool2d(x, {l.kernel, l.kernel}, {l.stride, l.stride}, {l.padding, l.padding});
-        break;
-      case LayerKind::kAvgPool2d:
-        x = at::avg_pool2d(x, {l.kernel, l.kernel}, {l.stride, l.stride}, {l.padding, l.padding});
-        break;
-      case LayerKind::kBatchNorm2d:
-        if (train) P[lt.num_batches_tracked].add_(1);
-        x = at::batch_norm(x, P[lt.weight].flatten(), P[lt.bias].flatten(),
-                           P[lt.running_mean].view({-1}), P[lt.running_var].view({-1}), train,
-                           l.momentum, l.eps, /*cudnn_enabled=*/true);
-        break;
-      case LayerKind::kDropout: {
-        if (!train || l.p <= 0) break;
-        std::vector<at::Tensor> masks;
-        masks.reserve(members.size());
-        if (x.dim() == 4) {
-          const int64_t c = x.size(1) / K;
-          for (const MemberState* m : members) {
-            masks.push_back(DropoutMask(m->data_seed, m->step, i, l.p,
-                                        {x.size(0), c, x.size(2), x.size(3)}, ctx.device));
-          }
-          x = x * at::cat(masks, 1);
-        } else {
-          for (const MemberState* m : members) {
-            masks.push_back(
-                DropoutMask(m->data_seed, m->step, i, l.p, {x.size(1), x.size(2)}, ctx.device));
-          }
-          x = x * at::stack(masks, 0);
-        }
-        break;
-      }
-      case LayerKind::kFlatten:
-        x = x.reshape({x.size(0), K, -1}).transpose(0, 1);
-        break;
-    }
-  }
-  return x;  // [K, B, classes]
+  ForwardPass pass;
+  pass.tensors = &P;
+  pass.members = &members;
+  pass.train = train;
+  return ForwardLayers(ctx, pass, x);  // [K, B, outputs]
 }
 
 at::Tensor Column(const std::vector<double>& v, const at::Device& device) {
@@ -231,23 +170,23 @@ void FusedAdamStep(const Context& ctx, const FusedHparams& h, std::vector<Member
   }
 }
 
-// Correct predictions per member on the first `count` samples of `split`.
-std::vector<int64_t> EvaluateFused(const Context& ctx, const std::vector<at::Tensor>& P,
-                                   const std::vector<MemberState*>& members,
-                                   const DeviceSplit& split, int64_t count) {
+// ScoreSum per member on the first `count` samples of `split`.
+std::vector<double> EvaluateFused(const Context& ctx, const std::vector<at::Tensor>& P,
+                                  const std::vector<MemberState*>& members,
+                                  const DeviceSplit& split, int64_t count) {
   at::NoGradGuard no_grad;
   const int64_t K = static_cast<int64_t>(members.size());
   const int64_t chunk = std::max<int64_t>(1, ctx.options.eval_batch_size / K);
-  at::Tensor correct = at::zeros({K}, at::TensorOptions().dtype(at::kLong).device(ctx.device));
+  at::Tensor sum = at::zeros({K}, at::TensorOptions().dtype(at::kDouble).device(ctx.device));
   for (int64_t begin = 0; begin < count; begin += chunk) {
     const int64_t end = std::min(count, begin + chunk);
-    at::Tensor x = split.images.slice(0, begin, end).to(at::kFloat).mul_(ctx.scale).add_(ctx.shift);
-    at::Tensor y = split.labels.slice(0, begin, end);
-    at::Tensor logits = ForwardFused(ctx, P, x.repeat({1, K, 1, 1}), /*train=*/false, members);
-    correct.add_(logits.argmax(2).eq(y.unsqueeze(0)).sum(1));
+    at::Tensor x = Normalize(ctx, split.x.slice(0, begin, end));
+    at::Tensor y = split.y.slice(0, begin, end);
+    at::Tensor out = ForwardFused(ctx, P, Widen(x, K), /*train=*/false, members);
+    sum.add_(ScoreSum(ctx, out, y));
   }
-  at::Tensor host = correct.to(at::kCPU);
-  return std::vector<int64_t>(host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + K);
+  at::Tensor host = sum.to(at::kCPU);
+  return std::vector<double>(host.data_ptr<double>(), host.data_ptr<double>() + K);
 }
 
 }  // namespace
@@ -277,7 +216,6 @@ Status TrainFusedGroup(const Context& ctx, std::vector<MemberState*>& members, i
   std::vector<std::vector<int32_t>> epoch_cache(members.size());
   std::vector<int64_t> cached_epoch(members.size(), -1);
   std::vector<int64_t> all_idx(static_cast<size_t>(K * batch));
-  const int64_t c = ctx.data->channels, height = ctx.data->height, width = ctx.data->width;
   result->losses.reserve(static_cast<size_t>(steps));
   for (int64_t s = 0; s < steps; ++s) {
     if (ctx.options.cancel != nullptr && ctx.options.cancel->load(std::memory_order_relaxed)) {
@@ -289,14 +227,29 @@ Status TrainFusedGroup(const Context& ctx, std::vector<MemberState*>& members, i
       std::copy(idx[k].begin(), idx[k].end(), all_idx.begin() + static_cast<int64_t>(k) * batch);
     }
     at::Tensor x, y;
-    GatherBatch(ctx, ctx.train, all_idx, &x, &y);
-    x = x.view({K, batch, c, height, width}).transpose(0, 1).reshape({batch, K * c, height, width});
-    at::Tensor logits = ForwardFused(ctx, P, x, /*train=*/true, members);
-    const int64_t classes = logits.size(2);
-    at::Tensor per_member = at::cross_entropy_loss(logits.reshape({K * batch, classes}), y,
-                                                   c10::nullopt, at::Reduction::None)
-                                .view({K, batch})
-                                .mean(1);
+    const std::vector<const MemberState*> group(members.begin(), members.end());
+    GatherBatch(ctx, ctx.train, all_idx, &x, &y, &group);
+    // Member k's rows are [k*batch, (k+1)*batch) of the gather.
+    if (x.dim() == 4) {
+      const int64_t c = x.size(1), height = x.size(2), width = x.size(3);
+      x = x.view({K, batch, c, height, width})
+              .transpose(0, 1)
+              .reshape({batch, K * c, height, width});
+    } else {
+      x = x.view({K, batch, x.size(1)});
+    }
+    at::Tensor out = ForwardFused(ctx, P, x, /*train=*/true, members);  // [K, B, outputs]
+    const int64_t outputs = out.size(2);
+    at::Tensor per_member;
+    if (ctx.loss == format::LossKind::kCrossEntropy) {
+      per_member = at::cross_entropy_loss(out.reshape({K * batch, outputs}), y, c10::nullopt,
+                                          at::Reduction::None)
+                       .view({K, batch})
+                       .mean(1);
+    } else {
+      at::Tensor err = out - y.view({K, batch, -1});
+      per_member = (err * err).view({K, -1}).mean(1);
+    }
     at::Tensor loss = per_member.sum();
     for (const auto& tr : ctx.trainables) P[tr.param].mutable_grad() = at::Tensor();
     loss.backward();
@@ -321,8 +274,10 @@ Status TrainFusedGroup(const Context& ctx, std::vector<MemberState*>& members, i
   const auto eval_start = std::chrono::steady_clock::now();
   const int64_t val_count = std::min<int64_t>(ctx.options.eval_size, ctx.validation.count);
   if (eval_val && val_count > 0)
-    result->correct_val = EvaluateFused(ctx, P, members, ctx.validation, val_count);
-  if (eval_test) result->correct_test = EvaluateFused(ctx, P, members, ctx.test, ctx.test.count);
+    result->score_val = EvaluateFused(ctx, P, members, ctx.validation, val_count);
+  if (eval_test && ctx.test.count > 0) {
+    result->score_test = EvaluateFused(ctx, P, members, ctx.test, ctx.test.count);
+  }
   *eval_s = Seconds(eval_start);
   *compute_s = Seconds(start);
 

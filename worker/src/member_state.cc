@@ -335,13 +335,75 @@ at::Tensor DropoutMask(uint64_t data_seed, int64_t step, size_t layer, double p,
   return device.is_cpu() ? mask : mask.to(device);
 }
 
+at::Tensor Normalize(const Context& ctx, const at::Tensor& raw) {
+  // A float32 split is the dataset itself: scale into a new tensor.
+  at::Tensor x = raw.scalar_type() == at::kFloat ? raw.clone() : raw.to(at::kFloat);
+  if (ctx.uniform_norm) return x.mul_(ctx.scale).add_(ctx.shift);
+  return x.mul_(ctx.scale_t).add_(ctx.shift_t);
+}
+
+at::Tensor Augment(const Context& ctx, const at::Tensor& raw,
+                   const std::vector<const MemberState*>& members) {
+  const format::Augmentation& a = ctx.options.augment;
+  const int64_t rows = raw.size(0), per = rows / static_cast<int64_t>(members.size());
+  const int64_t h = raw.size(2), w = raw.size(3), p = a.crop_padding;
+  // Per row: row offset, column offset, flip; from SplitMix64 of the member's
+  // (data seed, step), drawn in that order row by row.
+  std::vector<int64_t> dy(rows, p), dx(rows, p), flip(rows, 0);
+  for (size_t k = 0; k < members.size(); ++k) {
+    uint64_t s = members[k]->data_seed ^
+                 (0xA24BAED4963EE407ull * (static_cast<uint64_t>(members[k]->step) + 1));
+    for (int64_t r = static_cast<int64_t>(k) * per; r < static_cast<int64_t>(k + 1) * per; ++r) {
+      if (p > 0) {
+        dy[r] = static_cast<int64_t>(SplitMix64(&s) % static_cast<uint64_t>(2 * p + 1));
+        dx[r] = static_cast<int64_t>(SplitMix64(&s) % static_cast<uint64_t>(2 * p + 1));
+      }
+      if (a.hflip) flip[r] = static_cast<int64_t>(SplitMix64(&s) & 1);
+    }
+  }
+  auto column = [&](std::vector<int64_t>& v) {
+    at::Tensor t = at::from_blob(v.data(), {rows, 1}, at::kLong).clone();
+    return ctx.device.is_cpu() ? t : t.to(ctx.device);
+  };
+  at::Tensor oy = column(dy), ox = column(dx), fl = column(flip);
+  const auto longs = at::TensorOptions().dtype(at::kLong).device(ctx.device);
+  // Source row and column of each output pixel in the zero-padded image.
+  at::Tensor ys = oy + at::arange(h, longs).view({1, h});  // [rows, h]
+  at::Tensor cols = at::arange(w, longs).view({1, w});     // [1, w]
+  cols = at::where(fl.eq(1), (w - 1) - cols, cols);        // mirrored columns
+  at::Tensor xs = ox + cols;                               // [rows, w]
+  at::Tensor padded = p > 0 ? at::constant_pad_nd(raw, {p, p, p, p}, 0) : raw;
+  const int64_t c = raw.size(1), pw = w + 2 * p;
+  at::Tensor by_row = padded.gather(2, ys.view({rows, 1, h, 1}).expand({rows, c, h, pw}));
+  return by_row.gather(3, xs.view({rows, 1, 1, w}).expand({rows, c, h, w}));
+}
+
 void GatherBatch(const Context& ctx, const DeviceSplit& split, const std::vector<int64_t>& idx,
-                 at::Tensor* x, at::Tensor* y) {
+                 at::Tensor* x, at::Tensor* y, const std::vector<const MemberState*>* members) {
   at::Tensor i = at::from_blob(const_cast<int64_t*>(idx.data()), {static_cast<int64_t>(idx.size())},
                                at::kLong);
   if (!ctx.device.is_cpu()) i = i.to(ctx.device);
-  *x = split.images.index_select(0, i).to(at::kFloat).mul_(ctx.scale).add_(ctx.shift);
-  *y = split.labels.index_select(0, i);
+  at::Tensor raw = split.x.index_select(0, i);
+  if (members != nullptr && ctx.options.augment.any()) raw = Augment(ctx, raw, *members);
+  *x = Normalize(ctx, raw);
+  *y = split.y.index_select(0, i);
+}
+
+at::Tensor ScoreSum(const Context& ctx, const at::Tensor& out, const at::Tensor& y) {
+  const int64_t last = out.dim() - 1;
+  if (ctx.metric == format::MetricKind::kAccuracy) {
+    at::Tensor hit = out.argmax(last).eq(y);
+    return (last == 2 ? hit.sum(1) : hit.sum()).to(at::kDouble);
+  }
+  at::Tensor err = (out - y).to(at::kDouble);
+  err = err * err;
+  return last == 2 ? err.flatten(1).sum(1) : err.sum();
+}
+
+double Score(const Context& ctx, double sum, int64_t count) {
+  if (count <= 0) return -1;
+  if (ctx.metric == format::MetricKind::kAccuracy) return sum / static_cast<double>(count);
+  return -sum / static_cast<double>(count * ctx.data->target_width);
 }
 
 namespace {

@@ -21,6 +21,7 @@
 
 #include "ckpt/format/checkpoint.h"
 #include "ckpt/format/status.h"
+#include "ckpt/format/task.h"
 #include "ckpt/worker/dataset.h"
 #include "ckpt/worker/hparams.h"
 #include "ckpt/worker/model_spec.h"
@@ -53,10 +54,10 @@ struct TrainableSlots {
   int step = -1;
 };
 
-// The dataset's splits on the device.
+// A dataset split on the device.
 struct DeviceSplit {
-  at::Tensor images;  // [N, C, H, W] u8
-  at::Tensor labels;  // [N] i64
+  at::Tensor x;  // [N, C, H, W] or [N, F]; u8 as stored, f16 and f32 as f32
+  at::Tensor y;  // [N] i64 labels, or [N, T] f32 targets
   int64_t count = 0;
 };
 
@@ -70,8 +71,14 @@ struct Context {
   std::string device_name;
   std::shared_ptr<const DatasetSplits> data;
   DeviceSplit train, validation, test;
+  // Normalization: one scalar pair when every channel has the same (the
+  // MNIST family), else [1, C, 1, 1] / [1, F] tensors on the device.
+  bool uniform_norm = true;
   double scale = 1;
   double shift = 0;
+  at::Tensor scale_t, shift_t;
+  format::LossKind loss = format::LossKind::kCrossEntropy;
+  format::MetricKind metric = format::MetricKind::kAccuracy;
 
   std::vector<TensorSpec> model_tensors;    // the model part of the layout
   std::vector<TensorSpec> layout;           // model tensors, then optimizer slots
@@ -124,9 +131,44 @@ struct OutcomeAccess {
 at::Tensor DropoutMask(uint64_t data_seed, int64_t step, size_t layer, double p,
                        at::IntArrayRef shape, const at::Device& device);
 
-// The normalized inputs and labels of the `batch` samples at `cursor`.
+// One forward pass of a spec model: plain (`members` null: one member's
+// tensors, dropout drawn from data_seed and step) or fused (`tensors` packed
+// [K, ...] for the K `members`, each drawing its own dropout).
+struct ForwardPass {
+  const std::vector<at::Tensor>* tensors = nullptr;  // layout order
+  const std::vector<MemberState*>* members = nullptr;
+  bool train = false;
+  uint64_t data_seed = 0;
+  int64_t step = 0;
+};
+
+// Runs every layer of ctx.spec on `x`: plain [B, C, H, W] / [B, F] to
+// [B, outputs]; fused [B, K*C, H, W] / [K, B, F] to [K, B, outputs].
+at::Tensor ForwardLayers(const Context& ctx, const ForwardPass& pass, const at::Tensor& x);
+
+// The normalized inputs and targets of the samples `idx` of `split`;
+// augmented (Augment) when `members` is given.
 void GatherBatch(const Context& ctx, const DeviceSplit& split, const std::vector<int64_t>& idx,
-                 at::Tensor* x, at::Tensor* y);
+                 at::Tensor* x, at::Tensor* y,
+                 const std::vector<const MemberState*>* members = nullptr);
+
+// Applies ctx.options.augment to a training batch of raw images [M, C, H, W]
+// (before Normalize): rows [k * B, (k + 1) * B) belong to `members[k]`, whose
+// crop offsets and flips are drawn from its data seed and step alone, so a
+// member's batch is augmented the same plain or fused.
+at::Tensor Augment(const Context& ctx, const at::Tensor& raw,
+                   const std::vector<const MemberState*>& members);
+
+// Float32 model input of raw rows of a split's x (never writes to `raw`).
+at::Tensor Normalize(const Context& ctx, const at::Tensor& raw);
+
+// Sum over the rows of the metric's per-sample score term, as a double
+// tensor: correct predictions (accuracy) or squared errors summed over the
+// outputs (neg_mse). `out` is [M, outputs] (or [K, M, outputs], summed per
+// member k into [K]); `y` the rows' targets.
+at::Tensor ScoreSum(const Context& ctx, const at::Tensor& out, const at::Tensor& y);
+// The metric of `count` rows from their ScoreSum.
+double Score(const Context& ctx, double sum, int64_t count);
 
 // Plain training of one member for `steps` steps; `losses` receives one
 // scalar tensor per step. Stops early (returning OK) after a non-finite loss,
@@ -134,9 +176,9 @@ void GatherBatch(const Context& ctx, const DeviceSplit& split, const std::vector
 Status TrainPlainSteps(const Context& ctx, MemberState* m, torch::jit::Module* script,
                        int64_t steps, std::vector<at::Tensor>* losses);
 
-// Correct predictions of one member on the first `count` samples of `split`.
-int64_t EvaluatePlain(const Context& ctx, const MemberState& m, torch::jit::Module* script,
-                      const DeviceSplit& split, int64_t count);
+// ScoreSum of one member on the first `count` samples of `split`.
+double EvaluatePlain(const Context& ctx, const MemberState& m, torch::jit::Module* script,
+                     const DeviceSplit& split, int64_t count);
 
 // A TorchScript clone whose parameters and buffers are the member's tensors.
 StatusOr<torch::jit::Module> BindScript(const Context& ctx, const MemberState& m);
@@ -144,12 +186,12 @@ StatusOr<torch::jit::Module> BindScript(const Context& ctx, const MemberState& m
 // Fused training of K members (same `steps`), then evaluation of the packed
 // model (validation when eval_val, test when eval_test), then unpacking into
 // each member's tensors. `losses` receives [K] tensors, one per step;
-// `correct_val` / `correct_test` receive per-member counts. `compute_s`
+// `score_val` / `score_test` receive per-member ScoreSums. `compute_s`
 // includes `eval_s`.
 struct FusedResult {
   std::vector<at::Tensor> losses;
-  std::vector<int64_t> correct_val;
-  std::vector<int64_t> correct_test;
+  std::vector<double> score_val;
+  std::vector<double> score_test;
 };
 Status TrainFusedGroup(const Context& ctx, std::vector<MemberState*>& members, int64_t steps,
                        bool eval_val, bool eval_test, FusedResult* result, double* pack_s,

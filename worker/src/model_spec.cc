@@ -27,6 +27,43 @@ constexpr const char* kLenet5 = R"([
   {"type": "linear", "in": 84, "out": 10}
 ])";
 
+// He et al. 2016, section 4.2: a 3x3 convolution of 16 channels, three
+// stages of three basic blocks (16, 32, 64 channels; the first block of the
+// second and third stage halves height and width, with a 1x1 convolution and
+// BatchNorm as its shortcut), global average pooling and a linear layer.
+std::string Resnet20() {
+  json layers = json::array();
+  layers.push_back(
+      {{"type", "conv2d"}, {"out", 16}, {"kernel", 3}, {"padding", 1}, {"bias", false}});
+  layers.push_back({{"type", "batchnorm2d"}});
+  layers.push_back({{"type", "relu"}});
+  int64_t channels = 16;
+  for (int64_t width : {16, 32, 64}) {
+    for (int block = 0; block < 3; ++block) {
+      const bool down = width != channels;
+      json body = json::array();
+      body.push_back({{"type", "conv2d"},
+                      {"out", width},
+                      {"kernel", 3},
+                      {"stride", down ? 2 : 1},
+                      {"padding", 1},
+                      {"bias", false}});
+      body.push_back({{"type", "batchnorm2d"}});
+      body.push_back({{"type", "relu"}});
+      body.push_back(
+          {{"type", "conv2d"}, {"out", width}, {"kernel", 3}, {"padding", 1}, {"bias", false}});
+      body.push_back({{"type", "batchnorm2d"}});
+      layers.push_back(
+          {{"type", "residual"}, {"layers", body}, {"shortcut", down ? "conv1x1" : "identity"}});
+      layers.push_back({{"type", "relu"}});
+      channels = width;
+    }
+  }
+  layers.push_back({{"type", "globalavgpool"}});
+  layers.push_back({{"type", "linear"}, {"out", 10}});
+  return json{{"input", {3, 32, 32}}, {"layers", layers}}.dump();
+}
+
 struct KindName {
   LayerKind kind;
   const char* name;
@@ -41,6 +78,8 @@ constexpr KindName kKinds[] = {
     {LayerKind::kBatchNorm2d, "batchnorm2d"},
     {LayerKind::kDropout, "dropout"},
     {LayerKind::kFlatten, "flatten"},
+    {LayerKind::kGlobalAvgPool, "globalavgpool"},
+    {LayerKind::kResidual, "residual"},
 };
 
 std::string ShapeString(const std::vector<int64_t>& shape) {
@@ -142,102 +181,17 @@ int64_t WindowOut(int64_t in, int64_t kernel, int64_t stride, int64_t padding) {
   return (in + 2 * padding - kernel) / stride + 1;
 }
 
-}  // namespace
-
-std::string_view LayerKindName(LayerKind kind) {
-  for (const auto& k : kKinds) {
-    if (k.kind == kind) return k.name;
-  }
-  return "?";
-}
-
-int64_t TensorSpec::numel() const {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
-
-std::string_view OptimizerKindName(OptimizerKind kind) {
-  switch (kind) {
-    case OptimizerKind::kSgd:
-      return "sgd";
-    case OptimizerKind::kAdam:
-      return "adam";
-    case OptimizerKind::kAdamW:
-      return "adamw";
-  }
-  return "?";
-}
-
-StatusOr<OptimizerKind> ParseOptimizerKind(std::string_view name) {
-  if (name == "sgd") return OptimizerKind::kSgd;
-  if (name == "adam") return OptimizerKind::kAdam;
-  if (name == "adamw") return OptimizerKind::kAdamW;
-  return Status::InvalidArgument("unknown optimizer \"" + std::string(name) +
-                                 "\" (expected sgd, adam or adamw)");
-}
-
-std::vector<std::string> OptimizerSlots(OptimizerKind kind) {
-  if (kind == OptimizerKind::kSgd) return {"momentum_buffer"};
-  return {"exp_avg", "exp_avg_sq", "step"};
-}
-
-StatusOr<ModelSpec> ModelSpec::Parse(std::string_view text, std::vector<int64_t> input_shape) {
-  ModelSpec spec;
-  spec.text_ = std::string(text);
-  if (text.substr(0, kTorchScriptPrefix.size()) == kTorchScriptPrefix) {
-    spec.torchscript_path_ = std::string(text.substr(kTorchScriptPrefix.size()));
-    if (spec.torchscript_path_.empty()) {
-      return Status::InvalidArgument("model spec \"torchscript:\" names no file");
-    }
-    spec.input_shape_ = std::move(input_shape);
-    return spec;
-  }
-
-  std::string_view source = text;
-  if (text == "lenet5") source = kLenet5;
-  json doc = json::parse(source.begin(), source.end(), nullptr, /*allow_exceptions=*/false);
-  if (doc.is_discarded()) {
-    return Status::InvalidArgument("model spec is neither a known name (lenet5) nor valid JSON");
-  }
-  const json* layers = &doc;
-  if (doc.is_object()) {
-    for (auto it = doc.begin(); it != doc.end(); ++it) {
-      if (it.key() != "layers" && it.key() != "input") {
-        return Status::InvalidArgument("model spec: unknown field \"" + it.key() + "\"");
-      }
-    }
-    auto in = doc.find("input");
-    if (in != doc.end()) {
-      if (!in->is_array() || in->size() != 3) {
-        return Status::InvalidArgument("model spec: \"input\" must be [channels, height, width]");
-      }
-      input_shape.clear();
-      for (const auto& d : *in) {
-        if (!d.is_number_integer() || d.get<int64_t>() < 1 || d.get<int64_t>() > 65536) {
-          return Status::InvalidArgument("model spec: \"input\" dimensions must be integers >= 1");
-        }
-        input_shape.push_back(d.get<int64_t>());
-      }
-    }
-    auto l = doc.find("layers");
-    if (l == doc.end()) return Status::InvalidArgument("model spec: missing \"layers\"");
-    layers = &*l;
-  }
-  if (!layers->is_array() || layers->empty()) {
-    return Status::InvalidArgument("model spec: layers must be a non-empty JSON array");
-  }
-  if (input_shape.size() != 3) {
-    return Status::InvalidArgument("model spec: input shape must be [channels, height, width]");
-  }
-  spec.input_shape_ = input_shape;
-
-  std::vector<int64_t> shape = input_shape;  // [C, H, W] or [F]
+// Parses the layers of `list` onto `out` in pre-order (a residual block, then
+// its body, then its shortcut's layers), transforming `shape`. Stateful
+// layers are named `name_prefix` + conv1, fc1, bn1, res1, ... unless named.
+Status ParseLayerList(const json& list, const std::string& where_prefix,
+                      const std::string& name_prefix, std::vector<int64_t>* shape_io,
+                      std::set<std::string>* names, std::vector<LayerSpec>* out) {
+  std::vector<int64_t>& shape = *shape_io;
   std::map<LayerKind, int> counters;
-  std::set<std::string> names;
-  for (size_t i = 0; i < layers->size(); ++i) {
-    const json& obj = (*layers)[i];
-    std::string where = "model spec layer " + std::to_string(i);
+  for (size_t i = 0; i < list.size(); ++i) {
+    const json& obj = list[i];
+    std::string where = where_prefix + std::to_string(i);
     if (!obj.is_object()) return Status::InvalidArgument(where + ": not a JSON object");
     auto type_it = obj.find("type");
     if (type_it == obj.end() || !type_it->is_string()) {
@@ -256,6 +210,8 @@ StatusOr<ModelSpec> ModelSpec::Parse(std::string_view text, std::vector<int64_t>
     where += " (" + type + ")";
     LayerReader r(obj, where);
     const bool spatial = shape.size() == 3;
+    const size_t at = out->size();
+    out->push_back(LayerSpec());  // this layer; a residual's layers follow it
     auto need_spatial = [&]() -> Status {
       if (!spatial) {
         return Status::InvalidArgument(where + ": needs [C, H, W] input but follows the flatten");
@@ -353,6 +309,73 @@ StatusOr<ModelSpec> ModelSpec::Parse(std::string_view text, std::vector<int64_t>
       case LayerKind::kTanh:
         CKPT_RETURN_IF_ERROR(r.CheckKnown({}));
         break;
+      case LayerKind::kGlobalAvgPool:
+        CKPT_RETURN_IF_ERROR(r.CheckKnown({}));
+        CKPT_RETURN_IF_ERROR(need_spatial());
+        shape = {shape[0]};
+        break;
+      case LayerKind::kResidual: {
+        CKPT_RETURN_IF_ERROR(r.CheckKnown({"layers", "shortcut"}));
+        auto sub = obj.find("layers");
+        if (sub == obj.end() || !sub->is_array() || sub->empty()) {
+          return Status::InvalidArgument(where + ": \"layers\" must be a non-empty array");
+        }
+        layer.name = name_prefix + "res" + std::to_string(++counters[layer.kind]);
+        CKPT_RETURN_IF_ERROR(r.Name(&layer.name));
+        if (!names->insert(layer.name).second) {
+          return Status::InvalidArgument(where + ": duplicate layer name \"" + layer.name + "\"");
+        }
+        std::string shortcut = "identity";
+        auto sc = obj.find("shortcut");
+        if (sc != obj.end()) {
+          if (!sc->is_string() || (*sc != "identity" && *sc != "conv1x1")) {
+            return Status::InvalidArgument(where +
+                                           ": \"shortcut\" must be \"identity\" or \"conv1x1\"");
+          }
+          shortcut = sc->get<std::string>();
+        }
+        std::vector<int64_t> body_shape = shape;
+        CKPT_RETURN_IF_ERROR(
+            ParseLayerList(*sub, where + " layer ", layer.name + ".", &body_shape, names, out));
+        layer.body = static_cast<int>(out->size() - at - 1);
+        if (shortcut == "identity") {
+          if (body_shape != shape) {
+            return Status::InvalidArgument(where + ": the body maps " + ShapeString(shape) +
+                                           " to " + ShapeString(body_shape) +
+                                           "; an identity shortcut needs them equal (use "
+                                           "\"shortcut\": \"conv1x1\")");
+          }
+        } else {
+          CKPT_RETURN_IF_ERROR(need_spatial());
+          if (body_shape.size() != 3) {
+            return Status::InvalidArgument(where + ": a conv1x1 shortcut needs a [C, H, W] body");
+          }
+          // The stride that maps the input's height and width onto the body's.
+          int64_t stride = 0;
+          for (int64_t s = 1; s <= shape[1] && stride == 0; ++s) {
+            if (WindowOut(shape[1], 1, s, 0) == body_shape[1] &&
+                WindowOut(shape[2], 1, s, 0) == body_shape[2]) {
+              stride = s;
+            }
+          }
+          if (stride == 0) {
+            return Status::InvalidArgument(where + ": no 1x1 stride maps " + ShapeString(shape) +
+                                           " to the body's " + ShapeString(body_shape));
+          }
+          json conv = {{"type", "conv2d"},
+                       {"out", body_shape[0]},
+                       {"kernel", 1},
+                       {"stride", stride},
+                       {"bias", false}};
+          json shortcut_layers = json::array({conv, json{{"type", "batchnorm2d"}}});
+          std::vector<int64_t> sc_shape = shape;
+          CKPT_RETURN_IF_ERROR(ParseLayerList(shortcut_layers, where + " shortcut layer ",
+                                              layer.name + ".shortcut.", &sc_shape, names, out));
+          layer.shortcut = static_cast<int>(out->size() - at - 1 - layer.body);
+        }
+        shape = body_shape;
+        break;
+      }
     }
 
     const bool has_state = layer.kind == LayerKind::kConv2d || layer.kind == LayerKind::kLinear ||
@@ -361,17 +384,119 @@ StatusOr<ModelSpec> ModelSpec::Parse(std::string_view text, std::vector<int64_t>
       const char* prefix = layer.kind == LayerKind::kConv2d   ? "conv"
                            : layer.kind == LayerKind::kLinear ? "fc"
                                                               : "bn";
-      layer.name = prefix + std::to_string(++counters[layer.kind]);
+      layer.name = name_prefix + prefix + std::to_string(++counters[layer.kind]);
       CKPT_RETURN_IF_ERROR(r.Name(&layer.name));
-      if (!names.insert(layer.name).second) {
+      if (!names->insert(layer.name).second) {
         return Status::InvalidArgument(where + ": duplicate layer name \"" + layer.name + "\"");
       }
-    } else if (obj.contains("name")) {
+    } else if (layer.kind != LayerKind::kResidual && obj.contains("name")) {
       return Status::InvalidArgument(where + ": a layer without state takes no name");
     }
     layer.output_shape = shape;
-    spec.layers_.push_back(std::move(layer));
+    (*out)[at] = std::move(layer);
   }
+  return Status::OK();
+}
+
+}  // namespace
+
+std::string_view LayerKindName(LayerKind kind) {
+  for (const auto& k : kKinds) {
+    if (k.kind == kind) return k.name;
+  }
+  return "?";
+}
+
+int64_t TensorSpec::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string_view OptimizerKindName(OptimizerKind kind) {
+  switch (kind) {
+    case OptimizerKind::kSgd:
+      return "sgd";
+    case OptimizerKind::kAdam:
+      return "adam";
+    case OptimizerKind::kAdamW:
+      return "adamw";
+  }
+  return "?";
+}
+
+StatusOr<OptimizerKind> ParseOptimizerKind(std::string_view name) {
+  if (name == "sgd") return OptimizerKind::kSgd;
+  if (name == "adam") return OptimizerKind::kAdam;
+  if (name == "adamw") return OptimizerKind::kAdamW;
+  return Status::InvalidArgument("unknown optimizer \"" + std::string(name) +
+                                 "\" (expected sgd, adam or adamw)");
+}
+
+std::vector<std::string> OptimizerSlots(OptimizerKind kind) {
+  if (kind == OptimizerKind::kSgd) return {"momentum_buffer"};
+  return {"exp_avg", "exp_avg_sq", "step"};
+}
+
+StatusOr<ModelSpec> ModelSpec::Parse(std::string_view text, std::vector<int64_t> input_shape) {
+  ModelSpec spec;
+  spec.text_ = std::string(text);
+  if (text.substr(0, kTorchScriptPrefix.size()) == kTorchScriptPrefix) {
+    spec.torchscript_path_ = std::string(text.substr(kTorchScriptPrefix.size()));
+    if (spec.torchscript_path_.empty()) {
+      return Status::InvalidArgument("model spec \"torchscript:\" names no file");
+    }
+    spec.input_shape_ = std::move(input_shape);
+    return spec;
+  }
+
+  std::string_view source = text;
+  const std::string resnet20 = text == "resnet20" ? Resnet20() : std::string();
+  if (text == "lenet5") source = kLenet5;
+  if (text == "resnet20") source = resnet20;
+  json doc = json::parse(source.begin(), source.end(), nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded()) {
+    return Status::InvalidArgument(
+        "model spec is neither a known name (lenet5, resnet20) nor valid JSON");
+  }
+  const json* layers = &doc;
+  if (doc.is_object()) {
+    for (auto it = doc.begin(); it != doc.end(); ++it) {
+      if (it.key() != "layers" && it.key() != "input") {
+        return Status::InvalidArgument("model spec: unknown field \"" + it.key() + "\"");
+      }
+    }
+    auto in = doc.find("input");
+    if (in != doc.end()) {
+      if (!in->is_array() || (in->size() != 3 && in->size() != 1)) {
+        return Status::InvalidArgument(
+            "model spec: \"input\" must be [channels, height, width] or [features]");
+      }
+      input_shape.clear();
+      for (const auto& d : *in) {
+        if (!d.is_number_integer() || d.get<int64_t>() < 1 || d.get<int64_t>() > 65536) {
+          return Status::InvalidArgument("model spec: \"input\" dimensions must be integers >= 1");
+        }
+        input_shape.push_back(d.get<int64_t>());
+      }
+    }
+    auto l = doc.find("layers");
+    if (l == doc.end()) return Status::InvalidArgument("model spec: missing \"layers\"");
+    layers = &*l;
+  }
+  if (!layers->is_array() || layers->empty()) {
+    return Status::InvalidArgument("model spec: layers must be a non-empty JSON array");
+  }
+  if (input_shape.size() != 3 && input_shape.size() != 1) {
+    return Status::InvalidArgument(
+        "model spec: input shape must be [channels, height, width] or [features]");
+  }
+  spec.input_shape_ = input_shape;
+
+  std::vector<int64_t> shape = input_shape;  // [C, H, W] or [F]
+  std::set<std::string> names;
+  CKPT_RETURN_IF_ERROR(
+      ParseLayerList(*layers, "model spec layer ", "", &shape, &names, &spec.layers_));
   if (shape.size() != 1) {
     return Status::InvalidArgument("model spec: the output is " + ShapeString(shape) +
                                    "; it must be flat (end with linear layers)");

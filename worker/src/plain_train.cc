@@ -9,71 +9,18 @@
 namespace ckpt::model::internal {
 namespace {
 
-at::Tensor OptionalTensor(const std::vector<at::Tensor>& t, int index) {
-  return index >= 0 ? t[index] : at::Tensor();
-}
-
-at::Tensor ForwardSpec(const Context& ctx, const std::vector<at::Tensor>& t, at::Tensor x,
-                       bool train, uint64_t data_seed, int64_t step) {
-  const auto& layers = ctx.spec.layers();
-  for (size_t i = 0; i < layers.size(); ++i) {
-    const LayerSpec& l = layers[i];
-    const LayerTensors& lt = ctx.layer_tensors[i];
-    switch (l.kind) {
-      case LayerKind::kConv2d:
-        x = at::conv2d(x, t[lt.weight], OptionalTensor(t, lt.bias), {l.stride, l.stride},
-                       {l.padding, l.padding});
-        break;
-      case LayerKind::kLinear:
-        x = at::linear(x, t[lt.weight], OptionalTensor(t, lt.bias));
-        break;
-      case LayerKind::kRelu:
-        if (i + 1 < layers.size() && layers[i + 1].kind == LayerKind::kMaxPool2d &&
-            FastMaxPool2dApplies(x, layers[i + 1].kernel, layers[i + 1].stride,
-                                 layers[i + 1].padding)) {
-          // relu then max pool as one pass: the pool of the relu is the relu of the pool.
-          x = FastMaxPool2d(x, layers[i + 1].kernel, layers[i + 1].stride, /*relu_first=*/true);
-          ++i;
-          break;
-        }
-        x = at::relu(x);
-        break;
-      case LayerKind::kTanh:
-        x = at::tanh(x);
-        break;
-      case LayerKind::kMaxPool2d:
-        if (FastMaxPool2dApplies(x, l.kernel, l.stride, l.padding)) {
-          x = FastMaxPool2d(x, l.kernel, l.stride, /*relu_first=*/false);
-          break;
-        }
-        x = at::max_pool2d(x, {l.kernel, l.kernel}, {l.stride, l.stride}, {l.padding, l.padding});
-        break;
-      case LayerKind::kAvgPool2d:
-        x = at::avg_pool2d(x, {l.kernel, l.kernel}, {l.stride, l.stride}, {l.padding, l.padding});
-        break;
-      case LayerKind::kBatchNorm2d:
-        if (train) t[lt.num_batches_tracked].add_(1);
-        x = at::batch_norm(x, t[lt.weight], t[lt.bias], t[lt.running_mean], t[lt.running_var],
-                           train, l.momentum, l.eps, /*cudnn_enabled=*/true);
-        break;
-      case LayerKind::kDropout:
-        if (train && l.p > 0) x = x * DropoutMask(data_seed, step, i, l.p, x.sizes(), ctx.device);
-        break;
-      case LayerKind::kFlatten:
-        x = x.flatten(1);
-        break;
-    }
-  }
-  return x;
-}
-
 at::Tensor Forward(const Context& ctx, const MemberState& m, torch::jit::Module* script,
                    const at::Tensor& x, bool train) {
   if (script != nullptr) {
     script->train(train);
     return script->forward({x}).toTensor();
   }
-  return ForwardSpec(ctx, m.tensors, x, train, m.data_seed, m.step);
+  ForwardPass pass;
+  pass.tensors = &m.tensors;
+  pass.train = train;
+  pass.data_seed = m.data_seed;
+  pass.step = m.step;
+  return ForwardLayers(ctx, pass, x);
 }
 
 // torch.optim.SGD (dampening 0, maximize false); a zero momentum buffer
@@ -167,9 +114,12 @@ Status TrainPlainSteps(const Context& ctx, MemberState* m, torch::jit::Module* s
     BatchIndices(m->data_seed, m->data_cursor, batch, ctx.train.count, &idx, &epoch_cache,
                  &cached_epoch);
     at::Tensor x, y;
-    GatherBatch(ctx, ctx.train, idx, &x, &y);
+    const std::vector<const MemberState*> self = {m};
+    GatherBatch(ctx, ctx.train, idx, &x, &y, &self);
     at::Tensor logits = Forward(ctx, *m, script, x, /*train=*/true);
-    at::Tensor loss = at::cross_entropy_loss(logits, y);
+    at::Tensor loss = ctx.loss == format::LossKind::kCrossEntropy
+                          ? at::cross_entropy_loss(logits, y)
+                          : at::mse_loss(logits, y);
     for (const auto& tr : ctx.trainables) m->tensors[tr.param].mutable_grad() = at::Tensor();
     loss.backward();
     {
@@ -191,20 +141,20 @@ Status TrainPlainSteps(const Context& ctx, MemberState* m, torch::jit::Module* s
   return Status::OK();
 }
 
-int64_t EvaluatePlain(const Context& ctx, const MemberState& m, torch::jit::Module* script,
-                      const DeviceSplit& split, int64_t count) {
+double EvaluatePlain(const Context& ctx, const MemberState& m, torch::jit::Module* script,
+                     const DeviceSplit& split, int64_t count) {
   at::NoGradGuard no_grad;
   const int64_t chunk = std::max<int64_t>(1, ctx.options.eval_batch_size);
-  at::Tensor correct = at::zeros({}, at::TensorOptions().dtype(at::kLong).device(ctx.device));
+  at::Tensor sum = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(ctx.device));
   for (int64_t begin = 0; begin < count; begin += chunk) {
     const int64_t end = std::min(count, begin + chunk);
-    at::Tensor x = split.images.slice(0, begin, end).to(at::kFloat).mul_(ctx.scale).add_(ctx.shift);
-    at::Tensor y = split.labels.slice(0, begin, end);
-    at::Tensor logits = Forward(ctx, m, script, x, /*train=*/false);
-    correct.add_(logits.argmax(1).eq(y).sum());
+    at::Tensor x = Normalize(ctx, split.x.slice(0, begin, end));
+    at::Tensor y = split.y.slice(0, begin, end);
+    at::Tensor out = Forward(ctx, m, script, x, /*train=*/false);
+    sum.add_(ScoreSum(ctx, out, y));
   }
   if (script != nullptr) script->train(true);
-  return correct.item<int64_t>();
+  return sum.item<double>();
 }
 
 }  // namespace ckpt::model::internal

@@ -276,16 +276,12 @@ MemberOutcome TrainerImpl::Plain(const MemberTask& task, bool evaluate) {
     const bool finite_loss = FirstNonFinite(host_losses, 0) < 0;
     const auto eval_start = Clock::now();
     if (evaluate && finite_loss) {
+      torch::jit::Module* sm = script ? &*script : nullptr;
       const int64_t val = std::min<int64_t>(ctx.options.eval_size, ctx.validation.count);
-      if (val > 0) {
-        out.val_acc = static_cast<double>(
-                          EvaluatePlain(ctx, m, script ? &*script : nullptr, ctx.validation, val)) /
-                      static_cast<double>(val);
-      }
-      if (task.eval_test) {
-        out.test_acc = static_cast<double>(EvaluatePlain(ctx, m, script ? &*script : nullptr,
-                                                         ctx.test, ctx.test.count)) /
-                       static_cast<double>(ctx.test.count);
+      if (val > 0) out.val_acc = Score(ctx, EvaluatePlain(ctx, m, sm, ctx.validation, val), val);
+      if (task.eval_test && ctx.test.count > 0) {
+        out.test_acc =
+            Score(ctx, EvaluatePlain(ctx, m, sm, ctx.test, ctx.test.count), ctx.test.count);
       }
     }
     out.eval_s = Seconds(eval_start);
@@ -389,13 +385,12 @@ void TrainerImpl::FusedGroup(std::vector<MemberState>& states, const std::vector
     o.eval_s = eval_s / k;
     if (!o.ok()) continue;
     o.samples = steps * ctx.options.batch_size;
-    if (!result.correct_val.empty()) {
+    if (!result.score_val.empty()) {
       const int64_t val = std::min<int64_t>(ctx.options.eval_size, ctx.validation.count);
-      o.val_acc = static_cast<double>(result.correct_val[j]) / static_cast<double>(val);
+      o.val_acc = Score(ctx, result.score_val[j], val);
     }
-    if (tasks[which[j]].eval_test && !result.correct_test.empty()) {
-      o.test_acc =
-          static_cast<double>(result.correct_test[j]) / static_cast<double>(ctx.test.count);
+    if (tasks[which[j]].eval_test && !result.score_test.empty()) {
+      o.test_acc = Score(ctx, result.score_test[j], ctx.test.count);
     }
   }
 }
@@ -464,6 +459,12 @@ StatusOr<ModeChoice> TrainerImpl::ChooseMode(const ModeProbe& probe) {
   return choice;
 }
 
+std::string ShapeText(const std::vector<int64_t>& shape) {
+  std::string s;
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s;
+}
+
 // Fills ctx->model_tensors from the loaded TorchScript module and checks that
 // it maps a batch of inputs to [batch, num_classes] logits.
 Status InspectScript(Context* ctx) {
@@ -494,29 +495,49 @@ Status InspectScript(Context* ctx) {
   torch::jit::Module probe = module.clone();
   probe.eval();
   const int64_t n = std::min<int64_t>(2, ctx->validation.count);
-  at::Tensor x =
-      ctx->validation.images.slice(0, 0, n).to(at::kFloat).mul_(ctx->scale).add_(ctx->shift);
+  at::Tensor x = Normalize(*ctx, ctx->validation.x.slice(0, 0, n));
   torch::jit::IValue y = probe.forward({x});
+  const int64_t outputs = ctx->data->num_outputs();
   if (!y.isTensor() || y.toTensor().dim() != 2 || y.toTensor().size(0) != n ||
-      y.toTensor().size(1) != ctx->data->num_classes) {
-    return Status::InvalidArgument("TorchScript module must map [N, C, H, W] to [N, " +
-                                   std::to_string(ctx->data->num_classes) + "] logits");
+      y.toTensor().size(1) != outputs) {
+    return Status::InvalidArgument("TorchScript module must map [N, " +
+                                   ShapeText(ctx->data->sample_shape) + "] inputs to [N, " +
+                                   std::to_string(outputs) + "] outputs");
   }
   return Status::OK();
 }
 
-DeviceSplit ToDevice(const Context& ctx, const ImageSet& set) {
+at::ScalarType TorchType(format::DType dtype) {
+  switch (dtype) {
+    case format::DType::kU8:
+      return at::kByte;
+    case format::DType::kF16:
+      return at::kHalf;
+    case format::DType::kI64:
+      return at::kLong;
+    default:
+      return at::kFloat;
+  }
+}
+
+DeviceSplit ToDevice(const Context& ctx, const DataSplit& set) {
   DeviceSplit split;
   split.count = set.count;
-  const auto* data = ctx.data.get();
-  at::Tensor images =
-      at::from_blob(const_cast<uint8_t*>(set.images.data()),
-                    {set.count, data->channels, data->height, data->width}, at::kByte);
-  at::Tensor labels =
-      at::from_blob(const_cast<uint8_t*>(set.labels.data()), {set.count}, at::kByte);
-  // On the CPU the images stay where the (shared, immutable) dataset holds them.
-  split.images = ctx.device.is_cpu() ? images : images.to(ctx.device);
-  split.labels = labels.to(ctx.device, at::kLong);
+  const DatasetSplits& data = *ctx.data;
+  std::vector<int64_t> x_shape = {set.count};
+  x_shape.insert(x_shape.end(), data.sample_shape.begin(), data.sample_shape.end());
+  at::Tensor x = at::from_blob(const_cast<void*>(set.x), x_shape, TorchType(data.x_dtype));
+  at::Tensor y = at::from_blob(const_cast<void*>(set.y), {set.count, data.target_width},
+                               TorchType(data.y_dtype));
+  // U8 and F32 rows stay where the (shared, immutable) dataset holds them on
+  // the CPU; F16 becomes F32 once.
+  if (data.x_dtype == format::DType::kF16) x = x.to(at::kFloat);
+  split.x = ctx.device.is_cpu() ? x : x.to(ctx.device);
+  if (data.target == format::TargetKind::kClasses) {
+    split.y = y.view({set.count}).to(ctx.device, at::kLong);
+  } else {
+    split.y = ctx.device.is_cpu() ? y : y.to(ctx.device);
+  }
   return split;
 }
 
@@ -554,20 +575,51 @@ StatusOr<std::unique_ptr<Trainer>> Create(const TrainerOptions& options) {
 
   if (options.data) {
     ctx->data = options.data;
+  } else if (options.tensor_data) {
+    CKPT_ASSIGN_OR_RETURN(ctx->data, LoadTensorDataset(*options.tensor_data));
   } else {
     CKPT_ASSIGN_OR_RETURN(ctx->data, LoadDataset(options.dataset, options.dataset_path));
   }
   const DatasetSplits& data = *ctx->data;
   if (data.train.count < options.batch_size) {
-    return Status::InvalidArgument("batch_size exceeds the train split");
+    return Status::InvalidArgument("batch_size " + std::to_string(options.batch_size) +
+                                   " exceeds the train split's " +
+                                   std::to_string(data.train.count) + " rows");
   }
-  ctx->scale = data.scale;
-  ctx->shift = data.shift;
-  CKPT_ASSIGN_OR_RETURN(
-      ctx->spec, ModelSpec::Parse(options.model_spec, {data.channels, data.height, data.width}));
+  ctx->loss = options.loss.value_or(format::DefaultLoss(data.target));
+  ctx->metric = options.metric.value_or(format::DefaultMetric(data.target));
+  const char* target_text =
+      data.target == format::TargetKind::kClasses ? "class labels" : "float targets";
+  if (format::TargetOf(ctx->loss) != data.target) {
+    return Status::InvalidArgument("loss " + std::string(format::LossKindName(ctx->loss)) +
+                                   " does not fit " + data.name + ", whose y holds " + target_text);
+  }
+  if (format::TargetOf(ctx->metric) != data.target) {
+    return Status::InvalidArgument("metric " + std::string(format::MetricKindName(ctx->metric)) +
+                                   " does not fit " + data.name + ", whose y holds " + target_text);
+  }
+  if (options.augment.any() && data.sample_shape.size() != 3) {
+    return Status::InvalidArgument("augment needs [N, C, H, W] images; " + data.name +
+                                   " holds [N, F] features");
+  }
+  ctx->uniform_norm = true;
+  for (size_t c = 1; c < data.scale.size(); ++c) {
+    if (data.scale[c] != data.scale[0] || data.shift[c] != data.shift[0]) ctx->uniform_norm = false;
+  }
+  ctx->scale = data.scale.empty() ? 1.0 : data.scale[0];
+  ctx->shift = data.shift.empty() ? 0.0 : data.shift[0];
+  CKPT_ASSIGN_OR_RETURN(ctx->spec, ModelSpec::Parse(options.model_spec, data.sample_shape));
 
   try {
     ThreadScope scope(*ctx);
+    if (!ctx->uniform_norm) {
+      std::vector<int64_t> shape(data.sample_shape.size() + 1, 1);
+      shape[1] = data.channels();
+      std::vector<float> scale(data.scale.begin(), data.scale.end());
+      std::vector<float> shift(data.shift.begin(), data.shift.end());
+      ctx->scale_t = at::tensor(scale, at::kFloat).view(shape).to(ctx->device);
+      ctx->shift_t = at::tensor(shift, at::kFloat).view(shape).to(ctx->device);
+    }
     ctx->train = ToDevice(*ctx, data.train);
     ctx->validation = ToDevice(*ctx, data.validation);
     ctx->test = ToDevice(*ctx, data.test);
@@ -585,10 +637,13 @@ StatusOr<std::unique_ptr<Trainer>> Create(const TrainerOptions& options) {
       Status inspected = InspectScript(ctx.get());
       if (!inspected.ok()) return inspected.WithPrefix(path);
     } else {
-      if (ctx->spec.num_outputs() != data.num_classes) {
+      if (ctx->spec.num_outputs() != data.num_outputs()) {
         return Status::InvalidArgument(
-            "model spec produces " + std::to_string(ctx->spec.num_outputs()) + " logits, " +
-            data.name + " has " + std::to_string(data.num_classes) + " classes");
+            "model spec's last layer has " + std::to_string(ctx->spec.num_outputs()) +
+            " outputs, but " + data.name + " has " +
+            (data.target == format::TargetKind::kClasses
+                 ? std::to_string(data.num_classes) + " classes"
+                 : std::to_string(data.target_width) + " targets per sample"));
       }
       ctx->model_tensors = ctx->spec.ModelTensors();
     }

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ckpt/format/checksum.h"
+#include "ckpt/format/safetensors.h"
 
 namespace ckpt::format {
 namespace {
@@ -80,14 +81,10 @@ bool ShapeNumel(const std::vector<int64_t>& shape, int64_t* numel) {
   return true;
 }
 
-Status ParseMetadata(const json& meta, CheckpointMeta* out,
+Status ParseMetadata(const std::map<std::string, std::string>& meta, CheckpointMeta* out,
                      std::map<std::string, uint64_t>* checksums) {
-  if (!meta.is_object()) return Bad("__metadata__ is not an object");
   bool have_version = false;
-  for (auto it = meta.begin(); it != meta.end(); ++it) {
-    const std::string& key = it.key();
-    if (!it.value().is_string()) return Bad("__metadata__ value of " + key + " is not a string");
-    const std::string& v = it.value().get_ref<const std::string&>();
+  for (const auto& [key, v] : meta) {
     if (key == "ckpt.format_version") {
       int64_t version;
       if (!ParseI64(v, &version) || version < 1) return Bad("bad ckpt.format_version '" + v + "'");
@@ -172,6 +169,130 @@ const TensorView* CheckpointView::Find(std::string_view name) const {
   return nullptr;
 }
 
+StatusOr<SafetensorsView> ParseSafetensors(const void* data, size_t size,
+                                           const SafetensorsOptions& options) {
+  const std::string& origin = options.origin;
+  auto bad = [&](const std::string& what) { return Status::Corruption(origin + ": " + what); };
+  auto bad_tensor = [&](const std::string& name, const std::string& what) {
+    return Status::Corruption(origin + ": tensor " + name + ": " + what);
+  };
+  const uint8_t* bytes = static_cast<const uint8_t*>(data);
+  if (size < 8) return bad("file of " + std::to_string(size) + " bytes is shorter than 8");
+  const uint64_t n = LoadLE64(bytes);
+  if (n > size - 8) {
+    return bad("header length " + std::to_string(n) + " beyond the file of " +
+               std::to_string(size) + " bytes");
+  }
+  if (n > options.max_header_bytes) {
+    return bad("header length " + std::to_string(n) + " above the cap of " +
+               std::to_string(options.max_header_bytes));
+  }
+  const size_t header_end = 8 + static_cast<size_t>(n);
+  json header = json::parse(bytes + 8, bytes + header_end, nullptr, /*allow_exceptions=*/false);
+  if (header.is_discarded()) return bad("header is not valid JSON");
+  if (!header.is_object()) return bad("header is not a JSON object");
+
+  SafetensorsView view;
+  view.header_bytes = header_end;
+  view.total_bytes = size;
+  auto meta_it = header.find(kMetadataKey);
+  if (meta_it != header.end()) {
+    view.has_metadata = true;
+    if (!meta_it->is_object()) return bad("__metadata__ is not an object");
+    for (auto it = meta_it->begin(); it != meta_it->end(); ++it) {
+      if (!it.value().is_string()) {
+        return bad("__metadata__ value of " + it.key() + " is not a string");
+      }
+      view.metadata[it.key()] = it.value().get<std::string>();
+    }
+  }
+
+  const size_t data_size = size - header_end;
+  struct Range {
+    uint64_t begin, end;
+    size_t index;
+  };
+  std::vector<Range> ranges;
+  std::vector<TensorView> tensors;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    const std::string& name = it.key();
+    if (name == kMetadataKey) continue;
+    const json& t = it.value();
+    if (!t.is_object()) return bad_tensor(name, "entry is not an object");
+    auto dt = t.find("dtype");
+    auto sh = t.find("shape");
+    auto off = t.find("data_offsets");
+    if (dt == t.end() || !dt->is_string()) return bad_tensor(name, "missing or non-string dtype");
+    if (sh == t.end() || !sh->is_array()) return bad_tensor(name, "missing or non-array shape");
+    if (off == t.end() || !off->is_array() || off->size() != 2) {
+      return bad_tensor(name, "data_offsets is not a pair");
+    }
+    TensorView tv;
+    tv.name = name;
+    auto dtype = ParseDType(dt->get_ref<const std::string&>());
+    if (!dtype.ok()) return bad_tensor(name, dtype.status().message());
+    tv.dtype = *dtype;
+    if (sh->size() > static_cast<size_t>(kMaxRank)) {
+      return bad_tensor(
+          name, "rank " + std::to_string(sh->size()) + " above " + std::to_string(kMaxRank));
+    }
+    for (const auto& d : *sh) {
+      if (!d.is_number_unsigned()) return bad_tensor(name, "shape has a non-natural dimension");
+      uint64_t v = d.get<uint64_t>();
+      if (v > (uint64_t{1} << 62)) return bad_tensor(name, "dimension too large");
+      tv.shape.push_back(static_cast<int64_t>(v));
+    }
+    int64_t numel;
+    if (!ShapeNumel(tv.shape, &numel)) return bad_tensor(name, "shape product overflows");
+    const auto& b = (*off)[0];
+    const auto& e = (*off)[1];
+    if (!b.is_number_unsigned() || !e.is_number_unsigned()) {
+      return bad_tensor(name, "data_offsets are not natural numbers");
+    }
+    uint64_t begin = b.get<uint64_t>(), end = e.get<uint64_t>();
+    if (begin > end || end > data_size) {
+      return bad_tensor(name, "data_offsets [" + std::to_string(begin) + ", " +
+                                  std::to_string(end) + "] out of bounds of " +
+                                  std::to_string(data_size) + " data bytes");
+    }
+    const uint64_t esize = DTypeSize(tv.dtype);
+    if (static_cast<uint64_t>(numel) > std::numeric_limits<uint64_t>::max() / esize ||
+        static_cast<uint64_t>(numel) * esize != end - begin) {
+      return bad_tensor(name, std::to_string(end - begin) + " bytes do not match " +
+                                  std::string(DTypeName(tv.dtype)) + " x shape");
+    }
+    tv.data = bytes + header_end + begin;
+    tv.nbytes = static_cast<size_t>(end - begin);
+    ranges.push_back(Range{begin, end, tensors.size()});
+    tensors.push_back(std::move(tv));
+  }
+  // Tensors must tile the data area exactly: sorted, no overlap, no hole.
+  std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  uint64_t pos = 0;
+  for (const Range& r : ranges) {
+    const std::string& name = tensors[r.index].name;
+    if (r.begin < pos) return bad_tensor(name, "overlaps the previous tensor");
+    if (r.begin > pos) return bad_tensor(name, "leaves a hole before it");
+    pos = r.end;
+  }
+  if (pos != data_size) {
+    return bad(std::to_string(data_size - pos) + " trailing bytes after the last tensor");
+  }
+  // Present tensors in data order (the writer's insertion order).
+  view.tensors.reserve(ranges.size());
+  for (const Range& r : ranges) view.tensors.push_back(std::move(tensors[r.index]));
+  return view;
+}
+
+const TensorView* SafetensorsView::Find(std::string_view name) const {
+  for (const auto& t : tensors) {
+    if (t.name == name) return &t;
+  }
+  return nullptr;
+}
+
 StatusOr<CheckpointView> ParseCheckpoint(const void* data, size_t size,
                                          const ReadOptions& options) {
   const uint8_t* bytes = static_cast<const uint8_t*>(data);
@@ -207,106 +328,32 @@ StatusOr<CheckpointView> ParseCheckpoint(const void* data, size_t size,
     copy.replace(digits, kZeroSum.size(), kZeroSum);
     if (Xxh3_64(copy.data(), copy.size()) != recorded) return Bad("header checksum mismatch");
   }
-  json header = json::parse(bytes + 8, bytes + header_end, nullptr, /*allow_exceptions=*/false);
-  if (header.is_discarded()) return Bad("header is not valid JSON");
-  if (!header.is_object()) return Bad("header is not a JSON object");
+  SafetensorsOptions st_options;
+  st_options.max_header_bytes = options.max_header_bytes;
+  st_options.origin = "checkpoint";
+  CKPT_ASSIGN_OR_RETURN(SafetensorsView file, ParseSafetensors(data, size, st_options));
 
   CheckpointView view;
-  view.header_bytes_ = header_end;
+  view.header_bytes_ = file.header_bytes;
   view.total_bytes_ = size;
+  if (!file.has_metadata) return Bad("header has no __metadata__");
   std::map<std::string, uint64_t> checksums;
-  auto meta_it = header.find(kMetadataKey);
-  if (meta_it == header.end()) return Bad("header has no __metadata__");
-  CKPT_RETURN_IF_ERROR(ParseMetadata(*meta_it, &view.meta_, &checksums));
-
-  const size_t data_size = size - header_end;
-  struct Range {
-    uint64_t begin, end;
-    size_t index;
-  };
-  std::vector<Range> ranges;
-  for (auto it = header.begin(); it != header.end(); ++it) {
-    const std::string& name = it.key();
-    if (name == kMetadataKey) continue;
-    const json& t = it.value();
-    if (!t.is_object()) return BadTensor(name, "entry is not an object");
-    auto dt = t.find("dtype");
-    auto sh = t.find("shape");
-    auto off = t.find("data_offsets");
-    if (dt == t.end() || !dt->is_string()) return BadTensor(name, "missing or non-string dtype");
-    if (sh == t.end() || !sh->is_array()) return BadTensor(name, "missing or non-array shape");
-    if (off == t.end() || !off->is_array() || off->size() != 2) {
-      return BadTensor(name, "data_offsets is not a pair");
-    }
-    TensorView tv;
-    tv.name = name;
-    auto dtype = ParseDType(dt->get_ref<const std::string&>());
-    if (!dtype.ok()) return BadTensor(name, dtype.status().message());
-    tv.dtype = *dtype;
-    if (sh->size() > static_cast<size_t>(kMaxRank)) {
-      return BadTensor(name,
-                       "rank " + std::to_string(sh->size()) + " above " + std::to_string(kMaxRank));
-    }
-    for (const auto& d : *sh) {
-      if (!d.is_number_unsigned()) return BadTensor(name, "shape has a non-natural dimension");
-      uint64_t v = d.get<uint64_t>();
-      if (v > (uint64_t{1} << 62)) return BadTensor(name, "dimension too large");
-      tv.shape.push_back(static_cast<int64_t>(v));
-    }
-    int64_t numel;
-    if (!ShapeNumel(tv.shape, &numel)) return BadTensor(name, "shape product overflows");
-    const auto& b = (*off)[0];
-    const auto& e = (*off)[1];
-    if (!b.is_number_unsigned() || !e.is_number_unsigned()) {
-      return BadTensor(name, "data_offsets are not natural numbers");
-    }
-    uint64_t begin = b.get<uint64_t>(), end = e.get<uint64_t>();
-    if (begin > end || end > data_size) {
-      return BadTensor(name, "data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
-                                 "] out of bounds of " + std::to_string(data_size) + " data bytes");
-    }
-    const uint64_t esize = DTypeSize(tv.dtype);
-    if (static_cast<uint64_t>(numel) > std::numeric_limits<uint64_t>::max() / esize ||
-        static_cast<uint64_t>(numel) * esize != end - begin) {
-      return BadTensor(name, std::to_string(end - begin) + " bytes do not match " +
-                                 std::string(DTypeName(tv.dtype)) + " x shape");
-    }
-    tv.data = bytes + header_end + begin;
-    tv.nbytes = static_cast<size_t>(end - begin);
-    auto cs = checksums.find(name);
-    if (cs == checksums.end()) return BadTensor(name, "no checksum in __metadata__");
+  CKPT_RETURN_IF_ERROR(ParseMetadata(file.metadata, &view.meta_, &checksums));
+  for (TensorView& tv : file.tensors) {
+    auto cs = checksums.find(tv.name);
+    if (cs == checksums.end()) return BadTensor(tv.name, "no checksum in __metadata__");
     tv.checksum = cs->second;
     checksums.erase(cs);
-    ranges.push_back(Range{begin, end, view.tensors_.size()});
-    view.tensors_.push_back(std::move(tv));
   }
   if (!checksums.empty()) {
     return BadTensor(checksums.begin()->first, "checksum for a tensor that is not in the header");
   }
-  // Tensors must tile the data area exactly: sorted, no overlap, no hole.
-  std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) {
-    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
-  });
-  uint64_t pos = 0;
-  for (const Range& r : ranges) {
-    const std::string& name = view.tensors_[r.index].name;
-    if (r.begin < pos) return BadTensor(name, "overlaps the previous tensor");
-    if (r.begin > pos) return BadTensor(name, "leaves a hole before it");
-    pos = r.end;
-  }
-  if (pos != data_size) {
-    return Bad(std::to_string(data_size - pos) + " trailing bytes after the last tensor");
-  }
   if (options.verify_checksums) {
-    for (const auto& t : view.tensors_) {
+    for (const auto& t : file.tensors) {
       if (Xxh3_64(t.data, t.nbytes) != t.checksum) return BadTensor(t.name, "checksum mismatch");
     }
   }
-  // Present tensors in data order (the writer's insertion order).
-  std::vector<TensorView> ordered;
-  ordered.reserve(ranges.size());
-  for (const Range& r : ranges) ordered.push_back(std::move(view.tensors_[r.index]));
-  view.tensors_ = std::move(ordered);
+  view.tensors_ = std::move(file.tensors);
   return view;
 }
 

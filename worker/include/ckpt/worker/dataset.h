@@ -1,5 +1,6 @@
-// Image-classification datasets in the IDX format of the MNIST family, and
-// each member's data order.
+// The datasets a trainer reads: IDX files of the MNIST family (here), tensor
+// files (safetensors, .npz: ckpt/format/tensor_dataset.h) as the same
+// DatasetSplits, and each member's data order.
 //
 // IDX (http://yann.lecun.com/exdb/mnist/): big-endian; bytes 0-1 zero, byte 2
 // the element type (0x08 = u8 is the only one read here), byte 3 the rank,
@@ -34,7 +35,9 @@
 #include <string>
 #include <vector>
 
+#include "ckpt/format/checkpoint.h"
 #include "ckpt/format/status.h"
+#include "ckpt/format/tensor_dataset.h"
 
 namespace ckpt::model {
 
@@ -58,26 +61,39 @@ struct IdxArray {
 // that does not match the dimensions.
 StatusOr<IdxArray> ReadIdxFile(const std::string& path, int64_t tail_rows = 0);
 
-// N images of shape [channels, height, width] and their labels.
-struct ImageSet {
+// Rows [0, count) of a split: x rows of DatasetSplits::sample_numel()
+// elements of x_dtype, y rows of target_width elements of y_dtype, row-major,
+// pointing into memory DatasetSplits::storage keeps alive (a file mapping, or
+// the arrays an IDX file was read into).
+struct DataSplit {
   int64_t count = 0;
-  std::vector<uint8_t> images;  // count * channels * height * width, row-major
-  std::vector<uint8_t> labels;  // count
+  const void* x = nullptr;
+  const void* y = nullptr;
 };
 
+// A dataset as the trainer sees it, whatever file it came from.
 struct DatasetSplits {
-  std::string name;
-  int64_t channels = 1;
-  int64_t height = 0;
-  int64_t width = 0;
-  int64_t num_classes = 0;  // 1 + the largest label
-  ImageSet train;
-  ImageSet validation;
-  ImageSet test;
-  double mean = 0;    // of train pixels / 255
-  double stddev = 1;  // of train pixels / 255
-  double scale = 1;   // 1 / (255 * stddev)
-  double shift = 0;   // -mean / stddev
+  std::string name;                            // "fashion-mnist", or the tensor file's path
+  format::DType x_dtype = format::DType::kU8;  // U8, F16 or F32
+  std::vector<int64_t> sample_shape;           // [C, H, W] or [F]
+  format::DType y_dtype = format::DType::kU8;  // U8 (IDX labels), I64 labels, F32 targets
+  format::TargetKind target = format::TargetKind::kClasses;
+  int64_t target_width = 1;  // elements per y row: 1, or T of [N, T] targets
+  int64_t num_classes = 0;   // classification: 1 + the largest label, or as configured
+  DataSplit train;
+  DataSplit validation;
+  DataSplit test;  // count 0 when there is none
+  // Per channel (dim 1 of x): a model is fed x * scale[c] + shift[c];
+  // mean and stddev are of the train split's values (U8 / 255).
+  std::vector<double> mean, stddev, scale, shift;
+  std::shared_ptr<const void> storage;
+
+  int64_t channels() const { return sample_shape.empty() ? 0 : sample_shape[0]; }
+  int64_t sample_numel() const;
+  // Logits or targets a model produces per sample.
+  int64_t num_outputs() const {
+    return target == format::TargetKind::kClasses ? num_classes : target_width;
+  }
 };
 
 // Directory used when a dataset's path is "": "fashion-mnist" ->
@@ -91,6 +107,11 @@ StatusOr<std::string> DefaultDatasetDir(const std::string& name);
 // images, or the test images differ in shape from the train images.
 StatusOr<std::shared_ptr<const DatasetSplits>> LoadDataset(const std::string& name,
                                                            const std::string& dir);
+
+// Opens a tensor dataset (ckpt/format/tensor_dataset.h: mapped read-only,
+// validated) as DatasetSplits; its errors are TensorDataset::Open's.
+StatusOr<std::shared_ptr<const DatasetSplits>> LoadTensorDataset(
+    const format::TensorDatasetOptions& options);
 
 // One SplitMix64 step (see the top of this file).
 uint64_t SplitMix64(uint64_t* state);

@@ -6,6 +6,10 @@
 //   "lenet5"            built in: conv 1->6 k5 pad2, relu, maxpool 2, conv 6->16 k5,
 //                       relu, maxpool 2, flatten, fc 400->120, relu, fc 120->84, relu,
 //                       fc 84->10
+//   "resnet20"          built in, for [3, 32, 32] inputs: He et al. 2016's CIFAR
+//                       ResNet-20 (conv 16, 3x3 basic blocks of 16, 32, 64
+//                       channels, conv1x1 shortcuts where the shape changes,
+//                       global average pooling, fc 64->10; 0.27 M parameters)
 //   a JSON array        [{"type": "conv2d", "out": 6, "kernel": 5, "padding": 2},
 //                        {"type": "relu"}, ..., {"type": "linear", "out": 10}]
 //   a JSON object       {"input": [1, 28, 28], "layers": [ ...as above... ]}
@@ -20,11 +24,20 @@
 //   batchnorm2d  features (inferred), eps 1e-5, momentum 0.1
 //   dropout      p 0.5
 //   relu, tanh, flatten
+//   globalavgpool  mean over height and width: [C, H, W] -> [C] (flattens)
+//   residual     layers (a list as above: the body), shortcut "identity" |
+//                "conv1x1"; computes body(x) + shortcut(x). "identity" needs
+//                the body to keep the shape; "conv1x1" is a 1x1 convolution
+//                without bias (stride inferred from the body's output size)
+//                then a batchnorm2d, named <block>.shortcut.conv1 / .bn1.
+//                Layers inside are named <block>.conv1, ... (block: res1, ...)
 //   any layer with state may carry "name"; otherwise conv2d layers are named
 //   conv1, conv2, ..., linear layers fc1, fc2, ..., batchnorm2d layers bn1, ...
 // conv2d, pooling and batchnorm2d act on [N, C, H, W] and come before the
 // flatten; linear acts on [N, F] and comes after it. The input shape defaults
-// to [1, 28, 28] (the MNIST family).
+// to [1, 28, 28] (the MNIST family); a [F] input (tabular features) starts flat.
+// layers() lists every layer in pre-order: a residual, then its body's and
+// shortcut's layers (LayerSpec::body, ::shortcut), then the next layer.
 //
 // State names follow PyTorch's state_dict: "<layer>.weight", "<layer>.bias",
 // and for batchnorm2d also "running_mean", "running_var" (F32) and
@@ -56,6 +69,8 @@ enum class LayerKind {
   kBatchNorm2d,
   kDropout,
   kFlatten,
+  kGlobalAvgPool,
+  kResidual,
 };
 
 // "conv2d", "linear", ...
@@ -73,6 +88,10 @@ struct LayerSpec {
   double eps = 1e-5;      // batchnorm2d
   double momentum = 0.1;  // batchnorm2d: running-stat update factor
   double p = 0.5;         // dropout probability
+  // residual: the `body` layers that follow it in ModelSpec::layers() are its
+  // body, the `shortcut` layers after those its shortcut (0 = identity).
+  int body = 0;
+  int shortcut = 0;
   // Activation shape after this layer, without the batch dimension:
   // [C, H, W] before the flatten, [F] after it.
   std::vector<int64_t> output_shape;

@@ -50,11 +50,13 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "ckpt/format/checkpoint.h"
 #include "ckpt/format/status.h"
+#include "ckpt/format/task.h"
 #include "ckpt/worker/dataset.h"
 
 namespace ckpt::model {
@@ -86,7 +88,19 @@ struct TrainerOptions {
   // Dataset name and directory ("" = DefaultDatasetDir(dataset)). Default: Fashion-MNIST.
   std::string dataset = "fashion-mnist";
   std::string dataset_path;
-  // A dataset already loaded; when set, dataset/dataset_path are not read. Default: none.
+  // A tensor dataset (safetensors or .npz, ckpt/format/tensor_dataset.h) read
+  // instead of dataset/dataset_path when set. Default: none.
+  std::optional<format::TensorDatasetOptions> tensor_data;
+  // Training loss and validation metric; by default those of the data's
+  // targets (ckpt/format/task.h). InvalidArgument at Create when one does not
+  // fit the targets. Default: none.
+  std::optional<format::LossKind> loss;
+  std::optional<format::MetricKind> metric;
+  // Augmentation of training batches (image data only), drawn on the device
+  // from the member's data seed and step, so a resumed member sees the same
+  // crops and flips. Default: none.
+  format::Augmentation augment;
+  // A dataset already loaded; when set, the fields above are not read. Default: none.
   std::shared_ptr<const DatasetSplits> data;
   // OpenMP threads of each calling thread (see "Threads" above). Default: 1.
   int32_t intra_op_threads = 1;
@@ -142,14 +156,17 @@ class MemberOutcome {
   std::string member;
   int64_t step = 0;       // the member's step after this interval
   double train_loss = 0;  // mean training loss over this interval's steps (0 when steps = 0)
-  double val_acc = -1;    // -1 when not evaluated
-  double test_acc = -1;   // -1 when not evaluated
-  int64_t samples = 0;    // training samples this interval (steps * batch_size)
-  double compute_s = 0;   // training and evaluation; for fused members, the group's time / K
-  double eval_s = 0;      // the evaluation part of compute_s
-  double pack_s = 0;      // entry: parse + validate the blob, copy to the device, pack
-  double unpack_s = 0;    // exit: unpack, copy to the host, finiteness check, checksums
-  std::string mode;       // "plain" | "fused"
+  // The experiment's metric (TrainerOptions::metric: accuracy, or negative
+  // MSE) on validation and test; -1 when not evaluated (a neg_mse is < 0
+  // too: read it only where the split was evaluated).
+  double val_acc = -1;
+  double test_acc = -1;
+  int64_t samples = 0;   // training samples this interval (steps * batch_size)
+  double compute_s = 0;  // training and evaluation; for fused members, the group's time / K
+  double eval_s = 0;     // the evaluation part of compute_s
+  double pack_s = 0;     // entry: parse + validate the blob, copy to the device, pack
+  double unpack_s = 0;   // exit: unpack, copy to the host, finiteness check, checksums
+  std::string mode;      // "plain" | "fused"
 
   // The new state's metadata (step, data seed and cursor, hparams).
   // REQUIRES: ok().

@@ -1,0 +1,111 @@
+// What an experiment's members learn: the training loss and the validation
+// metric every score of the system is (MemberOutcome::val_acc, records,
+// PBT ranking). A metric is always "higher is better": PBT ranks by it as is.
+//
+// Defaults follow the dataset's targets (ckpt/format/tensor_dataset.h):
+// class labels train with cross-entropy and score accuracy; float targets
+// train with mean squared error and score its negative (neg_mse).
+//
+// Thread-safety: values and pure functions.
+#ifndef CKPT_FORMAT_TASK_H_
+#define CKPT_FORMAT_TASK_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ckpt/format/status.h"
+#include "ckpt/format/tensor_dataset.h"
+
+namespace ckpt::format {
+
+enum class LossKind { kCrossEntropy, kMse };
+enum class MetricKind {
+  kAccuracy,  // fraction of argmax predictions equal to the label
+  kNegMse,    // -(mean over samples and outputs of (prediction - target)^2)
+};
+
+inline std::string_view LossKindName(LossKind k) {
+  return k == LossKind::kCrossEntropy ? "cross_entropy" : "mse";
+}
+inline std::string_view MetricKindName(MetricKind k) {
+  return k == MetricKind::kAccuracy ? "accuracy" : "neg_mse";
+}
+// InvalidArgument for another name.
+inline StatusOr<LossKind> ParseLossKind(std::string_view name) {
+  if (name == "cross_entropy") return LossKind::kCrossEntropy;
+  if (name == "mse") return LossKind::kMse;
+  return Status::InvalidArgument("unknown loss \"" + std::string(name) +
+                                 "\" (expected cross_entropy or mse)");
+}
+inline StatusOr<MetricKind> ParseMetricKind(std::string_view name) {
+  if (name == "accuracy") return MetricKind::kAccuracy;
+  if (name == "neg_mse") return MetricKind::kNegMse;
+  return Status::InvalidArgument("unknown metric \"" + std::string(name) +
+                                 "\" (expected accuracy or neg_mse)");
+}
+
+// The target kind a loss or metric needs.
+inline TargetKind TargetOf(LossKind k) {
+  return k == LossKind::kCrossEntropy ? TargetKind::kClasses : TargetKind::kValues;
+}
+inline TargetKind TargetOf(MetricKind k) {
+  return k == MetricKind::kAccuracy ? TargetKind::kClasses : TargetKind::kValues;
+}
+inline LossKind DefaultLoss(TargetKind t) {
+  return t == TargetKind::kClasses ? LossKind::kCrossEntropy : LossKind::kMse;
+}
+inline MetricKind DefaultMetric(TargetKind t) {
+  return t == TargetKind::kClasses ? MetricKind::kAccuracy : MetricKind::kNegMse;
+}
+
+// Augmentation of training images ([N, C, H, W] data only), the standard
+// CIFAR recipe: pad by `crop_padding` zero pixels on each side and crop back
+// at a random offset ("random_crop:P"), then mirror left-right with
+// probability 1/2 ("hflip"). Written in TOML as a list of those names.
+struct Augmentation {
+  int64_t crop_padding = 0;  // 0 = no crop
+  bool hflip = false;
+  bool any() const { return crop_padding > 0 || hflip; }
+};
+
+// InvalidArgument naming the entry for an unknown or repeated name, or a
+// padding outside 1..64.
+inline StatusOr<Augmentation> ParseAugmentation(const std::vector<std::string>& names) {
+  Augmentation a;
+  bool crop = false;
+  for (const std::string& n : names) {
+    if (n == "hflip" && !a.hflip) {
+      a.hflip = true;
+    } else if (n.rfind("random_crop:", 0) == 0 && !crop) {
+      const std::string v = n.substr(12);
+      int64_t p = 0;
+      bool ok = !v.empty() && v.size() <= 2;
+      for (char c : v) {
+        ok = ok && c >= '0' && c <= '9';
+        if (ok) p = p * 10 + (c - '0');
+      }
+      if (!ok || p < 1 || p > 64) {
+        return Status::InvalidArgument("augment \"" + n + "\": the padding must be 1..64");
+      }
+      a.crop_padding = p;
+      crop = true;
+    } else {
+      return Status::InvalidArgument("augment \"" + n +
+                                     "\" is unknown or repeated (expected random_crop:P, hflip)");
+    }
+  }
+  return a;
+}
+
+inline std::vector<std::string> AugmentationNames(const Augmentation& a) {
+  std::vector<std::string> out;
+  if (a.crop_padding > 0) out.push_back("random_crop:" + std::to_string(a.crop_padding));
+  if (a.hflip) out.push_back("hflip");
+  return out;
+}
+
+}  // namespace ckpt::format
+
+#endif  // CKPT_FORMAT_TASK_H_

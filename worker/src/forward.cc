@@ -1,0 +1,127 @@
+// The forward pass of a spec model, plain or fused: one switch over the
+// layer kinds, each case saying how it runs on one member's tensors and on K
+// members packed as one wide model (layouts: fused_train.cc's top comment).
+#include "model_internal.h"
+
+namespace ckpt::model::internal {
+namespace {
+
+at::Tensor OptionalTensor(const std::vector<at::Tensor>& t, int index) {
+  return index >= 0 ? t[index] : at::Tensor();
+}
+
+// Runs layers [begin, end) of the spec (a residual's body or shortcut is a
+// sub-range).
+at::Tensor RunLayers(const Context& ctx, const ForwardPass& pass, at::Tensor x, size_t begin,
+                     size_t end) {
+  const auto& layers = ctx.spec.layers();
+  const std::vector<at::Tensor>& t = *pass.tensors;
+  const bool fused = pass.members != nullptr;
+  const int64_t K = fused ? static_cast<int64_t>(pass.members->size()) : 1;
+  // A packed [K, ...] tensor as the one-dimensional [K * ...] BatchNorm takes.
+  auto flat = [&](int index) { return fused ? t[index].view({-1}) : t[index]; };
+  for (size_t i = begin; i < end; ++i) {
+    const LayerSpec& l = layers[i];
+    const LayerTensors& lt = ctx.layer_tensors[i];
+    switch (l.kind) {
+      case LayerKind::kConv2d:
+        if (fused) {
+          at::Tensor bias = lt.bias >= 0 ? t[lt.bias].flatten() : at::Tensor();
+          x = at::conv2d(x, t[lt.weight].flatten(0, 1), bias, {l.stride, l.stride},
+                         {l.padding, l.padding}, {1, 1}, K);
+        } else {
+          x = at::conv2d(x, t[lt.weight], OptionalTensor(t, lt.bias), {l.stride, l.stride},
+                         {l.padding, l.padding});
+        }
+        break;
+      case LayerKind::kLinear:
+        if (fused) {
+          at::Tensor wt = t[lt.weight].transpose(1, 2);
+          x = lt.bias >= 0 ? at::baddbmm(t[lt.bias].unsqueeze(1), x, wt) : at::bmm(x, wt);
+        } else {
+          x = at::linear(x, t[lt.weight], OptionalTensor(t, lt.bias));
+        }
+        break;
+      case LayerKind::kRelu:
+        if (i + 1 < end && layers[i + 1].kind == LayerKind::kMaxPool2d &&
+            FastMaxPool2dApplies(x, layers[i + 1].kernel, layers[i + 1].stride,
+                                 layers[i + 1].padding)) {
+          // relu then max pool as one pass: the pool of the relu is the relu of the pool.
+          x = FastMaxPool2d(x, layers[i + 1].kernel, layers[i + 1].stride, /*relu_first=*/true);
+          ++i;
+          break;
+        }
+        x = at::relu(x);
+        break;
+      case LayerKind::kTanh:
+        x = at::tanh(x);
+        break;
+      case LayerKind::kMaxPool2d:
+        if (FastMaxPool2dApplies(x, l.kernel, l.stride, l.padding)) {
+          x = FastMaxPool2d(x, l.kernel, l.stride, /*relu_first=*/false);
+          break;
+        }
+        x = at::max_pool2d(x, {l.kernel, l.kernel}, {l.stride, l.stride}, {l.padding, l.padding});
+        break;
+      case LayerKind::kAvgPool2d:
+        x = at::avg_pool2d(x, {l.kernel, l.kernel}, {l.stride, l.stride}, {l.padding, l.padding});
+        break;
+      case LayerKind::kBatchNorm2d:
+        if (pass.train) t[lt.num_batches_tracked].add_(1);
+        x = at::batch_norm(x, flat(lt.weight), flat(lt.bias), flat(lt.running_mean),
+                           flat(lt.running_var), pass.train, l.momentum, l.eps,
+                           /*cudnn_enabled=*/true);
+        break;
+      case LayerKind::kDropout: {
+        if (!pass.train || l.p <= 0) break;
+        if (!fused) {
+          x = x * DropoutMask(pass.data_seed, pass.step, i, l.p, x.sizes(), ctx.device);
+          break;
+        }
+        // Each member's own mask, as it would draw it alone.
+        std::vector<at::Tensor> masks;
+        masks.reserve(pass.members->size());
+        if (x.dim() == 4) {
+          const int64_t c = x.size(1) / K;
+          for (const MemberState* m : *pass.members) {
+            masks.push_back(DropoutMask(m->data_seed, m->step, i, l.p,
+                                        {x.size(0), c, x.size(2), x.size(3)}, ctx.device));
+          }
+          x = x * at::cat(masks, 1);
+        } else {
+          for (const MemberState* m : *pass.members) {
+            masks.push_back(
+                DropoutMask(m->data_seed, m->step, i, l.p, {x.size(1), x.size(2)}, ctx.device));
+          }
+          x = x * at::stack(masks, 0);
+        }
+        break;
+      }
+      case LayerKind::kFlatten:
+        x = fused ? x.reshape({x.size(0), K, -1}).transpose(0, 1) : x.flatten(1);
+        break;
+      case LayerKind::kGlobalAvgPool:
+        x = x.mean({2, 3});
+        if (fused) x = x.view({x.size(0), K, -1}).transpose(0, 1);
+        break;
+      case LayerKind::kResidual: {
+        const size_t body_end = i + 1 + static_cast<size_t>(l.body);
+        const size_t shortcut_end = body_end + static_cast<size_t>(l.shortcut);
+        at::Tensor body = RunLayers(ctx, pass, x, i + 1, body_end);
+        at::Tensor shortcut = l.shortcut > 0 ? RunLayers(ctx, pass, x, body_end, shortcut_end) : x;
+        x = body + shortcut;
+        i = shortcut_end - 1;
+        break;
+      }
+    }
+  }
+  return x;
+}
+
+}  // namespace
+
+at::Tensor ForwardLayers(const Context& ctx, const ForwardPass& pass, const at::Tensor& x) {
+  return RunLayers(ctx, pass, x, 0, ctx.spec.layers().size());
+}
+
+}  // namespace ckpt::model::internal
