@@ -1,38 +1,33 @@
 // ckpt-bench: named benchmarks, each printing what it measured and, as its last
 // line, one JSON object. A benchmark asserts nothing about time.
 //
-//   build/bench/ckpt-bench NAME [--flag value ...]
+//   build/bench/ckpt-bench NAME [--flag value ...]    (NAME --help: its flags)
 //
-// Each benchmark file registers itself with CKPT_BENCHMARK(name, function).
+// Each benchmark file registers itself with CKPT_BENCHMARK(name, help, fn):
+// `fn` declares the benchmark's flags on its CLI11 subcommand, bound to an
+// options struct it owns, and returns the run, which main() calls once the
+// command line parsed (a flag that does not parse, or is out of range, is
+// refused by CLI11 naming it, before anything runs).
 #ifndef CKPT_BENCH_BENCH_H_
 #define CKPT_BENCH_BENCH_H_
 
-#include <map>
-#include <string>
-#include <vector>
+#include <CLI/CLI.hpp>
+#include <functional>
+#include <nlohmann/json.hpp>
 
 namespace ckpt::bench {
 
-// Flags given after NAME: "--state-bytes 25000000" -> {"state-bytes": "25000000"};
-// a bare "--flag" maps to "1".
-class Args {
- public:
-  Args(std::map<std::string, std::string> flags) : flags_(std::move(flags)) {}
-  std::string Get(const std::string& key, const std::string& def) const;
-  double GetDouble(const std::string& key, double def) const;
-  long long GetInt(const std::string& key, long long def) const;
-  bool Has(const std::string& key) const { return flags_.count(key) > 0; }
-  const std::map<std::string, std::string>& flags() const { return flags_; }
-
- private:
-  std::map<std::string, std::string> flags_;
-};
-
-using BenchFn = int (*)(const Args& args);
+// Runs a benchmark whose flags are parsed; returns the exit status.
+using BenchRun = std::function<int()>;
+// Declares a benchmark's flags on `cmd` and returns its run.
+using BenchFn = BenchRun (*)(CLI::App& cmd);
 
 struct Registrar {
   Registrar(const char* name, const char* help, BenchFn fn);
 };
+
+// Prints `out` as the benchmark's last line on stdout (one JSON object).
+void PrintJsonLine(const nlohmann::json& out);
 
 // Peak resident set size of this process (VmHWM), in bytes.
 long long PeakRssBytes();

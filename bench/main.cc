@@ -2,10 +2,11 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <fstream>
 #include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "bench.h"
 #ifdef CKPT_BENCH_WITH_MODEL
@@ -31,20 +32,9 @@ Registrar::Registrar(const char* name, const char* help, BenchFn fn) {
   Registry()[name] = Entry{help, fn};
 }
 
-std::string Args::Get(const std::string& key, const std::string& def) const {
-  auto it = flags_.find(key);
-  return it == flags_.end() ? def : it->second;
-}
-
-double Args::GetDouble(const std::string& key, double def) const {
-  auto it = flags_.find(key);
-  return it == flags_.end() ? def : std::strtod(it->second.c_str(), nullptr);
-}
-
-long long Args::GetInt(const std::string& key, long long def) const {
-  auto it = flags_.find(key);
-  return it == flags_.end() ? def
-                            : static_cast<long long>(std::strtod(it->second.c_str(), nullptr));
+void PrintJsonLine(const nlohmann::json& out) {
+  std::printf("%s\n", out.dump().c_str());
+  std::fflush(stdout);
 }
 
 long long PeakRssBytes() {
@@ -70,29 +60,17 @@ int main(int argc, char** argv) {
   // here (the bare loop, `train`) run as the worker does (allocator.h).
   ckpt::worker::TuneAllocatorForTraining();
 #endif
-  auto& registry = ckpt::bench::Registry();
-  if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || registry.count(argv[1]) == 0) {
-    std::fprintf(stderr, "usage: ckpt-bench NAME [--flag value ...]\n\nbenchmarks:\n");
-    for (const auto& [name, e] : registry)
-      std::fprintf(stderr, "  %-12s %s\n", name.c_str(), e.help);
-    return argc < 2 ? 2 : (std::strcmp(argv[1], "--help") == 0 ? 0 : 2);
+  CLI::App app{
+      "ckpt-bench: named benchmarks, each printing what it measured and, last, one JSON line"};
+  app.require_subcommand(1);
+  std::vector<std::pair<CLI::App*, ckpt::bench::BenchRun>> runs;
+  for (const auto& [name, e] : ckpt::bench::Registry()) {
+    CLI::App* cmd = app.add_subcommand(name, e.help);
+    runs.emplace_back(cmd, e.fn(*cmd));
   }
-  std::map<std::string, std::string> flags;
-  for (int i = 2; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a.rfind("--", 0) != 0) {
-      std::fprintf(stderr, "ckpt-bench: unexpected argument '%s'\n", a.c_str());
-      return 2;
-    }
-    a = a.substr(2);
-    auto eq = a.find('=');
-    if (eq != std::string::npos) {
-      flags[a.substr(0, eq)] = a.substr(eq + 1);
-    } else if (i + 1 < argc && std::strncmp(argv[i + 1], "--", 2) != 0) {
-      flags[a] = argv[++i];
-    } else {
-      flags[a] = "1";
-    }
+  CLI11_PARSE(app, argc, argv);
+  for (const auto& [cmd, run] : runs) {
+    if (cmd->parsed()) return run();
   }
-  return registry[argv[1]].fn(ckpt::bench::Args(flags));
+  return 2;
 }

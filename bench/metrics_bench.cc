@@ -218,10 +218,21 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-int MetricsBench(const Args& args) {
-  const long long updates = args.GetInt("updates", 2000000);
-  const int scrapes = static_cast<int>(args.GetInt("scrapes", 200));
-  const int members = static_cast<int>(args.GetInt("members", 30));
+struct MetricsBenchOptions {
+  long long updates = 2000000;
+  int scrapes = 200;
+  int members = 30;
+  bool skip_pipeline = false;
+  long long rounds = 3;
+  long long run_members = 8;
+  long long run_intervals = 4;
+  long long run_steps = 40;
+};
+
+int MetricsBench(const MetricsBenchOptions& o) {
+  const long long updates = o.updates;
+  const int scrapes = o.scrapes;
+  const int members = o.members;
 
   metrics::MetricsOptions options;
   options.listen = "127.0.0.1:0";
@@ -315,13 +326,12 @@ int MetricsBench(const Args& args) {
 
   // The whole pipeline with metrics off and on, alternating.
   nlohmann::json pipeline = nullptr;
-  if (!args.Has("skip-pipeline")) {
+  if (!o.skip_pipeline) {
     std::error_code ec;
     const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
     const std::string scheduler = (self.parent_path() / "../bin/ckpt-scheduler").string();
-    const long long rounds = args.GetInt("rounds", 3);
-    const long long rm = args.GetInt("run-members", 8), ri = args.GetInt("run-intervals", 4),
-                    rsteps = args.GetInt("run-steps", 40);
+    const long long rounds = o.rounds;
+    const long long rm = o.run_members, ri = o.run_intervals, rsteps = o.run_steps;
     const double samples = static_cast<double>(rm * ri * rsteps * 64);
     char tmpl[] = "/tmp/ckpt-metrics-bench-XXXXXX";
     const std::string dir = ::mkdtemp(tmpl) ? tmpl : "";
@@ -367,12 +377,39 @@ int MetricsBench(const Args& args) {
                      {"scrapes", ms.size()},
                      {"members", members},
                      {"gpu_sampler", m.gpu_status().empty()}};
-  std::printf("%s\n", out.dump().c_str());
+  PrintJsonLine(out);
   return 0;
+}
+
+BenchRun MetricsFlags(CLI::App& cmd) {
+  auto o = std::make_shared<MetricsBenchOptions>();
+  cmd.add_option("--updates", o->updates, "calls timed per hot-path measurement")
+      ->check(CLI::Range(4LL, 1LL << 40))
+      ->capture_default_str();
+  cmd.add_option("--scrapes", o->scrapes, "GET /metrics timed")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd.add_option("--members", o->members, "members of the simulated run")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd.add_flag("--skip-pipeline", o->skip_pipeline, "skip the ckpt-scheduler runs");
+  cmd.add_option("--rounds", o->rounds, "pipeline runs with metrics off, and on")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd.add_option("--run-members", o->run_members, "population of each pipeline run")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd.add_option("--run-intervals", o->run_intervals, "intervals of each pipeline run")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd.add_option("--run-steps", o->run_steps, "steps per interval of each pipeline run")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  return [o] { return MetricsBench(*o); };
 }
 
 }  // namespace
 
-CKPT_BENCHMARK("metrics", "ckpt::metrics: hot-path update cost and full scrape time", MetricsBench);
+CKPT_BENCHMARK("metrics", "ckpt::metrics: hot-path update cost and full scrape time", MetricsFlags);
 
 }  // namespace ckpt::bench

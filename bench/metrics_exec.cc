@@ -15,7 +15,8 @@
 namespace ckpt::bench {
 namespace {
 
-int MetricsExec(const Args& args) {
+// Every argument after NAME, passed on as given.
+int MetricsExec(const std::vector<std::string>& args) {
   std::error_code ec;
   const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
   const std::string binary = (self.parent_path() / "ckpt-bench-metrics").string();
@@ -24,10 +25,7 @@ int MetricsExec(const Args& args) {
     return 1;
   }
   std::vector<std::string> argv = {binary, "metrics"};
-  for (const auto& [key, value] : args.flags()) {
-    argv.push_back("--" + key);
-    if (value != "1") argv.push_back(value);
-  }
+  argv.insert(argv.end(), args.begin(), args.end());
   std::vector<char*> raw;
   for (auto& a : argv) raw.push_back(a.data());
   raw.push_back(nullptr);
@@ -42,9 +40,16 @@ int MetricsExec(const Args& args) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
 }
 
+// The flags, --help included, are ckpt-bench-metrics's: all are passed on.
+BenchRun MetricsExecFlags(CLI::App& cmd) {
+  cmd.prefix_command();
+  cmd.set_help_flag();
+  return [&cmd] { return MetricsExec(cmd.remaining()); };
+}
+
 }  // namespace
 
 CKPT_BENCHMARK("metrics", "ckpt::metrics: hot-path update cost, scrape time, pipeline on vs off",
-               MetricsExec);
+               MetricsExecFlags);
 
 }  // namespace ckpt::bench

@@ -36,8 +36,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -249,9 +249,29 @@ double BareLoopInChildProcess(const std::string& config, const records::Experime
   return v;
 }
 
+struct PopulationBenchOptions {
+  std::string config = "examples/fashion-mnist-pbt.toml";
+  int members = 8;
+  int intervals = 3;
+  int64_t steps = 100;
+  int eval_size = 1000;
+  int workers = 1;
+  int slots = 2;
+  size_t ring_mb = 0;  // 0: the scheduler's default
+  std::string transport = "ring";
+  int repeat = 1;
+  bool tcp_first = false;
+  bool skip_train = false;
+  bool bare_only = false;
+  int null_members = 30;
+  int null_intervals = 10;
+  bool scale = false;
+  std::vector<long long> null_sizes;  // empty: --null-members only
+};
+
 // --transport tcp: each run over the ring, then over TCP.
-int PopulationOverTcp(const Args& args, const records::ExperimentConfig& c, int workers, int slots,
-                      size_t ring_bytes, const std::string& root) {
+int PopulationOverTcp(const PopulationBenchOptions& o, const records::ExperimentConfig& c,
+                      int workers, int slots, size_t ring_bytes, const std::string& root) {
   json out = {{"bench", "population"},
               {"transport", "tcp"},
               {"device", "cpu"},
@@ -263,8 +283,8 @@ int PopulationOverTcp(const Args& args, const records::ExperimentConfig& c, int 
   // On a shared host the run that goes second is often slower (or faster):
   // --repeat N runs N rounds, alternating which transport goes first, and
   // keeps each figure's best round. --tcp-first starts with TCP.
-  const int repeat = static_cast<int>(std::max<long long>(1, args.GetInt("repeat", 1)));
-  const bool tcp_first = args.Has("tcp-first");
+  const int repeat = o.repeat;
+  const bool tcp_first = o.tcp_first;
   add("repeat", repeat);
   auto keep_best = [&](const std::string& key, double v) {
     if (!out.contains(key) || out[key].is_null() || out[key].get<double>() < v) add(key, v);
@@ -272,7 +292,7 @@ int PopulationOverTcp(const Args& args, const records::ExperimentConfig& c, int 
   for (int round = 0; round < repeat * 2; ++round) {
     const bool tcp = ((round % 2) == 1) != (tcp_first != ((round / 2) % 2 == 1));
     const std::string prefix = tcp ? "tcp_" : "ring_";
-    if (!args.Has("skip-train")) {
+    if (!o.skip_train) {
       std::fprintf(stderr, "short real run over the %s...\n", tcp ? "TCP loopback" : "ring");
       auto r = RunPipeline(c, root + "/train-" + prefix + std::to_string(round), workers, slots,
                            ring_bytes, tcp);
@@ -288,8 +308,8 @@ int PopulationOverTcp(const Args& args, const records::ExperimentConfig& c, int 
     }
     records::ExperimentConfig z = c;
     z.name = "bench-null";
-    z.population = static_cast<int>(args.GetInt("null-members", 30));
-    z.intervals = static_cast<int>(args.GetInt("null-intervals", 10));
+    z.population = o.null_members;
+    z.intervals = o.null_intervals;
     z.steps_per_interval = 0;
     z.eval_size = 0;
     std::fprintf(stderr, "null run over the %s...\n", tcp ? "TCP loopback" : "ring");
@@ -312,8 +332,8 @@ int PopulationOverTcp(const Args& args, const records::ExperimentConfig& c, int 
     add("tcp_vs_ring_" + key, b > 0 ? a / b : NAN);
   };
   ratio("member_intervals_per_s_null");
-  if (!args.Has("skip-train")) ratio("samples_per_s");
-  add("null_members", static_cast<double>(args.GetInt("null-members", 30)));
+  if (!o.skip_train) ratio("samples_per_s");
+  add("null_members", static_cast<double>(o.null_members));
   add("members", c.population);
   add("intervals", c.intervals);
   add("steps_per_interval", static_cast<double>(c.steps_per_interval));
@@ -322,8 +342,8 @@ int PopulationOverTcp(const Args& args, const records::ExperimentConfig& c, int 
   return 0;
 }
 
-int Population(const Args& args) {
-  const std::string path = args.Get("config", "examples/fashion-mnist-pbt.toml");
+int Population(const PopulationBenchOptions& o) {
+  const std::string& path = o.config;
   auto loaded = records::LoadExperimentConfig(path);
   if (!loaded.ok()) {
     std::fprintf(stderr, "population: %s (run from the repository root or pass --config)\n",
@@ -331,16 +351,16 @@ int Population(const Args& args) {
     return 1;
   }
   records::ExperimentConfig c = *loaded;
-  c.population = static_cast<int>(args.GetInt("members", 8));
-  c.intervals = static_cast<int>(args.GetInt("intervals", 3));
-  c.steps_per_interval = args.GetInt("steps", 100);
-  c.eval_size = static_cast<int>(args.GetInt("eval-size", 1000));
+  c.population = o.members;
+  c.intervals = o.intervals;
+  c.steps_per_interval = o.steps;
+  c.eval_size = o.eval_size;
   c.name = "bench-population";
-  const int workers = static_cast<int>(args.GetInt("workers", 1));
-  const int slots = static_cast<int>(args.GetInt("slots", 2));
+  const int workers = o.workers;
+  const int slots = o.slots;
   // 0: the scheduler's default.
-  const size_t ring_bytes = static_cast<size_t>(args.GetInt("ring-mb", 0)) << 20;
-  if (args.Has("bare-only")) {
+  const size_t ring_bytes = o.ring_mb << 20;
+  if (o.bare_only) {
     // The child of BareLoopInChildProcess: the bare loop alone in a fresh
     // process, as a worker is one.
     std::printf("%.6g\n", BareLoopSamplesPerSecond(c, slots * workers, 8.0));
@@ -350,19 +370,14 @@ int Population(const Args& args) {
       (std::filesystem::temp_directory_path() / ("ckpt-bench-pop-" + std::to_string(getpid())))
           .string();
   std::filesystem::remove_all(root);
-  const std::string transport = args.Get("transport", "ring");
-  if (transport == "tcp") return PopulationOverTcp(args, c, workers, slots, ring_bytes, root);
-  if (transport != "ring") {
-    std::fprintf(stderr, "population: --transport is ring or tcp, not %s\n", transport.c_str());
-    return 2;
-  }
+  if (o.transport == "tcp") return PopulationOverTcp(o, c, workers, slots, ring_bytes, root);
 
   json out = {{"bench", "population"}};
   auto add = [&](const std::string& key, double v) {
     out[key] = std::isfinite(v) ? json(v) : json(nullptr);
   };
   int64_t peak_workers = 0;
-  if (!args.Has("skip-train")) {
+  if (!o.skip_train) {
     // The bare loop runs before and after the pipeline; their mean is the
     // reference, so a load change during the run shows in both.
     std::fprintf(stderr, "measuring the bare loop (%d slots)...\n", slots * workers);
@@ -408,17 +423,9 @@ int Population(const Args& args) {
     peak_workers = std::max(peak_workers, r->workers_peak_rss);
   }
   // The null trainer: 0 steps, no evaluation.
-  std::vector<long long> sizes = {args.GetInt("null-members", 30)};
-  if (args.Has("scale")) sizes = {30, 300, 3000};
-  if (args.Has("null-sizes")) {
-    sizes.clear();
-    std::stringstream list(args.Get("null-sizes", ""));
-    for (std::string item; std::getline(list, item, ',');) sizes.push_back(std::stoll(item));
-    if (sizes.empty() || sizes.front() <= 0) {
-      std::fprintf(stderr, "population: --null-sizes wants a list such as 30,10000\n");
-      return 2;
-    }
-  }
+  std::vector<long long> sizes = {o.null_members};
+  if (o.scale) sizes = {30, 300, 3000};
+  if (!o.null_sizes.empty()) sizes = o.null_sizes;
   double per_s_first = 0;
   for (long long n : sizes) {
     records::ExperimentConfig z = c;
@@ -427,7 +434,7 @@ int Population(const Args& args) {
     // The same number of intervals at every size: the first interval of a
     // member initializes its weights in the worker and costs about twice a
     // later one, so fewer intervals at one size would skew the comparison.
-    z.intervals = static_cast<int>(args.GetInt("null-intervals", 10));
+    z.intervals = o.null_intervals;
     z.steps_per_interval = 0;
     z.eval_size = 0;
     // This process is the scheduler: its peak RSS is reset before each size,
@@ -479,11 +486,59 @@ int Population(const Args& args) {
   add("peak_rss_bytes_all_processes", static_cast<double>(PeakRssBytes() + peak_workers));
   out["device"] = "cpu";
   std::filesystem::remove_all(root);
-  std::printf("%s\n", out.dump().c_str());
+  PrintJsonLine(out);
   return 0;
 }
 
-CKPT_BENCHMARK("population", "the PBT main job end to end vs the bare training loop", Population);
+BenchRun PopulationFlags(CLI::App& cmd) {
+  auto o = std::make_shared<PopulationBenchOptions>();
+  cmd.add_option("--config", o->config, "experiment TOML whose model and data are run")
+      ->capture_default_str();
+  cmd.add_option("--members", o->members, "population of the real run")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd.add_option("--intervals", o->intervals, "intervals of the real run")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd.add_option("--steps", o->steps, "steps per interval of the real run")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd.add_option("--eval-size", o->eval_size, "validation samples per interval")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd.add_option("--workers", o->workers, "worker processes")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd.add_option("--slots", o->slots, "slots per worker")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd.add_option("--ring-mb", o->ring_mb, "MiB of each ring (0: the scheduler's default)")
+      ->check(CLI::Range(0, 4096))
+      ->capture_default_str();
+  cmd.add_option("--transport", o->transport, "ring, or tcp (each run over both)")
+      ->check(CLI::IsMember({"ring", "tcp"}))
+      ->capture_default_str();
+  cmd.add_option("--repeat", o->repeat, "--transport tcp: rounds, the best kept")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd.add_flag("--tcp-first", o->tcp_first, "--transport tcp: TCP goes first");
+  cmd.add_flag("--skip-train", o->skip_train, "only the null runs");
+  cmd.add_flag("--bare-only", o->bare_only, "print the bare loop's samples/s alone (internal)");
+  cmd.add_option("--null-members", o->null_members, "population of the null run")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd.add_option("--null-intervals", o->null_intervals, "intervals of each null run")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd.add_flag("--scale", o->scale, "null runs of 30, 300 and 3000 members");
+  cmd.add_option("--null-sizes", o->null_sizes, "null runs of these populations, e.g. 30,10000")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber);
+  return [o] { return Population(*o); };
+}
+
+CKPT_BENCHMARK("population", "the PBT main job end to end vs the bare training loop",
+               PopulationFlags);
 
 }  // namespace
 }  // namespace ckpt::bench

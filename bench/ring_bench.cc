@@ -145,12 +145,18 @@ int Fail(const Status& s) {
   return 1;
 }
 
-int RingBench(const Args& args) {
-  // 16 MiB: the scheduler's default.
-  const size_t ring_bytes = static_cast<size_t>(args.GetInt("ring-mib", 16)) << 20;
-  const double mib_per_trial = args.GetDouble("mib-per-trial", 1024);
-  const int trials = static_cast<int>(args.GetInt("trials", 3));
-  const int roundtrips = static_cast<int>(args.GetInt("roundtrips", 300));
+struct RingBenchOptions {
+  size_t ring_mib = 16;  // the scheduler's default
+  double mib_per_trial = 1024;
+  int trials = 3;
+  int roundtrips = 300;
+};
+
+int RingBench(const RingBenchOptions& o) {
+  const size_t ring_bytes = o.ring_mib << 20;
+  const double mib_per_trial = o.mib_per_trial;
+  const int trials = o.trials;
+  const int roundtrips = o.roundtrips;
   const std::string name = "ckpt-bench-ring-" + std::to_string(::getpid());
 
   // The consumer is forked before any thread exists here.
@@ -282,12 +288,29 @@ int RingBench(const Args& args) {
                               {"roundtrip_p99_us", p99},
                               {"peak_rss_bytes", PeakRssBytes()},
                               {"peak_rss_children_bytes", PeakRssChildrenBytes()}};
-  std::printf("%s\n", out.dump().c_str());
+  PrintJsonLine(out);
   return 0;
+}
+
+BenchRun RingFlags(CLI::App& cmd) {
+  auto o = std::make_shared<RingBenchOptions>();
+  cmd.add_option("--ring-mib", o->ring_mib, "bytes of each ring, in MiB")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  cmd.add_option("--mib-per-trial", o->mib_per_trial, "MiB sent per throughput trial")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd.add_option("--trials", o->trials, "throughput trials per record size")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd.add_option("--roundtrips", o->roundtrips, "0.5 MiB round trips timed")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  return [o] { return RingBench(*o); };
 }
 
 }  // namespace
 
-CKPT_BENCHMARK("ring", "shared-memory ring: throughput vs memcpy, 0.5 MB round trip", RingBench);
+CKPT_BENCHMARK("ring", "shared-memory ring: throughput vs memcpy, 0.5 MB round trip", RingFlags);
 
 }  // namespace ckpt::bench

@@ -50,6 +50,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -354,7 +355,7 @@ int BareLoop(const Workload& w) {
              {"evaluate_s", evaluate_s},
              {"encode_s", encode_s},
              {"blob_s", blob_s}}}};
-  std::printf("%s\n", out.dump().c_str());
+  PrintJsonLine(out);
   return 0;
 }
 
@@ -391,30 +392,33 @@ json WorkerPhases(const std::string& err) {
                      /*allow_exceptions=*/false);
 }
 
-int Seed(const Args& args) {
-  Workload w;
-  w.population = static_cast<int>(args.GetInt("population", w.population));
-  w.intervals = static_cast<int>(args.GetInt("intervals", w.intervals));
-  w.steps = args.GetInt("steps", w.steps);
-  w.eval_size = static_cast<int>(args.GetInt("eval-size", w.eval_size));
-  w.slots = static_cast<int>(args.GetInt("slots", w.slots));
-  w.fusion = args.Get("fusion", w.fusion);
-  w.seed = static_cast<uint64_t>(args.GetInt("seed", static_cast<long long>(w.seed)));
-  w.dataset_path = args.Get("dataset-path", w.dataset_path);
-  w.final_eval_top = static_cast<int>(args.GetInt("final-eval-top", w.final_eval_top));
-  if (args.Has("bare-only")) return BareLoop(w);
+struct SeedBenchOptions {
+  Workload workload;
+  bool bare_only = false;
+  int rounds = 2;
+  int sample_ms = 1000;
+  std::string scheduler;  // empty: ckpt-scheduler of this build
+  std::string python = "/usr/bin/python3";
+  std::string script = "bench/seed_approach.py";
+  bool skip_bare = false;
+  std::string ckpt_args;
+};
 
-  const int rounds = static_cast<int>(args.GetInt("rounds", 2));
-  const int sample_ms = static_cast<int>(args.GetInt("sample-ms", 1000));
+int Seed(const SeedBenchOptions& o) {
+  const Workload& w = o.workload;
+  if (o.bare_only) return BareLoop(w);
+
+  const int rounds = o.rounds;
+  const int sample_ms = o.sample_ms;
   const std::string exe = SelfExe();
   const fs::path build_dir = fs::path(exe).parent_path().parent_path();
   const std::string scheduler_bin =
-      args.Get("scheduler", (build_dir / "bin" / "ckpt-scheduler").string());
-  const std::string python = args.Get("python", "/usr/bin/python3");
-  std::string script = args.Get("script", "bench/seed_approach.py");
+      o.scheduler.empty() ? (build_dir / "bin" / "ckpt-scheduler").string() : o.scheduler;
+  const std::string& python = o.python;
+  std::string script = o.script;
   if (!fs::exists(script)) script = std::string(CKPT_SOURCE_DIR) + "/bench/seed_approach.py";
-  const bool with_bare = !args.Has("skip-bare");
-  const std::string ckpt_args = args.Get("ckpt-args", "");
+  const bool with_bare = !o.skip_bare;
+  const std::string& ckpt_args = o.ckpt_args;
 
   const fs::path root = fs::temp_directory_path() / ("ckpt-bench-seed-" + std::to_string(getpid()));
   fs::remove_all(root);
@@ -553,11 +557,53 @@ int Seed(const Args& args) {
     out["overhead_share_per_round"] = overhead;
   }
   out["device"] = "cpu";
-  std::printf("%s\n", out.dump().c_str());
+  PrintJsonLine(out);
   return 0;
 }
 
-CKPT_BENCHMARK("seed", "the seed workload: ckpt-scheduler run vs the user's Python pool", Seed);
+BenchRun SeedFlags(CLI::App& cmd) {
+  auto o = std::make_shared<SeedBenchOptions>();
+  Workload& w = o->workload;
+  cmd.add_option("--rounds", o->rounds, "rounds of the contenders")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd.add_option("--population", w.population, "members")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd.add_option("--intervals", w.intervals, "intervals")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd.add_option("--steps", w.steps, "steps per interval")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd.add_option("--eval-size", w.eval_size, "validation samples per interval")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd.add_option("--slots", w.slots, "ckpt's training slots")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd.add_option("--fusion", w.fusion, "ckpt's fusion mode")->capture_default_str();
+  cmd.add_option("--seed", w.seed, "the experiment's seed")->capture_default_str();
+  cmd.add_option("--final-eval-top", w.final_eval_top, "members scored on the test split")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd.add_option("--dataset-path", w.dataset_path, "Fashion-MNIST directory")
+      ->capture_default_str();
+  cmd.add_option("--scheduler", o->scheduler, "ckpt-scheduler (default: this build's)");
+  cmd.add_option("--python", o->python, "Python of the seed approach")->capture_default_str();
+  cmd.add_option("--script", o->script, "the seed approach")->capture_default_str();
+  cmd.add_option("--sample-ms", o->sample_ms, "PSS sampling period")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd.add_flag("--skip-bare", o->skip_bare, "no bare-loop contender");
+  cmd.add_flag("--bare-only", o->bare_only, "run the bare loop alone (internal)");
+  cmd.add_option("--ckpt-args", o->ckpt_args,
+                 "extra arguments of `ckpt-scheduler run`, split at spaces (give it with =)");
+  return [o] { return Seed(*o); };
+}
+
+CKPT_BENCHMARK("seed", "the seed workload: ckpt-scheduler run vs the user's Python pool",
+               SeedFlags);
 
 }  // namespace
 }  // namespace ckpt::bench

@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
@@ -195,15 +196,22 @@ int Fail(const Status& s) {
   return 1;
 }
 
-int StoreBench(const Args& args) {
-  const size_t state_bytes = static_cast<size_t>(args.GetInt("state-bytes", 500000));
-  const size_t total_bytes = static_cast<size_t>(args.GetInt("total-bytes", 256ll << 20));
-  const int exploits = static_cast<int>(args.GetInt("exploits", 2000));
+struct StoreBenchOptions {
+  size_t state_bytes = 500000;
+  size_t total_bytes = size_t{256} << 20;
+  int exploits = 2000;
+  std::string dir;  // empty: a temporary directory, removed at the end
+};
+
+int StoreBench(const StoreBenchOptions& o) {
+  const size_t state_bytes = o.state_bytes;
+  const size_t total_bytes = o.total_bytes;
+  const int exploits = o.exploits;
   const size_t n_states =
       std::clamp<size_t>(total_bytes / std::max<size_t>(state_bytes, 1), 8, 512);
   const size_t n_members = std::min<size_t>(8, n_states);
 
-  std::string dir = args.Get("dir", "");
+  std::string dir = o.dir;
   bool remove_dir = false;
   if (dir.empty()) {
     const char* tmp = std::getenv("TMPDIR");
@@ -358,13 +366,28 @@ int StoreBench(const Args& args) {
       {"get_vs_file_get", cached.verified / std::max(1e-9, cached.file)},
       {"get_uncached_vs_file_get", uncached.verified / std::max(1e-9, uncached.file)},
       {"peak_rss_bytes", PeakRssBytes()}};
-  std::printf("%s\n", out.dump().c_str());
+  PrintJsonLine(out);
   return 0;
+}
+
+BenchRun StoreFlags(CLI::App& cmd) {
+  auto o = std::make_shared<StoreBenchOptions>();
+  cmd.add_option("--state-bytes", o->state_bytes, "bytes of one state")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd.add_option("--total-bytes", o->total_bytes, "bytes committed (8 to 512 states)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd.add_option("--exploits", o->exploits, "metadata-only exploits timed")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd.add_option("--dir", o->dir, "store and files here (default: a temporary directory)");
+  return [o] { return StoreBench(*o); };
 }
 
 }  // namespace
 
 CKPT_BENCHMARK("store", "RocksDB checkpoint store vs one file per state (--state-bytes N)",
-               StoreBench);
+               StoreFlags);
 
 }  // namespace ckpt::bench

@@ -32,8 +32,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <mutex>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -167,49 +167,43 @@ double UnixSeconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-// "1,8,30" -> {1, 8, 30}; empty on a malformed or non-positive entry.
-std::vector<int> ParseWidths(const std::string& list) {
-  std::vector<int> out;
-  std::stringstream in(list);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    char* end = nullptr;
-    const long k = std::strtol(item.c_str(), &end, 10);
-    if (item.empty() || *end != '\0' || k < 1 || k > 4096) return {};
-    out.push_back(static_cast<int>(k));
-  }
-  return out;
-}
+int HardwareCores() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
 
-int TrainBench(const Args& args) {
+struct TrainBenchOptions {
+  int members = 30;
+  int batch = 64;
+  int64_t steps = 20;
+  double seconds = 5;
+  int slots = HardwareCores();
+  std::string device = "cpu";
+  int fused_intra_op = 1;
+  std::vector<int> fused_k = {1, 8, 30};
+  std::string dataset_path;
+};
+
+int TrainBench(const TrainBenchOptions& opt) {
   // Before the first CUDA call of the process (see worker_main.cc).
   setenv("CUDA_MODULE_LOADING", "LAZY", /*overwrite=*/0);
-  const int members = static_cast<int>(args.GetInt("members", 30));
-  const int batch = static_cast<int>(args.GetInt("batch", 64));
-  const int64_t steps = args.GetInt("steps", 20);
-  const double seconds = args.GetDouble("seconds", 5);
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  const int slots = static_cast<int>(args.GetInt("slots", cores));
-  const std::string device = args.Get("device", "cpu");
-  const int fused_intra_op = static_cast<int>(args.GetInt("fused-intra-op", 1));
-  const std::vector<int> widths = ParseWidths(args.Get("fused-k", "1,8,30"));
-  if (widths.empty()) {
-    std::fprintf(stderr, "train: --fused-k must be a comma-separated list of K >= 1\n");
-    return 1;
-  }
+  const int members = opt.members;
+  const int batch = opt.batch;
+  const int64_t steps = opt.steps;
+  const double seconds = opt.seconds;
+  const int cores = HardwareCores();
+  const int slots = opt.slots;
+  const std::string device = opt.device;
+  const int fused_intra_op = opt.fused_intra_op;
+  const std::vector<int>& widths = opt.fused_k;
   const int population = std::max(members, *std::max_element(widths.begin(), widths.end()));
-  std::string json_phases;
-  auto phase = [&json_phases](const std::string& name, double start, model::Trainer& t) {
-    char buf[160];
-    std::snprintf(buf, sizeof(buf),
-                  "%s\"%s\":{\"start\":%.3f,\"end\":%.3f,\"allocated_bytes\":%lld}",
-                  json_phases.empty() ? "" : ",", name.c_str(), start, UnixSeconds(),
-                  static_cast<long long>(t.GetDeviceMemory().allocated_bytes));
-    json_phases += buf;
+  // Per measurement: its wall-clock interval and the allocator's bytes at its end.
+  nlohmann::json phases = nlohmann::json::object();
+  auto phase = [&phases](const std::string& name, double start, model::Trainer& t) {
+    phases[name] = {{"start", start},
+                    {"end", UnixSeconds()},
+                    {"allocated_bytes", t.GetDeviceMemory().allocated_bytes}};
   };
 
   const double load_start = LoadAverage();
-  auto data = model::LoadDataset("fashion-mnist", args.Get("dataset-path", ""));
+  auto data = model::LoadDataset("fashion-mnist", opt.dataset_path);
   if (!data.ok()) {
     std::fprintf(stderr, "train: %s\n", data.status().ToString().c_str());
     return 1;
@@ -269,8 +263,19 @@ int TrainBench(const Args& args) {
       "blob<->tensors %.0f us/member\n",
       slots, plain.samples_s, plain.samples_s / *single, plain.state_us_per_member);
 
-  std::string json_fused;
-  std::string json_fused_map;
+  nlohmann::json out = {{"bench", "train"},
+                        {"device", (*plain_trainer)->device()},
+                        {"threads", cores},
+                        {"slots", slots},
+                        {"members", members},
+                        {"batch", batch},
+                        {"steps_per_interval", steps},
+                        {"model", "lenet5"},
+                        {"optimizer", "sgd"},
+                        {"single_model_samples_s", *single},
+                        {"plain_samples_s", plain.samples_s},
+                        {"plain_vs_single", plain.samples_s / *single}};
+  nlohmann::json fused_samples_s = nlohmann::json::object();
   double pack_unpack_k8 = 0;
   int64_t failures = plain.failures;
   std::string first_failure = plain.first_failure;
@@ -292,15 +297,11 @@ int TrainBench(const Args& args) {
         "fused K=%d, %d threads x %d intra-op: %.0f samples/s (%.2fx single), "
         "pack/unpack %.0f us/member\n",
         k, threads, intra, r.samples_s, r.samples_s / *single, r.state_us_per_member);
-    char buf[256];
-    std::snprintf(
-        buf, sizeof(buf),
-        "\"fused_k%d_samples_s\":%.1f,\"fused_k%d_threads\":%d,\"fused_k%d_intra_op\":%d,", k,
-        r.samples_s, k, threads, k, intra);
-    json_fused += buf;
-    std::snprintf(buf, sizeof(buf), "%s\"k%d\":%.1f", json_fused_map.empty() ? "" : ",", k,
-                  r.samples_s);
-    json_fused_map += buf;
+    const std::string fused = "fused_k" + std::to_string(k);
+    out[fused + "_samples_s"] = r.samples_s;
+    out[fused + "_threads"] = threads;
+    out[fused + "_intra_op"] = intra;
+    fused_samples_s["k" + std::to_string(k)] = r.samples_s;
     if (k == 8) pack_unpack_k8 = r.state_us_per_member;
     if (r.failures > 0 && failures == 0) first_failure = r.first_failure;
     failures += r.failures;
@@ -308,25 +309,52 @@ int TrainBench(const Args& args) {
   if (failures > 0)
     std::printf("failures: %lld (%s)\n", static_cast<long long>(failures), first_failure.c_str());
 
-  std::printf(
-      "{\"bench\":\"train\",\"device\":\"%s\",\"threads\":%d,\"slots\":%d,\"members\":%d,"
-      "\"batch\":%d,\"steps_per_interval\":%lld,\"model\":\"lenet5\",\"optimizer\":\"sgd\","
-      "\"single_model_samples_s\":%.1f,\"plain_samples_s\":%.1f,\"plain_vs_single\":%.3f,"
-      "%s\"fused_samples_s\":{%s},"
-      "\"pack_unpack_us_per_member\":%.1f,\"plain_load_store_us_per_member\":%.1f,"
-      "\"state_bytes\":%zu,\"failures\":%lld,\"loadavg_start\":%.2f,\"loadavg_end\":%.2f,"
-      "\"peak_rss_bytes\":%lld,\"phases\":{%s}}\n",
-      (*plain_trainer)->device().c_str(), cores, slots, members, batch,
-      static_cast<long long>(steps), *single, plain.samples_s, plain.samples_s / *single,
-      json_fused.c_str(), json_fused_map.c_str(), pack_unpack_k8, plain.state_us_per_member,
-      state_bytes, static_cast<long long>(failures), load_start, LoadAverage(), PeakRssBytes(),
-      json_phases.c_str());
+  out["fused_samples_s"] = fused_samples_s;
+  out["pack_unpack_us_per_member"] = pack_unpack_k8;
+  out["plain_load_store_us_per_member"] = plain.state_us_per_member;
+  out["state_bytes"] = state_bytes;
+  out["failures"] = failures;
+  out["loadavg_start"] = load_start;
+  out["loadavg_end"] = LoadAverage();
+  out["peak_rss_bytes"] = PeakRssBytes();
+  out["phases"] = phases;
+  PrintJsonLine(out);
   return 0;
+}
+
+BenchRun TrainFlags(CLI::App& cmd) {
+  auto o = std::make_shared<TrainBenchOptions>();
+  cmd.add_option("--members", o->members, "population (at least K for each --fused-k)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd.add_option("--batch", o->batch, "batch size")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd.add_option("--steps", o->steps, "steps per interval")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd.add_option("--seconds", o->seconds, "wall time of each measurement")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd.add_option("--slots", o->slots, "training threads (default: the hardware cores)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd.add_option("--device", o->device, "cpu or cuda:N")->capture_default_str();
+  cmd.add_option("--fused-intra-op", o->fused_intra_op,
+                 "intra-op threads per fused thread (0: the cores shared out)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd.add_option("--fused-k", o->fused_k, "comma-separated widths K of fused training")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  cmd.add_option("--dataset-path", o->dataset_path, "Fashion-MNIST directory (default: the cache)");
+  return [o] { return TrainBench(*o); };
 }
 
 }  // namespace
 
 CKPT_BENCHMARK("train", "LeNet-5 population training throughput: plain, fused, bare LibTorch",
-               TrainBench);
+               TrainFlags);
 
 }  // namespace ckpt::bench

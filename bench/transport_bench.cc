@@ -128,10 +128,16 @@ int Fail(const Status& s) {
   return 1;
 }
 
-int TransportBench(const Args& args) {
-  const int roundtrips = static_cast<int>(args.GetInt("roundtrips", 300));
-  const size_t bytes = static_cast<size_t>(args.GetInt("bytes", 1 << 19));
-  const double mib = args.GetDouble("mib", 512);
+struct TransportBenchOptions {
+  int roundtrips = 300;
+  size_t bytes = size_t{1} << 19;
+  double mib = 512;
+};
+
+int TransportBench(const TransportBenchOptions& o) {
+  const int roundtrips = o.roundtrips;
+  const size_t bytes = o.bytes;
+  const double mib = o.mib;
   const std::string name = "ckpt-bench-transport-" + std::to_string(::getpid());
   const std::string dir = (std::filesystem::temp_directory_path() /
                            ("ckpt-bench-transport-" + std::to_string(getpid())))
@@ -207,12 +213,26 @@ int TransportBench(const Args& args) {
                         {"tcp_vs_ring_roundtrip_ratio", tcp->median_us / ring->median_us},
                         {"ring_gb_s_16mb", ring->gb_s},
                         {"tcp_gb_s_16mb", tcp->gb_s}};
-  std::printf("%s\n", out.dump().c_str());
+  PrintJsonLine(out);
   return 0;
 }
 
+BenchRun TransportFlags(CLI::App& cmd) {
+  auto o = std::make_shared<TransportBenchOptions>();
+  cmd.add_option("--roundtrips", o->roundtrips, "round trips timed per transport")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd.add_option("--bytes", o->bytes, "bytes of each request and reply")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd.add_option("--mib", o->mib, "MiB sent one way for the throughput")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  return [o] { return TransportBench(*o); };
+}
+
 CKPT_BENCHMARK("transport", "0.5 MB round trip and throughput: shared-memory ring vs TCP loopback",
-               TransportBench);
+               TransportFlags);
 
 }  // namespace
 }  // namespace ckpt::bench
