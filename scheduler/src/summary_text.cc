@@ -6,6 +6,8 @@
 #include <cmath>
 #include <vector>
 
+#include "ckpt/records/status.h"
+
 namespace ckpt::scheduler {
 
 const char* ExperimentPhaseName(ExperimentPhase phase) {
@@ -43,7 +45,12 @@ std::string ProgressLine(const ExperimentSummary& s) {
     // A member scores once it has trained an interval.
     if (m.intervals_done > 0 && std::isfinite(m.val_acc)) scores.push_back(m.val_acc);
     if (m.intervals_done >= s.intervals) ++done;
-    if (m.status != "stopped" && m.status != "failed") {
+    // The summary carries the status by its records name; an unknown one
+    // (a newer service) counts as still training.
+    const StatusOr<records::MemberStatus> status = records::ParseMemberStatus(m.status);
+    const bool ended = status.ok() && (*status == records::MemberStatus::kStopped ||
+                                       *status == records::MemberStatus::kFailed);
+    if (!ended) {
       remaining += std::max(0, s.intervals - m.intervals_done);
     }
   }
