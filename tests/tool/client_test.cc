@@ -423,7 +423,9 @@ TEST_F(ClientTest, AClientKilledMidWatchLeavesTheServiceUnaffected) {
 
 class Tmux {
  public:
-  explicit Tmux(const std::string& dir) : socket_(dir + "/tmux.sock") {}
+  // Each Tmux runs its own server: a server whose last session just ended
+  // exits on its own, and a new session on that socket races the exit.
+  Tmux(const std::string& dir, const std::string& name) : socket_(dir + "/" + name + ".sock") {}
   ~Tmux() { Run({"kill-server"}); }
   Result Run(const std::vector<std::string>& args) {
     std::vector<std::string> argv = {"tmux", "-S", socket_};
@@ -446,7 +448,7 @@ TEST_F(ClientTest, TopAndWatchInARealTerminal) {
   ASSERT_EQ(Tool({"submit", Write("live.toml", ExperimentToml("live", 100000))}).code, 0);
   ASSERT_TRUE(WaitUntil([&] { return MemberIntervals("live") >= 1; }, milliseconds(120000)));
 
-  Tmux tmux(dir_);
+  Tmux tmux(dir_, "top");
   const std::string tool = std::string(CKPT_TOOL_BIN) + " --socket " + socket_;
   // remain-on-exit off: the session ends when top does.
   ASSERT_EQ(tmux.Run({"new-session", "-d", "-s", "t", "-x", "160", "-y", "40", tool + " top"}).code,
@@ -474,19 +476,19 @@ TEST_F(ClientTest, TopAndWatchInARealTerminal) {
 
   // watch redraws its table in place: one progress line on the screen however
   // many refreshes went by.
-  ASSERT_EQ(tmux.Run({"new-session", "-d", "-s", "t", "-x", "160", "-y", "40",
-                      tool + " watch live; sleep 60"})
-                .code,
-            0);
+  Tmux watch_tmux(dir_, "watch");
+  Result started = watch_tmux.Run(
+      {"new-session", "-d", "-s", "t", "-x", "160", "-y", "40", tool + " watch live; sleep 60"});
+  ASSERT_EQ(started.code, 0) << started.err;
   ASSERT_TRUE(WaitUntil(
       [&] {
-        screen = tmux.Screen();
+        screen = watch_tmux.Screen();
         return screen.find("experiment live: running") != std::string::npos;
       },
       milliseconds(30000)))
       << screen;
   std::this_thread::sleep_for(milliseconds(3500));
-  screen = tmux.Screen();
+  screen = watch_tmux.Screen();
   size_t progress_lines = 0;
   for (size_t at = screen.find("live: training"); at != std::string::npos;
        at = screen.find("live: training", at + 1)) {
@@ -496,9 +498,10 @@ TEST_F(ClientTest, TopAndWatchInARealTerminal) {
   EXPECT_NE(screen.find("member   status"), std::string::npos) << screen;
   // Stopping the experiment ends watch (exit 1: it did not finish).
   EXPECT_EQ(Tool({"stop", "live"}).code, 0);
-  EXPECT_TRUE(WaitUntil([&] { return tmux.Screen().find("ended stopped") != std::string::npos; },
-                        milliseconds(30000)))
-      << tmux.Screen();
+  EXPECT_TRUE(
+      WaitUntil([&] { return watch_tmux.Screen().find("ended stopped") != std::string::npos; },
+                milliseconds(30000)))
+      << watch_tmux.Screen();
 
   // Without a terminal, top prints plain frames.
   Result plain = Tool({"top", "-n", "2"});
