@@ -23,8 +23,7 @@
 #include <vector>
 
 #include "../integration/process_util.h"
-
-extern char** environ;
+#include "tool_process.h"
 
 namespace ckpt {
 namespace {
@@ -33,18 +32,9 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 using std::chrono::milliseconds;
 
-struct Result {
-  int code = -1;  // exit status; 128 + signal when killed
-  std::string out;
-  std::string err;
-};
-
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using testing::Process;
+using testing::Result;
+using testing::Slurp;
 
 size_t Lines(const std::string& s) {
   size_t n = 0;
@@ -60,66 +50,6 @@ bool WaitUntil(const std::function<bool()>& done, milliseconds within) {
   }
   return done();
 }
-
-// A started process, stdout and stderr to files, stdin from /dev/null;
-// killed on destruction.
-class Process {
- public:
-  Process(const std::vector<std::string>& argv, const std::string& log_prefix)
-      : out_(log_prefix + ".out"), err_(log_prefix + ".err") {
-    pid_ = fork();
-    if (pid_ == 0) {
-      int o = open(out_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      int r = open(err_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      dup2(o, 1);
-      dup2(r, 2);
-      int null = open("/dev/null", O_RDONLY);
-      dup2(null, 0);
-      std::vector<char*> a;
-      for (const auto& s : argv) a.push_back(const_cast<char*>(s.c_str()));
-      a.push_back(nullptr);
-      execvp(a[0], a.data());
-      _exit(127);
-    }
-  }
-  ~Process() {
-    if (pid_ > 0 && !done_) {
-      kill(pid_, SIGKILL);
-      Wait();
-    }
-  }
-  Process(const Process&) = delete;
-  Process& operator=(const Process&) = delete;
-
-  pid_t pid() const { return pid_; }
-  bool Exited() {
-    if (done_) return true;
-    int st = 0;
-    if (waitpid(pid_, &st, WNOHANG) == pid_) Finish(st);
-    return done_;
-  }
-  Result Wait() {
-    if (!done_) {
-      int st = 0;
-      while (waitpid(pid_, &st, 0) < 0 && errno == EINTR) {
-      }
-      Finish(st);
-    }
-    return Result{code_, Slurp(out_), Slurp(err_)};
-  }
-  std::string Out() const { return Slurp(out_); }
-  std::string Log() const { return Slurp(out_) + Slurp(err_); }
-
- private:
-  void Finish(int st) {
-    done_ = true;
-    code_ = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  }
-  pid_t pid_ = -1;
-  bool done_ = false;
-  int code_ = -1;
-  std::string out_, err_;
-};
 
 // A small experiment: `intervals` of `steps` steps for `population` members.
 std::string ExperimentToml(const std::string& name, int intervals, int population = 2,
