@@ -7,6 +7,8 @@
 #include <string_view>
 #include <utility>
 
+#include "ckpt/format/visible_devices.h"
+
 namespace ckpt::metrics {
 namespace {
 
@@ -137,31 +139,20 @@ StatusOr<std::unique_ptr<NvmlSampler>> NvmlSampler::Open(const std::string& libr
     all.push_back(std::move(f));
   }
   std::vector<Device> devices;
-  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  const char* visible = std::getenv(format::kCudaVisibleDevicesVariable);
   if (visible == nullptr) {
     for (size_t i = 0; i < all.size(); ++i) {
       devices.push_back(Device{"cuda:" + std::to_string(i), all[i].handle});
     }
   } else {
-    std::string_view rest(visible);
-    while (true) {
-      const size_t comma = rest.find(',');
-      std::string entry(rest.substr(0, comma));
-      while (!entry.empty() && entry.front() == ' ') entry.erase(0, 1);
-      while (!entry.empty() && entry.back() == ' ') entry.pop_back();
-      const Found* match = nullptr;
-      if (!entry.empty() && entry.find_first_not_of("0123456789") == std::string::npos) {
-        const unsigned long index = std::strtoul(entry.c_str(), nullptr, 10);
-        if (index < all.size()) match = &all[index];
-      } else if (entry.rfind("GPU-", 0) == 0) {
-        for (const Found& f : all) {
-          if (f.uuid.rfind(entry, 0) == 0) match = &f;
-        }
+    for (const format::VisibleDevice& entry :
+         format::ParseVisibleDevices(visible, static_cast<int>(all.size()))) {
+      const Found* match = entry.uuid.empty() ? &all[entry.index] : nullptr;
+      for (const Found& f : all) {
+        if (!entry.uuid.empty() && f.uuid.rfind(entry.uuid, 0) == 0) match = &f;
       }
       if (match == nullptr) break;  // CUDA ignores the list from its first bad entry on
       devices.push_back(Device{"cuda:" + std::to_string(devices.size()), match->handle});
-      if (comma == std::string_view::npos) break;
-      rest.remove_prefix(comma + 1);
     }
   }
   if (devices.empty()) {

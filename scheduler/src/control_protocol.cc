@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "ckpt/format/json_depth.h"
 #include "ckpt/scheduler/summary_text.h"
 
 namespace ckpt::scheduler::protocol {
@@ -45,34 +46,6 @@ T Integer(const json& j, const char* key) {
     throw BadField(where + " is out of range");
   }
   return static_cast<T>(i);
-}
-
-// Depth of the deepest array/object in `line`, counting brackets outside
-// strings; stops counting past `limit`.
-int JsonDepth(std::string_view line, int limit) {
-  int depth = 0, deepest = 0;
-  bool in_string = false, escaped = false;
-  for (char c : line) {
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (c == '\\') {
-        escaped = true;
-      } else if (c == '"') {
-        in_string = false;
-      }
-      continue;
-    }
-    if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      deepest = std::max(deepest, ++depth);
-      if (deepest > limit) return deepest;
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return deepest;
 }
 
 const char* TypeName(const json& j) {
@@ -387,7 +360,7 @@ Status ParseRequest(std::string_view line, Request* out) {
     // The JSON parser would stop at it and ignore the rest of the line.
     return Status::InvalidArgument("malformed request: NUL byte at offset " + std::to_string(nul));
   }
-  if (JsonDepth(line, kMaxRequestDepth) > kMaxRequestDepth) {
+  if (format::JsonDepth(line, kMaxRequestDepth) > kMaxRequestDepth) {
     return Status::InvalidArgument("malformed request: JSON nested deeper than " +
                                    std::to_string(kMaxRequestDepth) + " levels");
   }

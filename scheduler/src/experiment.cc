@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "ckpt/format/kill_point.h"
 #include "log.h"
 
 namespace ckpt::scheduler {
@@ -96,7 +97,7 @@ void Experiment::OnCommitted(const WorkItem& item, int64_t version, int64_t step
   ++intervals_this_run_;
   last_result_ = now;
   if (first_result_ == Clock::time_point{}) first_result_ = now;
-  io_->KillPoint("scheduler.committed");
+  io_->KillPoint(format::kill_points::kSchedulerCommitted);
   if (phase_ != Phase::kTraining) {
     if (m->state.interval >= config_.intervals) m->state.status = records::MemberStatus::kDone;
     return;
@@ -220,7 +221,7 @@ void Experiment::ApplyDecisions(const std::map<std::string, Decision>& decisions
       m.hparams = d.hparams;
       m.state.last_exploit = m.state.interval;
       ++exploits_;
-      io_->KillPoint("scheduler.exploited");
+      io_->KillPoint(format::kill_points::kSchedulerExploited);
       io_->SaveState(name, m.state);
     } else if (d.kind == Decision::Kind::kStop) {
       m.state.status = records::MemberStatus::kStopped;

@@ -18,8 +18,10 @@
 #include <filesystem>
 #include <memory>
 #include <mutex>
+#include <optional>
 
 #include "ckpt/format/checksum.h"
+#include "ckpt/format/kill_point.h"
 #include "ckpt/ipc/channel.h"
 #include "ckpt/metrics/metrics.h"
 #include "ckpt/scheduler/policy.h"
@@ -808,18 +810,11 @@ StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(const SchedulerOptions& o
 }
 
 StatusOr<std::function<void(std::string_view)>> KillPointFromEnvironment() {
-  const char* spec = std::getenv("CKPT_KILL_AT");
-  if (spec == nullptr || *spec == '\0') return std::function<void(std::string_view)>();
-  const std::string text = spec;
-  const size_t colon = text.rfind(':');
-  char* end = nullptr;
-  const long n = colon == std::string::npos ? 0 : std::strtol(text.c_str() + colon + 1, &end, 10);
-  if (colon == std::string::npos || colon == 0 || n <= 0 || end == nullptr || *end != '\0') {
-    return Status::InvalidArgument("CKPT_KILL_AT=" + text + " is not POINT:N (N >= 1)");
-  }
-  auto hits = std::make_shared<std::atomic<long>>(0);
+  CKPT_ASSIGN_OR_RETURN(std::optional<format::KillAt> at, format::KillAtFromEnvironment());
+  if (!at) return std::function<void(std::string_view)>();
+  auto hits = std::make_shared<std::atomic<int64_t>>(0);
   return std::function<void(std::string_view)>(
-      [point = text.substr(0, colon), n, hits](std::string_view p) {
+      [point = std::move(at->point), n = at->n, hits](std::string_view p) {
         if (p == point && hits->fetch_add(1) + 1 == n) raise(SIGKILL);
       });
 }

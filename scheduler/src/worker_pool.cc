@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "ckpt/format/visible_devices.h"
 #include "log.h"
 #include "trace.h"
 
@@ -81,34 +82,14 @@ int DriverGpuCount() {
   return gpus;
 }
 
-// The devices CUDA shows a process whose environment has `visible`
+// The number of devices CUDA shows a process whose environment has `visible`
 // (CUDA_VISIBLE_DEVICES) on a host with `gpus` driver GPUs: unset, all of
-// them; else its comma-separated entries up to the first that names no device,
-// as CUDA reads it. A decimal index must be below `gpus` and not repeated; a
-// "GPU-" or "MIG-" UUID prefix is taken on trust (checking it needs NVML),
-// so a bad UUID gives a worker that fails at start with Unavailable.
+// them; else as format::ParseVisibleDevices reads it (a "GPU-" or "MIG-" UUID
+// is taken on trust, so a bad UUID gives a worker that fails at start with
+// Unavailable).
 int VisibleGpuCount(int gpus, const char* visible) {
   if (visible == nullptr) return gpus;
-  std::vector<std::string> seen;
-  std::string list = visible;
-  size_t pos = 0;
-  while (pos <= list.size()) {
-    size_t comma = list.find(',', pos);
-    if (comma == std::string::npos) comma = list.size();
-    std::string entry = list.substr(pos, comma - pos);
-    entry.erase(0, entry.find_first_not_of(' '));
-    entry.erase(entry.find_last_not_of(' ') + 1);
-    bool ok = false;
-    if (!entry.empty() && entry.find_first_not_of("0123456789") == std::string::npos) {
-      ok = entry.size() < 6 && std::stoi(entry) < gpus;
-    } else if (entry.compare(0, 4, "GPU-") == 0 || entry.compare(0, 4, "MIG-") == 0) {
-      ok = gpus > 0;
-    }
-    if (!ok || std::find(seen.begin(), seen.end(), entry) != seen.end()) break;
-    seen.push_back(entry);
-    pos = comma + 1;
-  }
-  return static_cast<int>(seen.size());
+  return static_cast<int>(format::ParseVisibleDevices(visible, gpus).size());
 }
 
 }  // namespace
@@ -121,7 +102,8 @@ std::vector<records::DeviceConfig> ExpandDevices(const std::vector<records::Devi
       // Counted here, not by asking CUDA: the scheduler links no CUDA and
       // must not create a context. Workers inherit this environment, so
       // "cuda:K" is the K-th device CUDA shows them.
-      const int gpus = VisibleGpuCount(DriverGpuCount(), std::getenv("CUDA_VISIBLE_DEVICES"));
+      const int gpus =
+          VisibleGpuCount(DriverGpuCount(), std::getenv(format::kCudaVisibleDevicesVariable));
       if (gpus == 0) names.push_back("cpu");
       for (int g = 0; g < gpus; ++g) names.push_back("cuda:" + std::to_string(g));
     } else {

@@ -19,11 +19,14 @@
 
 #include "ckpt/format/checkpoint.h"
 #include "ckpt/format/checksum.h"
+#include "ckpt/format/kill_point.h"
 #include "codec.h"
 #include "keys.h"
 #include "store_impl.h"
 
 namespace ckpt::store {
+
+namespace kp = format::kill_points;
 
 Status StoreImpl::SweepRetention() {
   std::lock_guard<std::mutex> lock(mu_);
@@ -65,7 +68,7 @@ Status StoreImpl::AddChangesLocked(const std::vector<RetentionChange>& changes, 
   for (const RetentionChange& c : changes) {
     std::string key = keys::Manifest(c.exp, c.ref.member, c.ref.version);
     if (c.release_blob) {
-      KillPoint("retention.release");
+      KillPoint(kp::kRetentionRelease);
       w->ref_deltas[c.blob] -= 1;
     }
     if (c.erase) {
@@ -295,8 +298,8 @@ StatusOr<int64_t> StoreImpl::AddBlobVersion(const std::string& exp, const std::s
   w.new_blob = id;
   w.new_blob_bytes = rocksdb::Slice(static_cast<const char*>(blob), size);
   return AddVersionLocked(exp, member, std::move(m), std::move(head), std::move(event), &w, sync,
-                          trained ? "commit.before_write" : "import.before_write",
-                          trained ? "commit.after_write" : "import.after_write");
+                          trained ? kp::kCommitBeforeWrite : kp::kImportBeforeWrite,
+                          trained ? kp::kCommitAfterWrite : kp::kImportAfterWrite);
 }
 
 StatusOr<int64_t> StoreImpl::CommitResult(const CommitRequest& r) {
@@ -353,8 +356,8 @@ StatusOr<int64_t> StoreImpl::Exploit(const std::string& exp, const std::string& 
   head.updated_unix_ms = m.unix_ms;
   PendingWrite w;
   return AddVersionLocked(exp, dst, std::move(m), std::move(head), std::move(event), &w,
-                          options_.sync_interval_commits, "exploit.before_write",
-                          "exploit.after_write");
+                          options_.sync_interval_commits, kp::kExploitBeforeWrite,
+                          kp::kExploitAfterWrite);
 }
 
 StatusOr<int64_t> StoreImpl::Restore(const std::string& exp, const std::string& member,
@@ -386,7 +389,7 @@ StatusOr<int64_t> StoreImpl::Restore(const std::string& exp, const std::string& 
   head.updated_unix_ms = m.unix_ms;
   PendingWrite w;
   return AddVersionLocked(exp, member, std::move(m), std::move(head), std::move(event), &w,
-                          /*sync=*/true, "restore.before_write", "restore.after_write");
+                          /*sync=*/true, kp::kRestoreBeforeWrite, kp::kRestoreAfterWrite);
 }
 
 Status StoreImpl::SetPinned(const std::string& exp, const std::string& member, int64_t version,
@@ -423,7 +426,7 @@ Status StoreImpl::SetPinned(const std::string& exp, const std::string& member, i
     return s;
   }
   return WriteLocked(&w, (pinned ? "the pin of " : "the unpin of ") + Id(exp, member, version),
-                     /*sync=*/true, "pin.before_write", "pin.after_write");
+                     /*sync=*/true, kp::kPinBeforeWrite, kp::kPinAfterWrite);
 }
 
 // ---- experiments and members ----
@@ -475,8 +478,8 @@ Status StoreImpl::DeleteExperiment(const std::string& id) {
     BreakLocked(s, /*recoverable=*/false);
     return s;
   }
-  return WriteLocked(&w, "the deletion of experiment " + id, /*sync=*/true, "delete.before_write",
-                     "delete.after_write");
+  return WriteLocked(&w, "the deletion of experiment " + id, /*sync=*/true, kp::kDeleteBeforeWrite,
+                     kp::kDeleteAfterWrite);
 }
 
 Status StoreImpl::CreateMembers(

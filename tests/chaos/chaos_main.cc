@@ -46,6 +46,7 @@
 #include "../../scheduler/src/trace.h"
 #include "../integration/process_util.h"
 #include "../integration/run_heads.h"
+#include "ckpt/format/kill_point.h"
 #include "ckpt/store/store.h"
 
 namespace ckpt::chaos {
@@ -108,13 +109,14 @@ int Share(int planned) { return planned / 2; }
 
 // Kill points a scheduler passes on every commit (scheduler/src/experiment.cc
 // and the store's write path), on every exploit at a barrier, and a worker
-// passes on every member-interval (worker/src/worker_loop.cc).
-const std::vector<std::string> kCommitPoints = {"commit.before_write", "commit.after_write",
-                                                "scheduler.committed"};
-const std::vector<std::string> kExploitPoints = {"scheduler.exploited", "exploit.before_write",
-                                                 "exploit.after_write"};
-const std::vector<std::string> kWorkerPoints = {"worker.decode", "worker.train", "worker.encode",
-                                                "worker.result_sent"};
+// passes on every member-interval (worker/src/worker_loop.cc); named in
+// ckpt/format/kill_point.h.
+namespace kp = format::kill_points;
+const std::vector<std::string> kCommitPoints = {kp::kCommitBeforeWrite, kp::kCommitAfterWrite,
+                                                kp::kSchedulerCommitted};
+const std::vector<std::string> kExploitPoints = {kp::kSchedulerExploited, kp::kExploitBeforeWrite,
+                                                 kp::kExploitAfterWrite};
+const std::vector<std::string> kWorkerPoints(kp::kWorkerPoints.begin(), kp::kWorkerPoints.end());
 
 // Follows a file as it grows: each complete line once, stamped with when it
 // was first seen.

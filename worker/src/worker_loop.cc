@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -22,6 +23,8 @@
 #include <thread>
 #include <vector>
 
+#include "ckpt/format/kill_point.h"
+#include "ckpt/format/visible_devices.h"
 #include "ckpt/ipc/channel.h"
 #include "ckpt/ipc/messages.h"
 #include "ckpt/ipc/tcp_channel.h"
@@ -52,7 +55,8 @@ const bool kPhases = [] {
 
 // Crash-test seam, as in the scheduler: CKPT_KILL_AT=POINT:N makes this
 // process SIGKILL itself the N-th time it passes POINT (counted per process, so
-// a restarted worker dies again at its own N-th pass). The worker's points:
+// a restarted worker dies again at its own N-th pass; format/kill_point.h
+// parses it and names the points). The worker's points:
 //   worker.decode       a TRAIN record decoded, still in the ring (not released)
 //   worker.train        a slot starts a member-interval; the kill falls half
 //                       the previous interval's compute time later, mid-training
@@ -67,16 +71,10 @@ const bool kPhases = [] {
 class KillPoints {
  public:
   KillPoints() {
-    const char* spec = std::getenv("CKPT_KILL_AT");
-    if (spec == nullptr) return;
-    const std::string text = spec;
-    const size_t colon = text.rfind(':');
-    if (colon == std::string::npos || colon == 0) return;
-    char* end = nullptr;
-    const long n = std::strtol(text.c_str() + colon + 1, &end, 10);
-    if (n <= 0 || end == nullptr || *end != '\0') return;
-    point_ = text.substr(0, colon);
-    n_ = n;
+    auto at = format::KillAtFromEnvironment();
+    if (!at.ok() || !*at) return;
+    point_ = std::move((*at)->point);
+    n_ = (*at)->n;
     if (const char* once = std::getenv("CKPT_KILL_ONCE"); once != nullptr && *once != '\0') {
       once_file_ = once;
     }
@@ -110,8 +108,8 @@ class KillPoints {
   }
   std::string point_;
   std::string once_file_;
-  long n_ = 0;
-  std::atomic<long> hits_{0};
+  int64_t n_ = 0;
+  std::atomic<int64_t> hits_{0};
 };
 
 KillPoints& WorkerKillPoints() {
@@ -292,7 +290,7 @@ void WorkerLoop::SendOutcome(uint64_t task_id, const model::MemberOutcome& o) {
       return;
     }
     auto offset = ipc::EncodeHeaderOnly(r, res->data, res->size);
-    WorkerKillPoints().At("worker.encode");
+    WorkerKillPoints().At(format::kill_points::kWorkerEncode);
     encoded = offset.ok() ? o.EncodeStateTo(res->data + *offset, r.state.size) : offset.status();
     if (encoded.ok()) {
       Status c;
@@ -303,7 +301,7 @@ void WorkerLoop::SendOutcome(uint64_t task_id, const model::MemberOutcome& o) {
         std::fprintf(stderr, "trace worker %s: sent RESULT task %llu: %s\n", name_.c_str(),
                      static_cast<unsigned long long>(task_id), c.ToString().c_str());
       }
-      if (c.ok()) WorkerKillPoints().At("worker.result_sent");
+      if (c.ok()) WorkerKillPoints().At(format::kill_points::kWorkerResultSent);
       return;
     }
     channel_->Abandon();
@@ -386,7 +384,7 @@ void WorkerLoop::HandleTrain(const ipc::Received& rec) {
     std::fprintf(stderr, "trace worker %s: got TRAIN task %llu %s\n", name_.c_str(),
                  static_cast<unsigned long long>(t->task_id), t->member.c_str());
   }
-  WorkerKillPoints().At("worker.decode");
+  WorkerKillPoints().At(format::kill_points::kWorkerDecode);
   const auto start = Clock::now();
   Job job;
   job.task_id = t->task_id;
@@ -466,7 +464,7 @@ void WorkerLoop::SlotLoopBody() {
       j.task.state = j.state.data();
       j.task.state_size = j.state.size();
     }
-    WorkerKillPoints().AtAfter("worker.train", 0.5 * last_compute_s_.load());
+    WorkerKillPoints().AtAfter(format::kill_points::kWorkerTrain, 0.5 * last_compute_s_.load());
     if (fused && group.size() > 1) {
       std::vector<model::MemberTask> tasks;
       for (const auto& j : group) tasks.push_back(j.task);
@@ -573,8 +571,8 @@ namespace {
 // given its own GPU as device 0).
 std::string ResolveDevice(const std::string& device) {
   if (device != "auto") return device;
-  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
-  if (visible != nullptr && (*visible == '\0' || std::strncmp(visible, "-1", 2) == 0)) {
+  const char* visible = std::getenv(format::kCudaVisibleDevicesVariable);
+  if (visible != nullptr && format::ParseVisibleDevices(visible, /*gpus=*/-1).empty()) {
     return "cpu";
   }
   bool gpu = access("/dev/nvidia0", F_OK) == 0;

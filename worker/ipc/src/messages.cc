@@ -10,6 +10,8 @@
 #include <nlohmann/json.hpp>
 #include <string_view>
 
+#include "ckpt/format/json_depth.h"
+
 namespace ckpt::ipc {
 
 using nlohmann::json;
@@ -216,33 +218,6 @@ size_t SizeStateful(const M& m) {
 
 // ---------------------------------------------------------------- decoding
 
-// Nesting depth of JSON text, counted outside strings; -1 when over `limit`.
-int JsonDepth(std::string_view text, int limit) {
-  int depth = 0, max_depth = 0;
-  bool in_string = false, escaped = false;
-  for (char c : text) {
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (c == '\\') {
-        escaped = true;
-      } else if (c == '"') {
-        in_string = false;
-      }
-      continue;
-    }
-    if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > limit) return -1;
-      max_depth = std::max(max_depth, depth);
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return max_depth;
-}
-
 // Reads typed fields of one message's JSON object; the first failure sticks.
 class Fields {
  public:
@@ -354,7 +329,7 @@ Status ParseHeader(const uint8_t* p, size_t n, const char* type, json* out, size
                               " exceeds the payload or the cap");
   }
   std::string_view text(reinterpret_cast<const char*>(p + kLengthBytes), len);
-  if (JsonDepth(text, kMaxJsonDepth) < 0) {
+  if (format::JsonDepth(text, kMaxJsonDepth) > kMaxJsonDepth) {
     return Status::Corruption(std::string(type) + " message: JSON nested too deep");
   }
   try {
