@@ -3,7 +3,4 @@
 function(ckpt_set_defaults target)
   target_compile_features(${target} PUBLIC cxx_std_17)
   target_compile_options(${target} PRIVATE -Wall -Wextra -Wno-unused-parameter -Werror)
-  if(CKPT_SANITIZE_FLAGS)
-    target_compile_options(${target} PRIVATE ${CKPT_SANITIZE_FLAGS})
-  endif()
 endfunction()
