@@ -306,6 +306,16 @@ StatusOr<ipc::Configure> SchedulerImpl::ConfigureFor(const std::string& exp) {
   m.model_spec = c.model_spec;
   m.dataset = c.dataset;
   m.dataset_path = c.dataset_path;
+  m.data_format = std::string(format::DatasetFormatName(c.data_format));
+  if (c.data_format != format::DatasetFormat::kIdx) {
+    m.val_size = c.tensor_data.val_size;
+    m.classes = c.tensor_data.classes;
+    m.data_mean = c.tensor_data.mean;
+    m.data_std = c.tensor_data.std;
+  }
+  if (c.loss) m.loss = std::string(format::LossKindName(*c.loss));
+  if (c.metric) m.metric = std::string(format::MetricKindName(*c.metric));
+  m.augment = format::AugmentationNames(c.augment);
   m.optimizer = c.optimizer;
   m.batch_size = c.batch_size;
   m.eval_size = c.eval_size;

@@ -2,6 +2,7 @@
 // processes, a real RocksDB store, real shared-memory rings, Fashion-MNIST.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -353,6 +354,41 @@ TEST_F(PbtRunTest, BadConfigurationsFailBeforeAnythingStarts) {
   Child child(RunArgs(WriteConfig("empty.toml", text), dir_ + "/bad-store"), dir_ + "/empty.log");
   child.Wait();
   EXPECT_NE(child.Log().find("search_space"), std::string::npos) << child.Log();
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/bad-store"));
+}
+
+// The same run on Fashion-MNIST's IDX files and on a safetensors copy of them
+// (examples/make_dataset.py keeps ckpt's splits) ends with the same committed
+// heads, bit for bit: the tensor file goes through the TOML, CONFIGURE and the
+// worker's reader, and trains as the IDX files do. A bad file stops the run
+// before anything starts, naming the file, the tensor and the row.
+TEST_F(PbtRunTest, TensorFileRunEndsAsTheIdxRunAndABadFileIsRefusedBeforeStart) {
+  const std::string file = dir_ + "/fm.safetensors";
+  const std::string make = std::string(CKPT_PROJECT_PYTHON) + " " + CKPT_MAKE_DATASET +
+                           " fashion-mnist /usr/share/datasets/fashion-mnist " + file +
+                           " > /dev/null";
+  ASSERT_EQ(std::system(make.c_str()), 0) << make;
+  const std::string idx = Config("td", "sync", 1, 4, 3);
+  std::string tensor = idx;
+  const std::string data = "[data]\n";
+  tensor.replace(tensor.find(data), data.size(),
+                 data + "format = \"safetensors\"\npath = \"" + file + "\"\n");
+  ASSERT_EQ(RunToEnd(WriteConfig("idx.toml", idx), dir_ + "/idx"), 0);
+  ASSERT_EQ(RunToEnd(WriteConfig("tensor.toml", tensor), dir_ + "/tensor"), 0);
+  const auto a = Heads(dir_ + "/idx", "td");
+  const auto b = Heads(dir_ + "/tensor", "td");
+  ASSERT_EQ(a.size(), 4u);
+  EXPECT_TRUE(a == b);
+
+  // Labels run 0..9; classes = 3 makes label 3 (or more) out of range.
+  std::string bad = tensor;
+  bad.replace(bad.find("format = "), 0, "classes = 3\n");
+  Child child(RunArgs(WriteConfig("bad.toml", bad), dir_ + "/bad-store"), dir_ + "/bad.log");
+  ASSERT_TRUE(child.WaitFor(milliseconds(60000)));
+  const int st = child.Wait();
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 2) << child.Log();
+  EXPECT_NE(child.Log().find(file + ": train.y: label "), std::string::npos) << child.Log();
+  EXPECT_NE(child.Log().find("is outside [0, 3)"), std::string::npos) << child.Log();
   EXPECT_FALSE(std::filesystem::exists(dir_ + "/bad-store"));
 }
 

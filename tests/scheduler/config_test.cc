@@ -6,7 +6,10 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <sstream>
+#include <vector>
 
+#include "ckpt/format/checkpoint.h"
 #include "ckpt/scheduler/service.h"
 
 namespace ckpt::scheduler {
@@ -207,6 +210,84 @@ TEST(ConfigLimitsTest, TorchScriptSpecNamingAFifoIsRefusedWithoutReadingIt) {
   ExpectError(Replace(kGood, "spec = \"lenet5\"", "spec = \"torchscript:" + fifo + "\""),
               "is not a regular file");
   unlink(fifo.c_str());
+}
+
+// A tensor dataset written with the checkpoint writer (its metadata is
+// ignored by the dataset reader): 20 [1, 2, 2] U8 images, labels 0..3, or
+// F32 targets.
+std::string WriteTensorData(const std::string& name, bool regression) {
+  std::vector<uint8_t> x(20 * 4);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<uint8_t>(i);
+  std::vector<int64_t> labels(20);
+  std::vector<float> targets(20);
+  for (int i = 0; i < 20; ++i) {
+    labels[i] = i % 4;
+    targets[i] = 0.5f * static_cast<float>(i);
+  }
+  format::CheckpointWriter w;
+  EXPECT_TRUE(w.AddTensor("train.x", format::DType::kU8, {20, 1, 2, 2}, x.data(), x.size()).ok());
+  if (regression) {
+    EXPECT_TRUE(w.AddTensor("train.y", format::DType::kF32, {20}, targets.data(), 80).ok());
+  } else {
+    EXPECT_TRUE(w.AddTensor("train.y", format::DType::kI64, {20}, labels.data(), 160).ok());
+  }
+  const std::string path = ::testing::TempDir() + "/" + name;
+  std::ofstream(path, std::ios::binary) << w.Encode();
+  return path;
+}
+
+TEST(ConfigTest, TensorDataAndTask) {
+  const std::string file = WriteTensorData("cfg_data.safetensors", false);
+  const std::string data =
+      "[data]\nformat = \"safetensors\"\npath = \"" + file +
+      "\"\nval_size = 4\nclasses = 5\naugment = [\"random_crop:2\", \"hflip\"]\n";
+  std::string text = Replace(kGood, "[data]\n", data);
+  auto c = records::ParseExperimentConfig(text + "[task]\nloss = \"cross_entropy\"\n", "exp.toml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->data_format, format::DatasetFormat::kSafetensors);
+  EXPECT_EQ(c->tensor_data.val_size, 4);
+  EXPECT_EQ(c->tensor_data.classes, 5);
+  EXPECT_EQ(c->augment.crop_padding, 2);
+  EXPECT_TRUE(c->augment.hflip);
+  EXPECT_EQ(c->loss, format::LossKind::kCrossEntropy);
+  EXPECT_FALSE(c->metric.has_value());
+
+  ExpectError(text + "[task]\nloss = \"mse\"\n", "task.loss (exp.toml line");
+  ExpectError(text + "[task]\nmetric = \"r3\"\n", "task.metric");
+  ExpectError(Replace(text, "\"hflip\"", "\"vflip\""), "data.augment");
+  ExpectError(Replace(text, "classes = 5", "classes = 3"),
+              file + ": train.y: label 3 at row 3 is outside [0, 3)");
+  ExpectError(Replace(text, "val_size = 4\n", ""), "val_size");
+  ExpectError(Replace(kGood, "[data]\n", "[data]\nval_size = 4\n"), "data.val_size");
+  ExpectError(Replace(kGood, "[data]\n", "[data]\nformat = \"npz\"\n"), "data.format");
+  ExpectError(Replace(kGood, "[data]\n", "[data]\nformat = \"csv\"\n"), "data.format");
+
+  const std::string reg = WriteTensorData("cfg_reg.safetensors", true);
+  text = Replace(kGood, "[data]\n",
+                 "[data]\nformat = \"safetensors\"\npath = \"" + reg + "\"\nval_size = 4\n");
+  c = records::ParseExperimentConfig(text + "[task]\nmetric = \"neg_mse\"\n", "exp.toml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->target, format::TargetKind::kValues);
+  ExpectError(text + "[task]\nmetric = \"accuracy\"\n", "float targets");
+}
+
+// The shipped example for your own data parses as written, the tensor file
+// aside (a small one here, holding out 4 of its 20 rows instead of 5,000).
+TEST(ConfigTest, TheCifarExampleParses) {
+  std::ifstream in(std::string(CKPT_SOURCE_DIR) + "/examples/cifar10-resnet20-pbt.toml");
+  ASSERT_TRUE(in.good());
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string file = WriteTensorData("cfg_cifar.safetensors", false);
+  std::string toml = Replace(text.str(), "\"cifar10.safetensors\"", "\"" + file + "\"");
+  toml = Replace(toml, "val_size = 5000", "val_size = 4");
+  auto c = records::ParseExperimentConfig(toml, "cifar10-resnet20-pbt.toml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->model_spec, "resnet20");
+  EXPECT_EQ(c->data_format, format::DatasetFormat::kSafetensors);
+  EXPECT_EQ(c->augment.crop_padding, 4);
+  EXPECT_TRUE(c->augment.hflip);
+  EXPECT_EQ(c->metric, format::MetricKind::kAccuracy);
 }
 
 }  // namespace

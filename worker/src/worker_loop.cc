@@ -321,6 +321,30 @@ void WorkerLoop::SendTimed(uint64_t task_id, const model::MemberOutcome& o) {
   phases_.FirstResult(Since(started_));
 }
 
+// The data and task settings of a CONFIGURE, as TrainerOptions.
+Status ApplyDataSettings(const ipc::Configure& c, model::TrainerOptions* t) {
+  CKPT_ASSIGN_OR_RETURN(format::DatasetFormat data_format,
+                        format::ParseDatasetFormat(c.data_format));
+  if (data_format != format::DatasetFormat::kIdx) {
+    format::TensorDatasetOptions d;
+    d.format = data_format;
+    d.path = c.dataset_path;
+    d.val_size = c.val_size;
+    d.classes = c.classes;
+    d.mean = c.data_mean;
+    d.std = c.data_std;
+    t->tensor_data = std::move(d);
+  }
+  if (!c.loss.empty()) {
+    CKPT_ASSIGN_OR_RETURN(t->loss, format::ParseLossKind(c.loss));
+  }
+  if (!c.metric.empty()) {
+    CKPT_ASSIGN_OR_RETURN(t->metric, format::ParseMetricKind(c.metric));
+  }
+  CKPT_ASSIGN_OR_RETURN(t->augment, format::ParseAugmentation(c.augment));
+  return Status::OK();
+}
+
 Status WorkerLoop::HandleConfigure(const ipc::Received& rec) {
   const auto start = Clock::now();
   auto c = ipc::DecodeConfigure(rec.payload, rec.size);
@@ -334,6 +358,11 @@ Status WorkerLoop::HandleConfigure(const ipc::Received& rec) {
   t.eval_size = c->eval_size;
   t.dataset = c->dataset;
   t.dataset_path = c->dataset_path;
+  Status data = ApplyDataSettings(*c, &t);
+  if (!data.ok()) {
+    SendFailed(0, c->experiment, kConfigureRefused, data.ToString());
+    return Status::OK();
+  }
   t.intra_op_threads = options_.intra_op_threads;
   t.seed = c->seed;
   t.cancel = &cancel_;

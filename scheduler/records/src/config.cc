@@ -5,6 +5,7 @@
 
 #include <cctype>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -66,6 +67,24 @@ constexpr std::string_view kTorchScriptPrefix = "torchscript:";
 // fully at CONFIGURE, and a refusal there ends the experiment): a TorchScript
 // file must be readable and be a zip archive (torch.jit.save writes one); a
 // layer list must be JSON.
+// Maps and checks the tensor file of [data] (ckpt/format/tensor_dataset.h)
+// now, so that a bad file stops the run before anything starts.
+Status CheckTensorData(TomlTableReader* r, bool has_path, ExperimentConfig* c) {
+  if (!has_path) return r->Error("format", "needs path = the tensor file");
+  std::error_code ec;
+  const std::filesystem::path abs = std::filesystem::absolute(c->dataset_path, ec);
+  if (!ec) c->dataset_path = abs.string();
+  c->tensor_data.format = c->data_format;
+  c->tensor_data.path = c->dataset_path;
+  auto d = format::TensorDataset::Open(c->tensor_data);
+  if (!d.ok()) return r->Error("path", d.status().message());
+  c->target = (*d)->target();
+  if (c->augment.any() && (*d)->sample_shape().size() != 3) {
+    return r->Error("augment", "needs [N, C, H, W] images; the file holds [N, F] features");
+  }
+  return Status::OK();
+}
+
 Status CheckModelSpec(TomlTableReader* r, const std::string& spec) {
   if (spec.empty()) return r->Error("spec", "must not be empty");
   // The spec travels to every worker in CONFIGURE, whose JSON is bounded.
@@ -93,11 +112,13 @@ Status CheckModelSpec(TomlTableReader* r, const std::string& spec) {
     }
     return Status::OK();
   }
-  if (spec == "lenet5") return Status::OK();
+  // The built-in models of worker/include/ckpt/worker/model_spec.h.
+  if (spec == "lenet5" || spec == "resnet20") return Status::OK();
   const size_t first = spec.find_first_not_of(" \t\r\n");
   if (first == std::string::npos || (spec[first] != '[' && spec[first] != '{')) {
-    return r->Error("spec", "must be lenet5, torchscript:PATH or a JSON layer list, not '" +
-                                spec.substr(0, 64) + "'");
+    return r->Error("spec",
+                    "must be lenet5, resnet20, torchscript:PATH or a JSON layer list, not '" +
+                        spec.substr(0, 64) + "'");
   }
   return Status::OK();
 }
@@ -252,19 +273,62 @@ StatusOr<ExperimentConfig> ParseExperimentConfig(const std::string& toml_text,
   CKPT_ASSIGN_OR_RETURN(const toml::table* data, top.Table("data"));
   if (data != nullptr) {
     TomlTableReader r(*data, "data", origin);
+    std::string data_format = "idx";
+    CKPT_RETURN_IF_ERROR(r.OneOf("format", {"idx", "safetensors", "npz"}, &data_format));
+    c.data_format = *format::ParseDatasetFormat(data_format);
     CKPT_RETURN_IF_ERROR(r.OneOf("dataset", {"fashion-mnist", "mnist"}, &c.dataset));
     CKPT_RETURN_IF_ERROR(r.String("path", &c.dataset_path));
+    format::TensorDatasetOptions& t = c.tensor_data;
+    CKPT_RETURN_IF_ERROR(r.Int("val_size", 0, int64_t{1} << 40, &t.val_size));
+    CKPT_RETURN_IF_ERROR(r.Int("classes", 0, int64_t{1} << 24, &t.classes));
+    CKPT_RETURN_IF_ERROR(r.Doubles("mean", &t.mean));
+    CKPT_RETURN_IF_ERROR(r.Doubles("std", &t.std));
+    std::vector<std::string> augment;
+    CKPT_RETURN_IF_ERROR(r.Strings("augment", &augment));
+    auto parsed_augment = format::ParseAugmentation(augment);
+    if (!parsed_augment.ok()) return r.Error("augment", parsed_augment.status().message());
+    c.augment = *parsed_augment;
     CKPT_RETURN_IF_ERROR(r.Int("batch_size", 1, 65536, &c.batch_size));
     CKPT_RETURN_IF_ERROR(r.Int("eval_size", 0, 10000, &c.eval_size));
     CKPT_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
-    if (!FileExists(c.dataset_path + "/train-images-idx3-ubyte.gz") &&
-        !FileExists(c.dataset_path + "/train-images-idx3-ubyte")) {
+    if (c.data_format != format::DatasetFormat::kIdx) {
+      CKPT_RETURN_IF_ERROR(CheckTensorData(&r, data->get("path") != nullptr, &c));
+    } else if (data->get("val_size") || data->get("classes") || data->get("mean") ||
+               data->get("std")) {
+      const char* key = data->get("val_size")  ? "val_size"
+                        : data->get("classes") ? "classes"
+                        : data->get("mean")    ? "mean"
+                                               : "std";
+      return r.Error(key, "applies to tensor files (format = \"safetensors\" or \"npz\")");
+    } else if (!FileExists(c.dataset_path + "/train-images-idx3-ubyte.gz") &&
+               !FileExists(c.dataset_path + "/train-images-idx3-ubyte")) {
       return r.Error("path", "no train-images-idx3-ubyte[.gz] in '" + c.dataset_path +
                                  "' (install dataset-fashion-mnist or fix the path)");
     }
   } else if (!FileExists(c.dataset_path + "/train-images-idx3-ubyte.gz")) {
     return Status::InvalidArgument("data.path (" + origin + "): default dataset " + c.dataset_path +
                                    " is missing (install dataset-fashion-mnist)");
+  }
+  CKPT_ASSIGN_OR_RETURN(const toml::table* task, top.Table("task"));
+  if (task != nullptr) {
+    TomlTableReader r(*task, "task", origin);
+    std::string loss, metric;
+    CKPT_RETURN_IF_ERROR(r.OneOf("loss", {"cross_entropy", "mse"}, &loss));
+    CKPT_RETURN_IF_ERROR(r.OneOf("metric", {"accuracy", "neg_mse"}, &metric));
+    CKPT_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
+    const std::string holds = c.target == format::TargetKind::kClasses
+                                  ? "the data's y holds class labels"
+                                  : "the data's y holds float targets";
+    if (!loss.empty()) {
+      c.loss = *format::ParseLossKind(loss);
+      if (format::TargetOf(*c.loss) != c.target) return r.Error("loss", "does not fit: " + holds);
+    }
+    if (!metric.empty()) {
+      c.metric = *format::ParseMetricKind(metric);
+      if (format::TargetOf(*c.metric) != c.target) {
+        return r.Error("metric", "does not fit: " + holds);
+      }
+    }
   }
   CKPT_ASSIGN_OR_RETURN(const toml::table* pop, top.Table("population"));
   if (pop == nullptr) return top.Error("population", "is required ([population] size = N)");

@@ -69,6 +69,14 @@ json ToJson(const Configure& m) {
               {"model_spec", m.model_spec},
               {"dataset", m.dataset},
               {"dataset_path", m.dataset_path},
+              {"data_format", m.data_format},
+              {"val_size", m.val_size},
+              {"classes", m.classes},
+              {"data_mean", m.data_mean},
+              {"data_std", m.data_std},
+              {"loss", m.loss},
+              {"metric", m.metric},
+              {"augment", m.augment},
               {"optimizer", m.optimizer},
               {"batch_size", m.batch_size},
               {"eval_size", m.eval_size},
@@ -278,6 +286,26 @@ class Fields {
       Fail(key, "expected a number");
     }
   }
+  void Strings(const char* key, std::vector<std::string>* out) {
+    const json* v = Find(key, false);
+    if (v == nullptr) return;
+    if (!v->is_array()) return Fail(key, "expected an array of strings");
+    out->clear();
+    for (const auto& x : *v) {
+      if (!x.is_string()) return Fail(key, "expected an array of strings");
+      out->push_back(x.get<std::string>());
+    }
+  }
+  void Numbers(const char* key, std::vector<double>* out) {
+    const json* v = Find(key, false);
+    if (v == nullptr) return;
+    if (!v->is_array()) return Fail(key, "expected an array of numbers");
+    out->clear();
+    for (const auto& x : *v) {
+      if (!x.is_number()) return Fail(key, "expected an array of numbers");
+      out->push_back(x.get<double>());
+    }
+  }
   void Map(const char* key, std::map<std::string, double>* out) {
     const json* v = Find(key, false);
     if (v == nullptr) return;
@@ -455,6 +483,14 @@ StatusOr<Configure> DecodeConfigure(const uint8_t* p, size_t n) {
     f.Str("model_spec", &m.model_spec);
     f.Str("dataset", &m.dataset);
     f.Str("dataset_path", &m.dataset_path);
+    f.Str("data_format", &m.data_format);
+    f.I64("val_size", &m.val_size);
+    f.I64("classes", &m.classes);
+    f.Numbers("data_mean", &m.data_mean);
+    f.Numbers("data_std", &m.data_std);
+    f.Str("loss", &m.loss);
+    f.Str("metric", &m.metric);
+    f.Strings("augment", &m.augment);
     f.Str("optimizer", &m.optimizer);
     f.I32("batch_size", &m.batch_size);
     f.I32("eval_size", &m.eval_size);

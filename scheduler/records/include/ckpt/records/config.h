@@ -6,7 +6,13 @@
 //   metrics = "127.0.0.1:9464"        # "" = no metrics endpoint
 //   [model]      spec = "lenet5"; optimizer = "sgd"
 //   [data]       dataset = "fashion-mnist"; path = "..."; batch_size = 64;
-//                eval_size = 2000 (0: no validation, every score is NaN)
+//                eval_size = 2000 (0: no validation, every score is NaN);
+//                format = "idx" | "safetensors" | "npz" (path: the IDX directory,
+//                or the tensor file, mapped and checked completely here:
+//                ckpt/format/tensor_dataset.h); val_size = 0; classes = 0;
+//                mean = [...]; std = [...]; augment = ["random_crop:4", "hflip"]
+//   [task]       loss = "cross_entropy" | "mse"; metric = "accuracy" | "neg_mse"
+//                (default: those of the data's targets, ckpt/format/task.h)
 //   [population] size = 30; steps_per_interval = 200; intervals = 20;
 //                target_metric = 0.92; max_wall_s = 0
 //   [search_space.lr] type = "log_uniform"; min = 1e-3; max = 0.3
@@ -32,11 +38,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "ckpt/format/status.h"
+#include "ckpt/format/task.h"
+#include "ckpt/format/tensor_dataset.h"
 
 namespace ckpt::records {
 
@@ -169,6 +178,16 @@ struct ExperimentConfig {
   std::string optimizer = "sgd";
   std::string dataset = "fashion-mnist";
   std::string dataset_path = "/usr/share/datasets/fashion-mnist";
+  // How dataset_path is read; for a tensor file (made absolute here) also
+  // val_size, classes, mean and std (tensor_data.format == data_format).
+  format::DatasetFormat data_format = format::DatasetFormat::kIdx;
+  format::TensorDatasetOptions tensor_data;
+  format::Augmentation augment;
+  // The data's target kind (class labels for IDX).
+  format::TargetKind target = format::TargetKind::kClasses;
+  // [task]; unset = the target's default.
+  std::optional<format::LossKind> loss;
+  std::optional<format::MetricKind> metric;
   int batch_size = 64;
   int eval_size = 2000;
   int population = 0;

@@ -73,8 +73,16 @@ struct Configure {
   std::string experiment;
   std::string model_spec = "lenet5";  // name or JSON list of layers, or "torchscript:PATH"
   std::string dataset = "fashion-mnist";
-  std::string dataset_path;       // directory with the IDX files; "" = default
-  std::string optimizer = "sgd";  // "sgd" | "adam" | "adamw"
+  std::string dataset_path;  // directory with the IDX files ("" = default), or the tensor file
+  // How dataset_path is read: "idx" | "safetensors" | "npz" (ckpt/format/tensor_dataset.h).
+  std::string data_format = "idx";
+  int64_t val_size = 0;                     // tensor file without a val split: train rows held out
+  int64_t classes = 0;                      // 0 = from the data
+  std::vector<double> data_mean, data_std;  // per channel; empty = from the train split
+  std::string loss;                         // "" = the data's default (ckpt/format/task.h)
+  std::string metric;                       // "" = the data's default
+  std::vector<std::string> augment;         // "random_crop:P", "hflip" (ckpt/format/task.h)
+  std::string optimizer = "sgd";            // "sgd" | "adam" | "adamw"
   int32_t batch_size = 64;
   int32_t eval_size = 10000;  // validation samples per evaluation
   int32_t slots = 0;          // 0 = worker's default
