@@ -290,5 +290,36 @@ TEST(ConfigTest, TheCifarExampleParses) {
   EXPECT_EQ(c->metric, format::MetricKind::kAccuracy);
 }
 
+// A stored configuration is read elsewhere (ckpt-tool, perhaps on another
+// host) without the files it names; everything else is still checked.
+TEST(ConfigTest, FileChecksCanBeSkippedByAReader) {
+  const std::string text =
+      Replace(kGood, "[data]\n",
+              "[data]\nformat = \"safetensors\"\npath = \"/nonexistent/d.safetensors\"\n"
+              "val_size = 4\n");
+  ExpectError(text, "/nonexistent/d.safetensors");
+  auto c = records::ParseExperimentConfig(text, "exp.toml", records::FileChecks::kSkip);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->dataset_path, "/nonexistent/d.safetensors");
+  EXPECT_EQ(c->tensor_data.val_size, 4);
+  const std::string torchscript =
+      Replace(kGood, "spec = \"lenet5\"", "spec = \"torchscript:/nonexistent/m.pt\"");
+  EXPECT_TRUE(
+      records::ParseExperimentConfig(torchscript, "exp.toml", records::FileChecks::kSkip).ok());
+  EXPECT_FALSE(records::ParseExperimentConfig(Replace(text, "val_size = 4", "val_size = -1"),
+                                              "exp.toml", records::FileChecks::kSkip)
+                   .ok());
+}
+
+// dataset = "mnist" without a path reads MNIST's directory, not the default
+// Fashion-MNIST one.
+TEST(ConfigTest, MnistWithoutAPathIsMnistsDirectory) {
+  auto c =
+      records::ParseExperimentConfig(Replace(kGood, "[data]\n", "[data]\ndataset = \"mnist\"\n"),
+                                     "exp.toml", records::FileChecks::kSkip);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->dataset_path, "/usr/share/datasets/mnist");
+}
+
 }  // namespace
 }  // namespace ckpt::scheduler

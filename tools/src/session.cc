@@ -1,21 +1,17 @@
 #include "session.h"
 
-#include <toml++/toml.h>
-
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
-#include <nlohmann/json.hpp>
 #include <system_error>
 
 namespace ckpt::tool {
 namespace {
 
 namespace fs = std::filesystem;
-using json = nlohmann::json;
 
 bool IsDirectory(const std::string& path) {
   std::error_code ec;
@@ -186,29 +182,15 @@ StatusOr<store::Manifest> Session::ResolveManifest(const MemberRef& ref) {
 }
 
 StatusOr<ExperimentSettings> ReadExperimentSettings(const store::ExperimentInfo& info) {
-  ExperimentSettings s;
-  json config = json::parse(info.config_json, nullptr, /*allow_exceptions=*/false);
-  if (!config.is_object() || !config.contains("toml") || !config["toml"].is_string()) return s;
-  const std::string text = config["toml"].get<std::string>();
-  try {
-    toml::table t = toml::parse(text, "experiment " + info.id);
-    s.from_toml = true;
-    s.model_spec = t["model"]["spec"].value_or(s.model_spec);
-    s.optimizer = t["model"]["optimizer"].value_or(s.optimizer);
-    s.dataset = t["data"]["dataset"].value_or(s.dataset);
-    if (auto p = t["data"]["path"].value<std::string>()) {
-      s.dataset_path = *p;
-    } else if (s.dataset == "mnist") {
-      s.dataset_path = "/usr/share/datasets/mnist";
-    }
-    s.population = static_cast<int>(t["population"]["size"].value_or(int64_t{s.population}));
-    s.intervals = static_cast<int>(t["population"]["intervals"].value_or(int64_t{s.intervals}));
-    s.steps_per_interval = t["population"]["steps_per_interval"].value_or(s.steps_per_interval);
-  } catch (const toml::parse_error& e) {
-    return Status::Corruption("experiment " + info.id + ": its configuration does not parse: " +
-                              std::string(e.description()));
+  auto toml = records::DecodeExperimentToml(info.config_json, info.id);
+  if (!toml.ok()) return ExperimentSettings{};
+  auto config =
+      records::ParseExperimentConfig(*toml, "experiment " + info.id, records::FileChecks::kSkip);
+  if (!config.ok()) {
+    return Status::Corruption("experiment " + info.id +
+                              ": its configuration does not parse: " + config.status().message());
   }
-  return s;
+  return std::move(config).value();
 }
 
 records::MemberRecord ReadMemberRecord(const store::MemberHead& head) {

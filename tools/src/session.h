@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "ckpt/format/status.h"
+#include "ckpt/records/config.h"
 #include "ckpt/records/member_record.h"
 #include "ckpt/records/status.h"
 #include "ckpt/scheduler/control_client.h"
@@ -66,20 +67,12 @@ class Session {
 // $CKPT_SOCKET, else the service's socket (kServiceSocket).
 std::string DefaultSocket();
 
-// What the tool reads of an experiment's configuration (the TOML file the
-// scheduler keeps with it; ckpt/scheduler/config.h). Fields missing from the
-// file keep the scheduler's defaults.
-struct ExperimentSettings {
-  std::string model_spec = "lenet5";
-  std::string optimizer = "sgd";
-  std::string dataset = "fashion-mnist";
-  std::string dataset_path = "/usr/share/datasets/fashion-mnist";
-  int population = 0;
-  int intervals = 10;
-  int64_t steps_per_interval = 100;
-  // False when the experiment carries no TOML (created by something else).
-  bool from_toml = false;
-};
+// What the tool reads of an experiment's configuration: the TOML the
+// scheduler keeps with it, parsed by the scheduler's own parser without its
+// file checks (the dataset and model files may not exist where the tool
+// runs). The defaults when the experiment carries no TOML (created by
+// something else) or its record is not JSON.
+using ExperimentSettings = records::ExperimentConfig;
 
 // Reads `info.config_json` ({"toml": "..."}). Corruption naming the
 // experiment when its TOML does not parse.

@@ -69,8 +69,7 @@ constexpr std::string_view kTorchScriptPrefix = "torchscript:";
 // layer list must be JSON.
 // Maps and checks the tensor file of [data] (ckpt/format/tensor_dataset.h)
 // now, so that a bad file stops the run before anything starts.
-Status CheckTensorData(TomlTableReader* r, bool has_path, ExperimentConfig* c) {
-  if (!has_path) return r->Error("format", "needs path = the tensor file");
+Status CheckTensorData(TomlTableReader* r, ExperimentConfig* c) {
   std::error_code ec;
   const std::filesystem::path abs = std::filesystem::absolute(c->dataset_path, ec);
   if (!ec) c->dataset_path = abs.string();
@@ -85,7 +84,7 @@ Status CheckTensorData(TomlTableReader* r, bool has_path, ExperimentConfig* c) {
   return Status::OK();
 }
 
-Status CheckModelSpec(TomlTableReader* r, const std::string& spec) {
+Status CheckModelSpec(TomlTableReader* r, const std::string& spec, bool check_files) {
   if (spec.empty()) return r->Error("spec", "must not be empty");
   // The spec travels to every worker in CONFIGURE, whose JSON is bounded.
   if (spec.size() > kMaxModelSpecBytes) {
@@ -95,6 +94,7 @@ Status CheckModelSpec(TomlTableReader* r, const std::string& spec) {
   if (spec.compare(0, kTorchScriptPrefix.size(), kTorchScriptPrefix) == 0) {
     const std::string path = spec.substr(kTorchScriptPrefix.size());
     if (path.empty()) return r->Error("spec", "\"torchscript:\" names no file");
+    if (!check_files) return Status::OK();
     if (FileExists(path) && !RegularFile(path)) {
       return r->Error("spec", "the TorchScript file '" + path + "' is not a regular file");
     }
@@ -236,7 +236,8 @@ const char* FusionModeName(FusionMode mode) {
 }
 
 StatusOr<ExperimentConfig> ParseExperimentConfig(const std::string& toml_text,
-                                                 const std::string& origin) {
+                                                 const std::string& origin, FileChecks files) {
+  const bool check_files = files == FileChecks::kCheck;
   CKPT_ASSIGN_OR_RETURN(toml::table doc, ParseToml(toml_text, origin));
   ExperimentConfig c;
   c.source = toml_text;
@@ -266,7 +267,7 @@ StatusOr<ExperimentConfig> ParseExperimentConfig(const std::string& toml_text,
   if (model != nullptr) {
     TomlTableReader r(*model, "model", origin);
     CKPT_RETURN_IF_ERROR(r.String("spec", &c.model_spec));
-    CKPT_RETURN_IF_ERROR(CheckModelSpec(&r, c.model_spec));
+    CKPT_RETURN_IF_ERROR(CheckModelSpec(&r, c.model_spec, check_files));
     CKPT_RETURN_IF_ERROR(r.OneOf("optimizer", {"sgd", "adam", "adamw"}, &c.optimizer));
     CKPT_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
   }
@@ -291,8 +292,12 @@ StatusOr<ExperimentConfig> ParseExperimentConfig(const std::string& toml_text,
     CKPT_RETURN_IF_ERROR(r.Int("batch_size", 1, 65536, &c.batch_size));
     CKPT_RETURN_IF_ERROR(r.Int("eval_size", 0, 10000, &c.eval_size));
     CKPT_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
+    if (c.dataset == "mnist" && data->get("path") == nullptr) {
+      c.dataset_path = "/usr/share/datasets/mnist";
+    }
     if (c.data_format != format::DatasetFormat::kIdx) {
-      CKPT_RETURN_IF_ERROR(CheckTensorData(&r, data->get("path") != nullptr, &c));
+      if (data->get("path") == nullptr) return r.Error("format", "needs path = the tensor file");
+      if (check_files) CKPT_RETURN_IF_ERROR(CheckTensorData(&r, &c));
     } else if (data->get("val_size") || data->get("classes") || data->get("mean") ||
                data->get("std")) {
       const char* key = data->get("val_size")  ? "val_size"
@@ -300,12 +305,12 @@ StatusOr<ExperimentConfig> ParseExperimentConfig(const std::string& toml_text,
                         : data->get("mean")    ? "mean"
                                                : "std";
       return r.Error(key, "applies to tensor files (format = \"safetensors\" or \"npz\")");
-    } else if (!FileExists(c.dataset_path + "/train-images-idx3-ubyte.gz") &&
+    } else if (check_files && !FileExists(c.dataset_path + "/train-images-idx3-ubyte.gz") &&
                !FileExists(c.dataset_path + "/train-images-idx3-ubyte")) {
       return r.Error("path", "no train-images-idx3-ubyte[.gz] in '" + c.dataset_path +
                                  "' (install dataset-fashion-mnist or fix the path)");
     }
-  } else if (!FileExists(c.dataset_path + "/train-images-idx3-ubyte.gz")) {
+  } else if (check_files && !FileExists(c.dataset_path + "/train-images-idx3-ubyte.gz")) {
     return Status::InvalidArgument("data.path (" + origin + "): default dataset " + c.dataset_path +
                                    " is missing (install dataset-fashion-mnist)");
   }
@@ -316,16 +321,20 @@ StatusOr<ExperimentConfig> ParseExperimentConfig(const std::string& toml_text,
     CKPT_RETURN_IF_ERROR(r.OneOf("loss", {"cross_entropy", "mse"}, &loss));
     CKPT_RETURN_IF_ERROR(r.OneOf("metric", {"accuracy", "neg_mse"}, &metric));
     CKPT_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
+    // Without the file checks a tensor file's targets are not known.
+    const bool target_known = check_files || c.data_format == format::DatasetFormat::kIdx;
     const std::string holds = c.target == format::TargetKind::kClasses
                                   ? "the data's y holds class labels"
                                   : "the data's y holds float targets";
     if (!loss.empty()) {
       c.loss = *format::ParseLossKind(loss);
-      if (format::TargetOf(*c.loss) != c.target) return r.Error("loss", "does not fit: " + holds);
+      if (target_known && format::TargetOf(*c.loss) != c.target) {
+        return r.Error("loss", "does not fit: " + holds);
+      }
     }
     if (!metric.empty()) {
       c.metric = *format::ParseMetricKind(metric);
-      if (format::TargetOf(*c.metric) != c.target) {
+      if (target_known && format::TargetOf(*c.metric) != c.target) {
         return r.Error("metric", "does not fit: " + holds);
       }
     }

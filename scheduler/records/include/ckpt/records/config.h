@@ -205,9 +205,18 @@ struct ExperimentConfig {
   std::string source;
 };
 
-// Parses and validates a TOML document. `origin` names it in errors.
+// Whether parsing also checks the files a configuration names (the IDX
+// directory, the tensor file, mapped and validated whole, and a TorchScript
+// file): the scheduler does, before anything starts; a reader of a stored
+// configuration (ckpt-tool, perhaps on another host) does not.
+enum class FileChecks { kCheck, kSkip };
+
+// Parses and validates a TOML document. `origin` names it in errors. With
+// FileChecks::kSkip, `target` stays kClasses and [task] is not checked
+// against the data.
 StatusOr<ExperimentConfig> ParseExperimentConfig(const std::string& toml_text,
-                                                 const std::string& origin);
+                                                 const std::string& origin,
+                                                 FileChecks files = FileChecks::kCheck);
 // Reads and parses a file; NotFound / IOError naming the path.
 StatusOr<ExperimentConfig> LoadExperimentConfig(const std::string& path);
 
