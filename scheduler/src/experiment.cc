@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "ckpt/format/kill_point.h"
 #include "log.h"
@@ -125,8 +126,10 @@ void Experiment::AfterInterval(Member* m, Clock::time_point now) {
       m->state.status == records::MemberStatus::kIdle) {
     std::vector<MemberProgress> all;
     for (const auto& o : members_) all.push_back(Progress(o));
-    ApplyDecisions(policy_->Decide(m->state.interval, {Progress(*m)}, all));
-    if (m->state.status == records::MemberStatus::kIdle) Enqueue(Find(m->name), false);
+    if (ApplyDecisions(policy_->Decide(m->state.interval, {Progress(*m)}, all)) &&
+        m->state.status == records::MemberStatus::kIdle) {
+      Enqueue(Find(m->name), false);
+    }
   }
   MaybeAdvance();
 }
@@ -159,8 +162,12 @@ void Experiment::MaybeAdvance() {
             all.push_back(Progress(o));
             if (o.active() && o.state.interval == gen) at_gen.push_back(Progress(o));
           }
+          // Decided once: a refused exploit is retried from deferred_, never
+          // decided again (the policy would see the ones already applied).
+          generation_ = gen;
           ApplyDecisions(policy_->Decide(gen, at_gen, all));
         }
+        if (!deferred_.empty()) return;  // the generation waits for the store
         generation_ = gen;
         // Members ahead of the generation (a resumed run) wait; those at it run.
         for (size_t i = 0; i < members_.size(); ++i) {
@@ -174,7 +181,8 @@ void Experiment::MaybeAdvance() {
     } else {
       for (size_t i = 0; i < members_.size(); ++i) {
         Member& m = members_[i];
-        if (m.state.status == records::MemberStatus::kIdle && m.state.interval < c.intervals) {
+        if (m.state.status == records::MemberStatus::kIdle && m.state.interval < c.intervals &&
+            !deferred_.count(m.name)) {
           Enqueue(static_cast<int>(i), false);
         }
       }
@@ -199,8 +207,9 @@ void Experiment::MaybeAdvance() {
   if (!open && in_flight_ == 0) StartFinalEval();
 }
 
-void Experiment::ApplyDecisions(const std::map<std::string, Decision>& decisions) {
-  for (const auto& [name, d] : decisions) {
+bool Experiment::ApplyDecisions(const std::map<std::string, Decision>& decisions) {
+  for (auto it = decisions.begin(); it != decisions.end(); ++it) {
+    const auto& [name, d] = *it;
     const int i = Find(name);
     if (i < 0) continue;
     Member& m = members_[i];
@@ -210,6 +219,13 @@ void Experiment::ApplyDecisions(const std::map<std::string, Decision>& decisions
       auto v = io_->Exploit(name, d.donor, d.hparams,
                             records::EncodeEvent(records::ExploitEvent{
                                 name, d.donor, m.state.interval, d.why, d.hparams, 0}));
+      if (v.status().IsResourceExhausted()) {
+        if (deferred_.empty()) store_refusal_ = v.status().ToString();
+        deferred_.insert(it, decisions.end());
+        Logger().warn("{}: exploit {} <- {} deferred until the store has space: {}", config_.name,
+                      name, d.donor, v.status().ToString());
+        return false;
+      }
       if (!v.ok()) {
         Logger().warn("{}: exploit {} <- {} failed: {}", config_.name, name, d.donor,
                       v.status().ToString());
@@ -230,6 +246,18 @@ void Experiment::ApplyDecisions(const std::map<std::string, Decision>& decisions
           records::EncodeEvent(records::MemberStoppedEvent{name, d.why, std::nullopt}));
     }
   }
+  return true;
+}
+
+void Experiment::RetryDeferred() {
+  if (deferred_.empty()) return;
+  const std::map<std::string, Decision> decisions = std::exchange(deferred_, {});
+  store_refusal_.clear();
+  if (phase_ != Phase::kTraining) return;
+  if (!ApplyDecisions(decisions)) return;
+  Logger().info("{}: {} deferred decision(s) applied; the store has space again", config_.name,
+                decisions.size());
+  MaybeAdvance();  // queues what they held back
 }
 
 void Experiment::OnEvaluated(const WorkItem& item, double test_acc) {

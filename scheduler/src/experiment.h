@@ -174,6 +174,20 @@ class Experiment {
   // be loaded): the experiment ends at once as failed, with the reason.
   void OnConfigureRefused(const std::string& reason);
 
+  // Decisions the store refused for want of space (an exploit it could not
+  // write: ResourceExhausted) are kept, not dropped: the members they concern
+  // (in sync mode, the whole generation) are not queued until they are
+  // applied, so a full disk changes when the run ends, never what it ends
+  // with. The caller pauses dispatch while WaitingForStore() and calls
+  // RetryDeferred() once the store takes writes again; a decision refused
+  // for any other reason is logged and skipped, as before.
+  bool WaitingForStore() const { return !deferred_.empty(); }
+  // The store's refusal of the first deferred decision (empty when none).
+  const std::string& store_refusal() const { return store_refusal_; }
+  // Applies the deferred decisions in their order and queues what they held
+  // back; those refused again stay deferred.
+  void RetryDeferred();
+
   // Control verbs. FailedPrecondition when the experiment has ended.
   Status Pause();
   Status Resume();
@@ -193,7 +207,9 @@ class Experiment {
   // could not be made (the failure is then counted as usual).
   bool FallBackFromCorruptHead(int member, const WorkItem& item, const std::string& reason);
   void MaybeAdvance();
-  void ApplyDecisions(const std::map<std::string, Decision>& decisions);
+  // False when the store refused one for want of space: it and the ones
+  // after it are in deferred_.
+  bool ApplyDecisions(const std::map<std::string, Decision>& decisions);
   void Enqueue(int member, bool eval, bool front = false);
   void StartFinalEval();
   void Finish();
@@ -219,6 +235,8 @@ class Experiment {
   int in_flight_ = 0;
   int evals_pending_ = 0;
   int64_t exploits_ = 0;
+  std::map<std::string, Decision> deferred_;  // refused for want of space
+  std::string store_refusal_;
   int64_t samples_ = 0;
   int64_t intervals_this_run_ = 0;
   Clock::time_point start_;

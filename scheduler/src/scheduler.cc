@@ -324,7 +324,14 @@ StatusOr<ipc::Configure> SchedulerImpl::ConfigureFor(const std::string& exp) {
 }
 
 void SchedulerImpl::Dispatch() {
-  if (stopping_ || !pool_ || waiting_for_space_) return;
+  if (stopping_ || !pool_) return;
+  for (const auto& [id, entry] : entries_) {
+    if (waiting_for_space_) break;
+    if (entry.experiment->WaitingForStore()) {
+      WaitForStoreSpace(id + ": " + entry.experiment->store_refusal());
+    }
+  }
+  if (waiting_for_space_) return;
   dispatcher_.Dispatch(pool_.get(), InOrder(), Clock::now());
 }
 
@@ -417,7 +424,8 @@ void SchedulerImpl::WaitForStoreSpace(const std::string& reason) {
   store_retry_delay_ = milliseconds(1000);
   Logger().error(
       "store full: {}; dispatch paused until the store accepts writes again ({} bytes free on "
-      "its file system); the interval reruns from its committed head",
+      "its file system); what it refused is redone then (an interval from its committed "
+      "head, an exploit as decided)",
       reason, FreeBytes(options_.store_path));
   trace::StoreFull();
   store_retry_.expires_after(store_retry_delay_);
@@ -450,6 +458,8 @@ void SchedulerImpl::RetryStore() {
     // the commits that follow fail the members as any commit error does.
     Logger().error("store: {}", s.ToString());
   }
+  for (auto& [id, entry] : entries_) entry.experiment->RetryDeferred();
+  AfterChange();
   if (stopping_) {
     MaybeFinishStop();
     return;

@@ -14,7 +14,7 @@
 //   exploited  "exp", "member", "donor", "version": an exploit committed
 //   hello      "worker", "device": the device a worker says it trains on
 //   lost       "worker", "reason": a worker declared dead or hung
-//   store_full      a commit refused for want of space; dispatch pauses
+//   store_full      a commit or exploit refused for want of space; dispatch pauses
 //   store_writable  the store accepts writes again; dispatch resumes
 // Std-only on purpose: harnesses include it for the names.
 #ifndef CKPT_SCHEDULER_SRC_TRACE_H_

@@ -704,7 +704,7 @@ class ChaosRun {
         }
       }
       if (ballast_in_ && SecondsSince(ballast_since_) > 60) {
-        std::printf("  disk full: no commit failed within 60 s; ballast removed\n");
+        std::printf("  disk full: no write refused within 60 s; ballast removed\n");
         RemoveBallast();
       }
       if (!InjectDue()) break;
@@ -726,11 +726,11 @@ class ChaosRun {
         worker_fault_.erase(it);
       }
     } else if (e.Is(trace::kStoreFull) && ballast_in_) {
-      // A commit failed for want of space: free it.
+      // A commit or an exploit was refused for want of space: free it.
       RemoveBallast();
       Injected(Kind::kDiskFull);
       disk_fault_ = Pending{true, ballast_since_, Kind::kDiskFull};
-      std::printf("  disk full: a commit failed after %.1f s; ballast removed\n",
+      std::printf("  disk full: the store refused a write after %.1f s; ballast removed\n",
                   std::chrono::duration<double>(e.seen - ballast_since_).count());
     } else if (e.Is(trace::kStoreWritable) && disk_fault_.active) {
       Recovered(disk_fault_, e.seen);
@@ -846,7 +846,7 @@ class ChaosRun {
     }
     results_before_ += results_now_;
     if (ballast_in_) {
-      std::printf("  disk full: the scheduler ended before a commit failed; ballast removed\n");
+      std::printf("  disk full: the scheduler ended before a write was refused; ballast removed\n");
       RemoveBallast();
     }
     disk_fault_.active = false;

@@ -73,6 +73,52 @@ class RecordingPolicy : public Policy {
   std::map<int, int>* decided_;
 };
 
+// The store's writes as the experiment makes them, except that exploits can
+// be refused as a full disk refuses them (ResourceExhausted, nothing
+// written). A real full disk is chaos.disk_full's (a tmpfs filled with
+// ballast); this places the refusal at an exact exploit.
+class SpaceIo : public ExperimentIo {
+ public:
+  explicit SpaceIo(std::unique_ptr<StoreExperimentIo> io) : io_(std::move(io)) {}
+  // The next `allow` exploits are written, the `refuse` after them refused.
+  void FillDisk(int allow, int refuse) {
+    allow_ = allow;
+    refuse_ = refuse;
+  }
+  int refused() const { return refused_; }
+
+  StatusOr<int64_t> Exploit(const std::string& member, const std::string& donor,
+                            const HParams& hparams, const std::string& event_json) override {
+    if (allow_ > 0) {
+      --allow_;
+    } else if (refuse_ > 0) {
+      --refuse_;
+      ++refused_;
+      return Status::ResourceExhausted("store: no space left on the device to write exploit " +
+                                       member + " <- " + donor);
+    }
+    return io_->Exploit(member, donor, hparams, event_json);
+  }
+  void SaveState(const std::string& member, const records::MemberRecord& state) override {
+    io_->SaveState(member, state);
+  }
+  void AppendEvent(const std::string& json) override { io_->AppendEvent(json); }
+  Status SetStatus(records::ExperimentStatus status) override { return io_->SetStatus(status); }
+  void KillPoint(std::string_view point) override { io_->KillPoint(point); }
+  StatusOr<GoodVersion> NewestGoodVersion(const std::string& member, int64_t bad_version) override {
+    return io_->NewestGoodVersion(member, bad_version);
+  }
+  StatusOr<int64_t> Restore(const std::string& member, int64_t version) override {
+    return io_->Restore(member, version);
+  }
+
+ private:
+  std::unique_ptr<StoreExperimentIo> io_;
+  int allow_ = 0;
+  int refuse_ = 0;
+  int refused_ = 0;
+};
+
 // An experiment over a real store, with a "worker" that commits real blobs.
 class Harness {
  public:
@@ -98,9 +144,10 @@ class Harness {
   // (Re)builds the experiment from the store, as a restarted scheduler does.
   void Open() {
     e_.reset();
-    io_ = std::make_unique<StoreExperimentIo>(store_, config_.name, [this](std::string_view p) {
-      if (p == crash_at_ && --crash_countdown_ == 0) throw Crash{};
-    });
+    io_ = std::make_unique<SpaceIo>(
+        std::make_unique<StoreExperimentIo>(store_, config_.name, [this](std::string_view p) {
+          if (p == crash_at_ && --crash_countdown_ == 0) throw Crash{};
+        }));
     auto members = LoadMembers(store_, config_);
     CKPT_CHECK(members.ok());
     auto info = store_->GetExperiment(config_.name);
@@ -119,6 +166,7 @@ class Harness {
   struct Crash {};
 
   Experiment& e() { return *e_; }
+  SpaceIo& io() { return *io_; }
   store::Store& store() { return *store_; }
   std::map<int, int>& decided() { return decided_; }
   void Advance(double seconds) {
@@ -197,7 +245,7 @@ class Harness {
   ExperimentOptions options_;
   std::unique_ptr<store::Store> own_store_;
   store::Store* store_;
-  std::unique_ptr<StoreExperimentIo> io_;
+  std::unique_ptr<SpaceIo> io_;
   std::unique_ptr<Experiment> e_;
   std::map<int, int> decided_;
   Clock::time_point now_ = Clock::time_point() + std::chrono::hours(1);
@@ -435,6 +483,113 @@ TEST(TruncationTest, TiesBreakByNameNanRanksLastInactiveTakeNoPart) {
   EXPECT_EQ(d2.begin()->first, d1.begin()->first);
   EXPECT_EQ(d2.begin()->second.donor, d1.begin()->second.donor);
   EXPECT_EQ(d2.begin()->second.hparams, d1.begin()->second.hparams);
+}
+
+// --- A full disk -------------------------------------------------------------
+
+// Heads, hyperparameters and exploit events of a finished harness, to compare
+// two runs.
+json RunOutcome(Harness& h, int population) {
+  json out;
+  for (int i = 0; i < population; ++i) {
+    const std::string m = MemberName(i, population);
+    auto head = h.store().GetMember("exp", m);
+    CKPT_CHECK(head.ok());
+    out["heads"][m] = {{"step", head->step},
+                       {"hparams", head->hparams},
+                       {"blob", head->blob ? head->blob->Hex() : ""}};
+  }
+  for (auto ev : h.Events("exploit")) {
+    ev.erase("unix_ms");
+    out["exploits"].push_back(ev);
+  }
+  return out;
+}
+
+TEST(ExperimentTest, ExploitRefusedForWantOfSpaceHoldsTheGenerationAndEndsAsTheUndisturbedRun) {
+  auto c = BaseConfig(8, 4);
+  Harness calm(c);
+  calm.RunToEnd();
+  ASSERT_TRUE(calm.e().ended());
+
+  Harness h(c);
+  std::vector<WorkItem> first;
+  while (h.e().Runnable()) first.push_back(h.Take());
+  ASSERT_EQ(first.size(), 8u);
+  // The disk fills between the barrier's two exploits: the first is written,
+  // the second refused.
+  h.io().FillDisk(/*allow=*/1, /*refuse=*/1);
+  for (const auto& w : first) h.Commit(w, ScoreOf(w.hparams, 1));
+  EXPECT_EQ(h.io().refused(), 1);
+  EXPECT_TRUE(h.e().WaitingForStore());
+  EXPECT_NE(h.e().store_refusal().find("no space left"), std::string::npos)
+      << h.e().store_refusal();
+  EXPECT_FALSE(h.e().Runnable()) << "the generation must wait for the refused exploit";
+  EXPECT_EQ(h.e().queued(), 0u);
+  EXPECT_EQ(h.Events("exploit").size(), 1u);
+  // Still full at the first retry: still waiting, nothing queued.
+  h.io().FillDisk(0, 1);
+  h.e().RetryDeferred();
+  EXPECT_EQ(h.io().refused(), 2);
+  EXPECT_TRUE(h.e().WaitingForStore());
+  EXPECT_FALSE(h.e().Runnable());
+  // Space again: the kept decision is applied (not decided a second time),
+  // the generation is queued and the run ends with the undisturbed heads.
+  h.e().RetryDeferred();
+  EXPECT_FALSE(h.e().WaitingForStore());
+  EXPECT_TRUE(h.e().store_refusal().empty());
+  EXPECT_EQ(h.e().queued(), 8u);
+  EXPECT_EQ(h.Events("exploit").size(), 2u);
+  h.RunToEnd();
+  ASSERT_TRUE(h.e().ended());
+  EXPECT_EQ(h.decided(), calm.decided());
+  for (const auto& [gen, n] : h.decided()) EXPECT_EQ(n, 1) << "generation " << gen;
+  EXPECT_EQ(RunOutcome(h, 8), RunOutcome(calm, 8));
+  EXPECT_EQ(h.trained_hparams(), calm.trained_hparams());
+}
+
+TEST(ExperimentTest, AsyncExploitRefusedForWantOfSpaceHoldsOnlyThatMember) {
+  auto c = BaseConfig(6, 4);
+  c.policy.mode = records::PolicyMode::kAsync;
+  c.policy.quantile = 0.34;
+  Harness h(c);
+  std::vector<WorkItem> running;
+  while (h.e().Runnable()) running.push_back(h.Take());
+  ASSERT_EQ(running.size(), 6u);
+  for (int i = 0; i < 5; ++i) h.Commit(running[i], 0.8 + 0.01 * i);
+  WorkItem w;
+  do {
+    w = h.Take();
+  } while (w.member != "m000");
+  // m000 scores badly and would exploit at once: the disk is full.
+  h.io().FillDisk(0, 1);
+  h.Commit(w, 0.1);
+  EXPECT_EQ(h.io().refused(), 1);
+  EXPECT_TRUE(h.e().WaitingForStore());
+  EXPECT_TRUE(h.Events("exploit").empty());
+  const auto queued_members = [&h] {
+    std::set<std::string> names;
+    for (const auto& m : h.e().members()) {
+      if (m.state.status == records::MemberStatus::kQueued) names.insert(m.name);
+    }
+    return names;
+  };
+  EXPECT_FALSE(queued_members().count("m000")) << "m000 must not train before its exploit";
+  const int64_t before = h.e().members()[0].version;
+  h.e().RetryDeferred();
+  EXPECT_FALSE(h.e().WaitingForStore());
+  const auto exploits = h.Events("exploit");
+  ASSERT_EQ(exploits.size(), 1u);
+  EXPECT_EQ(exploits[0]["member"], "m000");
+  EXPECT_GT(h.e().members()[0].version, before);
+  EXPECT_TRUE(queued_members().count("m000"));
+  // It trains its next interval from the exploit version.
+  WorkItem next;
+  do {
+    next = h.Take();
+  } while (next.member != "m000");
+  EXPECT_EQ(next.head_version, h.e().members()[0].version);
+  EXPECT_EQ(next.interval_after, 3);
 }
 
 // --- Async PBT ---------------------------------------------------------------
