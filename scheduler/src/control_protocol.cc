@@ -194,7 +194,7 @@ StatusOr<const VerbSpec*> Validate(const json& request, std::string* verb) {
 
 json SummaryToJson(const ExperimentSummary& s, bool with_members) {
   json j = {{"id", s.id},
-            {"status", s.status},
+            {"status", records::ExperimentStatusName(s.status)},
             {"phase", ExperimentPhaseName(s.phase)},
             {"population", s.population},
             {"intervals", s.intervals},
@@ -214,7 +214,7 @@ json SummaryToJson(const ExperimentSummary& s, bool with_members) {
     json hp = json::object();
     for (const auto& [k, v] : m.hparams) hp[k] = Finite(v);
     members.push_back({{"member", m.member},
-                       {"status", m.status},
+                       {"status", records::MemberStatusName(m.status)},
                        {"intervals_done", m.intervals_done},
                        {"val_acc", Finite(m.val_acc)},
                        {"test_acc", Finite(m.test_acc)},
@@ -245,7 +245,9 @@ StatusOr<ExperimentSummary> SummaryFromJson(const json& j) {
   try {
     ExperimentSummary s;
     s.id = j.at("id").get<std::string>();
-    s.status = j.at("status").get<std::string>();
+    auto status = records::ParseExperimentStatus(j.at("status").get<std::string>());
+    if (!status.ok()) throw BadField("field 'status': " + status.status().message());
+    s.status = *status;
     if (j.contains("phase")) {
       auto phase = ParseExperimentPhase(j.at("phase").get<std::string>());
       if (!phase.ok()) throw BadField("field 'phase': " + phase.status().message());
@@ -264,7 +266,12 @@ StatusOr<ExperimentSummary> SummaryFromJson(const json& j) {
     for (const auto& m : j.value("members", json::array())) {
       MemberSummary ms;
       ms.member = m.at("member").get<std::string>();
-      ms.status = m.at("status").get<std::string>();
+      auto member_status = records::ParseMemberStatus(m.at("status").get<std::string>());
+      if (!member_status.ok()) {
+        throw BadField("member " + ms.member +
+                       ": field 'status': " + member_status.status().message());
+      }
+      ms.status = *member_status;
       ms.intervals_done = Integer<int>(m, "intervals_done");
       ms.val_acc = m.at("val_acc").get<double>();
       ms.test_acc = m.at("test_acc").get<double>();

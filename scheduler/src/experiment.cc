@@ -468,7 +468,7 @@ void Experiment::Finish() {
 ExperimentSummary Experiment::Summary(Clock::time_point now) const {
   ExperimentSummary s;
   s.id = id();
-  s.status = records::ExperimentStatusName(status_);
+  s.status = status_;
   s.phase = phase_;
   s.population = config_.population;
   s.intervals = config_.intervals;
@@ -485,7 +485,7 @@ ExperimentSummary Experiment::Summary(Clock::time_point now) const {
     MemberSummary ms;
     ms.member = m.name;
     ms.intervals_done = m.state.interval;
-    ms.status = records::MemberStatusName(records::StoredMemberStatus(m.state.status));
+    ms.status = records::StoredMemberStatus(m.state.status);
     ms.val_acc = std::isfinite(m.state.score) ? m.state.score : 0;
     ms.test_acc = std::isfinite(m.state.test_acc) ? m.state.test_acc : -1;
     ms.version = m.version;

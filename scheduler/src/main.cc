@@ -86,14 +86,14 @@ int Run(const RunFlags& f) {
     std::fprintf(stderr, "ckpt-scheduler: %s\n", run.ToString().c_str());
     return 1;
   }
-  if (summary.ok() && summary->status == "failed") {
+  if (summary.ok() && summary->status == ckpt::records::ExperimentStatus::kFailed) {
     std::fprintf(stderr,
                  "ckpt-scheduler: experiment %s failed; the reason is in the log above and in its "
                  "events\n",
                  config->name.c_str());
     return 1;
   }
-  if (summary.ok() && summary->status != "done") {
+  if (summary.ok() && summary->status != ckpt::records::ExperimentStatus::kDone) {
     std::printf("stopped before the end; run the same command again to resume\n");
   }
   return 0;

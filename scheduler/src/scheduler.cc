@@ -792,7 +792,7 @@ StatusOr<ExperimentSummary> SchedulerImpl::Summary(const std::string& id) {
   ExperimentSummary s = e->Summary(Clock::now());
   s.store_path = options_.store_path;
   // After Run: an experiment that did not end was interrupted by the stop.
-  if (finished_ && !e->ended()) s.status = "stopped";
+  if (finished_ && !e->ended()) s.status = records::ExperimentStatus::kStopped;
   return s;
 }
 

@@ -45,12 +45,7 @@ std::string ProgressLine(const ExperimentSummary& s) {
     // A member scores once it has trained an interval.
     if (m.intervals_done > 0 && std::isfinite(m.val_acc)) scores.push_back(m.val_acc);
     if (m.intervals_done >= s.intervals) ++done;
-    // The summary carries the status by its records name; an unknown one
-    // (a newer service) counts as still training.
-    const StatusOr<records::MemberStatus> status = records::ParseMemberStatus(m.status);
-    const bool ended = status.ok() && (*status == records::MemberStatus::kStopped ||
-                                       *status == records::MemberStatus::kFailed);
-    if (!ended) {
+    if (m.status != records::MemberStatus::kStopped && m.status != records::MemberStatus::kFailed) {
       remaining += std::max(0, s.intervals - m.intervals_done);
     }
   }
@@ -69,8 +64,9 @@ std::string ProgressLine(const ExperimentSummary& s) {
 }
 
 std::string SummaryTable(const ExperimentSummary& s, size_t max_members) {
-  std::string out = fmt::format("experiment {}: {}, {} members, {} intervals, {} exploits\n", s.id,
-                                s.status, s.population, s.intervals, s.exploits);
+  std::string out =
+      fmt::format("experiment {}: {}, {} members, {} intervals, {} exploits\n", s.id,
+                  records::ExperimentStatusName(s.status), s.population, s.intervals, s.exploits);
   out += fmt::format("{:<8} {:<8} {:>9} {:>9} {:>8}  {}\n", "member", "status", "val_acc",
                      "test_acc", "version", "hyperparameters");
   size_t shown = 0;
@@ -81,8 +77,8 @@ std::string SummaryTable(const ExperimentSummary& s, size_t max_members) {
       hp += fmt::format("{}{}={:.4g}", hp.empty() ? "" : " ", k, v);
     }
     const std::string test = m.test_acc >= 0 ? fmt::format("{:.4f}", m.test_acc) : "-";
-    out += fmt::format("{:<8} {:<8} {:>9.4f} {:>9} {:>8}  {}\n", m.member, m.status, m.val_acc,
-                       test, m.version, hp);
+    out += fmt::format("{:<8} {:<8} {:>9.4f} {:>9} {:>8}  {}\n", m.member,
+                       records::MemberStatusName(m.status), m.val_acc, test, m.version, hp);
   }
   return out;
 }

@@ -10,6 +10,9 @@
 #include <utility>
 #include <vector>
 
+#include "ckpt/records/status.h"
+#include "ckpt/scheduler/summary.h"
+
 namespace ckpt::scheduler::protocol {
 namespace {
 
@@ -80,6 +83,46 @@ TEST(ControlProtocolTest, VersionAtAndPastItsBounds) {
   EXPECT_TRUE(Parse(head + "9223372036854775807}").ok());
   ExpectRefused(head + "9223372036854775808}", "must be a positive integer");
   ExpectRefused(head + "1.5}", "must be a positive integer, not a number with a fraction");
+}
+
+// Statuses travel by their records names and come back as the same enums; a
+// name the records do not know is refused naming the field (and the member).
+TEST(ControlProtocolTest, SummaryStatusesRoundTripAndUnknownNamesAreRefused) {
+  ExperimentSummary s;
+  s.id = "e";
+  s.status = records::ExperimentStatus::kPaused;
+  s.population = 2;
+  s.intervals = 3;
+  MemberSummary a, b;
+  a.member = "m000";
+  a.status = records::MemberStatus::kStopped;
+  b.member = "m001";
+  b.status = records::MemberStatus::kRunning;
+  s.members = {a, b};
+  const nlohmann::json j = SummaryToJson(s, /*with_members=*/true);
+  EXPECT_EQ(j["status"], "paused");
+  EXPECT_EQ(j["members"][0]["status"], "stopped");
+  auto back = SummaryFromJson(j);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->status, records::ExperimentStatus::kPaused);
+  ASSERT_EQ(back->members.size(), 2u);
+  EXPECT_EQ(back->members[0].status, records::MemberStatus::kStopped);
+  EXPECT_EQ(back->members[1].status, records::MemberStatus::kRunning);
+
+  nlohmann::json bad = j;
+  bad["status"] = "sleeping";
+  auto r = SummaryFromJson(bad);
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(r.status().IsInvalidArgument());
+  EXPECT_NE(r.status().message().find("field 'status'"), std::string::npos)
+      << r.status().ToString();
+  EXPECT_NE(r.status().message().find("sleeping"), std::string::npos) << r.status().ToString();
+  bad = j;
+  bad["members"][1]["status"] = "dancing";
+  r = SummaryFromJson(bad);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("member m001: field 'status'"), std::string::npos)
+      << r.status().ToString();
 }
 
 // corpus/control_request/ubsan_summary_float_to_int64 (UBSan in the fuzzer):

@@ -16,6 +16,7 @@
 #include <sstream>
 #include <thread>
 
+#include "ckpt/records/status.h"
 #include "ckpt/scheduler/control_client.h"
 #include "ckpt/scheduler/scheduler.h"
 #include "ckpt/scheduler/service.h"
@@ -157,7 +158,7 @@ TEST_F(ControlTest, EveryVerbAnswersAndErrorsNameTheProblem) {
   ASSERT_TRUE(status.ok()) << status.status().ToString();
   EXPECT_EQ(status->population, 2);
   EXPECT_EQ(status->members.size(), 2u);
-  EXPECT_EQ(status->status, "running");
+  EXPECT_EQ(status->status, records::ExperimentStatus::kRunning);
   auto all = client_->AllExperimentStatus();
   ASSERT_TRUE(all.ok());
   ASSERT_EQ(all->size(), 1u);
@@ -169,10 +170,10 @@ TEST_F(ControlTest, EveryVerbAnswersAndErrorsNameTheProblem) {
   EXPECT_EQ((*devices)[0].device, "cpu");
 
   ASSERT_TRUE(client_->Pause("ctl").ok());
-  EXPECT_EQ(client_->ExperimentStatus("ctl")->status, "paused");
+  EXPECT_EQ(client_->ExperimentStatus("ctl")->status, records::ExperimentStatus::kPaused);
   EXPECT_TRUE(client_->Pause("nope").IsNotFound());
   ASSERT_TRUE(client_->Resume("ctl").ok());
-  EXPECT_EQ(client_->ExperimentStatus("ctl")->status, "running");
+  EXPECT_EQ(client_->ExperimentStatus("ctl")->status, records::ExperimentStatus::kRunning);
 
   Status pin = client_->Pin("ctl", "m000", 999);
   EXPECT_TRUE(pin.IsNotFound()) << pin.ToString();
@@ -181,7 +182,7 @@ TEST_F(ControlTest, EveryVerbAnswersAndErrorsNameTheProblem) {
   EXPECT_NE(restore.status().message().find("m999"), std::string::npos);
 
   ASSERT_TRUE(client_->Stop("ctl").ok());
-  EXPECT_EQ(client_->ExperimentStatus("ctl")->status, "stopped");
+  EXPECT_EQ(client_->ExperimentStatus("ctl")->status, records::ExperimentStatus::kStopped);
   Status after = client_->Pause("ctl");
   EXPECT_EQ(after.code(), StatusCode::kFailedPrecondition) << after.ToString();
 

@@ -16,6 +16,7 @@
 #include <map>
 
 #include "../integration/process_util.h"
+#include "ckpt/records/status.h"
 #include "ckpt/scheduler/control_client.h"
 #include "ckpt/store/store.h"
 #include "control_test_util.h"
@@ -125,7 +126,7 @@ class ServeTest : public ::testing::Test {
 
   std::string StatusOf(const std::string& exp) {
     auto s = client_->ExperimentStatus(exp);
-    return s.ok() ? s->status : s.status().ToString();
+    return s.ok() ? records::ExperimentStatusName(s->status) : s.status().ToString();
   }
 
   // Intervals trained by every member together (persistent across restarts).
@@ -274,7 +275,7 @@ TEST_F(ServeTest, TwoExperimentsProgressPauseResumeAndRestore) {
   auto list = client_->List();
   ASSERT_TRUE(list.ok());
   ASSERT_EQ(list->size(), 2u);
-  for (const auto& e : *list) EXPECT_EQ(e.status, "stopped") << e.id;
+  for (const auto& e : *list) EXPECT_EQ(e.status, records::ExperimentStatus::kStopped) << e.id;
   ro.reset();
   Terminate(serve);
 }
@@ -315,7 +316,7 @@ TEST_F(ServeTest, SigtermDuringTrainingExitsZeroWithinGraceAndServeResumes) {
   auto list = client_->List();
   ASSERT_TRUE(list.ok());
   ASSERT_EQ(list->size(), 1u);
-  EXPECT_EQ((*list)[0].status, "running");
+  EXPECT_EQ((*list)[0].status, records::ExperimentStatus::kRunning);
   ASSERT_TRUE(WaitUntil(
       [&] {
         auto v = Versions("a");
@@ -417,7 +418,7 @@ TEST_F(ServeTest, SigkillOfServeAndRestartResumesEveryExperimentLosingNothing) {
   auto list = client_->List();
   ASSERT_TRUE(list.ok());
   ASSERT_EQ(list->size(), 2u);
-  for (const auto& e : *list) EXPECT_EQ(e.status, "running") << e.id;
+  for (const auto& e : *list) EXPECT_EQ(e.status, records::ExperimentStatus::kRunning) << e.id;
   ASSERT_TRUE(WaitUntil(
       [&] {
         for (const auto& [exp, members] : committed) {

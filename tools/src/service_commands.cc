@@ -7,6 +7,7 @@
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -43,9 +44,9 @@ Status PrintJson(const ToolOptions& tool, const json& j, bool pretty) {
 
 // OK when the experiment ended done; Aborted naming how it ended otherwise.
 Status EndedWell(const ExperimentSummary& s) {
-  auto status = records::ParseExperimentStatus(s.status);
-  if (status.ok() && *status == records::ExperimentStatus::kDone) return Status::OK();
-  return Status::Aborted("experiment " + s.id + " ended " + s.status);
+  if (s.status == records::ExperimentStatus::kDone) return Status::OK();
+  return Status::Aborted("experiment " + s.id + " ended " +
+                         records::ExperimentStatusName(s.status));
 }
 
 // How to name the socket in a hint: nothing when it is the default.
@@ -60,7 +61,7 @@ Status Follow(const ToolOptions& tool, ControlClient* client, const std::string&
   int drawn_lines = 0;  // on a terminal: lines of the last frame, redrawn in place
   int64_t printed_intervals = -1;
   ExperimentPhase printed_phase = ExperimentPhase::kTraining;
-  std::string printed_status;
+  std::optional<records::ExperimentStatus> printed_status;
   while (true) {
     CKPT_ASSIGN_OR_RETURN(ExperimentSummary s, client->ExperimentStatus(experiment));
     const bool ended = s.phase == ExperimentPhase::kDone;

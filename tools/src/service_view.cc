@@ -4,6 +4,7 @@
 #include <map>
 #include <sstream>
 
+#include "ckpt/records/status.h"
 #include "ckpt/scheduler/summary_text.h"
 #include "session.h"
 #include "text_table.h"
@@ -46,12 +47,12 @@ std::vector<std::string> ServiceView(const scheduler::ServiceStatus& status) {
   out.push_back("experiments " + std::to_string(status.experiments.size()));
   for (const auto& e : status.experiments) {
     std::map<std::string, int> by_state;
-    for (const auto& m : e.members) ++by_state[m.status];
+    for (const auto& m : e.members) ++by_state[records::MemberStatusName(m.status)];
     std::string members;
     for (const auto& [state, n] : by_state) {
       members += (members.empty() ? "" : ", ") + std::to_string(n) + " " + state;
     }
-    out.push_back("  " + e.id + " [" + e.status +
+    out.push_back("  " + e.id + " [" + records::ExperimentStatusName(e.status) +
                   "] members: " + (members.empty() ? "none" : members));
     out.push_back("    " + scheduler::ProgressLine(e));
   }

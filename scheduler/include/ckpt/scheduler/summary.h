@@ -1,7 +1,8 @@
 // What the scheduler reports of its experiments and workers: the values of
 // the control API (`status`, `list`, `devices`), of `ckpt-scheduler run`'s
-// summary table and of `ckpt-tool`. Plain values, std only, so that the
-// control client and the tool need nothing of the scheduler's engine.
+// summary table and of `ckpt-tool`. Plain values, std and ckpt::records only,
+// so that the control client and the tool need nothing of the scheduler's
+// engine.
 //
 // Thread-safety: values.
 #ifndef CKPT_SCHEDULER_SUMMARY_H_
@@ -11,6 +12,8 @@
 #include <map>
 #include <string>
 #include <vector>
+
+#include "ckpt/records/status.h"
 
 namespace ckpt::scheduler {
 
@@ -22,7 +25,9 @@ enum class ExperimentPhase { kTraining, kFinalEval, kDone };
 struct MemberSummary {
   std::string member;
   int intervals_done = 0;
-  std::string status;  // "done", "stopped", "failed", "running"
+  // As the member record stores it: kRunning (idle, queued or training),
+  // kDone, kStopped or kFailed (records::StoredMemberStatus).
+  records::MemberStatus status = records::MemberStatus::kRunning;
   double val_acc = 0;
   double test_acc = -1;  // -1: not evaluated
   int64_t version = 0;
@@ -47,7 +52,7 @@ struct WorkerStatus {
 
 struct ExperimentSummary {
   std::string id;
-  std::string status;  // "running", "paused", "done", "stopped", "failed"
+  records::ExperimentStatus status = records::ExperimentStatus::kRunning;
   ExperimentPhase phase = ExperimentPhase::kTraining;
   int population = 0;
   int intervals = 0;
