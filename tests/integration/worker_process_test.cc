@@ -101,9 +101,9 @@ TEST(WorkerProcessTest, MalformedTrainGetsFailedAndTheWorkerGoesOn) {
     (*ch)->Release();
   }
   ASSERT_EQ(failed.size(), 3u);
-  EXPECT_EQ(failed[1].rfind("bad-state", 0), 0u) << failed[1];
+  EXPECT_EQ(failed[1].rfind("bad_state", 0), 0u) << failed[1];
   EXPECT_NE(failed[2].find("nope"), std::string::npos) << failed[2];
-  EXPECT_EQ(failed[3].rfind("bad-request", 0), 0u) << failed[3];
+  EXPECT_EQ(failed[3].rfind("bad_request", 0), 0u) << failed[3];
   EXPECT_NE(failed[3].find("beta9"), std::string::npos) << failed[3];
 
   ipc::Received r = Next(ch->get(), ipc::RecordType::kResult);

@@ -69,7 +69,7 @@ TEST(MessagesTest, HelloConfigureFailedStatsShutdownRoundTrip) {
   EXPECT_EQ(cd->seed, ~uint64_t{0});
   EXPECT_EQ(cd->fusion, "auto");
 
-  Failed f{17, "exp1/m3", "non-finite", "loss is NaN at step 40"};
+  Failed f{17, "exp1/m3", "non_finite", "loss is NaN at step 40"};
   auto fb = EncodeToVector(f);
   auto fd = DecodeFailed(fb.data(), fb.size());
   ASSERT_TRUE(fd.ok());

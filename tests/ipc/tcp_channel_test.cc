@@ -94,20 +94,6 @@ std::vector<uint8_t> Encoded(const M& m) {
   return b;
 }
 
-TEST(TcpChannelTest, ParsesHostPort) {
-  auto a = ParseHostPort("127.0.0.1:8080");
-  ASSERT_TRUE(a.ok());
-  EXPECT_EQ(a->first, "127.0.0.1");
-  EXPECT_EQ(a->second, 8080);
-  auto b = ParseHostPort("[::1]:0");
-  ASSERT_TRUE(b.ok());
-  EXPECT_EQ(b->first, "::1");
-  EXPECT_FALSE(ParseHostPort("localhost").ok());
-  EXPECT_FALSE(ParseHostPort(":80").ok());
-  EXPECT_FALSE(ParseHostPort("host:99999").ok());
-  EXPECT_FALSE(ParseHostPort("::1:80").ok());
-}
-
 TEST(TcpChannelTest, RoundTripsEveryRecordTypeIncludingMultiMegabyteState) {
   Pair p = Connected();
   ASSERT_TRUE(p.scheduler && p.worker);
@@ -148,7 +134,7 @@ TEST(TcpChannelTest, RoundTripsEveryRecordTypeIncludingMultiMegabyteState) {
   Failed f;
   f.task_id = 43;
   f.member = "exp1/m4";
-  f.code = "non-finite";
+  f.code = "non_finite";
   ASSERT_TRUE(p.worker->Send(RecordType::kFailed, Encoded(f).data(), EncodedSize(f), d()).ok());
   Stats st;
   st.samples_total = 99;
@@ -192,7 +178,7 @@ TEST(TcpChannelTest, RoundTripsEveryRecordTypeIncludingMultiMegabyteState) {
   EXPECT_EQ(std::memcmp(dr->state.data, state.data(), state.size()), 0);
   auto rf = p.scheduler->Receive(d());
   ASSERT_TRUE(rf.ok());
-  EXPECT_EQ(DecodeFailed(rf->payload, rf->size)->code, "non-finite");
+  EXPECT_EQ(DecodeFailed(rf->payload, rf->size)->code, "non_finite");
   auto rst = p.scheduler->Receive(d());
   ASSERT_TRUE(rst.ok());
   EXPECT_EQ(DecodeStats(rst->payload, rst->size)->samples_total, 99u);

@@ -110,7 +110,7 @@ TEST_P(FusedEqualsSeparateTest, ParametersMatchAfterTwentySteps) {
     MemberOutcome plain = trainer->TrainPlain(tasks[i]);
     ASSERT_TRUE(plain.ok()) << plain.status.ToString();
     ASSERT_TRUE(fused[i].ok()) << fused[i].status.ToString();
-    EXPECT_EQ(fused[i].mode, "fused");
+    EXPECT_EQ(fused[i].mode, records::FusionMode::kFused);
     EXPECT_EQ(fused[i].samples, 20 * 32);
     EXPECT_EQ(fused[i].step, plain.step);
     EXPECT_NEAR(fused[i].train_loss, plain.train_loss, 1e-4 * std::fabs(plain.train_loss));
@@ -318,14 +318,14 @@ TEST(NonFiniteTest, NanInStateFailsNamingTensor) {
     std::string bad = WithValue(init.EncodeState(), tensor, 3, NAN);
     MemberOutcome o = trainer->TrainPlain(Task("m7", &bad, 0, 5));
     EXPECT_FALSE(o.ok());
-    EXPECT_EQ(o.fail_code, kFailNonFinite);
+    EXPECT_EQ(o.fail_code, records::FailureCode::kNonFinite);
     EXPECT_NE(o.status.message().find(tensor), std::string::npos) << o.status.ToString();
     EXPECT_NE(o.status.message().find("m7"), std::string::npos) << o.status.ToString();
     EXPECT_EQ(o.state_size(), 0u);
     EXPECT_EQ(o.EncodeState(), "");
   }
   std::string inf = WithValue(init.EncodeState(), "conv1.bias", 0, INFINITY);
-  EXPECT_EQ(trainer->TrainPlain(Task("m", &inf, 0, 1)).fail_code, kFailNonFinite);
+  EXPECT_EQ(trainer->TrainPlain(Task("m", &inf, 0, 1)).fail_code, records::FailureCode::kNonFinite);
   // Every position the scan treats apart (first, inside and at the edges of its
   // 64-float blocks, the tail after the last block, the last element) and
   // every kind of non-finite value, including a NaN with a payload.
@@ -337,7 +337,8 @@ TEST(NonFiniteTest, NanInStateFailsNamingTensor) {
   for (size_t index : {size_t{0}, size_t{63}, size_t{64}, size_t{2373}, n - 1}) {
     for (float v : {NAN, -NAN, INFINITY, -INFINITY, payload_nan}) {
       std::string bad = WithValue(init.EncodeState(), "fc1.weight", index, v);
-      EXPECT_EQ(trainer->TrainPlain(Task("m", &bad, 0, 0)).fail_code, kFailNonFinite)
+      EXPECT_EQ(trainer->TrainPlain(Task("m", &bad, 0, 0)).fail_code,
+                records::FailureCode::kNonFinite)
           << "index " << index << " value " << v;
     }
   }
@@ -354,7 +355,7 @@ TEST(NonFiniteTest, AbsurdLearningRateFailsNamingStep) {
     ASSERT_NE(trainer, nullptr);
     MemberOutcome o = trainer->TrainPlain(Task("wild", nullptr, 3, 60, {{"lr", 1e12}}));
     EXPECT_FALSE(o.ok()) << optimizer;
-    EXPECT_EQ(o.fail_code, kFailNonFinite) << o.status.ToString();
+    EXPECT_EQ(o.fail_code, records::FailureCode::kNonFinite) << o.status.ToString();
     EXPECT_NE(o.status.message().find("wild"), std::string::npos) << o.status.ToString();
     EXPECT_NE(o.status.message().find("step"), std::string::npos) << o.status.ToString();
     EXPECT_EQ(o.state_size(), 0u);
@@ -375,9 +376,9 @@ TEST(NonFiniteTest, FusedMemberFailsAloneAndOthersAreUntouched) {
   ASSERT_EQ(out.size(), 4u);
   EXPECT_TRUE(out[0].ok()) << out[0].status.ToString();
   EXPECT_TRUE(out[3].ok()) << out[3].status.ToString();
-  EXPECT_EQ(out[1].fail_code, kFailNonFinite) << out[1].status.ToString();
+  EXPECT_EQ(out[1].fail_code, records::FailureCode::kNonFinite) << out[1].status.ToString();
   EXPECT_NE(out[1].status.message().find("wild"), std::string::npos);
-  EXPECT_EQ(out[2].fail_code, kFailNonFinite) << out[2].status.ToString();
+  EXPECT_EQ(out[2].fail_code, records::FailureCode::kNonFinite) << out[2].status.ToString();
   EXPECT_NE(out[2].status.message().find("bn1.running_var"), std::string::npos);
   // The survivors trained as they would have alone.
   for (size_t i : {size_t{0}, size_t{3}}) {
@@ -402,7 +403,7 @@ class MalformedStateTest : public ::testing::Test {
 
   // Expects a bad-state failure whose message holds `fragment`.
   void ExpectBadState(const std::string& blob, const std::string& fragment,
-                      const char* code = kFailBadState) {
+                      records::FailureCode code = records::FailureCode::kBadState) {
     MemberOutcome o = trainer_->TrainPlain(Task("m3", &blob, 0, 2));
     EXPECT_FALSE(o.ok());
     EXPECT_EQ(o.fail_code, code) << o.status.ToString();
@@ -463,7 +464,7 @@ TEST_F(MalformedStateTest, OtherOptimizerAndBadHyperparameters) {
   ASSERT_TRUE(a.ok());
   ExpectBadState(a.EncodeState(), "adam");
   MemberOutcome o = trainer_->TrainPlain(Task("m3", &good_, 0, 1, {{"beta1", 0.9}}));
-  EXPECT_EQ(o.fail_code, kFailBadRequest) << o.status.ToString();
+  EXPECT_EQ(o.fail_code, records::FailureCode::kBadRequest) << o.status.ToString();
   EXPECT_NE(o.status.message().find("beta1"), std::string::npos);
   OwnedBlob b = Decode(good_);
   b.meta.hparams["lr"] = -3;
@@ -478,7 +479,7 @@ TEST_F(MalformedStateTest, AdamStepCountsMustAgree) {
   b.Find("optim.fc1.weight.step")->f32()[0] = 5;
   std::string blob = Encode(b);
   MemberOutcome o = adam->TrainPlain(Task("m3", &blob, 0, 1));
-  EXPECT_EQ(o.fail_code, kFailBadState);
+  EXPECT_EQ(o.fail_code, records::FailureCode::kBadState);
   EXPECT_NE(o.status.message().find("optim.fc1.weight.step"), std::string::npos)
       << o.status.ToString();
 }
@@ -490,7 +491,7 @@ TEST_F(MalformedStateTest, FusedGroupTrainsTheOthers) {
   auto out = trainer_->TrainFused(
       {Task("ok", &good_, 0, 3), Task("bad", &bad, 0, 3), Task("fresh", nullptr, 9, 3)});
   EXPECT_TRUE(out[0].ok()) << out[0].status.ToString();
-  EXPECT_EQ(out[1].fail_code, kFailBadState);
+  EXPECT_EQ(out[1].fail_code, records::FailureCode::kBadState);
   EXPECT_NE(out[1].status.message().find("fc1.weight"), std::string::npos);
   EXPECT_TRUE(out[2].ok());
 }
@@ -508,7 +509,7 @@ TEST_F(MalformedStateTest, RandomDamageNeverCrashesOrYieldsAResult) {
       blob[next() % blob.size()] ^= static_cast<char>(1 + next() % 255);
     MemberOutcome o = trainer_->TrainPlain(Task("fuzz", &blob, 0, 1));
     EXPECT_FALSE(o.ok());
-    EXPECT_EQ(o.fail_code, kFailBadState) << o.status.ToString();
+    EXPECT_EQ(o.fail_code, records::FailureCode::kBadState) << o.status.ToString();
   }
   for (int i = 0; i < 60; ++i) {
     OwnedBlob b = Decode(good_);
@@ -531,7 +532,7 @@ TEST_F(MalformedStateTest, RandomDamageNeverCrashesOrYieldsAResult) {
     std::string blob = Encode(b);
     MemberOutcome o = trainer_->TrainPlain(Task("fuzz", &blob, 0, 1));
     EXPECT_FALSE(o.ok()) << i;
-    EXPECT_EQ(o.fail_code, kFailBadState) << o.status.ToString();
+    EXPECT_EQ(o.fail_code, records::FailureCode::kBadState) << o.status.ToString();
   }
 }
 
@@ -590,10 +591,10 @@ TEST(TrainerTest, CancelStopsTraining) {
   auto trainer = MakeTrainer(o);
   ASSERT_NE(trainer, nullptr);
   MemberOutcome r = trainer->TrainPlain(Task("m", nullptr, 1, 100));
-  EXPECT_EQ(r.fail_code, kFailAborted);
+  EXPECT_EQ(r.fail_code, records::FailureCode::kAborted);
   auto f = trainer->TrainFused({Task("a", nullptr, 1, 100), Task("b", nullptr, 2, 100)});
-  EXPECT_EQ(f[0].fail_code, kFailAborted);
-  EXPECT_EQ(f[1].fail_code, kFailAborted);
+  EXPECT_EQ(f[0].fail_code, records::FailureCode::kAborted);
+  EXPECT_EQ(f[1].fail_code, records::FailureCode::kAborted);
 }
 
 TEST(TrainerTest, ChooseModeMeasuresBoth) {
@@ -607,7 +608,7 @@ TEST(TrainerTest, ChooseModeMeasuresBoth) {
   ASSERT_TRUE(choice.ok()) << choice.status().ToString();
   EXPECT_GT(choice->plain_samples_s, 0);
   EXPECT_GT(choice->fused_samples_s, 0);
-  EXPECT_TRUE(choice->mode == "plain" || choice->mode == "fused");
+  EXPECT_NE(choice->mode, records::FusionMode::kAuto);  // one of the two it measured
   EXPECT_EQ(trainer->device(), "cpu");
   EXPECT_GT(trainer->GetDeviceMemory().total_bytes, 0);
 }

@@ -64,7 +64,7 @@ at::ScalarType ScalarTypeOf(format::DType dtype) {
   return at::kFloat;
 }
 
-Failure Fail(const char* code, Status status) { return Failure{std::move(status), code}; }
+Failure Fail(records::FailureCode code, Status status) { return Failure{std::move(status), code}; }
 
 // Fresh model tensors of a spec model: PyTorch's default initialisation
 // (uniform in +-1/sqrt(fan_in) for conv/linear weight and bias; BatchNorm
@@ -133,14 +133,15 @@ std::optional<Failure> LoadMember(const Context& ctx, const MemberTask& task, Me
   st->member = task.member;
   const std::string who = "member " + (task.member.empty() ? std::string("?") : task.member);
   if (task.steps < 0) {
-    return Fail(kFailBadRequest, Status::InvalidArgument(who + ": steps must be >= 0"));
+    return Fail(records::FailureCode::kBadRequest,
+                Status::InvalidArgument(who + ": steps must be >= 0"));
   }
   const size_t n = ctx.layout.size();
   std::vector<at::Tensor> host(n);
 
   if (task.state_size == 0) {
     auto hp = ResolveHyperparameters(ctx.optimizer, {}, task.hparams);
-    if (!hp.ok()) return Fail(kFailBadRequest, hp.status().WithPrefix(who));
+    if (!hp.ok()) return Fail(records::FailureCode::kBadRequest, hp.status().WithPrefix(who));
     st->hp = *hp;
     for (size_t i = 0; i < n; ++i) {
       host[i] = at::zeros(ctx.layout[i].shape,
@@ -158,24 +159,28 @@ std::optional<Failure> LoadMember(const Context& ctx, const MemberTask& task, Me
     st->data_cursor = 0;
   } else {
     if (task.state == nullptr) {
-      return Fail(kFailBadRequest, Status::InvalidArgument(who + ": state size without bytes"));
+      return Fail(records::FailureCode::kBadRequest,
+                  Status::InvalidArgument(who + ": state size without bytes"));
     }
     auto view = format::ParseCheckpoint(task.state, task.state_size);
-    if (!view.ok()) return Fail(kFailBadState, view.status().WithPrefix(who));
+    if (!view.ok()) return Fail(records::FailureCode::kBadState, view.status().WithPrefix(who));
     const format::CheckpointMeta& meta = view->meta();
     if (!meta.optimizer.empty() && meta.optimizer != OptimizerKindName(ctx.optimizer)) {
-      return Fail(kFailBadState,
+      return Fail(records::FailureCode::kBadState,
                   Status::InvalidArgument(who + ": checkpoint holds " + meta.optimizer +
                                           " state, this worker trains with " +
                                           std::string(OptimizerKindName(ctx.optimizer))));
     }
     auto stored = ResolveHyperparameters(ctx.optimizer, meta.hparams, {});
-    if (!stored.ok()) return Fail(kFailBadState, stored.status().WithPrefix(who + ": checkpoint"));
+    if (!stored.ok())
+      return Fail(records::FailureCode::kBadState,
+                  stored.status().WithPrefix(who + ": checkpoint"));
     auto hp = ResolveHyperparameters(ctx.optimizer, meta.hparams, task.hparams);
-    if (!hp.ok()) return Fail(kFailBadRequest, hp.status().WithPrefix(who));
+    if (!hp.ok()) return Fail(records::FailureCode::kBadRequest, hp.status().WithPrefix(who));
     st->hp = *hp;
     if (meta.step < 0) {
-      return Fail(kFailBadState, Status::Corruption(who + ": negative step in checkpoint"));
+      return Fail(records::FailureCode::kBadState,
+                  Status::Corruption(who + ": negative step in checkpoint"));
     }
     st->step = meta.step;
     st->data_seed = meta.data_seed;
@@ -184,30 +189,33 @@ std::optional<Failure> LoadMember(const Context& ctx, const MemberTask& task, Me
 
     for (const auto& tv : view->tensors()) {
       if (ctx.index.count(tv.name) == 0) {
-        return Fail(kFailBadState, Status::Corruption(who + ": unexpected tensor " + tv.name +
-                                                      " (not in the model spec's layout)"));
+        return Fail(records::FailureCode::kBadState,
+                    Status::Corruption(who + ": unexpected tensor " + tv.name +
+                                       " (not in the model spec's layout)"));
       }
     }
     for (size_t i = 0; i < n; ++i) {
       const TensorSpec& spec = ctx.layout[i];
       const format::TensorView* tv = view->Find(spec.name);
       if (tv == nullptr) {
-        return Fail(kFailBadState, Status::Corruption(who + ": missing tensor " + spec.name));
+        return Fail(records::FailureCode::kBadState,
+                    Status::Corruption(who + ": missing tensor " + spec.name));
       }
       if (tv->dtype != spec.dtype) {
-        return Fail(kFailBadState,
+        return Fail(records::FailureCode::kBadState,
                     Status::Corruption(who + ": tensor " + spec.name + " has dtype " +
                                        std::string(format::DTypeName(tv->dtype)) + ", expected " +
                                        std::string(format::DTypeName(spec.dtype))));
       }
       if (tv->shape != spec.shape) {
-        return Fail(kFailBadState, Status::Corruption(who + ": tensor " + spec.name +
-                                                      " has shape " + ShapeString(tv->shape) +
-                                                      ", expected " + ShapeString(spec.shape)));
+        return Fail(
+            records::FailureCode::kBadState,
+            Status::Corruption(who + ": tensor " + spec.name + " has shape " +
+                               ShapeString(tv->shape) + ", expected " + ShapeString(spec.shape)));
       }
       host[i] = at::empty(spec.shape, at::TensorOptions().dtype(ScalarTypeOf(spec.dtype)));
       if (tv->nbytes != host[i].nbytes()) {
-        return Fail(kFailBadState,
+        return Fail(records::FailureCode::kBadState,
                     Status::Corruption(who + ": tensor " + spec.name + " byte count mismatch"));
       }
       if (tv->nbytes > 0) std::memcpy(host[i].data_ptr(), tv->data, tv->nbytes);
@@ -218,12 +226,12 @@ std::optional<Failure> LoadMember(const Context& ctx, const MemberTask& task, Me
         const double s = host[tr.step].item<float>();
         if (!std::isfinite(s)) continue;  // reported by the finiteness check below
         if (s < 0 || s != std::floor(s)) {
-          return Fail(kFailBadState,
+          return Fail(records::FailureCode::kBadState,
                       Status::Corruption(who + ": tensor " + ctx.layout[tr.step].name +
                                          " is not a step count"));
         }
         if (!first && s != st->adam_step) {
-          return Fail(kFailBadState,
+          return Fail(records::FailureCode::kBadState,
                       Status::Corruption(who + ": tensor " + ctx.layout[tr.step].name +
                                          " differs from the other parameters' step"));
         }
@@ -240,7 +248,7 @@ std::optional<Failure> LoadMember(const Context& ctx, const MemberTask& task, Me
     st->tensors[i] = std::move(t);
   }
   Status finite = CheckFinite(ctx, *st, "in the given state");
-  if (!finite.ok()) return Fail(kFailNonFinite, finite);
+  if (!finite.ok()) return Fail(records::FailureCode::kNonFinite, finite);
   return std::nullopt;
 }
 

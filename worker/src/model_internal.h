@@ -102,10 +102,10 @@ struct MemberState {
   std::map<std::string, std::string> extra;
 };
 
-// A failure with its fail code (kFail*).
+// A failure with its fail code.
 struct Failure {
   Status status;
-  std::string code;
+  records::FailureCode code = records::FailureCode::kInternal;
 };
 
 // Builds `state` from `task`: parses and validates the blob or initialises a

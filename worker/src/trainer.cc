@@ -44,7 +44,7 @@ std::string Brief(const std::exception& e) {
   return nl == std::string::npos ? s : s.substr(0, nl);
 }
 
-void SetFailure(MemberOutcome* out, const std::string& code, Status status) {
+void SetFailure(MemberOutcome* out, records::FailureCode code, Status status) {
   out->status = std::move(status);
   out->fail_code = code;
 }
@@ -99,19 +99,19 @@ void FinishMember(const Context& ctx, MemberState* m, const at::Tensor& host_los
                   int64_t start_step, MemberOutcome* out) {
   const int64_t bad = FirstNonFinite(host_losses, k);
   if (bad >= 0) {
-    SetFailure(out, kFailNonFinite,
+    SetFailure(out, records::FailureCode::kNonFinite,
                Status::Aborted("member " + m->member + ": non-finite training loss at step " +
                                std::to_string(start_step + bad + 1)));
     return;
   }
   Status finite = CheckFinite(ctx, *m, "after training");
   if (!finite.ok()) {
-    SetFailure(out, kFailNonFinite, finite);
+    SetFailure(out, records::FailureCode::kNonFinite, finite);
     return;
   }
   auto enc = EncodeMember(ctx, *m);
   if (!enc.ok()) {
-    SetFailure(out, kFailInternal, enc.status());
+    SetFailure(out, records::FailureCode::kInternal, enc.status());
     return;
   }
   OutcomeAccess::SetState(out, std::move(enc).value());
@@ -244,7 +244,7 @@ MemberOutcome TrainerImpl::Plain(const MemberTask& task, bool evaluate) {
   const Context& ctx = *ctx_;
   MemberOutcome out;
   out.member = task.member;
-  out.mode = "plain";
+  out.mode = records::FusionMode::kPlain;
   try {
     ThreadScope scope(ctx);
     auto t0 = Clock::now();
@@ -257,7 +257,7 @@ MemberOutcome TrainerImpl::Plain(const MemberTask& task, bool evaluate) {
     if (ctx.spec.is_torchscript()) {
       auto bound = BindScript(ctx, m);
       if (!bound.ok()) {
-        SetFailure(&out, kFailInternal, bound.status());
+        SetFailure(&out, records::FailureCode::kInternal, bound.status());
         return out;
       }
       script = std::move(bound).value();
@@ -269,7 +269,10 @@ MemberOutcome TrainerImpl::Plain(const MemberTask& task, bool evaluate) {
     std::vector<at::Tensor> losses;
     Status trained = TrainPlainSteps(ctx, &m, script ? &*script : nullptr, task.steps, &losses);
     if (!trained.ok()) {
-      SetFailure(&out, trained.IsAborted() ? kFailAborted : kFailInternal, trained);
+      SetFailure(
+          &out,
+          trained.IsAborted() ? records::FailureCode::kAborted : records::FailureCode::kInternal,
+          trained);
       return out;
     }
     at::Tensor host_losses = StackLosses(losses);
@@ -296,15 +299,17 @@ MemberOutcome TrainerImpl::Plain(const MemberTask& task, bool evaluate) {
       out.test_acc = -1;
     }
   } catch (const c10::OutOfMemoryError& e) {
-    SetFailure(&out, kFailOutOfMemory,
+    SetFailure(&out, records::FailureCode::kOutOfMemory,
                Status::ResourceExhausted("member " + task.member + ": " + Brief(e)));
   } catch (const c10::Error& e) {
-    SetFailure(&out, kFailInternal, Status::Internal("member " + task.member + ": " + Brief(e)));
+    SetFailure(&out, records::FailureCode::kInternal,
+               Status::Internal("member " + task.member + ": " + Brief(e)));
   } catch (const std::bad_alloc& e) {
-    SetFailure(&out, kFailOutOfMemory,
+    SetFailure(&out, records::FailureCode::kOutOfMemory,
                Status::ResourceExhausted("member " + task.member + ": host memory exhausted"));
   } catch (const std::exception& e) {
-    SetFailure(&out, kFailInternal, Status::Internal("member " + task.member + ": " + Brief(e)));
+    SetFailure(&out, records::FailureCode::kInternal,
+               Status::Internal("member " + task.member + ": " + Brief(e)));
   }
   return out;
 }
@@ -316,7 +321,7 @@ std::vector<MemberOutcome> TrainerImpl::Fused(const std::vector<MemberTask>& tas
   std::map<int64_t, std::vector<size_t>> groups;  // steps -> members
   for (size_t i = 0; i < tasks.size(); ++i) {
     out[i].member = tasks[i].member;
-    out[i].mode = "fused";
+    out[i].mode = records::FusionMode::kFused;
   }
   try {
     ThreadScope scope(ctx);
@@ -334,14 +339,14 @@ std::vector<MemberOutcome> TrainerImpl::Fused(const std::vector<MemberTask>& tas
     for (size_t i = 0; i < tasks.size(); ++i) {
       if (out[i].ok() && out[i].state_size() == 0) {
         SetFailure(
-            &out[i], kFailOutOfMemory,
+            &out[i], records::FailureCode::kOutOfMemory,
             Status::ResourceExhausted("member " + tasks[i].member + " (fused): " + Brief(e)));
       }
     }
   } catch (const std::exception& e) {
     for (size_t i = 0; i < tasks.size(); ++i) {
       if (out[i].ok() && out[i].state_size() == 0) {
-        SetFailure(&out[i], kFailInternal,
+        SetFailure(&out[i], records::FailureCode::kInternal,
                    Status::Internal("member " + tasks[i].member + " (fused): " + Brief(e)));
       }
     }
@@ -369,7 +374,8 @@ void TrainerImpl::FusedGroup(std::vector<MemberState>& states, const std::vector
                              &unpack_s, &compute_s, &eval_s);
   if (!s.ok()) {
     for (size_t i : which) {
-      SetFailure(&(*out)[i], s.IsAborted() ? kFailAborted : kFailInternal,
+      SetFailure(&(*out)[i],
+                 s.IsAborted() ? records::FailureCode::kAborted : records::FailureCode::kInternal,
                  s.WithPrefix("member " + tasks[i].member));
     }
     return;
@@ -455,7 +461,8 @@ StatusOr<ModeChoice> TrainerImpl::ChooseMode(const ModeProbe& probe) {
     choice.fused_samples_s = Measure(probe.slots, probe.seconds, fused);
   }
   if (failed.load()) return Status::Internal("ChooseMode: probe training failed: " + failure);
-  choice.mode = choice.fused_samples_s > choice.plain_samples_s ? "fused" : "plain";
+  choice.mode = choice.fused_samples_s > choice.plain_samples_s ? records::FusionMode::kFused
+                                                                : records::FusionMode::kPlain;
   return choice;
 }
 

@@ -19,6 +19,7 @@
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -28,6 +29,7 @@
 #include "ckpt/ipc/channel.h"
 #include "ckpt/ipc/messages.h"
 #include "ckpt/ipc/tcp_channel.h"
+#include "ckpt/records/failure_code.h"
 #include "ckpt/worker/trainer.h"
 
 namespace ckpt::worker {
@@ -117,9 +119,6 @@ KillPoints& WorkerKillPoints() {
   return k;
 }
 
-// FAILED code (with task id 0) for a CONFIGURE this worker cannot set up.
-constexpr const char kConfigureRefused[] = "configure-refused";
-
 struct Job {
   uint64_t task_id = 0;
   std::string experiment;
@@ -180,8 +179,9 @@ class WorkerLoop {
  private:
   template <typename M>
   Status SendMessage(ipc::RecordType type, const M& m);
-  Status SendHello(const std::string& mode);
-  void SendFailed(uint64_t task_id, const std::string& member, const std::string& code,
+  // `mode`: the one in effect since the last CONFIGURE; none before the first.
+  Status SendHello(std::optional<records::FusionMode> mode);
+  void SendFailed(uint64_t task_id, const std::string& member, records::FailureCode code,
                   const std::string& reason);
   void SendOutcome(uint64_t task_id, const model::MemberOutcome& o);
   // SendOutcome, with the outcome's phases and the send counted in phases_.
@@ -211,9 +211,9 @@ class WorkerLoop {
     std::shared_ptr<model::Trainer> trainer;
     bool fused = false;
   };
-  std::map<std::string, Experiment> experiments_;  // GUARDED_BY(mu_)
-  std::string mode_ = "plain";                     // GUARDED_BY(mu_): the last CONFIGURE's
-  bool stop_ = false;                              // GUARDED_BY(mu_)
+  std::map<std::string, Experiment> experiments_;           // GUARDED_BY(mu_)
+  records::FusionMode mode_ = records::FusionMode::kPlain;  // GUARDED_BY(mu_): the last CONFIGURE's
+  bool stop_ = false;                                       // GUARDED_BY(mu_)
   std::atomic<bool> cancel_{false};
   std::atomic<int> busy_{0};
   std::atomic<uint64_t> samples_{0};
@@ -234,34 +234,33 @@ Status WorkerLoop::SendMessage(ipc::RecordType type, const M& m) {
   }
 }
 
-Status WorkerLoop::SendHello(const std::string& mode) {
+Status WorkerLoop::SendHello(std::optional<records::FusionMode> mode) {
   ipc::Hello h;
   h.device = options_.device;
   h.pid = getpid();
-  h.fusion = options_.fusion != "plain";
-  h.mode = mode;
+  h.fusion = options_.fusion != records::FusionMode::kPlain;
+  h.mode = mode ? records::FusionModeName(*mode) : "";
   h.version = "ckpt-worker 0.1";
   // Capacity: members the scheduler may have outstanding here. A fused slot
   // takes a group of K.
-  h.slots = options_.slots * (mode == "fused" ? options_.fusion_width : 1);
+  h.slots = options_.slots * (mode == records::FusionMode::kFused ? options_.fusion_width : 1);
   h.memory_bytes = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
   return SendMessage(ipc::RecordType::kHello, h);
 }
 
-void WorkerLoop::SendFailed(uint64_t task_id, const std::string& member, const std::string& code,
+void WorkerLoop::SendFailed(uint64_t task_id, const std::string& member, records::FailureCode code,
                             const std::string& reason) {
   ipc::Failed f;
   f.task_id = task_id;
   f.member = member;
-  f.code = code;
+  f.code = records::FailureCodeName(code);
   f.reason = reason;
   (void)SendMessage(ipc::RecordType::kFailed, f);
 }
 
 void WorkerLoop::SendOutcome(uint64_t task_id, const model::MemberOutcome& o) {
   if (!o.ok()) {
-    SendFailed(task_id, o.member, o.fail_code.empty() ? "internal" : o.fail_code,
-               o.status.message());
+    SendFailed(task_id, o.member, o.fail_code, o.status.message());
     return;
   }
   ipc::Result r;
@@ -306,7 +305,8 @@ void WorkerLoop::SendOutcome(uint64_t task_id, const model::MemberOutcome& o) {
     }
     channel_->Abandon();
   }
-  SendFailed(task_id, o.member, "internal", "encoding the new state: " + encoded.ToString());
+  SendFailed(task_id, o.member, records::FailureCode::kInternal,
+             "encoding the new state: " + encoded.ToString());
 }
 
 void WorkerLoop::SendTimed(uint64_t task_id, const model::MemberOutcome& o) {
@@ -360,7 +360,7 @@ Status WorkerLoop::HandleConfigure(const ipc::Received& rec) {
   t.dataset_path = c->dataset_path;
   Status data = ApplyDataSettings(*c, &t);
   if (!data.ok()) {
-    SendFailed(0, c->experiment, kConfigureRefused, data.ToString());
+    SendFailed(0, c->experiment, records::FailureCode::kConfigureRefused, data.ToString());
     return Status::OK();
   }
   t.intra_op_threads = options_.intra_op_threads;
@@ -372,11 +372,13 @@ Status WorkerLoop::HandleConfigure(const ipc::Received& rec) {
                  trainer.status().ToString().c_str());
     // The scheduler ends the experiment at once with this reason (task id 0,
     // the experiment in `member`); its TRAINs here fail as not configured.
-    SendFailed(0, c->experiment, kConfigureRefused, trainer.status().ToString());
+    SendFailed(0, c->experiment, records::FailureCode::kConfigureRefused,
+               trainer.status().ToString());
     return Status::OK();
   }
-  std::string mode = options_.fusion == "fused" ? "fused" : "plain";
-  if (options_.fusion == "auto" && (*trainer)->SupportsFusion()) {
+  using records::FusionMode;
+  FusionMode mode = options_.fusion == FusionMode::kFused ? FusionMode::kFused : FusionMode::kPlain;
+  if (options_.fusion == FusionMode::kAuto && (*trainer)->SupportsFusion()) {
     model::ModeProbe probe;
     probe.slots = options_.slots;
     probe.fusion_width = options_.fusion_width;
@@ -387,14 +389,14 @@ Status WorkerLoop::HandleConfigure(const ipc::Received& rec) {
       std::fprintf(stderr,
                    "ckpt-worker %s: %s: plain %.0f samples/s, fused(K=%d) %.0f samples/s -> %s\n",
                    options_.device.c_str(), c->experiment.c_str(), choice->plain_samples_s,
-                   options_.fusion_width, choice->fused_samples_s, mode.c_str());
+                   options_.fusion_width, choice->fused_samples_s, records::FusionModeName(mode));
     }
   }
-  if (!(*trainer)->SupportsFusion()) mode = "plain";
+  if (!(*trainer)->SupportsFusion()) mode = FusionMode::kPlain;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    experiments_[c->experiment] =
-        Experiment{std::shared_ptr<model::Trainer>(std::move(*trainer)), mode == "fused"};
+    experiments_[c->experiment] = Experiment{std::shared_ptr<model::Trainer>(std::move(*trainer)),
+                                             mode == FusionMode::kFused};
     mode_ = mode;
   }
   phases_.Configure(Since(start));
@@ -430,7 +432,7 @@ void WorkerLoop::HandleTrain(const ipc::Received& rec) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (experiments_.count(job.experiment) == 0) {
-      SendFailed(job.task_id, t->member, "bad-request",
+      SendFailed(job.task_id, t->member, records::FailureCode::kBadRequest,
                  "no CONFIGURE for experiment '" + job.experiment + "' of member " + t->member);
       return;
     }
@@ -521,7 +523,7 @@ void WorkerLoop::StatsLoopBody() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stats_cv_.wait_for(lock, milliseconds(1000), [&] { return stop_; })) {
     ipc::Stats s;
-    s.mode = mode_;
+    s.mode = records::FusionModeName(mode_);
     std::shared_ptr<model::Trainer> any;
     if (!experiments_.empty()) any = experiments_.begin()->second.trainer;
     lock.unlock();
@@ -553,7 +555,7 @@ void WorkerLoop::StopThreads() {
 }
 
 Status WorkerLoop::Run() {
-  CKPT_RETURN_IF_ERROR(SendHello(""));
+  CKPT_RETURN_IF_ERROR(SendHello(std::nullopt));
   for (int i = 0; i < options_.slots; ++i) threads_.emplace_back([this] { SlotLoop(); });
   threads_.emplace_back([this] { StatsLoop(); });
   Status result;

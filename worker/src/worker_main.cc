@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <map>
 #include <string>
 
 #include "ckpt/worker/allocator.h"
@@ -44,8 +45,10 @@ int main(int argc, char** argv) {
   app.add_option("--device", o.device, "cpu, cuda:N or auto");
   app.add_option("--slots", o.slots, "members (or fused groups) trained at once")
       ->check(CLI::Range(1, 256));
+  std::map<std::string, ckpt::records::FusionMode> fusion_modes;
+  for (auto m : ckpt::records::kFusionModes) fusion_modes[ckpt::records::FusionModeName(m)] = m;
   app.add_option("--fusion", o.fusion, "auto, plain or fused")
-      ->check(CLI::IsMember({"auto", "plain", "fused"}));
+      ->transform(CLI::CheckedTransformer(fusion_modes));
   app.add_option("--fusion-width", o.fusion_width, "members per fused group")
       ->check(CLI::Range(1, 1024));
   app.add_option("--intra-op-threads", o.intra_op_threads, "threads per slot")

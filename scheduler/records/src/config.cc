@@ -11,7 +11,7 @@
 #include <set>
 #include <sstream>
 
-#include "ckpt/ipc/tcp_channel.h"
+#include "ckpt/format/host_port.h"
 #include "ckpt/records/config_tables.h"
 #include "ckpt/records/toml_reader.h"
 #include "ckpt/records/workers_table.h"
@@ -165,10 +165,11 @@ Status ReadDevices(TomlTableReader* top, const std::string& origin,
     }
     CKPT_RETURN_IF_ERROR(r.Int("count", 1, 64, &d.count));
     CKPT_RETURN_IF_ERROR(r.Int("slots", 1, 256, &d.slots));
+    std::set<std::string> fusion_names;
+    for (FusionMode m : kFusionModes) fusion_names.insert(FusionModeName(m));
     std::string fusion = FusionModeName(d.fusion);
-    CKPT_RETURN_IF_ERROR(r.OneOf("fusion", {"auto", "plain", "fused"}, &fusion));
-    d.fusion = fusion == "plain" ? FusionMode::kPlain
-                                 : (fusion == "fused" ? FusionMode::kFused : FusionMode::kAuto);
+    CKPT_RETURN_IF_ERROR(r.OneOf("fusion", fusion_names, &fusion));
+    d.fusion = *ParseFusionMode(fusion);  // OneOf checked the name
     CKPT_RETURN_IF_ERROR(r.Int("fusion_width", 1, 1024, &d.fusion_width));
     CKPT_RETURN_IF_ERROR(r.Int("intra_op_threads", 1, 256, &d.intra_op_threads));
     CKPT_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
@@ -180,7 +181,7 @@ Status ReadDevices(TomlTableReader* top, const std::string& origin,
 Status ReadRemoteWorkers(TomlTableReader* r, RemoteWorkersConfig* out) {
   CKPT_RETURN_IF_ERROR(r->String("listen", &out->listen));
   if (!out->listen.empty()) {
-    auto hp = ipc::ParseHostPort(out->listen);
+    auto hp = format::ParseHostPort(out->listen);
     if (!hp.ok()) return r->Error("listen", hp.status().message());
   }
   CKPT_RETURN_IF_ERROR(r->String("secret_file", &out->secret_file));
@@ -221,18 +222,6 @@ const char* PolicyKindName(PolicyKind kind) {
 
 const char* PolicyModeName(PolicyMode mode) {
   return mode == PolicyMode::kAsync ? "async" : "sync";
-}
-
-const char* FusionModeName(FusionMode mode) {
-  switch (mode) {
-    case FusionMode::kAuto:
-      return "auto";
-    case FusionMode::kPlain:
-      return "plain";
-    case FusionMode::kFused:
-      return "fused";
-  }
-  return "?";
 }
 
 StatusOr<ExperimentConfig> ParseExperimentConfig(const std::string& toml_text,

@@ -57,17 +57,11 @@
 #include "ckpt/format/checkpoint.h"
 #include "ckpt/format/status.h"
 #include "ckpt/format/task.h"
+#include "ckpt/records/failure_code.h"
+#include "ckpt/records/fusion_mode.h"
 #include "ckpt/worker/dataset.h"
 
 namespace ckpt::model {
-
-// MemberOutcome::fail_code values; the same strings as ipc::Failed::code.
-inline constexpr const char* kFailNonFinite = "non-finite";
-inline constexpr const char* kFailOutOfMemory = "out-of-memory";
-inline constexpr const char* kFailBadState = "bad-state";
-inline constexpr const char* kFailBadRequest = "bad-request";
-inline constexpr const char* kFailAborted = "aborted";
-inline constexpr const char* kFailInternal = "internal";
 
 struct TrainerOptions {
   // "cpu", "cuda" (= "cuda:0") or "cuda:N". Default: "cpu".
@@ -107,7 +101,8 @@ struct TrainerOptions {
   // Experiment seed, mixed into each fresh member's data seed. Default: 0.
   uint64_t seed = 0;
   // When set and it becomes true, training stops before the next step and the
-  // unfinished members fail with kFailAborted. Must outlive the Trainer. Default: none.
+  // unfinished members fail with records::FailureCode::kAborted. Must outlive
+  // the Trainer. Default: none.
   const std::atomic<bool>* cancel = nullptr;
 };
 
@@ -151,8 +146,9 @@ class MemberOutcome {
   // Internal. The message names the member and, where there is one, the
   // tensor and the step.
   Status status;
-  // "" when ok(); else one of the kFail* strings.
-  std::string fail_code;
+  // Why, when !ok(): the FAILED record's code (records::FailureCodeName);
+  // meaningless when ok().
+  records::FailureCode fail_code = records::FailureCode::kInternal;
   std::string member;
   int64_t step = 0;       // the member's step after this interval
   double train_loss = 0;  // mean training loss over this interval's steps (0 when steps = 0)
@@ -166,7 +162,7 @@ class MemberOutcome {
   double eval_s = 0;     // the evaluation part of compute_s
   double pack_s = 0;     // entry: parse + validate the blob, copy to the device, pack
   double unpack_s = 0;   // exit: unpack, copy to the host, finiteness check, checksums
-  std::string mode;      // "plain" | "fused"
+  records::FusionMode mode = records::FusionMode::kPlain;  // kPlain or kFused
 
   // The new state's metadata (step, data seed and cursor, hparams).
   // REQUIRES: ok().
@@ -195,7 +191,8 @@ struct ModeProbe {
 };
 
 struct ModeChoice {
-  std::string mode;            // "plain" | "fused": whichever trains more samples/s
+  // kPlain or kFused: whichever trains more samples/s.
+  records::FusionMode mode = records::FusionMode::kPlain;
   double plain_samples_s = 0;  // all slots busy, one member per slot
   double fused_samples_s = 0;  // all slots busy, one K-group per slot; 0 when not supported
 };

@@ -23,6 +23,7 @@
 #include <string>
 
 #include "ckpt/format/status.h"
+#include "ckpt/records/fusion_mode.h"
 
 namespace ckpt::worker {
 
@@ -43,8 +44,8 @@ struct WorkerOptions {
   std::string device = "cpu";
   // Members (plain) or fused groups trained at once. Default: 2.
   int slots = 2;
-  // "auto" | "plain" | "fused". Default: "auto".
-  std::string fusion = "auto";
+  // Default: kAuto.
+  records::FusionMode fusion = records::FusionMode::kAuto;
   // K of a fused group. Default: 8.
   int fusion_width = 8;
   // Intra-op threads of each slot. Default: 1.

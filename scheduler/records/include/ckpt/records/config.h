@@ -46,6 +46,7 @@
 #include "ckpt/format/status.h"
 #include "ckpt/format/task.h"
 #include "ckpt/format/tensor_dataset.h"
+#include "ckpt/records/fusion_mode.h"
 
 namespace ckpt::records {
 
@@ -85,12 +86,6 @@ struct PolicyConfig {
   // Successive halving: first rung after this many intervals. Default: 1.
   int min_intervals = 1;
 };
-
-// How a worker trains its slots' members: kPlain one model per slot, kFused K
-// members as one wide model, kAuto whichever a short probe at CONFIGURE finds
-// faster.
-enum class FusionMode { kAuto, kPlain, kFused };
-const char* FusionModeName(FusionMode mode);  // "auto", "plain", "fused"
 
 struct DeviceConfig {
   // "cpu", "cuda:N" or "auto" (every visible GPU, else the CPU). Default: "cpu".

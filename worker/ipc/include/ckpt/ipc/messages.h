@@ -122,7 +122,10 @@ struct Result {
 struct Failed {
   uint64_t task_id = 0;
   std::string member;
-  std::string code;    // "non-finite" | "out-of-memory" | "bad-state" | "bad-request" | "internal"
+  // records::FailureCodeName of why ("non_finite", "bad_state", ...;
+  // "configure_refused" with task id 0). The codec carries any string; the
+  // scheduler reads it with records::FailureCodeFromWorker.
+  std::string code;
   std::string reason;  // human-readable, names the tensor/step
 };
 

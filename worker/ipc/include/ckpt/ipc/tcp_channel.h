@@ -74,10 +74,6 @@ inline constexpr size_t kMinSecretBytes = 32;
 // file is readable or writable by group or others, or not owned by this
 // process's user, or shorter than kMinSecretBytes; NotFound when absent;
 // IOError when it cannot be read.
-// Splits "HOST:PORT" (IPv6 as "[ADDR]:PORT") into host and port.
-// InvalidArgument naming `host_port` when it is not of that form or the port
-// is not in [0, 65535].
-StatusOr<std::pair<std::string, uint16_t>> ParseHostPort(const std::string& host_port);
 
 StatusOr<std::string> LoadSecretFile(const std::string& path);
 // Creates `path` (O_EXCL, mode 0600) holding 32 random bytes as 64 hex digits
