@@ -44,9 +44,9 @@
 
 #include "bench.h"
 #include "ckpt/ipc/tcp_channel.h"
+#include "ckpt/model/trainer.h"
 #include "ckpt/records/config.h"
 #include "ckpt/scheduler/scheduler.h"
-#include "ckpt/worker/trainer.h"
 
 namespace ckpt::bench {
 namespace {

@@ -60,7 +60,7 @@
 #include <vector>
 
 #include "bench.h"
-#include "ckpt/worker/trainer.h"
+#include "ckpt/model/trainer.h"
 
 extern char** environ;
 

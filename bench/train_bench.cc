@@ -39,8 +39,8 @@
 #include <vector>
 
 #include "bench.h"
-#include "ckpt/worker/baseline.h"
-#include "ckpt/worker/trainer.h"
+#include "ckpt/model/baseline.h"
+#include "ckpt/model/trainer.h"
 
 namespace ckpt::bench {
 namespace {

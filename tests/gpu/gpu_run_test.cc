@@ -22,8 +22,8 @@
 #include <thread>
 
 #include "../../scheduler/src/trace.h"
+#include "ckpt/model/trainer.h"
 #include "ckpt/store/store.h"
-#include "ckpt/worker/trainer.h"
 #include "cuda_visible.h"
 #include "model_test_util.h"
 #include "process_util.h"

@@ -3,7 +3,7 @@
 // checkpoint passed between them as the worker would.
 #include <gtest/gtest.h>
 
-#include "ckpt/worker/trainer.h"
+#include "ckpt/model/trainer.h"
 #include "model_test_util.h"
 
 namespace ckpt::model {

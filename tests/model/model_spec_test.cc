@@ -1,6 +1,6 @@
 // Model specs, hyperparameters, IDX datasets and data order: the torch-free
 // parts of ckpt::model.
-#include "ckpt/worker/model_spec.h"
+#include "ckpt/model/model_spec.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -11,8 +11,8 @@
 #include <fstream>
 #include <set>
 
-#include "ckpt/worker/dataset.h"
-#include "ckpt/worker/hparams.h"
+#include "ckpt/model/dataset.h"
+#include "ckpt/model/hparams.h"
 #include "model_test_util.h"
 
 namespace ckpt::model {

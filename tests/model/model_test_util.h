@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "ckpt/format/checkpoint.h"
-#include "ckpt/worker/dataset.h"
-#include "ckpt/worker/trainer.h"
+#include "ckpt/model/dataset.h"
+#include "ckpt/model/trainer.h"
 
 namespace ckpt::model::testing {
 

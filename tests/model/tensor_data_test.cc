@@ -11,8 +11,8 @@
 #include <string>
 
 #include "ckpt/format/tensor_dataset.h"
-#include "ckpt/worker/model_spec.h"
-#include "ckpt/worker/trainer.h"
+#include "ckpt/model/model_spec.h"
+#include "ckpt/model/trainer.h"
 #include "model_test_util.h"
 
 namespace ckpt::model {

@@ -9,7 +9,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "ckpt/worker/trainer.h"
+#include "ckpt/model/trainer.h"
 #include "model_test_util.h"
 
 namespace ckpt::model {

@@ -12,7 +12,7 @@
 #include <iterator>
 #include <string>
 
-#include "ckpt/worker/trainer.h"
+#include "ckpt/model/trainer.h"
 
 int main(int argc, char** argv) {
   if (argc < 8) {

@@ -1,7 +1,7 @@
 // Trainer behaviour on the CPU with the real Fashion-MNIST: fused equals
 // separate, checkpoint continuity across processes, non-finite and malformed
 // states, concurrency, mode choice.
-#include "ckpt/worker/trainer.h"
+#include "ckpt/model/trainer.h"
 
 #include <gtest/gtest.h>
 #include <sys/wait.h>

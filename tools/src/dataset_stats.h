@@ -1,6 +1,6 @@
 // What an exported model needs to know of its data: the input normalization
 // ckpt trains with and the number of classes, computed from the dataset's
-// IDX files exactly as ckpt::model::LoadDataset does (ckpt/worker/dataset.h):
+// IDX files exactly as ckpt::model::LoadDataset does (ckpt/model/dataset.h):
 // train split = the first N - 10,000 images of the train file; mean and std of
 // its pixels / 255 from integer sums; classes = 1 + the largest label of the
 // train and test files. A worker feeds a model x = u8 * scale + shift

@@ -45,7 +45,7 @@ struct ForeignState {
 // Checkpoint names of optimizer state: "optim.<param>.<slot>".
 inline constexpr const char kOptimPrefix[] = "optim.";
 
-// Slots of the optimizer, in checkpoint order (ckpt/worker/model_spec.h).
+// Slots of the optimizer, in checkpoint order (ckpt/model/model_spec.h).
 std::vector<std::string> OptimizerSlots(const std::string& optimizer);
 
 // The tensors (and, when it says, hyperparameters, step and model spec) of a

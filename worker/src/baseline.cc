@@ -1,5 +1,5 @@
 // The bare LibTorch training loop the trainer's throughput is compared with.
-#include "ckpt/worker/baseline.h"
+#include "ckpt/model/baseline.h"
 
 #include <chrono>
 

@@ -1,4 +1,4 @@
-#include "ckpt/worker/dataset.h"
+#include "ckpt/model/dataset.h"
 
 #include <sys/stat.h>
 #include <zlib.h>

@@ -83,13 +83,13 @@ at::Tensor RunLayers(const Context& ctx, const ForwardPass& pass, at::Tensor x, 
         masks.reserve(pass.members->size());
         if (x.dim() == 4) {
           const int64_t c = x.size(1) / K;
-          for (const MemberState* m : *pass.members) {
+          for (const MemberTensors* m : *pass.members) {
             masks.push_back(DropoutMask(m->data_seed, m->step, i, l.p,
                                         {x.size(0), c, x.size(2), x.size(3)}, ctx.device));
           }
           x = x * at::cat(masks, 1);
         } else {
-          for (const MemberState* m : *pass.members) {
+          for (const MemberTensors* m : *pass.members) {
             masks.push_back(
                 DropoutMask(m->data_seed, m->step, i, l.p, {x.size(1), x.size(2)}, ctx.device));
           }

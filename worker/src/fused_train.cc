@@ -28,7 +28,7 @@ at::Tensor Widen(const at::Tensor& x, int64_t K) {
 }
 
 at::Tensor ForwardFused(const Context& ctx, const std::vector<at::Tensor>& P, const at::Tensor& x,
-                        bool train, const std::vector<MemberState*>& members) {
+                        bool train, const std::vector<MemberTensors*>& members) {
   ForwardPass pass;
   pass.tensors = &P;
   pass.members = &members;
@@ -66,11 +66,11 @@ struct FusedHparams {
   bool all_nesterov = false, no_nesterov = false;
 };
 
-FusedHparams MakeHparams(const Context& ctx, const std::vector<MemberState*>& members) {
+FusedHparams MakeHparams(const Context& ctx, const std::vector<MemberTensors*>& members) {
   FusedHparams f;
   std::vector<double> neg_lr, wd, mom, b1, omb1, b2, omb2, eps, decay;
   std::vector<bool> mom_nz, nest;
-  for (const MemberState* m : members) {
+  for (const MemberTensors* m : members) {
     const Hyperparameters& h = m->hp;
     neg_lr.push_back(-h.lr);
     wd.push_back(h.weight_decay);
@@ -133,11 +133,11 @@ void FusedSgdStep(const Context& ctx, const FusedHparams& h, std::vector<at::Ten
   }
 }
 
-void FusedAdamStep(const Context& ctx, const FusedHparams& h, std::vector<MemberState*>& members,
+void FusedAdamStep(const Context& ctx, const FusedHparams& h, std::vector<MemberTensors*>& members,
                    std::vector<at::Tensor>& P) {
   const int64_t K = static_cast<int64_t>(members.size());
   std::vector<double> neg_step_size, bc2_sqrt;
-  for (MemberState* m : members) {
+  for (MemberTensors* m : members) {
     m->adam_step += 1;
     const double bias_correction1 = 1 - std::pow(m->hp.beta1, m->adam_step);
     const double bias_correction2 = 1 - std::pow(m->hp.beta2, m->adam_step);
@@ -172,7 +172,7 @@ void FusedAdamStep(const Context& ctx, const FusedHparams& h, std::vector<Member
 
 // ScoreSum per member on the first `count` samples of `split`.
 std::vector<double> EvaluateFused(const Context& ctx, const std::vector<at::Tensor>& P,
-                                  const std::vector<MemberState*>& members,
+                                  const std::vector<MemberTensors*>& members,
                                   const DeviceSplit& split, int64_t count) {
   at::NoGradGuard no_grad;
   const int64_t K = static_cast<int64_t>(members.size());
@@ -191,7 +191,7 @@ std::vector<double> EvaluateFused(const Context& ctx, const std::vector<at::Tens
 
 }  // namespace
 
-Status TrainFusedGroup(const Context& ctx, std::vector<MemberState*>& members, int64_t steps,
+Status TrainFusedGroup(const Context& ctx, std::vector<MemberTensors*>& members, int64_t steps,
                        bool eval_val, bool eval_test, FusedResult* result, double* pack_s,
                        double* unpack_s, double* compute_s, double* eval_s) {
   const int64_t K = static_cast<int64_t>(members.size());
@@ -227,7 +227,7 @@ Status TrainFusedGroup(const Context& ctx, std::vector<MemberState*>& members, i
       std::copy(idx[k].begin(), idx[k].end(), all_idx.begin() + static_cast<int64_t>(k) * batch);
     }
     at::Tensor x, y;
-    const std::vector<const MemberState*> group(members.begin(), members.end());
+    const std::vector<const MemberTensors*> group(members.begin(), members.end());
     GatherBatch(ctx, ctx.train, all_idx, &x, &y, &group);
     // Member k's rows are [k*batch, (k+1)*batch) of the gather.
     if (x.dim() == 4) {
@@ -262,7 +262,7 @@ Status TrainFusedGroup(const Context& ctx, std::vector<MemberState*>& members, i
       }
     }
     result->losses.push_back(per_member.detach());
-    for (MemberState* m : members) {
+    for (MemberTensors* m : members) {
       m->data_cursor += static_cast<uint64_t>(batch);
       m->step += 1;
     }

@@ -1,4 +1,4 @@
-#include "ckpt/worker/hparams.h"
+#include "ckpt/model/hparams.h"
 
 #include <cmath>
 #include <vector>

@@ -22,10 +22,10 @@
 #include "ckpt/format/checkpoint.h"
 #include "ckpt/format/status.h"
 #include "ckpt/format/task.h"
-#include "ckpt/worker/dataset.h"
-#include "ckpt/worker/hparams.h"
-#include "ckpt/worker/model_spec.h"
-#include "ckpt/worker/trainer.h"
+#include "ckpt/model/dataset.h"
+#include "ckpt/model/hparams.h"
+#include "ckpt/model/model_spec.h"
+#include "ckpt/model/trainer.h"
 
 namespace ckpt::model::internal {
 
@@ -91,7 +91,7 @@ struct Context {
 };
 
 // A member's state on the device, in layout order.
-struct MemberState {
+struct MemberTensors {
   std::string member;
   std::vector<at::Tensor> tensors;
   Hyperparameters hp;
@@ -111,13 +111,14 @@ struct Failure {
 // Builds `state` from `task`: parses and validates the blob or initialises a
 // fresh member; tensors end on ctx.device. Returns a failure (bad-request,
 // bad-state, non-finite) or std::nullopt on success.
-std::optional<Failure> LoadMember(const Context& ctx, const MemberTask& task, MemberState* state);
+std::optional<Failure> LoadMember(const Context& ctx, const MemberTask& task, MemberTensors* state);
 
 // Non-finite check of every tensor: Aborted naming the member and tensor.
-Status CheckFinite(const Context& ctx, const MemberState& state, const char* when);
+Status CheckFinite(const Context& ctx, const MemberTensors& state, const char* when);
 
 // Copies `state` to the host and prepares its blob (checksums computed here).
-StatusOr<std::shared_ptr<EncodedState>> EncodeMember(const Context& ctx, const MemberState& state);
+StatusOr<std::shared_ptr<EncodedState>> EncodeMember(const Context& ctx,
+                                                     const MemberTensors& state);
 
 // Lets the trainer attach an encoded state to an outcome.
 struct OutcomeAccess {
@@ -136,7 +137,7 @@ at::Tensor DropoutMask(uint64_t data_seed, int64_t step, size_t layer, double p,
 // [K, ...] for the K `members`, each drawing its own dropout).
 struct ForwardPass {
   const std::vector<at::Tensor>* tensors = nullptr;  // layout order
-  const std::vector<MemberState*>* members = nullptr;
+  const std::vector<MemberTensors*>* members = nullptr;
   bool train = false;
   uint64_t data_seed = 0;
   int64_t step = 0;
@@ -150,14 +151,14 @@ at::Tensor ForwardLayers(const Context& ctx, const ForwardPass& pass, const at::
 // augmented (Augment) when `members` is given.
 void GatherBatch(const Context& ctx, const DeviceSplit& split, const std::vector<int64_t>& idx,
                  at::Tensor* x, at::Tensor* y,
-                 const std::vector<const MemberState*>* members = nullptr);
+                 const std::vector<const MemberTensors*>* members = nullptr);
 
 // Applies ctx.options.augment to a training batch of raw images [M, C, H, W]
 // (before Normalize): rows [k * B, (k + 1) * B) belong to `members[k]`, whose
 // crop offsets and flips are drawn from its data seed and step alone, so a
 // member's batch is augmented the same plain or fused.
 at::Tensor Augment(const Context& ctx, const at::Tensor& raw,
-                   const std::vector<const MemberState*>& members);
+                   const std::vector<const MemberTensors*>& members);
 
 // Float32 model input of raw rows of a split's x (never writes to `raw`).
 at::Tensor Normalize(const Context& ctx, const at::Tensor& raw);
@@ -173,15 +174,15 @@ double Score(const Context& ctx, double sum, int64_t count);
 // Plain training of one member for `steps` steps; `losses` receives one
 // scalar tensor per step. Stops early (returning OK) after a non-finite loss,
 // which the caller detects from `losses`.
-Status TrainPlainSteps(const Context& ctx, MemberState* m, torch::jit::Module* script,
+Status TrainPlainSteps(const Context& ctx, MemberTensors* m, torch::jit::Module* script,
                        int64_t steps, std::vector<at::Tensor>* losses);
 
 // ScoreSum of one member on the first `count` samples of `split`.
-double EvaluatePlain(const Context& ctx, const MemberState& m, torch::jit::Module* script,
+double EvaluatePlain(const Context& ctx, const MemberTensors& m, torch::jit::Module* script,
                      const DeviceSplit& split, int64_t count);
 
 // A TorchScript clone whose parameters and buffers are the member's tensors.
-StatusOr<torch::jit::Module> BindScript(const Context& ctx, const MemberState& m);
+StatusOr<torch::jit::Module> BindScript(const Context& ctx, const MemberTensors& m);
 
 // Fused training of K members (same `steps`), then evaluation of the packed
 // model (validation when eval_val, test when eval_test), then unpacking into
@@ -193,7 +194,7 @@ struct FusedResult {
   std::vector<double> score_val;
   std::vector<double> score_test;
 };
-Status TrainFusedGroup(const Context& ctx, std::vector<MemberState*>& members, int64_t steps,
+Status TrainFusedGroup(const Context& ctx, std::vector<MemberTensors*>& members, int64_t steps,
                        bool eval_val, bool eval_test, FusedResult* result, double* pack_s,
                        double* unpack_s, double* compute_s, double* eval_s);
 

@@ -1,4 +1,4 @@
-#include "ckpt/worker/model_spec.h"
+#include "ckpt/model/model_spec.h"
 
 #include <map>
 #include <nlohmann/json.hpp>

@@ -9,7 +9,7 @@
 namespace ckpt::model::internal {
 namespace {
 
-at::Tensor Forward(const Context& ctx, const MemberState& m, torch::jit::Module* script,
+at::Tensor Forward(const Context& ctx, const MemberTensors& m, torch::jit::Module* script,
                    const at::Tensor& x, bool train) {
   if (script != nullptr) {
     script->train(train);
@@ -25,7 +25,7 @@ at::Tensor Forward(const Context& ctx, const MemberState& m, torch::jit::Module*
 
 // torch.optim.SGD (dampening 0, maximize false); a zero momentum buffer
 // behaves as PyTorch's absent one: 0 * momentum + d == d.
-void SgdStep(const Context& ctx, MemberState* m) {
+void SgdStep(const Context& ctx, MemberTensors* m) {
   const Hyperparameters& h = m->hp;
   for (const auto& tr : ctx.trainables) {
     at::Tensor& p = m->tensors[tr.param];
@@ -42,7 +42,7 @@ void SgdStep(const Context& ctx, MemberState* m) {
 }
 
 // torch.optim.Adam / AdamW (amsgrad false, maximize false, not capturable).
-void AdamStep(const Context& ctx, MemberState* m) {
+void AdamStep(const Context& ctx, MemberTensors* m) {
   const Hyperparameters& h = m->hp;
   m->adam_step += 1;
   const double step = m->adam_step;
@@ -87,7 +87,7 @@ void SetModuleTensor(torch::jit::Module module, const std::string& name, const a
 
 }  // namespace
 
-StatusOr<torch::jit::Module> BindScript(const Context& ctx, const MemberState& m) {
+StatusOr<torch::jit::Module> BindScript(const Context& ctx, const MemberTensors& m) {
   torch::jit::Module clone;
   {
     std::lock_guard<std::mutex> lock(ctx.script_mu);
@@ -99,7 +99,7 @@ StatusOr<torch::jit::Module> BindScript(const Context& ctx, const MemberState& m
   return clone;
 }
 
-Status TrainPlainSteps(const Context& ctx, MemberState* m, torch::jit::Module* script,
+Status TrainPlainSteps(const Context& ctx, MemberTensors* m, torch::jit::Module* script,
                        int64_t steps, std::vector<at::Tensor>* losses) {
   const int64_t batch = ctx.options.batch_size;
   std::vector<int64_t> idx;
@@ -114,7 +114,7 @@ Status TrainPlainSteps(const Context& ctx, MemberState* m, torch::jit::Module* s
     BatchIndices(m->data_seed, m->data_cursor, batch, ctx.train.count, &idx, &epoch_cache,
                  &cached_epoch);
     at::Tensor x, y;
-    const std::vector<const MemberState*> self = {m};
+    const std::vector<const MemberTensors*> self = {m};
     GatherBatch(ctx, ctx.train, idx, &x, &y, &self);
     at::Tensor logits = Forward(ctx, *m, script, x, /*train=*/true);
     at::Tensor loss = ctx.loss == format::LossKind::kCrossEntropy
@@ -141,7 +141,7 @@ Status TrainPlainSteps(const Context& ctx, MemberState* m, torch::jit::Module* s
   return Status::OK();
 }
 
-double EvaluatePlain(const Context& ctx, const MemberState& m, torch::jit::Module* script,
+double EvaluatePlain(const Context& ctx, const MemberTensors& m, torch::jit::Module* script,
                      const DeviceSplit& split, int64_t count) {
   at::NoGradGuard no_grad;
   const int64_t chunk = std::max<int64_t>(1, ctx.options.eval_batch_size);

@@ -1,7 +1,7 @@
 // Trainer: the adapter between ckpt's Status world and LibTorch. Every
 // c10::Error (and std::exception) thrown below a public entry point is caught
 // in this file and becomes a Status / fail code.
-#include "ckpt/worker/trainer.h"
+#include "ckpt/model/trainer.h"
 
 #include <unistd.h>
 
@@ -95,7 +95,7 @@ double MeanLoss(const at::Tensor& host_losses, int64_t k) {
 }
 
 // Checks the trained state and losses of one member and fills `out`.
-void FinishMember(const Context& ctx, MemberState* m, const at::Tensor& host_losses, int64_t k,
+void FinishMember(const Context& ctx, MemberTensors* m, const at::Tensor& host_losses, int64_t k,
                   int64_t start_step, MemberOutcome* out) {
   const int64_t bad = FirstNonFinite(host_losses, k);
   if (bad >= 0) {
@@ -183,7 +183,7 @@ class TrainerImpl final : public Trainer {
   MemberOutcome Plain(const MemberTask& task, bool evaluate);
   std::vector<MemberOutcome> Fused(const std::vector<MemberTask>& tasks, bool evaluate);
   // Trains one fused group of loaded members.
-  void FusedGroup(std::vector<MemberState>& states, const std::vector<size_t>& which,
+  void FusedGroup(std::vector<MemberTensors>& states, const std::vector<size_t>& which,
                   const std::vector<MemberTask>& tasks, bool evaluate,
                   std::vector<MemberOutcome>* out);
   // Samples per second of `slots` threads running `body` until `seconds` pass.
@@ -248,7 +248,7 @@ MemberOutcome TrainerImpl::Plain(const MemberTask& task, bool evaluate) {
   try {
     ThreadScope scope(ctx);
     auto t0 = Clock::now();
-    MemberState m;
+    MemberTensors m;
     if (auto failure = LoadMember(ctx, task, &m)) {
       SetFailure(&out, failure->code, failure->status);
       return out;
@@ -317,7 +317,7 @@ MemberOutcome TrainerImpl::Plain(const MemberTask& task, bool evaluate) {
 std::vector<MemberOutcome> TrainerImpl::Fused(const std::vector<MemberTask>& tasks, bool evaluate) {
   const Context& ctx = *ctx_;
   std::vector<MemberOutcome> out(tasks.size());
-  std::vector<MemberState> states(tasks.size());
+  std::vector<MemberTensors> states(tasks.size());
   std::map<int64_t, std::vector<size_t>> groups;  // steps -> members
   for (size_t i = 0; i < tasks.size(); ++i) {
     out[i].member = tasks[i].member;
@@ -354,12 +354,12 @@ std::vector<MemberOutcome> TrainerImpl::Fused(const std::vector<MemberTask>& tas
   return out;
 }
 
-void TrainerImpl::FusedGroup(std::vector<MemberState>& states, const std::vector<size_t>& which,
+void TrainerImpl::FusedGroup(std::vector<MemberTensors>& states, const std::vector<size_t>& which,
                              const std::vector<MemberTask>& tasks, bool evaluate,
                              std::vector<MemberOutcome>* out) {
   const Context& ctx = *ctx_;
   const int64_t steps = tasks[which.front()].steps;
-  std::vector<MemberState*> members;
+  std::vector<MemberTensors*> members;
   std::vector<int64_t> start_steps;
   bool eval_test = false;
   for (size_t i : which) {

@@ -29,8 +29,8 @@
 #include "ckpt/ipc/channel.h"
 #include "ckpt/ipc/messages.h"
 #include "ckpt/ipc/tcp_channel.h"
+#include "ckpt/model/trainer.h"
 #include "ckpt/records/failure_code.h"
-#include "ckpt/worker/trainer.h"
 
 namespace ckpt::worker {
 namespace {

@@ -112,7 +112,7 @@ Status CheckModelSpec(TomlTableReader* r, const std::string& spec, bool check_fi
     }
     return Status::OK();
   }
-  // The built-in models of worker/include/ckpt/worker/model_spec.h.
+  // The built-in models of worker/include/ckpt/model/model_spec.h.
   if (spec == "lenet5" || spec == "resnet20") return Status::OK();
   const size_t first = spec.find_first_not_of(" \t\r\n");
   if (first == std::string::npos || (spec[first] != '[' && spec[first] != '{')) {

@@ -33,7 +33,7 @@
 // split's values (U8 read as value / 255, exactly: integer sums, then
 // double), or those given in the options: scale = 1 / (255 * std) for U8,
 // 1 / std for floats, shift = -mean / std. This is the IDX rule of
-// ckpt/worker/dataset.h, so a U8 one-channel dataset normalizes bit for bit as
+// ckpt/model/dataset.h, so a U8 one-channel dataset normalizes bit for bit as
 // its IDX copy.
 //
 // Thread-safety: a TensorDataset is immutable after Open; share it freely.
@@ -54,7 +54,7 @@
 namespace ckpt::format {
 
 // How a dataset is stored. kIdx: the MNIST family's IDX files (read by the
-// worker, ckpt/worker/dataset.h); the others by TensorDataset::Open.
+// worker, ckpt/model/dataset.h); the others by TensorDataset::Open.
 enum class DatasetFormat { kIdx, kSafetensors, kNpz };
 
 // "idx", "safetensors", "npz".

@@ -27,8 +27,8 @@
 // member sees exactly the batches it would have seen.
 //
 // Thread-safety: a loaded DatasetSplits is immutable and may be shared.
-#ifndef CKPT_WORKER_DATASET_H_
-#define CKPT_WORKER_DATASET_H_
+#ifndef CKPT_MODEL_DATASET_H_
+#define CKPT_MODEL_DATASET_H_
 
 #include <cstdint>
 #include <memory>
@@ -134,4 +134,4 @@ void BatchIndices(uint64_t data_seed, uint64_t cursor, int64_t batch, int64_t n,
 
 }  // namespace ckpt::model
 
-#endif  // CKPT_WORKER_DATASET_H_
+#endif  // CKPT_MODEL_DATASET_H_

@@ -129,7 +129,7 @@ void InitScriptModel(const Context& ctx, at::Generator& gen, std::vector<at::Ten
 
 }  // namespace
 
-std::optional<Failure> LoadMember(const Context& ctx, const MemberTask& task, MemberState* st) {
+std::optional<Failure> LoadMember(const Context& ctx, const MemberTask& task, MemberTensors* st) {
   st->member = task.member;
   const std::string who = "member " + (task.member.empty() ? std::string("?") : task.member);
   if (task.steps < 0) {
@@ -283,7 +283,7 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) bool AllFinite(cons
 
 }  // namespace
 
-Status CheckFinite(const Context& ctx, const MemberState& st, const char* when) {
+Status CheckFinite(const Context& ctx, const MemberTensors& st, const char* when) {
   auto fail = [&](size_t i) {
     return Status::Aborted("member " + st.member + ": tensor " + ctx.layout[i].name +
                            " is not finite " + when + " (step " + std::to_string(st.step) + ")");
@@ -310,7 +310,7 @@ Status CheckFinite(const Context& ctx, const MemberState& st, const char* when) 
   return Status::OK();
 }
 
-StatusOr<std::shared_ptr<EncodedState>> EncodeMember(const Context& ctx, const MemberState& st) {
+StatusOr<std::shared_ptr<EncodedState>> EncodeMember(const Context& ctx, const MemberTensors& st) {
   auto enc = std::make_shared<EncodedState>();
   enc->meta.model_spec = ctx.options.model_spec;
   enc->meta.optimizer = std::string(OptimizerKindName(ctx.optimizer));
@@ -351,7 +351,7 @@ at::Tensor Normalize(const Context& ctx, const at::Tensor& raw) {
 }
 
 at::Tensor Augment(const Context& ctx, const at::Tensor& raw,
-                   const std::vector<const MemberState*>& members) {
+                   const std::vector<const MemberTensors*>& members) {
   const format::Augmentation& a = ctx.options.augment;
   const int64_t rows = raw.size(0), per = rows / static_cast<int64_t>(members.size());
   const int64_t h = raw.size(2), w = raw.size(3), p = a.crop_padding;
@@ -387,7 +387,7 @@ at::Tensor Augment(const Context& ctx, const at::Tensor& raw,
 }
 
 void GatherBatch(const Context& ctx, const DeviceSplit& split, const std::vector<int64_t>& idx,
-                 at::Tensor* x, at::Tensor* y, const std::vector<const MemberState*>* members) {
+                 at::Tensor* x, at::Tensor* y, const std::vector<const MemberTensors*>* members) {
   at::Tensor i = at::from_blob(const_cast<int64_t*>(idx.data()), {static_cast<int64_t>(idx.size())},
                                at::kLong);
   if (!ctx.device.is_cpu()) i = i.to(ctx.device);

@@ -7,7 +7,7 @@
 // into device memory (uint8 images, normalized on the fly; a minibatch is an
 // index gather on the device). A member's own state travels in its blob:
 // model tensors, optimizer state, hyperparameters, step, data seed and cursor
-// (names and layout: ckpt/worker/model_spec.h).
+// (names and layout: ckpt/model/model_spec.h).
 //
 // One interval of one member (a MemberTask):
 //   1. its blob is parsed and validated against the spec (names, dtypes,
@@ -42,8 +42,8 @@
 // Thread-safety: a Trainer is thread-safe: several slot threads may call
 // TrainPlain / TrainFused at once. MemberOutcome is a value owned by the
 // caller; it is not thread-safe.
-#ifndef CKPT_WORKER_TRAINER_H_
-#define CKPT_WORKER_TRAINER_H_
+#ifndef CKPT_MODEL_TRAINER_H_
+#define CKPT_MODEL_TRAINER_H_
 
 #include <atomic>
 #include <cstddef>
@@ -57,16 +57,16 @@
 #include "ckpt/format/checkpoint.h"
 #include "ckpt/format/status.h"
 #include "ckpt/format/task.h"
+#include "ckpt/model/dataset.h"
 #include "ckpt/records/failure_code.h"
 #include "ckpt/records/fusion_mode.h"
-#include "ckpt/worker/dataset.h"
 
 namespace ckpt::model {
 
 struct TrainerOptions {
   // "cpu", "cuda" (= "cuda:0") or "cuda:N". Default: "cpu".
   std::string device = "cpu";
-  // A model spec (ckpt/worker/model_spec.h). Default: "lenet5".
+  // A model spec (ckpt/model/model_spec.h). Default: "lenet5".
   std::string model_spec = "lenet5";
   // "sgd" | "adam" | "adamw". Default: "sgd".
   std::string optimizer = "sgd";
@@ -116,7 +116,7 @@ struct MemberTask {
   size_t state_size = 0;
   // Seed of a fresh member's parameters and data order (ignored when state is given).
   uint64_t init_seed = 0;
-  // Hyperparameters, applied over the blob's (ckpt/worker/hparams.h).
+  // Hyperparameters, applied over the blob's (ckpt/model/hparams.h).
   std::map<std::string, double> hparams;
   // Optimizer steps this interval; 0 returns the (initialised) state as is.
   int64_t steps = 0;
@@ -267,4 +267,4 @@ class Trainer {
 
 }  // namespace ckpt::model
 
-#endif  // CKPT_WORKER_TRAINER_H_
+#endif  // CKPT_MODEL_TRAINER_H_

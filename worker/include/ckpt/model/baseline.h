@@ -4,13 +4,13 @@
 //
 // Thread-safety: a free function; it sets the calling thread's OpenMP thread
 // count like Trainer does (see trainer.h).
-#ifndef CKPT_WORKER_BASELINE_H_
-#define CKPT_WORKER_BASELINE_H_
+#ifndef CKPT_MODEL_BASELINE_H_
+#define CKPT_MODEL_BASELINE_H_
 
 #include <cstdint>
 
 #include "ckpt/format/status.h"
-#include "ckpt/worker/trainer.h"
+#include "ckpt/model/trainer.h"
 
 namespace ckpt::model {
 
@@ -31,4 +31,4 @@ StatusOr<double> MeasureBareLibTorchLoop(const BaselineOptions& options);
 
 }  // namespace ckpt::model
 
-#endif  // CKPT_WORKER_BASELINE_H_
+#endif  // CKPT_MODEL_BASELINE_H_

@@ -9,14 +9,14 @@
 // dampening, amsgrad and maximize are not supported (always 0 / false).
 //
 // Thread-safety: values and pure functions.
-#ifndef CKPT_WORKER_HPARAMS_H_
-#define CKPT_WORKER_HPARAMS_H_
+#ifndef CKPT_MODEL_HPARAMS_H_
+#define CKPT_MODEL_HPARAMS_H_
 
 #include <map>
 #include <string>
 
 #include "ckpt/format/status.h"
-#include "ckpt/worker/model_spec.h"
+#include "ckpt/model/model_spec.h"
 
 namespace ckpt::model {
 
@@ -47,4 +47,4 @@ std::map<std::string, double> HyperparameterMap(OptimizerKind kind, const Hyperp
 
 }  // namespace ckpt::model
 
-#endif  // CKPT_WORKER_HPARAMS_H_
+#endif  // CKPT_MODEL_HPARAMS_H_

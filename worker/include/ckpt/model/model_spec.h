@@ -46,8 +46,8 @@
 // "exp_avg_sq" and "step" (F32, shape [], as torch.optim keeps it).
 //
 // Thread-safety: values; immutable once parsed.
-#ifndef CKPT_WORKER_MODEL_SPEC_H_
-#define CKPT_WORKER_MODEL_SPEC_H_
+#ifndef CKPT_MODEL_MODEL_SPEC_H_
+#define CKPT_MODEL_MODEL_SPEC_H_
 
 #include <cstdint>
 #include <string>
@@ -161,4 +161,4 @@ std::vector<TensorSpec> StateLayout(const std::vector<TensorSpec>& model, Optimi
 
 }  // namespace ckpt::model
 
-#endif  // CKPT_WORKER_MODEL_SPEC_H_
+#endif  // CKPT_MODEL_MODEL_SPEC_H_
