@@ -13,7 +13,6 @@
 #include <prometheus/metric_family.h>
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
-#include <spdlog/spdlog.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -30,6 +29,7 @@
 #include <utility>
 #include <vector>
 
+#include "ckpt/logging/logging.h"
 #include "nvml_sampler.h"
 #include "process_sampler.h"
 
@@ -181,19 +181,20 @@ MetricFamily MakeFamily(const char* name, const char* help, MetricType type) {
 
 using LogFn = std::function<void(LogLevel, const std::string&)>;
 
-// MetricsOptions::log, or spdlog's default logger when it is empty.
+// MetricsOptions::log, or the process's logger (ckpt/logging/logging.h)
+// when it is empty.
 LogFn LogOrDefault(const LogFn& log) {
   if (log) return log;
   return [](LogLevel level, const std::string& line) {
     switch (level) {
       case LogLevel::kInfo:
-        spdlog::info("{}", line);
+        logging::Logger().info("{}", line);
         break;
       case LogLevel::kWarning:
-        spdlog::warn("{}", line);
+        logging::Logger().warn("{}", line);
         break;
       case LogLevel::kError:
-        spdlog::error("{}", line);
+        logging::Logger().error("{}", line);
         break;
     }
   };

@@ -1,23 +1,18 @@
-// The scheduler's one logger (spdlog), used by every unit of ckpt::scheduler
-// (private). Lines go to stderr: coloured with a time stamp on a terminal,
-// plain "LEVEL: message" lines when stderr is not one (journald, a log file,
-// a test capturing output), since journald stamps lines itself.
+// The scheduler's logger is the process's one logger (ckpt/logging/logging.h:
+// stderr, plain lines off a terminal, CKPT_TRACE / CKPT_LOG_LEVEL), used by
+// every unit of ckpt::scheduler (private).
 //
-// Level: info by default; CKPT_TRACE=1 makes it trace (one line per record
-// sent and received); CKPT_LOG_LEVEL=trace|debug|info|warn|error|off sets it.
-//
-// Thread-safety: the logger is created once (thread-safe static) and spdlog's
-// _mt sinks serialize lines; call it from any thread.
+// Thread-safety: as ckpt::logging::Logger; the counters are atomic.
 #ifndef CKPT_SCHEDULER_LOG_H_
 #define CKPT_SCHEDULER_LOG_H_
 
-#include <spdlog/spdlog.h>
-
 #include <cstdint>
+
+#include "ckpt/logging/logging.h"
 
 namespace ckpt::scheduler {
 
-spdlog::logger& Logger();
+using logging::Logger;
 
 // Exceptions caught at a thread or process root (none is expected: library
 // calls return a Status). Each root logs what it caught and counts it here.

@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "ckpt/logging/logging.h"
 #include "exposition.h"
 #include "http_get.h"
 #include "simulated_run.h"
@@ -650,15 +651,16 @@ TEST(MetricsTest, MalformedListenAddressIsInvalidArgument) {
 // --- GPU families without NVML -----------------------------------------------
 
 TEST(MetricsTest, WithoutNvmlGpuFamiliesAreAbsentAndOneLineSaysWhy) {
+  // Without MetricsOptions::log the line goes to the process's logger
+  // (ckpt/logging/logging.h): captured here by a second sink.
   std::ostringstream log;
-  auto previous = spdlog::default_logger();
-  spdlog::set_default_logger(std::make_shared<spdlog::logger>(
-      "metrics-test", std::make_shared<spdlog::sinks::ostream_sink_mt>(log)));
+  auto& sinks = logging::Logger().sinks();
+  sinks.push_back(std::make_shared<spdlog::sinks::ostream_sink_mt>(log));
   MetricsOptions o;
   o.listen = "";
   o.nvml_library = "/nonexistent/libnvidia-ml.so.1";
   auto m = Metrics::Open(o);
-  spdlog::set_default_logger(previous);
+  sinks.pop_back();
   ASSERT_TRUE(m.ok()) << m.status().ToString();
   EXPECT_NE((*m)->gpu_status().find("dlopen /nonexistent/libnvidia-ml.so.1"), std::string::npos)
       << (*m)->gpu_status();
@@ -684,12 +686,11 @@ TEST(MetricsTest, WithoutNvmlGpuFamiliesAreAbsentAndOneLineSaysWhy) {
 
   // Turned off by options: no NVML, no log line.
   std::ostringstream quiet;
-  spdlog::set_default_logger(std::make_shared<spdlog::logger>(
-      "metrics-test", std::make_shared<spdlog::sinks::ostream_sink_mt>(quiet)));
+  sinks.push_back(std::make_shared<spdlog::sinks::ostream_sink_mt>(quiet));
   o.gpu = false;
   o.log = nullptr;
   auto off = Metrics::Open(o);
-  spdlog::set_default_logger(previous);
+  sinks.pop_back();
   ASSERT_TRUE(off.ok());
   EXPECT_EQ((*off)->gpu_status(), "NVML disabled by options");
   EXPECT_EQ(quiet.str(), "");

@@ -29,6 +29,7 @@
 #include "ckpt/ipc/channel.h"
 #include "ckpt/ipc/messages.h"
 #include "ckpt/ipc/tcp_channel.h"
+#include "ckpt/logging/logging.h"
 #include "ckpt/model/trainer.h"
 #include "ckpt/records/failure_code.h"
 
@@ -38,11 +39,9 @@ namespace {
 using std::chrono::milliseconds;
 using Clock = std::chrono::steady_clock;
 
-// CKPT_TRACE=1: one stderr line per record received and sent, for debugging.
-const bool kTrace = [] {
-  const char* v = std::getenv("CKPT_TRACE");
-  return v != nullptr && *v == '1';
-}();
+// Lines go to the process's logger (ckpt/logging/logging.h); CKPT_TRACE=1
+// adds one line per record received and sent.
+using logging::Logger;
 
 // CKPT_WORKER_PHASES=1: at exit, one stderr line "ckpt-worker phases: {JSON}"
 // with the seconds the slot threads spent per phase of a member-interval,
@@ -104,8 +103,7 @@ class KillPoints {
 
  private:
   static void Die(const char* point) {
-    std::fprintf(stderr, "ckpt-worker: kill point %s\n", point);
-    std::fflush(stderr);
+    Logger().error("ckpt-worker: kill point {}", point);
     raise(SIGKILL);
   }
   std::string point_;
@@ -284,8 +282,8 @@ void WorkerLoop::SendOutcome(uint64_t task_id, const model::MemberOutcome& o) {
     } while (!res.ok() && res.status().IsResourceExhausted());
     if (!res.ok()) {
       // The scheduler is gone (the receive loop notices) or the ring is broken.
-      std::fprintf(stderr, "ckpt-worker %s: RESULT of task %llu not sent: %s\n", name_.c_str(),
-                   static_cast<unsigned long long>(task_id), res.status().ToString().c_str());
+      Logger().error("ckpt-worker {}: RESULT of task {} not sent: {}", name_, task_id,
+                     res.status().ToString());
       return;
     }
     auto offset = ipc::EncodeHeaderOnly(r, res->data, res->size);
@@ -296,10 +294,8 @@ void WorkerLoop::SendOutcome(uint64_t task_id, const model::MemberOutcome& o) {
       do {
         c = channel_->Commit(*res, ipc::DeadlineIn(milliseconds(500)));
       } while (c.IsResourceExhausted());
-      if (kTrace || !c.ok()) {
-        std::fprintf(stderr, "trace worker %s: sent RESULT task %llu: %s\n", name_.c_str(),
-                     static_cast<unsigned long long>(task_id), c.ToString().c_str());
-      }
+      Logger().log(c.ok() ? spdlog::level::trace : spdlog::level::warn,
+                   "ckpt-worker {}: sent RESULT task {}: {}", name_, task_id, c.ToString());
       if (c.ok()) WorkerKillPoints().At(format::kill_points::kWorkerResultSent);
       return;
     }
@@ -368,8 +364,8 @@ Status WorkerLoop::HandleConfigure(const ipc::Received& rec) {
   t.cancel = &cancel_;
   auto trainer = model::Trainer::Create(t);
   if (!trainer.ok()) {
-    std::fprintf(stderr, "ckpt-worker: CONFIGURE %s: %s\n", c->experiment.c_str(),
-                 trainer.status().ToString().c_str());
+    Logger().error("ckpt-worker {}: CONFIGURE {}: {}", name_, c->experiment,
+                   trainer.status().ToString());
     // The scheduler ends the experiment at once with this reason (task id 0,
     // the experiment in `member`); its TRAINs here fail as not configured.
     SendFailed(0, c->experiment, records::FailureCode::kConfigureRefused,
@@ -386,10 +382,10 @@ Status WorkerLoop::HandleConfigure(const ipc::Received& rec) {
     auto choice = (*trainer)->ChooseMode(probe);
     if (choice.ok()) {
       mode = choice->mode;
-      std::fprintf(stderr,
-                   "ckpt-worker %s: %s: plain %.0f samples/s, fused(K=%d) %.0f samples/s -> %s\n",
-                   options_.device.c_str(), c->experiment.c_str(), choice->plain_samples_s,
-                   options_.fusion_width, choice->fused_samples_s, records::FusionModeName(mode));
+      Logger().info(
+          "ckpt-worker {}: {}: plain {:.0f} samples/s, fused(K={}) {:.0f} samples/s -> {}",
+          options_.device, c->experiment, choice->plain_samples_s, options_.fusion_width,
+          choice->fused_samples_s, records::FusionModeName(mode));
     }
   }
   if (!(*trainer)->SupportsFusion()) mode = FusionMode::kPlain;
@@ -408,13 +404,10 @@ void WorkerLoop::HandleTrain(const ipc::Received& rec) {
   if (!t.ok()) {
     channel_->Release();
     // Without a task id nothing can be answered; the record is counted.
-    std::fprintf(stderr, "ckpt-worker: malformed TRAIN: %s\n", t.status().ToString().c_str());
+    Logger().error("ckpt-worker {}: malformed TRAIN: {}", name_, t.status().ToString());
     return;
   }
-  if (kTrace) {
-    std::fprintf(stderr, "trace worker %s: got TRAIN task %llu %s\n", name_.c_str(),
-                 static_cast<unsigned long long>(t->task_id), t->member.c_str());
-  }
+  Logger().trace("ckpt-worker {}: got TRAIN task {} {}", name_, t->task_id, t->member);
   WorkerKillPoints().At(format::kill_points::kWorkerDecode);
   const auto start = Clock::now();
   Job job;
@@ -451,9 +444,7 @@ void WorkerLoop::RunThreadRoot(const char* name, void (WorkerLoop::*body)()) {
   } catch (...) {
     what = "a non-standard exception";
   }
-  std::fprintf(stderr, "ckpt-worker %s: %s thread failed: %s; exiting\n", name_.c_str(), name,
-               what.c_str());
-  std::fflush(stderr);
+  Logger().critical("ckpt-worker {}: {} thread failed: {}; exiting", name_, name, what);
   _exit(70);
 }
 
@@ -564,8 +555,7 @@ Status WorkerLoop::Run() {
     if (!rec.ok()) {
       if (rec.status().IsResourceExhausted()) continue;
       if (rec.status().IsCorruption()) {
-        std::fprintf(stderr, "ckpt-worker: rejected a record: %s\n",
-                     rec.status().ToString().c_str());
+        Logger().error("ckpt-worker {}: rejected a record: {}", name_, rec.status().ToString());
         continue;
       }
       result = rec.status();
@@ -575,7 +565,7 @@ Status WorkerLoop::Run() {
       HandleTrain(*rec);
     } else if (rec->type == ipc::RecordType::kConfigure) {
       Status s = HandleConfigure(*rec);
-      if (!s.ok()) std::fprintf(stderr, "ckpt-worker: bad CONFIGURE: %s\n", s.ToString().c_str());
+      if (!s.ok()) Logger().error("ckpt-worker {}: bad CONFIGURE: {}", name_, s.ToString());
     } else if (rec->type == ipc::RecordType::kShutdown) {
       channel_->Release();
       break;
@@ -588,7 +578,7 @@ Status WorkerLoop::Run() {
   cancel_.store(true);
   StopThreads();
   channel_->Close();
-  if (kPhases) std::fprintf(stderr, "ckpt-worker phases: %s\n", phases_.ToJson().c_str());
+  if (kPhases) Logger().info("ckpt-worker phases: {}", phases_.ToJson());
   return result;
 }
 
@@ -633,9 +623,8 @@ StatusOr<std::unique_ptr<ipc::Channel>> ConnectToScheduler(const WorkerOptions& 
     if (ch.ok() || !ch.status().IsUnavailable()) return ch;
     if (!told) {
       told = true;
-      std::fprintf(stderr, "ckpt-worker tcp:%s: %s; retrying for up to %lld s\n",
-                   options.connect.c_str(), ch.status().message().c_str(),
-                   static_cast<long long>(options.connect_timeout.count() / 1000));
+      Logger().warn("ckpt-worker tcp:{}: {}; retrying for up to {} s", options.connect,
+                    ch.status().message(), options.connect_timeout.count() / 1000);
     }
     if (std::chrono::steady_clock::now() + backoff >= until) {
       return Status::Unavailable("no scheduler reachable at " + options.connect + " within " +

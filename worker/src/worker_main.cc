@@ -14,6 +14,7 @@
 #include <map>
 #include <string>
 
+#include "ckpt/logging/logging.h"
 #include "ckpt/worker/allocator.h"
 #include "ckpt/worker/worker_loop.h"
 
@@ -67,14 +68,14 @@ int main(int argc, char** argv) {
   try {
     s = ckpt::worker::RunWorker(o);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "ckpt-worker %s: unexpected exception: %s\n", name.c_str(), e.what());
+    ckpt::logging::Logger().critical("ckpt-worker {}: unexpected exception: {}", name, e.what());
     return 1;
   } catch (...) {
-    std::fprintf(stderr, "ckpt-worker %s: unexpected non-standard exception\n", name.c_str());
+    ckpt::logging::Logger().critical("ckpt-worker {}: unexpected non-standard exception", name);
     return 1;
   }
   if (!s.ok()) {
-    std::fprintf(stderr, "ckpt-worker %s: %s\n", name.c_str(), s.ToString().c_str());
+    ckpt::logging::Logger().error("ckpt-worker {}: {}", name, s.ToString());
     return s.IsUnavailable() ? 3 : 1;
   }
   return 0;

@@ -133,7 +133,8 @@ struct MetricsOptions {
   // families (kInfo); the first update over max_experiments or max_workers
   // (kWarning); a sampler that failed during a scrape (kError). Called on the
   // thread that caused the line, possibly with the library's lock held: it
-  // must not call into this Metrics. Default (empty): spdlog's default logger.
+  // must not call into this Metrics. Default (empty): the process's logger
+  // (ckpt/logging/logging.h).
   std::function<void(LogLevel level, const std::string& line)> log;
 };
 
