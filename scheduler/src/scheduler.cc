@@ -510,6 +510,7 @@ void SchedulerImpl::AfterChange() {
     if (entry.experiment->ended() && !entry.announced_end) {
       entry.announced_end = true;
       any_ended = true;
+      trace::Ended(id, records::ExperimentStatusName(entry.experiment->status()));
     }
   }
   if (!any_ended) return;

@@ -1,13 +1,10 @@
-// The scheduler's structured trace, for test harnesses (tests/chaos): with
-// CKPT_TRACE_FILE=PATH in its environment, the scheduler appends one JSON
-// object a line to PATH at each moment below, each line with one write(2) on
-// an O_APPEND descriptor, after the fact it reports and before the scheduler
-// goes on: a line written is in the file even when the scheduler is killed
-// right after it (SIGKILL; a power loss is another matter). Without the
-// variable nothing is opened and each call is one branch.
+// The scheduler's events in the structured trace (ckpt/logging/trace_file.h:
+// CKPT_TRACE_FILE=PATH, one JSON object a line, one write each, a line
+// written survives a SIGKILL right after it), for test harnesses
+// (tests/chaos). Each is written after the fact it reports and before the
+// scheduler goes on.
 //
-// Every line has "ev" (one of the names below), "pid" (the scheduler's) and
-// "unix_ms"; then:
+// Every line has "ev" (one of the names below), "pid" and "unix_ms"; then:
 //   result     "worker", "task": a RESULT read from worker `worker`'s ring
 //   committed  "exp", "member", "version", "interval", "blob" (hex id): a
 //              trained result committed, i.e. acknowledged
@@ -16,6 +13,11 @@
 //   lost       "worker", "reason": a worker declared dead or hung
 //   store_full      a commit or exploit refused for want of space; dispatch pauses
 //   store_writable  the store accepts writes again; dispatch resumes
+//   ended      "exp", "status" (records::ExperimentStatusName): an experiment
+//              ended (done, stopped or failed)
+// Its local workers write to the same file (they inherit the variable): a
+// worker about to kill itself at an armed kill point writes
+// format::kill_points::kTraceEvent ("kill_point") with "point".
 // Std-only on purpose: harnesses include it for the names.
 #ifndef CKPT_SCHEDULER_SRC_TRACE_H_
 #define CKPT_SCHEDULER_SRC_TRACE_H_
@@ -25,7 +27,7 @@
 
 namespace ckpt::scheduler::trace {
 
-inline constexpr const char* kEnv = "CKPT_TRACE_FILE";
+inline constexpr const char* kEnv = "CKPT_TRACE_FILE";  // logging::kTraceFileVariable
 inline constexpr const char* kResult = "result";
 inline constexpr const char* kCommitted = "committed";
 inline constexpr const char* kExploited = "exploited";
@@ -33,6 +35,7 @@ inline constexpr const char* kHello = "hello";
 inline constexpr const char* kLost = "lost";
 inline constexpr const char* kStoreFull = "store_full";
 inline constexpr const char* kStoreWritable = "store_writable";
+inline constexpr const char* kEnded = "ended";
 
 // Whether CKPT_TRACE_FILE names a file that could be opened (read once).
 bool Enabled();
@@ -46,6 +49,7 @@ void Hello(int worker, const std::string& device);
 void Lost(int worker, const std::string& reason);
 void StoreFull();
 void StoreWritable();
+void Ended(const std::string& exp, const std::string& status);
 
 }  // namespace ckpt::scheduler::trace
 

@@ -676,8 +676,8 @@ class ChaosRun {
       };
     }
     child_ = std::make_unique<Child>(s_.Args(store_), log_, env, join_tmpfs);
-    log_follower_ = std::make_unique<LineFollower>(log_);
     results_now_ = 0;
+    ended_done_ = false;
     we_killed_ = false;
     stopped_.clear();
   }
@@ -698,11 +698,6 @@ class ChaosRun {
   void Watch() {
     while (child_->Running()) {
       for (const auto& e : PollTrace(trace_.get())) OnTrace(e);
-      for (const auto& line : log_follower_->Poll()) {
-        if (line.text.find("ckpt-worker: kill point worker.") != std::string::npos) {
-          Injected(Kind::kWorkerKillPoint);
-        }
-      }
       if (ballast_in_ && SecondsSince(ballast_since_) > 60) {
         std::printf("  disk full: no write refused within 60 s; ballast removed\n");
         RemoveBallast();
@@ -735,6 +730,12 @@ class ChaosRun {
     } else if (e.Is(trace::kStoreWritable) && disk_fault_.active) {
       Recovered(disk_fault_, e.seen);
       disk_fault_.active = false;
+    } else if (e.Is(kp::kTraceEvent)) {
+      // A worker at its armed kill point (a scheduler's is seen in its exit
+      // status).
+      if (e.j.value("point", "").rfind("worker.", 0) == 0) Injected(Kind::kWorkerKillPoint);
+    } else if (e.Is(trace::kEnded)) {
+      if (e.j.value("exp", "") == "chaos" && e.j.value("status", "") == "done") ended_done_ = true;
     } else if (e.Is(trace::kLost)) {
       const int w = e.j.value("worker", -1);
       // A loss the harness did not cause directly (a worker kill point): its
@@ -839,11 +840,6 @@ class ChaosRun {
   void End() {
     const int st = child_->Wait();
     for (const auto& e : PollTrace(trace_.get())) OnTrace(e);
-    for (const auto& line : log_follower_->Poll()) {
-      if (line.text.find("ckpt-worker: kill point worker.") != std::string::npos) {
-        Injected(Kind::kWorkerKillPoint);
-      }
-    }
     results_before_ += results_now_;
     if (ballast_in_) {
       std::printf("  disk full: the scheduler ended before a write was refused; ballast removed\n");
@@ -865,10 +861,7 @@ class ChaosRun {
         failed_ = true;
       }
     } else if (!killed && WIFEXITED(st) && WEXITSTATUS(st) == 0) {
-      std::ifstream in(log_);
-      std::stringstream ss;
-      ss << in.rdbuf();
-      if (ss.str().find("experiment chaos: done") != std::string::npos) finished_ = true;
+      finished_ = ended_done_;
     } else if (!killed) {
       std::printf("  incarnation %d: exit status %d; log %s\n", incarnation_,
                   WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), log_.c_str());
@@ -1007,13 +1000,13 @@ class ChaosRun {
   Clock::time_point start_;
   int incarnation_ = 0;
   bool finished_ = false;
+  bool ended_done_ = false;  // this incarnation traced experiment chaos ended done
   bool failed_ = false;
   int lost_ = 0;
   std::map<std::string, int> faults_;
   // The current incarnation.
   std::unique_ptr<Child> child_;
   std::string log_;
-  std::unique_ptr<LineFollower> log_follower_;
   int results_before_ = 0;  // in earlier incarnations
   int results_now_ = 0;
   bool we_killed_ = false;

@@ -30,6 +30,7 @@
 #include "ckpt/ipc/messages.h"
 #include "ckpt/ipc/tcp_channel.h"
 #include "ckpt/logging/logging.h"
+#include "ckpt/logging/trace_file.h"
 #include "ckpt/model/trainer.h"
 #include "ckpt/records/failure_code.h"
 
@@ -103,6 +104,7 @@ class KillPoints {
 
  private:
   static void Die(const char* point) {
+    logging::EmitTrace(format::kill_points::kTraceEvent, {{"point", point}});
     Logger().error("ckpt-worker: kill point {}", point);
     raise(SIGKILL);
   }

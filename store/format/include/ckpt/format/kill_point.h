@@ -59,6 +59,10 @@ inline constexpr char kWorkerResultSent[] = "worker.result_sent";
 inline constexpr std::array<const char*, 4> kWorkerPoints = {kWorkerDecode, kWorkerTrain,
                                                              kWorkerEncode, kWorkerResultSent};
 
+// The structured trace's event (ckpt/logging/trace_file.h) a worker writes,
+// with "point", just before it kills itself at an armed kill point.
+inline constexpr char kTraceEvent[] = "kill_point";
+
 }  // namespace kill_points
 
 // An armed kill point: die the n-th time `point` is passed.
