@@ -5,8 +5,6 @@
 // between them, handles signals and the control verbs, and stops cleanly.
 #include "ckpt/scheduler/scheduler.h"
 
-#include <sys/statvfs.h>
-
 #include <algorithm>
 #include <atomic>
 #include <boost/asio.hpp>
@@ -33,6 +31,7 @@
 #include "experiment_store.h"
 #include "log.h"
 #include "progress.h"
+#include "store_health.h"
 #include "trace.h"
 #include "worker_pool.h"
 
@@ -107,7 +106,7 @@ class SchedulerImpl : public Scheduler, public ControlTarget, public WorkerPoolL
         sighup_(io_),
         tick_(io_),
         grace_timer_(io_),
-        store_retry_(io_),
+        store_health_(store_.get(), options.store_path, &io_, [this] { OnStoreWritable(); }),
         progress_(options.progress) {
     if (options_.instance.empty()) {
       std::string abs = std::filesystem::absolute(options_.store_path).lexically_normal().string();
@@ -179,18 +178,13 @@ class SchedulerImpl : public Scheduler, public ControlTarget, public WorkerPoolL
   // Gauges that are cheaper to sample once a second than to keep on every
   // event (members by state, scores, ring occupancy).
   void ReportMetrics();
-  // Sizes the store's blob cache and memtable to the running experiments'
-  // head states (population x largest state seen) when `bytes`, a state
-  // just committed to `entry`, changes that estimate.
+  // Hands StoreHealth the running experiments' head states (population x
+  // largest state seen) when `bytes`, a state just committed to `entry`,
+  // raises that estimate.
   void NoteStateSize(Entry& entry, uint64_t bytes);
-  // A commit failed because the store's disk is full (`reason` names it):
-  // dispatch pauses and RetryStore() probes the store, every 1 s at first,
-  // doubling to 30 s, until it accepts writes again.
-  void WaitForStoreSpace(const std::string& reason);
-  void RetryStore();
-  // Logs what the store set aside of its background work (a compaction
-  // failing on a damaged blob file) and records it in each experiment's log.
-  void ReportStoreBackgroundErrors();
+  // The store takes writes again after a full disk (StoreHealth): what it
+  // refused is redone and dispatch resumes.
+  void OnStoreWritable();
   Experiment* Find(const std::string& id) {
     auto it = entries_.find(id);
     return it == entries_.end() ? nullptr : it->second.experiment.get();
@@ -217,12 +211,7 @@ class SchedulerImpl : public Scheduler, public ControlTarget, public WorkerPoolL
   asio::signal_set sighup_;
   asio::steady_timer tick_;
   asio::steady_timer grace_timer_;
-  asio::steady_timer store_retry_;
-  // Set while the store's disk is full: nothing is dispatched (a result
-  // could not be committed), and store_retry_ is armed.
-  bool waiting_for_space_ = false;
-  Clock::time_point waiting_since_{};
-  milliseconds store_retry_delay_{1000};
+  StoreHealth store_health_;
   std::unique_ptr<WorkerPool> pool_;
   Dispatcher dispatcher_;
   Progress progress_;
@@ -230,7 +219,6 @@ class SchedulerImpl : public Scheduler, public ControlTarget, public WorkerPoolL
   std::vector<std::string> order_;
   std::mutex configs_mu_;
   std::map<std::string, records::ExperimentConfig> configs_;  // GUARDED_BY(configs_mu_)
-  uint64_t working_set_bytes_ = 0;  // last given to store_->SizeForWorkingSet
   bool stopping_ = false;
   bool finished_ = false;
   Status run_status_;
@@ -326,12 +314,12 @@ StatusOr<ipc::Configure> SchedulerImpl::ConfigureFor(const std::string& exp) {
 void SchedulerImpl::Dispatch() {
   if (stopping_ || !pool_) return;
   for (const auto& [id, entry] : entries_) {
-    if (waiting_for_space_) break;
+    if (store_health_.waiting_for_space()) break;
     if (entry.experiment->WaitingForStore()) {
-      WaitForStoreSpace(id + ": " + entry.experiment->store_refusal());
+      store_health_.WaitForSpace(id + ": " + entry.experiment->store_refusal());
     }
   }
-  if (waiting_for_space_) return;
+  if (store_health_.waiting_for_space()) return;
   dispatcher_.Dispatch(pool_.get(), InOrder(), Clock::now());
 }
 
@@ -344,18 +332,7 @@ void SchedulerImpl::NoteStateSize(Entry& entry, uint64_t bytes) {
       total += x.state_bytes * static_cast<uint64_t>(x.experiment->config().population);
     }
   }
-  // Resize only on a change of more than a quarter (states differ by a few
-  // bytes between members and intervals).
-  if (total <= working_set_bytes_ + working_set_bytes_ / 4) return;
-  working_set_bytes_ = total;
-  const Status s = store_->SizeForWorkingSet(total);
-  if (!s.ok()) {
-    Logger().warn("sizing the store's memory to {} MB of states: {}", total >> 20, s.ToString());
-    return;
-  }
-  Logger().debug("store memory for {} MB of head states: blob cache {} MB, memtable {} MB",
-                 total >> 20, store_->blob_cache_capacity() >> 20,
-                 store_->blob_memtable_bytes() >> 20);
+  store_health_.SizeForHeadStates(total);
 }
 
 void SchedulerImpl::OnTaskEvent(size_t worker, WorkerEvent ev) {
@@ -389,7 +366,7 @@ void SchedulerImpl::OnTaskEvent(size_t worker, WorkerEvent ev) {
           // its committed head once the store has space again.
           if (metrics_) metrics_->MemberFailed(e->id(), records::FailureCode::kStoreFull);
           e->OnReturned(item);
-          WaitForStoreSpace(ev.reason);
+          store_health_.WaitForSpace(ev.reason);
           break;
         }
         const bool moved = ev.commit_status == StatusCode::kAborted;
@@ -411,53 +388,7 @@ void SchedulerImpl::OnTaskEvent(size_t worker, WorkerEvent ev) {
   Dispatch();
 }
 
-uint64_t FreeBytes(const std::string& path) {
-  struct statvfs st {};
-  if (statvfs(path.c_str(), &st) != 0) return 0;
-  return static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
-}
-
-void SchedulerImpl::WaitForStoreSpace(const std::string& reason) {
-  if (waiting_for_space_) return;
-  waiting_for_space_ = true;
-  waiting_since_ = Clock::now();
-  store_retry_delay_ = milliseconds(1000);
-  Logger().error(
-      "store full: {}; dispatch paused until the store accepts writes again ({} bytes free on "
-      "its file system); what it refused is redone then (an interval from its committed "
-      "head, an exploit as decided)",
-      reason, FreeBytes(options_.store_path));
-  trace::StoreFull();
-  store_retry_.expires_after(store_retry_delay_);
-  store_retry_.async_wait([this](const boost::system::error_code& ec) {
-    if (!ec) RetryStore();
-  });
-}
-
-void SchedulerImpl::RetryStore() {
-  if (finished_) return;
-  const Status s = store_->Recover();
-  if (s.IsResourceExhausted()) {
-    store_retry_delay_ = std::min(store_retry_delay_ * 2, milliseconds(30000));
-    Logger().warn("store still full after {:.0f} s ({} bytes free): {}; next try in {} s",
-                  SecondsSince(waiting_since_), FreeBytes(options_.store_path), s.message(),
-                  store_retry_delay_.count() / 1000);
-    store_retry_.expires_after(store_retry_delay_);
-    store_retry_.async_wait([this](const boost::system::error_code& ec) {
-      if (!ec) RetryStore();
-    });
-    return;
-  }
-  waiting_for_space_ = false;
-  if (s.ok()) {
-    Logger().info("store writable again after {:.1f} s waiting for space; dispatch resumes",
-                  SecondsSince(waiting_since_));
-    trace::StoreWritable();
-  } else {
-    // Not a full disk any more but a store that refuses writes for good:
-    // the commits that follow fail the members as any commit error does.
-    Logger().error("store: {}", s.ToString());
-  }
+void SchedulerImpl::OnStoreWritable() {
   for (auto& [id, entry] : entries_) entry.experiment->RetryDeferred();
   AfterChange();
   if (stopping_) {
@@ -465,15 +396,6 @@ void SchedulerImpl::RetryStore() {
     return;
   }
   Dispatch();
-}
-
-void SchedulerImpl::ReportStoreBackgroundErrors() {
-  for (const std::string& error : store_->TakeBackgroundErrors()) {
-    Logger().error("{}", error);
-    for (const auto& id : order_) {
-      (void)store_->AppendEvent(id, records::EncodeEvent(records::StoreErrorEvent{error}));
-    }
-  }
 }
 
 void SchedulerImpl::OnWorkerLost(size_t worker, const std::string& reason,
@@ -550,7 +472,7 @@ void SchedulerImpl::ShutdownWorkers(bool graceful) {
   if (pool_) pool_->StopAll(graceful);
   tick_.cancel();
   grace_timer_.cancel();
-  store_retry_.cancel();
+  store_health_.Stop();
   sighup_.cancel();
   if (control_) control_->Close();
   signals_.cancel();
@@ -583,7 +505,7 @@ void SchedulerImpl::OnReload() {
 void SchedulerImpl::Tick() {
   PrintProgress(false);
   ReportMetrics();
-  ReportStoreBackgroundErrors();
+  store_health_.ReportBackgroundErrors(order_);
   tick_.expires_after(milliseconds(1000));
   tick_.async_wait([this](const boost::system::error_code& ec) {
     if (!ec) Tick();
