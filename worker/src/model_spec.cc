@@ -3,14 +3,17 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <string>
 #include <utility>
+
+#include "ckpt/format/model_names.h"
 
 namespace ckpt::model {
 namespace {
 
 using json = nlohmann::json;
 
-constexpr std::string_view kTorchScriptPrefix = "torchscript:";
+using format::kTorchScriptPrefix;
 
 constexpr const char* kLenet5 = R"([
   {"type": "conv2d", "in": 1, "out": 6, "kernel": 5, "padding": 2},
@@ -451,13 +454,13 @@ StatusOr<ModelSpec> ModelSpec::Parse(std::string_view text, std::vector<int64_t>
   }
 
   std::string_view source = text;
-  const std::string resnet20 = text == "resnet20" ? Resnet20() : std::string();
-  if (text == "lenet5") source = kLenet5;
-  if (text == "resnet20") source = resnet20;
+  const std::string resnet20 = text == format::kResnet20Model ? Resnet20() : std::string();
+  if (text == format::kLenet5Model) source = kLenet5;
+  if (text == format::kResnet20Model) source = resnet20;
   json doc = json::parse(source.begin(), source.end(), nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded()) {
-    return Status::InvalidArgument(
-        "model spec is neither a known name (lenet5, resnet20) nor valid JSON");
+    return Status::InvalidArgument("model spec is neither a built-in model (" +
+                                   format::BuiltinModelList() + ") nor valid JSON");
   }
   const json* layers = &doc;
   if (doc.is_object()) {

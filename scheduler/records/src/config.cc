@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "ckpt/format/host_port.h"
+#include "ckpt/format/model_names.h"
 #include "ckpt/records/config_tables.h"
 #include "ckpt/records/toml_reader.h"
 #include "ckpt/records/workers_table.h"
@@ -61,8 +62,6 @@ Status ParseSearchSpace(const toml::table& space, const std::string& origin,
   return Status::OK();
 }
 
-constexpr std::string_view kTorchScriptPrefix = "torchscript:";
-
 // What can be known of a model spec without LibTorch (the worker parses it
 // fully at CONFIGURE, and a refusal there ends the experiment): a TorchScript
 // file must be readable and be a zip archive (torch.jit.save writes one); a
@@ -91,8 +90,8 @@ Status CheckModelSpec(TomlTableReader* r, const std::string& spec, bool check_fi
     return r->Error("spec", "is " + std::to_string(spec.size()) + " bytes; the limit is " +
                                 std::to_string(kMaxModelSpecBytes));
   }
-  if (spec.compare(0, kTorchScriptPrefix.size(), kTorchScriptPrefix) == 0) {
-    const std::string path = spec.substr(kTorchScriptPrefix.size());
+  if (spec.compare(0, format::kTorchScriptPrefix.size(), format::kTorchScriptPrefix) == 0) {
+    const std::string path = spec.substr(format::kTorchScriptPrefix.size());
     if (path.empty()) return r->Error("spec", "\"torchscript:\" names no file");
     if (!check_files) return Status::OK();
     if (FileExists(path) && !RegularFile(path)) {
@@ -112,13 +111,12 @@ Status CheckModelSpec(TomlTableReader* r, const std::string& spec, bool check_fi
     }
     return Status::OK();
   }
-  // The built-in models of worker/include/ckpt/model/model_spec.h.
-  if (spec == "lenet5" || spec == "resnet20") return Status::OK();
+  if (format::IsBuiltinModel(spec)) return Status::OK();
   const size_t first = spec.find_first_not_of(" \t\r\n");
   if (first == std::string::npos || (spec[first] != '[' && spec[first] != '{')) {
-    return r->Error("spec",
-                    "must be lenet5, resnet20, torchscript:PATH or a JSON layer list, not '" +
-                        spec.substr(0, 64) + "'");
+    return r->Error("spec", "must be a built-in model (" + format::BuiltinModelList() +
+                                "), torchscript:PATH or a JSON layer list, not '" +
+                                spec.substr(0, 64) + "'");
   }
   return Status::OK();
 }
