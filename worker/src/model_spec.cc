@@ -459,7 +459,7 @@ StatusOr<ModelSpec> ModelSpec::Parse(std::string_view text, std::vector<int64_t>
   if (text == format::kResnet20Model) source = resnet20;
   json doc = json::parse(source.begin(), source.end(), nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded()) {
-    return Status::InvalidArgument("model spec is neither a built-in model (" +
+    return Status::InvalidArgument("model spec is neither a known name (" +
                                    format::BuiltinModelList() + ") nor valid JSON");
   }
   const json* layers = &doc;
