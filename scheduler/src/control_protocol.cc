@@ -232,7 +232,7 @@ json WorkerToJson(const WorkerStatus& w) {
           {"host", w.host},
           {"pid", w.pid},
           {"ready", w.ready},
-          {"mode", w.mode},
+          {"mode", w.mode ? records::FusionModeName(*w.mode) : ""},
           {"capacity", w.capacity},
           {"busy", w.busy},
           {"restarts", w.restarts},
@@ -297,7 +297,11 @@ StatusOr<WorkerStatus> WorkerFromJson(const json& j) {
     w.host = j.value("host", "");
     w.pid = Integer<int64_t>(j, "pid");
     w.ready = j.at("ready").get<bool>();
-    w.mode = j.at("mode").get<std::string>();
+    if (const std::string mode = j.at("mode").get<std::string>(); !mode.empty()) {
+      auto parsed = records::ParseFusionMode(mode);
+      if (!parsed.ok()) throw BadField("field 'mode': " + parsed.status().message());
+      w.mode = *parsed;
+    }
     w.capacity = Integer<int>(j, "capacity");
     w.busy = Integer<int>(j, "busy");
     w.restarts = Integer<int>(j, "restarts");

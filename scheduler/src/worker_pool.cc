@@ -9,8 +9,11 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <optional>
+#include <string>
 
 #include "ckpt/format/visible_devices.h"
+#include "ckpt/records/fusion_mode.h"
 #include "log.h"
 #include "trace.h"
 
@@ -20,6 +23,19 @@ namespace asio = boost::asio;
 using std::chrono::milliseconds;
 
 namespace {
+
+// A HELLO's or STATS' mode: none before the first CONFIGURE (""), else a
+// records::FusionMode name; a name this version does not know (a newer
+// worker's) is logged and read as none.
+std::optional<records::FusionMode> WireMode(const std::string& wire, size_t worker) {
+  if (wire.empty()) return std::nullopt;
+  auto mode = records::ParseFusionMode(wire);
+  if (!mode.ok()) {
+    Logger().warn("worker {}: {}", worker, mode.status().message());
+    return std::nullopt;
+  }
+  return *mode;
+}
 
 // The listener's refusals, logged at most kRefusalsLogged per interval; the
 // rest are counted and summed up by the first refusal of a later interval.
@@ -338,19 +354,19 @@ void WorkerPool::OnEvent(size_t i, uint64_t inc, WorkerEvent ev) {
         Logger().warn("worker {} ({}) offered {} slots; using {} (at least 1, at most {})", i,
                       w.spec.device.device, ev.hello.slots, w.capacity, kMaxWorkerSlots);
       }
-      w.mode = ev.hello.mode;
+      w.mode = WireMode(ev.hello.mode, i);
       trace::Hello(static_cast<int>(i), ev.hello.device);
       listener_->OnWorkerReady(i);
       return;
     case WorkerEvent::Kind::kStats:
       w.samples_per_s = ev.stats.samples_per_s;
-      w.mode = ev.stats.mode;
+      w.mode = WireMode(ev.stats.mode, i);
       if (options_.metrics) {
         metrics::WorkerStats ws;
         ws.samples_total = ev.stats.samples_total;
         ws.slots = ev.stats.slots;
         ws.slots_busy = ev.stats.slots_busy;
-        ws.fused = ev.stats.mode == "fused";
+        ws.fused = w.mode == records::FusionMode::kFused;
         // The worker reports the allocator's bytes in use (its caching
         // allocator on a GPU); it has no separate reserved figure.
         ws.allocator_allocated_bytes = ev.stats.allocator_bytes;

@@ -37,6 +37,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -186,10 +187,10 @@ class WorkerPool : public TaskSink {
     std::unique_ptr<boost::asio::steady_timer> restart_timer;
     std::unique_ptr<boost::asio::steady_timer> hello_timer;  // StartDeadline
     double samples_per_s = 0;
-    std::string mode;
-    int64_t peak_rss_total = 0;  // over this worker's incarnations
-    bool remote = false;         // connected over TCP; never restarted
-    std::string peer;            // remote: "ADDRESS:PORT"
+    std::optional<records::FusionMode> mode;  // the worker's HELLO/STATS mode
+    int64_t peak_rss_total = 0;               // over this worker's incarnations
+    bool remote = false;                      // connected over TCP; never restarted
+    std::string peer;                         // remote: "ADDRESS:PORT"
   };
 
   void Start(size_t i);

@@ -125,6 +125,30 @@ TEST(ControlProtocolTest, SummaryStatusesRoundTripAndUnknownNamesAreRefused) {
       << r.status().ToString();
 }
 
+// A worker's mode: none before its first CONFIGURE (""), else a fusion mode
+// by its records name; another name is refused naming the field.
+TEST(ControlProtocolTest, WorkerModeRoundTripsAndUnknownModesAreRefused) {
+  WorkerStatus w;
+  w.device = "cpu";
+  nlohmann::json j = WorkerToJson(w);
+  EXPECT_EQ(j["mode"], "");
+  auto back = WorkerFromJson(j);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_FALSE(back->mode.has_value());
+  w.mode = records::FusionMode::kFused;
+  j = WorkerToJson(w);
+  EXPECT_EQ(j["mode"], "fused");
+  back = WorkerFromJson(j);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->mode, records::FusionMode::kFused);
+  j["mode"] = "turbo";
+  back = WorkerFromJson(j);
+  ASSERT_FALSE(back.ok());
+  EXPECT_NE(back.status().message().find("field 'mode'"), std::string::npos)
+      << back.status().ToString();
+  EXPECT_NE(back.status().message().find("turbo"), std::string::npos) << back.status().ToString();
+}
+
 // corpus/control_request/ubsan_summary_float_to_int64 (UBSan in the fuzzer):
 // a reply's integer field holding 7e40 was cast to int64_t (undefined); every
 // integer field of a reply must now be a JSON integer that fits.

@@ -163,11 +163,7 @@ Status ReadDevices(TomlTableReader* top, const std::string& origin,
     }
     CKPT_RETURN_IF_ERROR(r.Int("count", 1, 64, &d.count));
     CKPT_RETURN_IF_ERROR(r.Int("slots", 1, 256, &d.slots));
-    std::set<std::string> fusion_names;
-    for (FusionMode m : kFusionModes) fusion_names.insert(FusionModeName(m));
-    std::string fusion = FusionModeName(d.fusion);
-    CKPT_RETURN_IF_ERROR(r.OneOf("fusion", fusion_names, &fusion));
-    d.fusion = *ParseFusionMode(fusion);  // OneOf checked the name
+    CKPT_RETURN_IF_ERROR(r.Enum("fusion", kFusionModes, &FusionModeName, &d.fusion));
     CKPT_RETURN_IF_ERROR(r.Int("fusion_width", 1, 1024, &d.fusion_width));
     CKPT_RETURN_IF_ERROR(r.Int("intra_op_threads", 1, 256, &d.intra_op_threads));
     CKPT_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
@@ -362,12 +358,8 @@ StatusOr<ExperimentConfig> ParseExperimentConfig(const std::string& toml_text,
   if (policy != nullptr) {
     PolicyConfig& p = c.policy;
     TomlTableReader r(*policy, "policy", origin);
-    std::string kind = PolicyKindName(p.kind), mode = PolicyModeName(p.mode);
-    CKPT_RETURN_IF_ERROR(r.OneOf("kind", {"pbt", "random", "successive_halving"}, &kind));
-    p.kind = kind == "random" ? PolicyKind::kRandom
-                              : (kind == "pbt" ? PolicyKind::kPbt : PolicyKind::kSuccessiveHalving);
-    CKPT_RETURN_IF_ERROR(r.OneOf("mode", {"sync", "async"}, &mode));
-    p.mode = mode == "async" ? PolicyMode::kAsync : PolicyMode::kSync;
+    CKPT_RETURN_IF_ERROR(r.Enum("kind", kPolicyKinds, &PolicyKindName, &p.kind));
+    CKPT_RETURN_IF_ERROR(r.Enum("mode", kPolicyModes, &PolicyModeName, &p.mode));
     CKPT_RETURN_IF_ERROR(r.Double("quantile", 0, 0.5, &p.quantile));
     CKPT_RETURN_IF_ERROR(r.Doubles("perturb", &p.perturb));
     for (double f : p.perturb) {

@@ -10,9 +10,11 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "ckpt/records/fusion_mode.h"
 #include "ckpt/records/status.h"
 
 namespace ckpt::scheduler {
@@ -42,7 +44,8 @@ struct WorkerStatus {
   std::string host;    // "" = the scheduler's host; "ADDRESS:PORT" of a remote worker
   int64_t pid = 0;     // 0 while not running
   bool ready = false;  // said HELLO
-  std::string mode;    // "plain" | "fused" | ""
+  // kPlain or kFused once its first CONFIGURE chose; none before.
+  std::optional<records::FusionMode> mode;
   int capacity = 0;
   int busy = 0;
   int restarts = 0;

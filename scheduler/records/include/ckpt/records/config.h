@@ -34,6 +34,7 @@
 #ifndef CKPT_RECORDS_CONFIG_H_
 #define CKPT_RECORDS_CONFIG_H_
 
+#include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -59,12 +60,15 @@ struct SearchDim {
 };
 
 enum class PolicyKind { kPbt, kRandom, kSuccessiveHalving };
+inline constexpr std::array<PolicyKind, 3> kPolicyKinds = {PolicyKind::kPbt, PolicyKind::kRandom,
+                                                           PolicyKind::kSuccessiveHalving};
 // "pbt", "random", "successive_halving".
 const char* PolicyKindName(PolicyKind kind);
 
 // kSync: generations (every active member finishes interval g before the
 // decisions of g); kAsync: a member is decided on when its own interval ends.
 enum class PolicyMode { kSync, kAsync };
+inline constexpr std::array<PolicyMode, 2> kPolicyModes = {PolicyMode::kSync, PolicyMode::kAsync};
 const char* PolicyModeName(PolicyMode mode);  // "sync", "async"
 
 struct PolicyConfig {

@@ -7,6 +7,7 @@
 
 #include <toml++/toml.h>
 
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstddef>
@@ -168,6 +169,20 @@ class TomlTableReader {
       std::string list;
       for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
       return Error(key, "must be one of " + list + ", not '" + *out + "'");
+    }
+    return Status::OK();
+  }
+  // An enum by its one spelling, `name(v)` for each of `values`: as OneOf
+  // over those names; *out is the default and receives the value named.
+  template <typename E, size_t N>
+  Status Enum(const std::string& key, const std::array<E, N>& values, const char* (*name)(E),
+              E* out) {
+    std::set<std::string> allowed;
+    for (E v : values) allowed.insert(name(v));
+    std::string chosen = name(*out);
+    CKPT_RETURN_IF_ERROR(OneOf(key, allowed, &chosen));
+    for (E v : values) {
+      if (chosen == name(v)) *out = v;
     }
     return Status::OK();
   }
