@@ -4,7 +4,9 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <variant>
 
+#include "ckpt/records/events.h"
 #include "session.h"
 #include "subprocess.h"
 #include "text_table.h"
@@ -259,47 +261,41 @@ Status Plot(const ToolOptions& tool, const PlotOptions& options) {
   // step and hyperparameters where retention kept them.
   CKPT_ASSIGN_OR_RETURN(auto events, s->ListEvents(exp, 1, size_t{1} << 24));
   for (const auto& e : events) {
-    json j = json::parse(e.json, nullptr, /*allow_exceptions=*/false);
-    if (!j.is_object()) continue;
-    const std::string type = j.value("type", "");
-    const std::string member =
-        j.contains("member") && j["member"].is_string() ? j["member"].get<std::string>() : "";
-    if (member.empty() || !series.count(member)) continue;
-    const int64_t version =
-        j.contains("version") && j["version"].is_number_integer() ? j["version"].get<int64_t>() : 0;
-    const int64_t interval = j.contains("interval") && j["interval"].is_number_integer()
-                                 ? j["interval"].get<int64_t>()
-                                 : 0;
-    PlotPoint p;
-    p.step = interval * settings.steps_per_interval;
-    auto m = version > 0 ? s->GetManifest(exp, member, version)
+    // Other event types, and events this version cannot read, add no point.
+    auto decoded = records::DecodeEvent(e.json, "experiment " + exp + " event");
+    if (!decoded.ok()) continue;
+    const auto manifest = [&](const std::string& member, int64_t version) {
+      return version > 0 ? s->GetManifest(exp, member, version)
                          : StatusOr<store::Manifest>(Status::NotFound("none"));
-    if (type == "trained") {
-      p.score = j.contains("val_acc") && j["val_acc"].is_number() ? j["val_acc"].get<double>()
-                                                                  : std::nan("");
-      p.hparams = current[member];
-      if (m.ok()) {
+    };
+    if (const auto* t = std::get_if<records::TrainedEvent>(&*decoded)) {
+      if (t->member.empty() || !series.count(t->member)) continue;
+      PlotPoint p;
+      p.step = t->interval * settings.steps_per_interval;
+      p.score = t->val_acc;
+      p.hparams = current[t->member];
+      if (auto m = manifest(t->member, t->version); m.ok()) {
         p.step = m->step;
         p.score = m->score();
         p.hparams = m->hparams;
       }
-      current[member] = p.hparams;
-      series[member].push_back(p);
-    } else if (type == "exploit") {
-      const std::string donor = j.value("donor", "");
-      if (j.contains("hparams") && j["hparams"].is_object()) {
-        for (auto it = j["hparams"].begin(); it != j["hparams"].end(); ++it) {
-          if (it->is_number()) p.hparams[it.key()] = it->get<double>();
-        }
-      }
-      if (m.ok()) {
+      current[t->member] = p.hparams;
+      series[t->member].push_back(p);
+    } else if (const auto* x = std::get_if<records::ExploitEvent>(&*decoded)) {
+      if (x->member.empty() || !series.count(x->member)) continue;
+      PlotPoint p;
+      p.step = x->interval * settings.steps_per_interval;
+      p.hparams = x->hparams;
+      if (auto m = manifest(x->member, x->version); m.ok()) {
         p.step = m->step;
         p.hparams = m->hparams;
       }
-      if (series.count(donor) && !series[donor].empty()) p.score = series[donor].back().score;
-      current[member] = p.hparams;
-      series[member].push_back(p);
-      exploits.push_back({member, p});
+      if (series.count(x->donor) && !series[x->donor].empty()) {
+        p.score = series[x->donor].back().score;
+      }
+      current[x->member] = p.hparams;
+      series[x->member].push_back(p);
+      exploits.push_back({x->member, p});
     }
   }
   // A store without events (or with its log trimmed): the manifests alone.
