@@ -59,7 +59,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   CheckTensors(**value, 0);
   const std::vector<std::string> trainable = {"conv1.weight", "conv1.bias", "fc.weight"};
-  for (const char* optimizer : {"sgd", "adam"}) {
+  for (auto optimizer : {ckpt::format::OptimizerKind::kSgd, ckpt::format::OptimizerKind::kAdam}) {
     auto state = ckpt::tool::StateFromPt(*value, "fuzz.pt", trainable, optimizer);
     if (!state.ok()) continue;
     for (const auto& [name, t] : state->tensors) {

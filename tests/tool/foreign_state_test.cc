@@ -75,16 +75,16 @@ TEST(ForeignStateTest, OffsetsOutsideTheDataAreRefused) {
 }
 
 TEST(ForeignStateTest, PtObjectsOfAnotherShapeAreRefused) {
-  auto st = StateFromPt(MakeList(), "f.pt", {}, "sgd");
+  auto st = StateFromPt(MakeList(), "f.pt", {}, format::OptimizerKind::kSgd);
   ASSERT_FALSE(st.ok());
   EXPECT_TRUE(st.status().IsCorruption()) << st.status().ToString();
   PyRef d = MakeDict();
   DictSet(d.get(), MakeString("w"), MakeInt(3));
-  st = StateFromPt(d, "f.pt", {}, "sgd");
+  st = StateFromPt(d, "f.pt", {}, format::OptimizerKind::kSgd);
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.status().message().find("entry w is not a tensor"), std::string::npos)
       << st.status().ToString();
-  st = StateFromPt(nullptr, "f.pt", {}, "sgd");
+  st = StateFromPt(nullptr, "f.pt", {}, format::OptimizerKind::kSgd);
   EXPECT_FALSE(st.ok());
 }
 

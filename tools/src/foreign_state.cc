@@ -51,12 +51,6 @@ std::optional<double> NumberOf(const PyValue* v) {
 
 }  // namespace
 
-std::vector<std::string> OptimizerSlots(const std::string& optimizer) {
-  if (optimizer == "sgd") return {"momentum_buffer"};
-  if (optimizer == "adam" || optimizer == "adamw") return {"exp_avg", "exp_avg_sq", "step"};
-  return {};
-}
-
 StatusOr<ForeignState> ParseSafetensors(std::string_view bytes, const std::string& path) {
   auto bad = [&](const std::string& why) { return Status::Corruption(path + ": " + why); };
   if (bytes.size() < 8) return bad("too short for a safetensors file");
@@ -148,7 +142,7 @@ StatusOr<ForeignState> ParseSafetensors(std::string_view bytes, const std::strin
 
 StatusOr<ForeignState> StateFromPt(const PyRef& root, const std::string& path,
                                    const std::vector<std::string>& trainable,
-                                   const std::string& optimizer) {
+                                   format::OptimizerKind optimizer) {
   if (root == nullptr) return Status::Corruption(path + ": holds nothing");
   if (root->kind != PyValue::Kind::kDict) {
     return Status::Corruption(path + ": holds no dict of tensors (save dict(model.state_dict()))");
@@ -207,7 +201,7 @@ StatusOr<ForeignState> StateFromPt(const PyRef& root, const std::string& path,
                                       " parameters, the experiment's model " +
                                       std::to_string(trainable.size()));
   }
-  const auto slots = OptimizerSlots(optimizer);
+  const auto slots = format::OptimizerSlots(optimizer);
   for (size_t i = 0; i < ids.size(); ++i) {
     const PyValue* per = nullptr;
     for (const auto& [k, v] : state->dict) {
@@ -233,7 +227,7 @@ StatusOr<ForeignState> StateFromPt(const PyRef& root, const std::string& path,
   std::map<std::string, double> hp;
   if (auto v = NumberOf(g0->Get("lr"))) hp["lr"] = *v;
   if (auto v = NumberOf(g0->Get("weight_decay"))) hp["weight_decay"] = *v;
-  if (optimizer == "sgd") {
+  if (optimizer == format::OptimizerKind::kSgd) {
     if (auto v = NumberOf(g0->Get("momentum"))) hp["momentum"] = *v;
     if (auto v = NumberOf(g0->Get("nesterov"))) hp["nesterov"] = *v;
   } else {

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "ckpt/format/checkpoint.h"
+#include "ckpt/format/optimizer.h"
 #include "ckpt/format/status.h"
 #include "pickle_reader.h"
 
@@ -45,9 +46,6 @@ struct ForeignState {
 // Checkpoint names of optimizer state: "optim.<param>.<slot>".
 inline constexpr const char kOptimPrefix[] = "optim.";
 
-// Slots of the optimizer, in checkpoint order (ckpt/model/model_spec.h).
-std::vector<std::string> OptimizerSlots(const std::string& optimizer);
-
 // The tensors (and, when it says, hyperparameters, step and model spec) of a
 // safetensors file's bytes. A ckpt blob (its __metadata__ holds
 // ckpt.checksums) is also checked by the checkpoint reader. Corruption naming
@@ -64,7 +62,7 @@ StatusOr<ForeignState> ParseSafetensors(std::string_view bytes, const std::strin
 // FailedPrecondition when the optimizer's parameter count is not the model's.
 StatusOr<ForeignState> StateFromPt(const PyRef& root, const std::string& origin,
                                    const std::vector<std::string>& trainable,
-                                   const std::string& optimizer);
+                                   format::OptimizerKind optimizer);
 
 }  // namespace ckpt::tool
 

@@ -154,12 +154,13 @@ PyRef TensorValue(const format::TensorView& t) {
 
 // torch.optim's state_dict layout of the blob's optimizer state.
 StatusOr<PyRef> OptimizerValue(const format::CheckpointView& view) {
-  const std::string& kind = view.meta().optimizer;
-  const auto slots = OptimizerSlots(kind);
-  if (slots.empty()) {
-    return Status::FailedPrecondition("the checkpoint has no optimizer state (optimizer \"" + kind +
-                                      "\")");
+  const auto parsed = format::ParseOptimizerKind(view.meta().optimizer);
+  if (!parsed.ok()) {
+    return Status::FailedPrecondition("the checkpoint has no optimizer state (optimizer \"" +
+                                      view.meta().optimizer + "\")");
   }
+  const format::OptimizerKind kind = *parsed;
+  const auto slots = format::OptimizerSlots(kind);
   const auto& hp = view.meta().hparams;
   auto get = [&](const char* k, double d) {
     auto it = hp.find(k);
@@ -180,8 +181,9 @@ StatusOr<PyRef> OptimizerValue(const format::CheckpointView& view) {
     params->items.push_back(MakeInt(static_cast<int64_t>(i)));
   }
   PyRef group = MakeDict();
-  DictSet(group.get(), MakeString("lr"), FloatValue(get("lr", kind == "sgd" ? 0.01 : 0.001)));
-  if (kind == "sgd") {
+  DictSet(group.get(), MakeString("lr"),
+          FloatValue(get("lr", kind == format::OptimizerKind::kSgd ? 0.01 : 0.001)));
+  if (kind == format::OptimizerKind::kSgd) {
     DictSet(group.get(), MakeString("momentum"), FloatValue(get("momentum", 0)));
     DictSet(group.get(), MakeString("dampening"), MakeInt(0));
     DictSet(group.get(), MakeString("weight_decay"), FloatValue(get("weight_decay", 0)));
@@ -192,7 +194,7 @@ StatusOr<PyRef> OptimizerValue(const format::CheckpointView& view) {
     DictSet(group.get(), MakeString("betas"), betas);
     DictSet(group.get(), MakeString("eps"), FloatValue(get("eps", 1e-8)));
     DictSet(group.get(), MakeString("weight_decay"),
-            FloatValue(get("weight_decay", kind == "adamw" ? 0.01 : 0)));
+            FloatValue(get("weight_decay", kind == format::OptimizerKind::kAdamW ? 0.01 : 0)));
     DictSet(group.get(), MakeString("amsgrad"), MakeBool(false));
   }
   DictSet(group.get(), MakeString("maximize"), MakeBool(false));
@@ -385,8 +387,9 @@ StatusOr<ForeignState> ReadSafetensors(const std::string& path) {
 
 StatusOr<ForeignState> ReadPt(const std::string& path, const std::vector<std::string>& trainable,
                               const std::string& optimizer) {
+  CKPT_ASSIGN_OR_RETURN(format::OptimizerKind kind, format::ParseOptimizerKind(optimizer));
   CKPT_ASSIGN_OR_RETURN(PyRef root, ReadPtFile(path, kMaxImportBytes));
-  return StateFromPt(root, path, trainable, optimizer);
+  return StateFromPt(root, path, trainable, kind);
 }
 
 }  // namespace

@@ -416,31 +416,6 @@ int64_t TensorSpec::numel() const {
   return n;
 }
 
-std::string_view OptimizerKindName(OptimizerKind kind) {
-  switch (kind) {
-    case OptimizerKind::kSgd:
-      return "sgd";
-    case OptimizerKind::kAdam:
-      return "adam";
-    case OptimizerKind::kAdamW:
-      return "adamw";
-  }
-  return "?";
-}
-
-StatusOr<OptimizerKind> ParseOptimizerKind(std::string_view name) {
-  if (name == "sgd") return OptimizerKind::kSgd;
-  if (name == "adam") return OptimizerKind::kAdam;
-  if (name == "adamw") return OptimizerKind::kAdamW;
-  return Status::InvalidArgument("unknown optimizer \"" + std::string(name) +
-                                 "\" (expected sgd, adam or adamw)");
-}
-
-std::vector<std::string> OptimizerSlots(OptimizerKind kind) {
-  if (kind == OptimizerKind::kSgd) return {"momentum_buffer"};
-  return {"exp_avg", "exp_avg_sq", "step"};
-}
-
 StatusOr<ModelSpec> ModelSpec::Parse(std::string_view text, std::vector<int64_t> input_shape) {
   ModelSpec spec;
   spec.text_ = std::string(text);

@@ -13,6 +13,7 @@
 
 #include "ckpt/format/host_port.h"
 #include "ckpt/format/model_names.h"
+#include "ckpt/format/optimizer.h"
 #include "ckpt/records/config_tables.h"
 #include "ckpt/records/toml_reader.h"
 #include "ckpt/records/workers_table.h"
@@ -251,7 +252,10 @@ StatusOr<ExperimentConfig> ParseExperimentConfig(const std::string& toml_text,
     TomlTableReader r(*model, "model", origin);
     CKPT_RETURN_IF_ERROR(r.String("spec", &c.model_spec));
     CKPT_RETURN_IF_ERROR(CheckModelSpec(&r, c.model_spec, check_files));
-    CKPT_RETURN_IF_ERROR(r.OneOf("optimizer", {"sgd", "adam", "adamw"}, &c.optimizer));
+    format::OptimizerKind optimizer = format::OptimizerKind::kSgd;
+    CKPT_RETURN_IF_ERROR(
+        r.Enum("optimizer", format::kOptimizerKinds, &format::OptimizerKindName, &optimizer));
+    c.optimizer = format::OptimizerKindName(optimizer);
     CKPT_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
   }
   CKPT_ASSIGN_OR_RETURN(const toml::table* data, top.Table("data"));

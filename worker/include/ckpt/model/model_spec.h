@@ -55,6 +55,7 @@
 #include <vector>
 
 #include "ckpt/format/checkpoint.h"
+#include "ckpt/format/optimizer.h"
 #include "ckpt/format/status.h"
 
 namespace ckpt::model {
@@ -107,16 +108,11 @@ struct TensorSpec {
   int64_t numel() const;
 };
 
-enum class OptimizerKind { kSgd, kAdam, kAdamW };
-
-// "sgd", "adam", "adamw".
-std::string_view OptimizerKindName(OptimizerKind kind);
-// InvalidArgument for anything else.
-StatusOr<OptimizerKind> ParseOptimizerKind(std::string_view name);
-
-// Optimizer slots kept per trainable tensor, in checkpoint order:
-// SGD {"momentum_buffer"}; Adam/AdamW {"exp_avg", "exp_avg_sq", "step"}.
-std::vector<std::string> OptimizerSlots(OptimizerKind kind);
+// The optimizers and their checkpoint slots (ckpt/format/optimizer.h).
+using format::OptimizerKind;
+using format::OptimizerKindName;
+using format::OptimizerSlots;
+using format::ParseOptimizerKind;
 
 class ModelSpec {
  public:
