@@ -573,7 +573,12 @@ Status Fill(PyValue* v, const StorageBytes& storage, const std::string& origin, 
   if (depth > kMaxPickleNesting)
     return Status::Corruption(origin + ": the saved object nests too deep");
   for (auto& x : v->items) CKPT_RETURN_IF_ERROR(Fill(x.get(), storage, origin, depth + 1));
-  for (auto& [k, x] : v->dict) CKPT_RETURN_IF_ERROR(Fill(x.get(), storage, origin, depth + 1));
+  // Keys too: a pickle may use a tensor as a dict key (torch hashes tensors
+  // by identity), and a tensor left unfilled would have a shape and no data.
+  for (auto& [k, x] : v->dict) {
+    CKPT_RETURN_IF_ERROR(Fill(k.get(), storage, origin, depth + 1));
+    CKPT_RETURN_IF_ERROR(Fill(x.get(), storage, origin, depth + 1));
+  }
   if (v->kind != K::kTensor) return Status::OK();
   auto bytes = storage(v->storage_key);
   if (!bytes.ok()) {
