@@ -47,6 +47,7 @@
 #include "../integration/process_util.h"
 #include "../integration/run_heads.h"
 #include "ckpt/format/kill_point.h"
+#include "ckpt/records/status.h"
 #include "ckpt/store/store.h"
 
 namespace ckpt::chaos {
@@ -735,7 +736,11 @@ class ChaosRun {
       // status).
       if (e.j.value("point", "").rfind("worker.", 0) == 0) Injected(Kind::kWorkerKillPoint);
     } else if (e.Is(trace::kEnded)) {
-      if (e.j.value("exp", "") == "chaos" && e.j.value("status", "") == "done") ended_done_ = true;
+      const auto status = records::ParseExperimentStatus(e.j.value("status", ""));
+      if (e.j.value("exp", "") == "chaos" && status.ok() &&
+          *status == records::ExperimentStatus::kDone) {
+        ended_done_ = true;
+      }
     } else if (e.Is(trace::kLost)) {
       const int w = e.j.value("worker", -1);
       // A loss the harness did not cause directly (a worker kill point): its

@@ -485,6 +485,32 @@ TEST(TruncationTest, TiesBreakByNameNanRanksLastInactiveTakeNoPart) {
   EXPECT_EQ(d2.begin()->second.hparams, d1.begin()->second.hparams);
 }
 
+// Async PBT over 6 members (quantile 0.34).
+records::ExperimentConfig AsyncConfig() {
+  auto c = BaseConfig(6, 4);
+  c.policy.mode = records::PolicyMode::kAsync;
+  c.policy.quantile = 0.34;
+  return c;
+}
+
+// The six start; five finish interval 1 with high scores (m005 stays in
+// flight), which queues them for interval 2 at once (no barrier); then items
+// are taken until m000's interval 2 (`m000`). `running`: the items in flight
+// besides m000's.
+void TakeM000AfterFiveFinish(Harness& h, std::vector<WorkItem>* running, WorkItem* m000) {
+  while (h.e().Runnable()) running->push_back(h.Take());
+  ASSERT_EQ(running->size(), 6u);
+  // Five members finish interval 1 with high scores; m005 stays in flight.
+  for (int i = 0; i < 5; ++i) h.Commit((*running)[i], 0.8 + 0.01 * i);
+  running->erase(running->begin(), running->begin() + 5);
+  // No barrier: the five are queued for interval 2 at once.
+  EXPECT_EQ(h.e().queued(), 5u);
+  do {
+    *m000 = h.Take();
+    if (m000->member != "m000") running->push_back(*m000);
+  } while (m000->member != "m000");
+}
+
 // --- A full disk -------------------------------------------------------------
 
 // Heads, hyperparameters and exploit events of a finished harness, to compare
@@ -549,18 +575,10 @@ TEST(ExperimentTest, ExploitRefusedForWantOfSpaceHoldsTheGenerationAndEndsAsTheU
 }
 
 TEST(ExperimentTest, AsyncExploitRefusedForWantOfSpaceHoldsOnlyThatMember) {
-  auto c = BaseConfig(6, 4);
-  c.policy.mode = records::PolicyMode::kAsync;
-  c.policy.quantile = 0.34;
-  Harness h(c);
+  Harness h(AsyncConfig());
   std::vector<WorkItem> running;
-  while (h.e().Runnable()) running.push_back(h.Take());
-  ASSERT_EQ(running.size(), 6u);
-  for (int i = 0; i < 5; ++i) h.Commit(running[i], 0.8 + 0.01 * i);
   WorkItem w;
-  do {
-    w = h.Take();
-  } while (w.member != "m000");
+  ASSERT_NO_FATAL_FAILURE(TakeM000AfterFiveFinish(h, &running, &w));
   // m000 scores badly and would exploit at once: the disk is full.
   h.io().FillDisk(0, 1);
   h.Commit(w, 0.1);
@@ -595,26 +613,13 @@ TEST(ExperimentTest, AsyncExploitRefusedForWantOfSpaceHoldsOnlyThatMember) {
 // --- Async PBT ---------------------------------------------------------------
 
 TEST(ExperimentTest, AsyncPbtDecidesWhenAMembersIntervalEndsWithoutABarrier) {
-  auto c = BaseConfig(6, 4);
-  c.policy.mode = records::PolicyMode::kAsync;
-  c.policy.quantile = 0.34;
-  Harness h(c);
+  Harness h(AsyncConfig());
   std::vector<WorkItem> running;
-  while (h.e().Runnable()) running.push_back(h.Take());
-  ASSERT_EQ(running.size(), 6u);
-  // Five members finish interval 1 with high scores; m005 stays in flight.
-  for (int i = 0; i < 5; ++i) h.Commit(running[i], 0.8 + 0.01 * i);
-  running.erase(running.begin(), running.begin() + 5);
-  // No barrier: the five are queued for interval 2 at once.
-  EXPECT_EQ(h.e().queued(), 5u);
   // m000 (worst so far, 0.80) trains interval 2 and scores badly: it is
   // decided on alone, at once, and exploits a top member while m005 is
   // still on its first interval.
   WorkItem w;
-  do {
-    w = h.Take();
-    if (w.member != "m000") running.push_back(w);
-  } while (w.member != "m000");
+  ASSERT_NO_FATAL_FAILURE(TakeM000AfterFiveFinish(h, &running, &w));
   ASSERT_EQ(w.interval_after, 2);
   const size_t before = h.Events("exploit").size();
   h.Commit(w, 0.1);
