@@ -235,25 +235,27 @@ std::string ExperimentToml(const Workload& w, const std::string& store) {
   return t.str();
 }
 
-// val_acc and test_acc of the first (best) member row of `ckpt-scheduler run`'s summary table.
-bool ParseSummary(const std::string& out, double* val_acc, double* test_acc) {
-  std::istringstream in(out);
-  std::string line;
-  bool header = false;
-  while (std::getline(in, line)) {
-    if (line.rfind("member ", 0) == 0 && line.find("val_acc") != std::string::npos) {
-      header = true;
-      continue;
-    }
-    if (!header) continue;
-    std::istringstream row(line);
-    std::string member, status, val, test;
-    if (!(row >> member >> status >> val >> test)) return false;
-    *val_acc = std::strtod(val.c_str(), nullptr);
-    *test_acc = test == "-" ? -1 : std::strtod(test.c_str(), nullptr);
-    return true;
+// val_acc and test_acc of the best member in the summary `ckpt-scheduler run
+// --summary-json` wrote (the control protocol's JSON: members best first; a
+// score never measured is -1). False, with the reason in *why, when the file
+// is not that.
+bool ReadSummary(const std::string& path, double* val_acc, double* test_acc, std::string* why) {
+  std::ifstream in(path);
+  json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("members") || !j["members"].is_array() ||
+      j["members"].empty()) {
+    *why = path + ": no summary with members";
+    return false;
   }
-  return false;
+  const json& best = j["members"].front();
+  if (!best.contains("val_acc") || !best["val_acc"].is_number() || !best.contains("test_acc") ||
+      !best["test_acc"].is_number()) {
+    *why = path + ": the best member has no numeric val_acc/test_acc";
+    return false;
+  }
+  *val_acc = best["val_acc"].get<double>();
+  *test_acc = best["test_acc"].get<double>();
+  return true;
 }
 
 std::string SelfExe() {
@@ -441,7 +443,7 @@ int Seed(const SeedBenchOptions& o) {
       if (who == "ckpt") {
         const std::string toml = dir + "/seed.toml";
         std::ofstream(toml) << ExperimentToml(w, dir + "/store");
-        cmd = {scheduler_bin, "run", toml, "--quiet"};
+        cmd = {scheduler_bin, "run", toml, "--quiet", "--summary-json", dir + "/summary.json"};
         std::istringstream extra(ckpt_args);
         for (std::string a; extra >> a;) cmd.push_back(a);
         c = &ckpt;
@@ -489,8 +491,9 @@ int Seed(const SeedBenchOptions& o) {
       }
       double val_acc = NAN, test_acc = NAN;
       if (who == "ckpt") {
-        if (!ParseSummary(r.out, &val_acc, &test_acc)) {
-          std::fprintf(stderr, "seed: no summary table in ckpt-scheduler's output:\n%s\n",
+        std::string why;
+        if (!ReadSummary(dir + "/summary.json", &val_acc, &test_acc, &why)) {
+          std::fprintf(stderr, "seed: %s; ckpt-scheduler printed:\n%s\n", why.c_str(),
                        Tail(r.out, 2000).c_str());
           return 1;
         }

@@ -2,17 +2,20 @@
 //
 //   ckpt-scheduler run EXPERIMENT.toml [--store DIR] [--ring-mib N] [--quiet]
 //                      [--listen HOST:PORT --secret-file PATH] [--no-local-workers]
+//                      [--summary-json PATH]
 //   ckpt-scheduler serve --config /etc/ckpt/scheduler.toml
 //
 // Thin: parses flags, fills SchedulerOptions, calls the library.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
+#include <fstream>
 #include <utility>
 
 #include "ckpt/records/config.h"
 #include "ckpt/scheduler/scheduler.h"
 #include "ckpt/scheduler/service.h"
+#include "control_protocol.h"
 
 namespace {
 
@@ -28,7 +31,19 @@ struct RunFlags {
   std::string listen;       // "" = the file's [workers] listen
   std::string secret_file;  // "" = the file's
   bool no_local_workers = false;
+  std::string summary_json;  // "" = none; else the final summary's JSON goes there
 };
+
+// Writes the final summary as the control protocol's `status` JSON (with its
+// members), so programs (ckpt-bench seed) read it rather than the table.
+bool WriteSummaryJson(const ckpt::scheduler::ExperimentSummary& summary, const std::string& path) {
+  std::ofstream out(path, std::ios::trunc);
+  out << ckpt::scheduler::protocol::SummaryToJson(summary, /*with_members=*/true).dump() << "\n";
+  out.flush();
+  if (out) return true;
+  std::fprintf(stderr, "ckpt-scheduler: cannot write the summary to %s\n", path.c_str());
+  return false;
+}
 
 int Run(const RunFlags& f) {
   auto config = ckpt::records::LoadExperimentConfig(f.path);
@@ -82,6 +97,9 @@ int Run(const RunFlags& f) {
   ckpt::Status run = (*scheduler)->Run();
   auto summary = (*scheduler)->Summary(config->name);
   if (summary.ok()) ckpt::scheduler::PrintSummary(*summary, stdout);
+  if (summary.ok() && !f.summary_json.empty() && !WriteSummaryJson(*summary, f.summary_json)) {
+    return 1;
+  }
   if (!run.ok()) {
     std::fprintf(stderr, "ckpt-scheduler: %s\n", run.ToString().c_str());
     return 1;
@@ -132,6 +150,8 @@ int Main(int argc, char** argv) {
                   "the secret connecting workers must prove (0600; created when absent)");
   run->add_flag("--no-local-workers", f.no_local_workers,
                 "spawn no local workers: only connected ones train");
+  run->add_option("--summary-json", f.summary_json,
+                  "also write the final summary (members best first) as JSON to this file");
   std::string service_config;
   CLI::App* serve = app.add_subcommand(
       "serve", "run as a service: experiments come and go through the control socket");

@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "ckpt/format/checkpoint.h"
+#include "ckpt/records/member_record.h"
 #include "ckpt/store/store.h"
 #include "process_util.h"
 
@@ -185,6 +186,45 @@ TEST_F(SchedulerE2eTest, NextIntervalTrainsWithTheExploitsHparamsAndTheConstants
     }
   }
   EXPECT_GE(blobs, 6);
+}
+
+// `run --summary-json` writes the final summary programs read (ckpt-bench
+// seed): every member once, best first, each with the score and version the
+// store holds for it.
+TEST_F(SchedulerE2eTest, SummaryJsonListsEveryMemberBestFirstAsTheStoreHoldsThem) {
+  Spec spec;
+  spec.population = 4;
+  spec.intervals = 2;
+  spec.steps = 4;
+  const std::string path = dir_ + "/summary.json";
+  std::string log;
+  ASSERT_EQ(Run(Write("e.toml", Toml(spec)), dir_ + "/store", &log, {"--summary-json", path}), 0)
+      << log;
+  std::ifstream in(path);
+  const json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  ASSERT_TRUE(j.is_object()) << path << " is not JSON";
+  EXPECT_EQ(j["status"], "done");
+  EXPECT_EQ(j["population"], 4);
+  ASSERT_TRUE(j["members"].is_array());
+  ASSERT_EQ(j["members"].size(), 4u) << j.dump();
+  store::Store& s = Open(dir_ + "/store");
+  std::set<std::string> seen;
+  double previous = 2.0;
+  for (const auto& m : j["members"]) {
+    const std::string member = m["member"];
+    EXPECT_TRUE(seen.insert(member).second) << member << " listed twice";
+    const double val_acc = m["val_acc"];
+    EXPECT_LE(val_acc, previous) << member << " is listed after a worse member";
+    previous = val_acc;
+    auto head = s.GetMember("e2e", member);
+    ASSERT_TRUE(head.ok()) << member << ": " << head.status().ToString();
+    auto record = records::DecodeMemberRecord(head->state, "e2e", member);
+    ASSERT_TRUE(record.ok()) << record.status().ToString();
+    EXPECT_DOUBLE_EQ(val_acc, record->score) << member;
+    EXPECT_EQ(m["version"], head->version) << member;
+    EXPECT_EQ(m["intervals_done"], spec.intervals) << member;
+  }
+  EXPECT_DOUBLE_EQ(j["best_val_acc"].get<double>(), j["members"].front()["val_acc"].get<double>());
 }
 
 // Async PBT end to end, with the scheduler SIGKILLed after a commit and run
