@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "bench.h"
+#include "ckpt/format/optimizer.h"
 #include "ckpt/ipc/tcp_channel.h"
 #include "ckpt/model/trainer.h"
 #include "ckpt/records/config.h"
@@ -184,7 +185,7 @@ StatusOr<RunResult> RunPipeline(records::ExperimentConfig config, const std::str
 double BareLoopSamplesPerSecond(const records::ExperimentConfig& c, int slots, double seconds) {
   model::TrainerOptions t;
   t.model_spec = c.model_spec;
-  t.optimizer = c.optimizer;
+  t.optimizer = std::string(format::OptimizerKindName(c.optimizer));
   t.batch_size = c.batch_size;
   t.eval_size = c.eval_size;
   t.dataset = c.dataset;

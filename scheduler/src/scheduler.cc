@@ -20,6 +20,7 @@
 
 #include "ckpt/format/checksum.h"
 #include "ckpt/format/kill_point.h"
+#include "ckpt/format/optimizer.h"
 #include "ckpt/ipc/channel.h"
 #include "ckpt/metrics/metrics.h"
 #include "ckpt/scheduler/policy.h"
@@ -304,7 +305,7 @@ StatusOr<ipc::Configure> SchedulerImpl::ConfigureFor(const std::string& exp) {
   if (c.loss) m.loss = std::string(format::LossKindName(*c.loss));
   if (c.metric) m.metric = std::string(format::MetricKindName(*c.metric));
   m.augment = format::AugmentationNames(c.augment);
-  m.optimizer = c.optimizer;
+  m.optimizer = std::string(format::OptimizerKindName(c.optimizer));
   m.batch_size = c.batch_size;
   m.eval_size = c.eval_size;
   m.seed = c.seed;

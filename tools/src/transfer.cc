@@ -8,6 +8,7 @@
 #include <set>
 
 #include "ckpt/format/checkpoint.h"
+#include "ckpt/logging/logging.h"
 #include "dataset_stats.h"
 #include "foreign_state.h"
 #include "pickle_reader.h"
@@ -285,8 +286,7 @@ StatusOr<json> ExportOne(Session* session, const ExportContext& c, const store::
 
 Status ReportExports(const ToolOptions& tool, const ExportContext& c, const json& files) {
   if (!c.norm) {
-    std::fprintf(tool.err, "ckpt-tool: warning: the export carries no input normalization: %s\n",
-                 c.norm_error.c_str());
+    logging::Logger().warn("the export carries no input normalization: {}", c.norm_error);
   }
   if (tool.json) return Print(tool.out, json{{"exports", files}}.dump(2) + "\n");
   std::string out;

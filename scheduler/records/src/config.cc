@@ -252,10 +252,8 @@ StatusOr<ExperimentConfig> ParseExperimentConfig(const std::string& toml_text,
     TomlTableReader r(*model, "model", origin);
     CKPT_RETURN_IF_ERROR(r.String("spec", &c.model_spec));
     CKPT_RETURN_IF_ERROR(CheckModelSpec(&r, c.model_spec, check_files));
-    format::OptimizerKind optimizer = format::OptimizerKind::kSgd;
     CKPT_RETURN_IF_ERROR(
-        r.Enum("optimizer", format::kOptimizerKinds, &format::OptimizerKindName, &optimizer));
-    c.optimizer = format::OptimizerKindName(optimizer);
+        r.Enum("optimizer", format::kOptimizerKinds, &format::OptimizerKindName, &c.optimizer));
     CKPT_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
   }
   CKPT_ASSIGN_OR_RETURN(const toml::table* data, top.Table("data"));

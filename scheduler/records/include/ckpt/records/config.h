@@ -44,6 +44,7 @@
 #include <string_view>
 #include <vector>
 
+#include "ckpt/format/optimizer.h"
 #include "ckpt/format/status.h"
 #include "ckpt/format/task.h"
 #include "ckpt/format/tensor_dataset.h"
@@ -174,7 +175,7 @@ struct ExperimentConfig {
   // "" = none. A busy port costs a warning, not the run. Default: 127.0.0.1:9464.
   std::string metrics = "127.0.0.1:9464";
   std::string model_spec = "lenet5";
-  std::string optimizer = "sgd";
+  format::OptimizerKind optimizer = format::OptimizerKind::kSgd;
   std::string dataset = "fashion-mnist";
   std::string dataset_path = "/usr/share/datasets/fashion-mnist";
   // How dataset_path is read; for a tensor file (made absolute here) also
