@@ -150,12 +150,33 @@ class PythonClientTest(unittest.TestCase):
         intervals = [e["member_intervals"] for e in events]
         self.assertEqual(intervals, sorted(intervals))
 
+        # pandas is in the project venv (scripts/setup-deps): a DataFrame,
+        # one row per member, best first, Ray Tune's column names.
+        import pandas
+
         table = results(name, client=c)
-        rows = table.to_dict("records") if hasattr(table, "to_dict") else table
-        self.assertEqual(len(rows), 2)
+        self.assertIsInstance(table, pandas.DataFrame)
+        self.assertEqual(len(table), 2)
+        for column in ("experiment", "member", "status", "intervals_done", "val_acc",
+                       "test_acc", "version", "step", "config/lr"):
+            self.assertIn(column, table.columns)
+        self.assertTrue(table["val_acc"].is_monotonic_decreasing, table)
+        self.assertEqual(list(table["status"]), ["done", "done"])
+        rows = table.to_dict("records")
         self.assertEqual({r["member"] for r in rows}, {"m000", "m001"})
-        self.assertIn("config/lr", rows[0])
+        self.assertEqual(table["config/lr"].dtype.kind, "f")
         self.assertGreaterEqual(rows[0]["val_acc"], rows[1]["val_acc"])
+        # Without pandas: the same records as a list of dicts.
+        saved = sys.modules.get("pandas")
+        sys.modules["pandas"] = None  # makes `import pandas` raise ImportError
+        try:
+            plain = results(name, client=c)
+        finally:
+            sys.modules["pandas"] = saved
+        self.assertIsInstance(plain, list)
+        self.assertEqual([r["member"] for r in plain], list(table["member"]))
+        self.assertEqual([r["val_acc"] for r in plain], list(table["val_acc"]))
+        self.assertEqual(plain[0]["config/lr"], rows[0]["config/lr"])
 
         import torch
         from export_example import LeNet5
