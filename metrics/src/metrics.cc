@@ -220,6 +220,15 @@ class SamplerCollectable : public prometheus::Collectable {
     workers_.push_back(WorkerProcess{std::string(worker), std::string(device), pid, 0});
   }
 
+  std::vector<GpuFigures> SampleGpus() const {
+    std::vector<GpuFigures> out;
+    if (nvml_ == nullptr) return out;
+    for (const GpuSample& g : nvml_->Sample()) {
+      out.push_back(GpuFigures{g.device, g.utilization, g.memory_used_bytes, g.memory_total_bytes});
+    }
+    return out;
+  }
+
   void RemoveWorker(std::string_view worker, std::string_view device) {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto it = workers_.begin(); it != workers_.end(); ++it) {
@@ -365,6 +374,7 @@ class Metrics::Impl {
 
   int port() const { return port_; }
   const std::string& gpu_status() const { return gpu_status_; }
+  std::vector<GpuFigures> SampleGpus() const { return samplers_->SampleGpus(); }
   std::string RenderText() const;
 
   void IntervalCommitted(std::string_view experiment, std::string_view device, double seconds,
@@ -873,6 +883,7 @@ Metrics::~Metrics() = default;
 int Metrics::port() const { return impl_->port(); }
 const std::string& Metrics::gpu_status() const { return impl_->gpu_status(); }
 std::string Metrics::RenderText() const { return impl_->RenderText(); }
+std::vector<GpuFigures> Metrics::SampleGpus() const { return impl_->SampleGpus(); }
 
 void Metrics::IntervalCommitted(std::string_view experiment, std::string_view device,
                                 double seconds, uint64_t samples) {

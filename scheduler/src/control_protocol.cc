@@ -227,6 +227,8 @@ json SummaryToJson(const ExperimentSummary& s, bool with_members) {
 }
 
 json WorkerToJson(const WorkerStatus& w) {
+  // null where NVML gives no figure (no GPU, a remote worker, no NVML).
+  auto optional = [](const auto& v) { return v ? json(*v) : json(nullptr); };
   return {{"index", w.index},
           {"device", w.device},
           {"host", w.host},
@@ -237,7 +239,12 @@ json WorkerToJson(const WorkerStatus& w) {
           {"busy", w.busy},
           {"restarts", w.restarts},
           {"given_up", w.given_up},
-          {"samples_per_s", Finite(w.samples_per_s)}};
+          {"samples_per_s", Finite(w.samples_per_s)},
+          {"rss_bytes", w.rss_bytes},
+          {"device_memory_bytes", w.device_memory_bytes},
+          {"gpu_utilization", w.gpu_utilization ? json(Finite(*w.gpu_utilization)) : json(nullptr)},
+          {"gpu_memory_used_bytes", optional(w.gpu_memory_used_bytes)},
+          {"gpu_memory_total_bytes", optional(w.gpu_memory_total_bytes)}};
 }
 
 StatusOr<ExperimentSummary> SummaryFromJson(const json& j) {
@@ -307,6 +314,18 @@ StatusOr<WorkerStatus> WorkerFromJson(const json& j) {
     w.restarts = Integer<int>(j, "restarts");
     w.given_up = j.at("given_up").get<bool>();
     w.samples_per_s = j.at("samples_per_s").get<double>();
+    // Absent from a scheduler before these fields: zero and none.
+    if (j.contains("rss_bytes")) w.rss_bytes = Integer<int64_t>(j, "rss_bytes");
+    if (j.contains("device_memory_bytes")) {
+      w.device_memory_bytes = Integer<int64_t>(j, "device_memory_bytes");
+    }
+    if (j.contains("gpu_utilization") && !j["gpu_utilization"].is_null()) {
+      w.gpu_utilization = j["gpu_utilization"].get<double>();
+    }
+    for (auto [key, field] : {std::pair{"gpu_memory_used_bytes", &w.gpu_memory_used_bytes},
+                              std::pair{"gpu_memory_total_bytes", &w.gpu_memory_total_bytes}}) {
+      if (j.contains(key) && !j[key].is_null()) *field = Integer<int64_t>(j, key);
+    }
     return w;
   } catch (const json::exception& e) {
     return Status::InvalidArgument(std::string("device status: ") + e.what());

@@ -137,9 +137,7 @@ class SchedulerImpl : public Scheduler, public ControlTarget, public WorkerPoolL
   StatusOr<ExperimentSummary> ExperimentStatus(const std::string& exp) override {
     return Summary(exp);
   }
-  std::vector<WorkerStatus> DeviceStatus() override {
-    return pool_ ? pool_->Status() : std::vector<WorkerStatus>{};
-  }
+  std::vector<WorkerStatus> DeviceStatus() override;
   std::string StorePath() override { return options_.store_path; }
   Status Pause(const std::string& exp) override;
   Status Resume(const std::string& exp) override;
@@ -662,6 +660,25 @@ StatusOr<std::string> SchedulerImpl::SubmitToml(const std::string& toml,
   AfterChange();
   Dispatch();
   return config.name;
+}
+
+std::vector<WorkerStatus> SchedulerImpl::DeviceStatus() {
+  std::vector<WorkerStatus> workers = pool_ ? pool_->Status() : std::vector<WorkerStatus>{};
+  if (!metrics_) return workers;
+  // NVML sees this host's GPUs: only local workers get their device's figures.
+  const std::vector<metrics::GpuFigures> gpus = metrics_->SampleGpus();
+  for (WorkerStatus& w : workers) {
+    if (!w.host.empty()) continue;
+    for (const metrics::GpuFigures& g : gpus) {
+      if (g.device != w.device) continue;
+      w.gpu_utilization = g.utilization;
+      if (g.memory_used_bytes) w.gpu_memory_used_bytes = static_cast<int64_t>(*g.memory_used_bytes);
+      if (g.memory_total_bytes) {
+        w.gpu_memory_total_bytes = static_cast<int64_t>(*g.memory_total_bytes);
+      }
+    }
+  }
+  return workers;
 }
 
 std::vector<ExperimentSummary> SchedulerImpl::ListExperiments() {

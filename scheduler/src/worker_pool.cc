@@ -349,6 +349,8 @@ void WorkerPool::OnEvent(size_t i, uint64_t inc, WorkerEvent ev) {
       return;
     case WorkerEvent::Kind::kHello:
       w.ready = true;
+      w.rss_bytes = 0;  // a new process: nothing measured until its first STATS
+      w.device_memory_bytes = 0;
       w.capacity = std::clamp(ev.hello.slots, 1, kMaxWorkerSlots);
       if (ev.hello.slots != w.capacity) {
         Logger().warn("worker {} ({}) offered {} slots; using {} (at least 1, at most {})", i,
@@ -360,6 +362,8 @@ void WorkerPool::OnEvent(size_t i, uint64_t inc, WorkerEvent ev) {
       return;
     case WorkerEvent::Kind::kStats:
       w.samples_per_s = ev.stats.samples_per_s;
+      w.rss_bytes = ev.stats.rss_bytes;
+      w.device_memory_bytes = ev.stats.allocator_bytes;
       w.mode = WireMode(ev.stats.mode, i);
       if (options_.metrics) {
         metrics::WorkerStats ws;
@@ -505,6 +509,8 @@ std::vector<WorkerStatus> WorkerPool::Status() const {
     s.restarts = w->restarts;
     s.given_up = w->given_up;
     s.samples_per_s = w->samples_per_s;
+    s.rss_bytes = w->rss_bytes;
+    s.device_memory_bytes = w->device_memory_bytes;
     out.push_back(s);
   }
   return out;

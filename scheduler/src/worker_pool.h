@@ -187,6 +187,8 @@ class WorkerPool : public TaskSink {
     std::unique_ptr<boost::asio::steady_timer> restart_timer;
     std::unique_ptr<boost::asio::steady_timer> hello_timer;  // StartDeadline
     double samples_per_s = 0;
+    int64_t rss_bytes = 0;                    // last STATS
+    int64_t device_memory_bytes = 0;          // last STATS: the device allocator's
     std::optional<records::FusionMode> mode;  // the worker's HELLO/STATS mode
     int64_t peak_rss_total = 0;               // over this worker's incarnations
     bool remote = false;                      // connected over TCP; never restarted

@@ -135,6 +135,30 @@ TEST(NvmlSamplerTest, GpuFamiliesFollowTheDriver) {
   fake.set_process(-1, 0, 0);
 }
 
+// SampleGpus (what `ckpt-tool workers` and `top` show): the same figures as
+// the families, in "cuda:K" order; none without NVML.
+TEST(NvmlSamplerTest, SampleGpusGivesEachDevicesFigures) {
+  FakeNvml fake;
+  ASSERT_TRUE(fake.ok());
+  ScopedCudaVisibleDevices all(std::nullopt);
+  auto m = Metrics::Open(FakeNvmlOptions(""));
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  const std::vector<GpuFigures> gpus = (*m)->SampleGpus();
+  ASSERT_EQ(gpus.size(), 2u);
+  EXPECT_EQ(gpus[0].device, "cuda:0");
+  EXPECT_EQ(gpus[1].device, "cuda:1");
+  EXPECT_EQ(gpus[0].utilization, 0.37);
+  EXPECT_EQ(gpus[1].utilization, 0.74);
+  EXPECT_EQ(gpus[1].memory_used_bytes, 2 * kGiB);
+  EXPECT_EQ(gpus[1].memory_total_bytes, 80 * kGiB);
+
+  MetricsOptions none = FakeNvmlOptions("");
+  none.nvml_library = "/nonexistent/libnvidia-ml.so.1";
+  auto without = Metrics::Open(none);
+  ASSERT_TRUE(without.ok()) << without.status().ToString();
+  EXPECT_TRUE((*without)->SampleGpus().empty());
+}
+
 TEST(NvmlSamplerTest, CudaVisibleDevicesRenamesAndFiltersAsCudaDoes) {
   FakeNvml fake;
   ASSERT_TRUE(fake.ok());

@@ -149,6 +149,46 @@ TEST(ControlProtocolTest, WorkerModeRoundTripsAndUnknownModesAreRefused) {
   EXPECT_NE(back.status().message().find("turbo"), std::string::npos) << back.status().ToString();
 }
 
+// Memory and GPU figures: zero and null when absent (a CPU worker, no NVML,
+// or a scheduler from before them), round-tripped when present.
+TEST(ControlProtocolTest, WorkerMemoryAndGpuFiguresRoundTripAndMayBeAbsent) {
+  WorkerStatus w;
+  w.device = "cuda:1";
+  nlohmann::json j = WorkerToJson(w);
+  EXPECT_EQ(j["rss_bytes"], 0);
+  EXPECT_TRUE(j["gpu_utilization"].is_null());
+  EXPECT_TRUE(j["gpu_memory_total_bytes"].is_null());
+  w.rss_bytes = int64_t{3} << 30;
+  w.device_memory_bytes = int64_t{5} << 30;
+  w.gpu_utilization = 0.875;
+  w.gpu_memory_used_bytes = int64_t{20} << 30;
+  w.gpu_memory_total_bytes = int64_t{141} << 30;
+  auto back = WorkerFromJson(WorkerToJson(w));
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->rss_bytes, w.rss_bytes);
+  EXPECT_EQ(back->device_memory_bytes, w.device_memory_bytes);
+  EXPECT_EQ(back->gpu_utilization, 0.875);
+  EXPECT_EQ(back->gpu_memory_used_bytes, w.gpu_memory_used_bytes);
+  EXPECT_EQ(back->gpu_memory_total_bytes, w.gpu_memory_total_bytes);
+  // An older scheduler's reply, without the fields.
+  j = WorkerToJson(w);
+  for (const char* key : {"rss_bytes", "device_memory_bytes", "gpu_utilization",
+                          "gpu_memory_used_bytes", "gpu_memory_total_bytes"}) {
+    j.erase(key);
+  }
+  back = WorkerFromJson(j);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->rss_bytes, 0);
+  EXPECT_FALSE(back->gpu_utilization.has_value());
+  EXPECT_FALSE(back->gpu_memory_total_bytes.has_value());
+  j = WorkerToJson(w);
+  j["gpu_memory_used_bytes"] = 1.5;
+  back = WorkerFromJson(j);
+  ASSERT_FALSE(back.ok());
+  EXPECT_NE(back.status().message().find("field 'gpu_memory_used_bytes'"), std::string::npos)
+      << back.status().ToString();
+}
+
 // corpus/control_request/ubsan_summary_float_to_int64 (UBSan in the fuzzer):
 // a reply's integer field holding 7e40 was cast to int64_t (undefined); every
 // integer field of a reply must now be a JSON integer that fits.

@@ -198,6 +198,26 @@ TEST_F(ClientTest, EveryVerbDrivesTheRunningService) {
   EXPECT_EQ(workers["workers"][0]["device"], "cpu");
   EXPECT_EQ(workers["workers"][0]["capacity"], 2);
   EXPECT_TRUE(workers["workers"][0]["ready"].get<bool>());
+  // Memory, from the worker's STATS (one a second): its resident set; no
+  // device allocator on a CPU; no NVML figures for a CPU worker.
+  json worker;
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        r = Tool({"workers", "--json"});
+        worker = json::parse(r.out, nullptr, false)["workers"][0];
+        return worker.value("rss_bytes", int64_t{0}) > 0;
+      },
+      milliseconds(30000)))
+      << r.out;
+  EXPECT_GT(worker["rss_bytes"].get<int64_t>(), int64_t{10} << 20) << worker.dump();
+  EXPECT_LT(worker["rss_bytes"].get<int64_t>(), int64_t{64} << 30) << worker.dump();
+  EXPECT_EQ(worker["device_memory_bytes"], 0) << worker.dump();
+  EXPECT_TRUE(worker["gpu_utilization"].is_null()) << worker.dump();
+  EXPECT_TRUE(worker["gpu_memory_used_bytes"].is_null()) << worker.dump();
+  r = Tool({"workers"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("rss"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" MiB"), std::string::npos) << "no resident memory shown:\n" << r.out;
 
   // Pause: no new intervals start; resume: they do again.
   r = Tool({"pause", "live"});

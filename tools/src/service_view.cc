@@ -25,6 +25,27 @@ std::string Rate(double samples_per_s) {
   return buf;
 }
 
+// "1.2 GiB" of resident memory; "-" before the worker's first STATS.
+std::string Memory(int64_t bytes) {
+  return bytes > 0 ? FormatBytes(static_cast<uint64_t>(bytes)) : "-";
+}
+
+// "37% 2.1 GiB/80.0 GiB": the worker's GPU as NVML sees it (every process on
+// it), then its own allocator's share; "-" without NVML figures.
+std::string Gpu(const scheduler::WorkerStatus& w) {
+  std::string out;
+  if (w.gpu_utilization) {
+    char buf[16];
+    std::snprintf(buf, sizeof buf, "%.0f%%", *w.gpu_utilization * 100);
+    out = buf;
+  }
+  if (w.gpu_memory_used_bytes && w.gpu_memory_total_bytes) {
+    out += (out.empty() ? "" : " ") + FormatBytes(static_cast<uint64_t>(*w.gpu_memory_used_bytes)) +
+           "/" + FormatBytes(static_cast<uint64_t>(*w.gpu_memory_total_bytes));
+  }
+  return out.empty() ? "-" : out;
+}
+
 }  // namespace
 
 std::vector<std::string> ServiceView(const scheduler::ServiceStatus& status) {
@@ -61,13 +82,14 @@ std::vector<std::string> ServiceView(const scheduler::ServiceStatus& status) {
 
 std::vector<std::string> WorkersView(const scheduler::ServiceStatus& status) {
   TextTable t;
-  t.AddRow(
-      {"worker", "host", "device", "slots", "state", "in flight", "samples/s", "restarts", "pid"});
+  t.AddRow({"worker", "host", "device", "slots", "state", "in flight", "samples/s", "restarts",
+            "pid", "rss", "device mem", "gpu (util, used/total)"});
   for (const auto& w : status.workers) {
     t.AddRow({std::to_string(w.index), w.host.empty() ? status.service.host : w.host, w.device,
               std::to_string(w.capacity), scheduler::WorkerStateName(w), std::to_string(w.busy),
               Rate(w.samples_per_s), std::to_string(w.restarts),
-              w.pid > 0 ? std::to_string(w.pid) : "-"});
+              w.pid > 0 ? std::to_string(w.pid) : "-", Memory(w.rss_bytes),
+              Memory(w.device_memory_bytes), Gpu(w)});
   }
   return Lines(t.Render());
 }

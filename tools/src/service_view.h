@@ -26,7 +26,9 @@ StatusOr<std::unique_ptr<scheduler::ControlClient>> ConnectService(const ToolOpt
 std::vector<std::string> ServiceView(const scheduler::ServiceStatus& status);
 
 // One row per worker: index, host, device, slots, state, members in flight,
-// samples/s, restarts, pid; with a header row.
+// samples/s, restarts, pid, resident memory and device allocator memory (its
+// last STATS), and its GPU's utilization and memory (NVML, local workers on a
+// GPU); with a header row.
 std::vector<std::string> WorkersView(const scheduler::ServiceStatus& status);
 
 }  // namespace ckpt::tool

@@ -100,6 +100,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "ckpt/format/status.h"
 #include "ckpt/records/failure_code.h"
@@ -174,6 +175,15 @@ struct WorkerStats {
   std::optional<int64_t> allocator_reserved_bytes;
 };
 
+// One GPU as NVML sees it now (Metrics::SampleGpus). Each figure is absent
+// when NVML refuses it for the device.
+struct GpuFigures {
+  std::string device;                         // "cuda:K", by the CUDA ordinal the workers see
+  std::optional<double> utilization;          // 0..1 over NVML's last sample period
+  std::optional<uint64_t> memory_used_bytes;  // by every process on the GPU
+  std::optional<uint64_t> memory_total_bytes;
+};
+
 // The scheduler's view of one worker's channel (ipc::ChannelStats).
 struct RingStats {
   uint64_t bytes_to_worker_total = 0;    // running total since the channel was created
@@ -210,6 +220,11 @@ class Metrics {
   // 0.0.4: what GET /metrics answers. Runs the samplers on the calling thread;
   // for tests and tools, not for the scheduler's event loop.
   std::string RenderText() const;
+
+  // One NVML sample of every visible GPU, in "cuda:K" order; empty when
+  // gpu_status() is not "" (no NVML). What `ckpt-tool workers` and `top` show
+  // beside each local worker on a GPU. Any thread; a few NVML calls per GPU.
+  std::vector<GpuFigures> SampleGpus() const;
 
   // --- per experiment -------------------------------------------------------
   // A member-interval of `experiment` trained on `device` was committed:

@@ -51,6 +51,15 @@ struct WorkerStatus {
   int restarts = 0;
   bool given_up = false;
   double samples_per_s = 0;  // last STATS
+  // Last STATS: the worker process's resident memory, and what its device
+  // allocator holds (the CUDA caching allocator on a GPU; 0 on a CPU).
+  int64_t rss_bytes = 0;
+  int64_t device_memory_bytes = 0;
+  // Its GPU as NVML sees it now (the whole device, every process on it):
+  // only for a local worker on "cuda:K" when the scheduler reads NVML.
+  std::optional<double> gpu_utilization;  // 0..1
+  std::optional<int64_t> gpu_memory_used_bytes;
+  std::optional<int64_t> gpu_memory_total_bytes;
 };
 
 struct ExperimentSummary {
