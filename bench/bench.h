@@ -34,6 +34,12 @@ long long PeakRssBytes();
 // Peak RSS of waited-for children (getrusage RUSAGE_CHILDREN), in bytes.
 long long PeakRssChildrenBytes();
 
+// The CPU the figures were measured on, from /proc/cpuinfo as lscpu shows
+// it: {"model_name", "vendor", "family", "model", "logical_cpus",
+// "cores_per_socket", "simd": [the SIMD flags among avx2, fma, avx512f,
+// avx512bw, avx512vl, avx512_vnni, avx512_bf16, amx_tile, amx_bf16, ...]}.
+nlohmann::json CpuDescription();
+
 }  // namespace ckpt::bench
 
 #define CKPT_BENCHMARK(name, help, fn) \

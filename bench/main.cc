@@ -52,6 +52,37 @@ long long PeakRssChildrenBytes() {
   return static_cast<long long>(ru.ru_maxrss) * 1024;
 }
 
+nlohmann::json CpuDescription() {
+  static const char* const kSimd[] = {
+      "sse4_2",      "avx",         "avx2",        "fma",      "avx512f",  "avx512bw", "avx512vl",
+      "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8", "avx_vnni"};
+  std::ifstream in("/proc/cpuinfo");
+  std::map<std::string, std::string> first;  // the first processor's fields
+  int logical = 0;
+  for (std::string line; std::getline(in, line);) {
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    std::string key = line.substr(0, colon);
+    key.erase(key.find_last_not_of(" \t") + 1);
+    std::string value = colon + 1 < line.size() ? line.substr(colon + 1) : "";
+    value.erase(0, value.find_first_not_of(' '));
+    if (key == "processor") ++logical;
+    if (logical == 1) first.emplace(key, value);
+  }
+  nlohmann::json simd = nlohmann::json::array();
+  const std::string flags = " " + first["flags"] + " ";
+  for (const char* f : kSimd) {
+    if (flags.find(std::string(" ") + f + " ") != std::string::npos) simd.push_back(f);
+  }
+  return {{"model_name", first["model name"]},
+          {"vendor", first["vendor_id"]},
+          {"family", first["cpu family"]},
+          {"model", first["model"]},
+          {"logical_cpus", logical},
+          {"cores_per_socket", first["cpu cores"]},
+          {"simd", simd}};
+}
+
 }  // namespace ckpt::bench
 
 int main(int argc, char** argv) {

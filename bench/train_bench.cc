@@ -2,7 +2,7 @@
 //
 //   build/bench/ckpt-bench train [--members 30] [--batch 64] [--steps 20]
 //       [--seconds 5] [--slots N] [--fused-intra-op 1] [--device cpu]
-//       [--fused-k 1,8,30] [--dataset-path DIR]
+//       [--fused-k 1,8,30] [--dataset-path DIR] [--sgemm-seconds 0.5]
 //
 // Measures, each for --seconds of wall time after a warm-up:
 //   single_model_samples_s  one member, one thread, the bare LibTorch loop
@@ -22,6 +22,14 @@
 // plain_load_store_us_per_member (plain: blob -> tensors -> blob). Training
 // samples only; no evaluation runs in the measured intervals.
 //
+// The limit: each rate is also given in GFLOP/s (samples/s x the model's
+// training FLOPs per sample, ModelSpec::TrainingFlopsPerSample: conv and
+// linear multiply-adds of forward, weight and input gradients) and as a
+// fraction of the float32 matrix product's GFLOP/s measured in the same run
+// on the same device (the best of n = 256, 512, 1024, 2048) with the same
+// threads: single against one thread, plain and fused against as many threads
+// as they run. The JSON names the CPU ("cpu", from /proc/cpuinfo).
+//
 // On a GPU (--device cuda:N) each slot thread trains on its own CUDA stream.
 // The JSON line's "phases" gives each measurement's wall-clock interval
 // (Unix seconds) and the CUDA allocator's bytes in use at its end, so that an
@@ -40,6 +48,7 @@
 
 #include "bench.h"
 #include "ckpt/model/baseline.h"
+#include "ckpt/model/model_spec.h"
 #include "ckpt/model/trainer.h"
 
 namespace ckpt::bench {
@@ -169,6 +178,28 @@ double UnixSeconds() {
 
 int HardwareCores() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
 
+// The float32 matrix product's best GFLOP/s over a few sizes with `threads`
+// intra-op threads, and each size's figure.
+struct Peak {
+  double gflops = 0;
+  nlohmann::json by_n = nlohmann::json::object();
+};
+
+StatusOr<Peak> MeasurePeak(const std::string& device, int threads, double seconds) {
+  Peak peak;
+  for (int64_t n : {256, 512, 1024, 2048}) {
+    model::SgemmOptions o;
+    o.device = device;
+    o.threads = threads;
+    o.n = n;
+    o.seconds = seconds;
+    CKPT_ASSIGN_OR_RETURN(double flops, model::MeasureSgemmFlops(o));
+    peak.by_n[std::to_string(n)] = flops / 1e9;
+    peak.gflops = std::max(peak.gflops, flops / 1e9);
+  }
+  return peak;
+}
+
 struct TrainBenchOptions {
   int members = 30;
   int batch = 64;
@@ -179,6 +210,7 @@ struct TrainBenchOptions {
   int fused_intra_op = 1;
   std::vector<int> fused_k = {1, 8, 30};
   std::string dataset_path;
+  double sgemm_seconds = 0.5;  // per size and thread count
 };
 
 int TrainBench(const TrainBenchOptions& opt) {
@@ -254,6 +286,29 @@ int TrainBench(const TrainBenchOptions& opt) {
   }
   std::printf("single model (bare LibTorch loop, 1 thread): %.0f samples/s\n", *single);
 
+  // The limit, on the same device in the same run: one thread, and as many
+  // as the plain slots run.
+  auto spec = model::ModelSpec::Parse("lenet5");
+  if (!spec.ok()) {
+    std::fprintf(stderr, "train: %s\n", spec.status().ToString().c_str());
+    return 1;
+  }
+  const double gflop_per_sample = static_cast<double>(spec->TrainingFlopsPerSample()) / 1e9;
+  phase_start = UnixSeconds();
+  auto peak_1 = MeasurePeak(device, 1, opt.sgemm_seconds);
+  auto peak_all = slots == 1 ? peak_1 : MeasurePeak(device, slots, opt.sgemm_seconds);
+  phase("sgemm", phase_start, **plain_trainer);
+  if (!peak_1.ok() || !peak_all.ok()) {
+    std::fprintf(stderr, "train: %s\n",
+                 (peak_1.ok() ? peak_all.status() : peak_1.status()).ToString().c_str());
+    return 1;
+  }
+  std::printf(
+      "float32 matrix product peak: %.1f GFLOP/s on 1 thread, %.1f on %d; the training step is "
+      "%.2f MFLOP/sample, single %.1f GFLOP/s (%.0f%% of the 1-thread peak)\n",
+      peak_1->gflops, peak_all->gflops, slots, gflop_per_sample * 1e3, *single * gflop_per_sample,
+      100 * *single * gflop_per_sample / peak_1->gflops);
+
   Population plain_pop(std::vector<std::string>(initial.begin(), initial.begin() + members));
   phase_start = UnixSeconds();
   RunResult plain = Run(**plain_trainer, plain_pop, 1, slots, steps, seconds, false);
@@ -263,8 +318,16 @@ int TrainBench(const TrainBenchOptions& opt) {
       "blob<->tensors %.0f us/member\n",
       slots, plain.samples_s, plain.samples_s / *single, plain.state_us_per_member);
 
+  // Several threads are held to the better of the two peaks: where two vCPUs
+  // share one core, two threads of matrix product are no faster than one.
+  const double peak_many = std::max(peak_1->gflops, peak_all->gflops);
+  auto fraction = [&](double samples_s, int threads) {
+    const double peak = threads == 1 ? peak_1->gflops : peak_many;
+    return peak > 0 ? samples_s * gflop_per_sample / peak : 0.0;
+  };
   nlohmann::json out = {{"bench", "train"},
                         {"device", (*plain_trainer)->device()},
+                        {"cpu", CpuDescription()},
                         {"threads", cores},
                         {"slots", slots},
                         {"members", members},
@@ -274,7 +337,18 @@ int TrainBench(const TrainBenchOptions& opt) {
                         {"optimizer", "sgd"},
                         {"single_model_samples_s", *single},
                         {"plain_samples_s", plain.samples_s},
-                        {"plain_vs_single", plain.samples_s / *single}};
+                        {"plain_vs_single", plain.samples_s / *single},
+                        {"train_mflop_per_sample", gflop_per_sample * 1e3},
+                        {"sgemm_gflops_1_thread", peak_1->gflops},
+                        {"sgemm_gflops_by_n_1_thread", peak_1->by_n},
+                        {"sgemm_gflops", peak_all->gflops},
+                        {"sgemm_threads", slots},
+                        {"sgemm_gflops_by_n", peak_all->by_n},
+                        {"single_gflops", *single * gflop_per_sample},
+                        {"single_fraction_of_peak", fraction(*single, 1)},
+                        {"plain_gflops", plain.samples_s * gflop_per_sample},
+                        {"plain_fraction_of_peak", fraction(plain.samples_s, slots)}};
+  nlohmann::json fused_fraction = nlohmann::json::object();
   nlohmann::json fused_samples_s = nlohmann::json::object();
   double pack_unpack_k8 = 0;
   int64_t failures = plain.failures;
@@ -302,6 +376,10 @@ int TrainBench(const TrainBenchOptions& opt) {
     out[fused + "_threads"] = threads;
     out[fused + "_intra_op"] = intra;
     fused_samples_s["k" + std::to_string(k)] = r.samples_s;
+    // Against the peak of as many threads as it ran (intra-op threads count:
+    // each fused thread runs `intra` of them).
+    fused_fraction["k" + std::to_string(k)] =
+        r.samples_s * gflop_per_sample / (threads * intra == 1 ? peak_1->gflops : peak_all->gflops);
     if (k == 8) pack_unpack_k8 = r.state_us_per_member;
     if (r.failures > 0 && failures == 0) first_failure = r.first_failure;
     failures += r.failures;
@@ -310,6 +388,7 @@ int TrainBench(const TrainBenchOptions& opt) {
     std::printf("failures: %lld (%s)\n", static_cast<long long>(failures), first_failure.c_str());
 
   out["fused_samples_s"] = fused_samples_s;
+  out["fused_fraction_of_peak"] = fused_fraction;
   out["pack_unpack_us_per_member"] = pack_unpack_k8;
   out["plain_load_store_us_per_member"] = plain.state_us_per_member;
   out["state_bytes"] = state_bytes;
@@ -349,6 +428,10 @@ BenchRun TrainFlags(CLI::App& cmd) {
       ->check(CLI::Range(1, 4096))
       ->capture_default_str();
   cmd.add_option("--dataset-path", o->dataset_path, "Fashion-MNIST directory (default: the cache)");
+  cmd.add_option("--sgemm-seconds", o->sgemm_seconds,
+                 "wall time of each matrix-product size measured for the peak")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   return [o] { return TrainBench(*o); };
 }
 

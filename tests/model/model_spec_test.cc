@@ -42,6 +42,21 @@ TEST(ModelSpecTest, Lenet5HasPyTorchStateDictLayout) {
   EXPECT_EQ(params, 61706);  // LeNet-5 with padding 2 on 28x28 inputs
 }
 
+// LeNet-5 on 28x28 by hand: conv1 6x28x28 outputs of 1x5x5 = 117,600
+// multiply-adds; conv2 16x10x10 of 6x5x5 = 240,000; fc 400x120 + 120x84 +
+// 84x10 = 58,920. A training step adds the weight gradients and every input
+// gradient but conv1's.
+TEST(ModelSpecTest, FlopsPerSampleCountConvAndLinearMultiplyAdds) {
+  auto spec = ModelSpec::Parse("lenet5");
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  const int64_t forward_macs = 117600 + 240000 + 48000 + 10080 + 840;
+  EXPECT_EQ(spec->ForwardFlopsPerSample(), 2 * forward_macs);
+  EXPECT_EQ(spec->TrainingFlopsPerSample(), 2 * (3 * forward_macs - 117600));
+  auto script = ModelSpec::Parse("torchscript:/nonexistent.pt");
+  ASSERT_TRUE(script.ok()) << script.status().ToString();
+  EXPECT_EQ(script->TrainingFlopsPerSample(), 0);
+}
+
 TEST(ModelSpecTest, BatchNormHasBuffersAndInferredSizes) {
   auto spec = ModelSpec::Parse(testing::kLenet5Bn);
   ASSERT_TRUE(spec.ok()) << spec.status().ToString();

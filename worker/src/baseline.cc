@@ -75,4 +75,43 @@ StatusOr<double> MeasureBareLibTorchLoop(const BaselineOptions& options) {
   }
 }
 
+StatusOr<double> MeasureSgemmFlops(const SgemmOptions& options) {
+  if (options.threads < 1 || options.n < 1 || !(options.seconds > 0)) {
+    return Status::InvalidArgument("sgemm: threads >= 1, n >= 1, seconds > 0");
+  }
+  try {
+    internal::SetThreadIntraOpThreads(options.threads);
+    const std::string device = options.device == "cuda" ? "cuda:0" : options.device;
+    if (device != "cpu" && device.rfind("cuda:", 0) != 0) {
+      return Status::InvalidArgument("sgemm: unknown device " + options.device);
+    }
+    torch::Device dev(device);
+    if (dev.is_cuda() && !torch::cuda::is_available()) {
+      return Status::Unavailable("sgemm: device " + device + " is not available");
+    }
+    const auto f32 = torch::TensorOptions().dtype(torch::kFloat).device(dev);
+    torch::Tensor a = torch::rand({options.n, options.n}, f32);
+    torch::Tensor b = torch::rand({options.n, options.n}, f32);
+    torch::Tensor c = torch::empty({options.n, options.n}, f32);
+    torch::mm_out(c, a, b);
+    c.sum().item<float>();  // the warm-up product has finished (on a GPU too)
+    const auto start = std::chrono::steady_clock::now();
+    const auto deadline = start + std::chrono::duration<double>(options.seconds);
+    int64_t products = 0;
+    while (std::chrono::steady_clock::now() < deadline) {
+      torch::mm_out(c, a, b);
+      ++products;
+      if (dev.is_cuda() && products % 8 == 0) c.sum().item<float>();
+    }
+    c.sum().item<float>();
+    const double elapsed =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double n = static_cast<double>(options.n);
+    return 2.0 * n * n * n * static_cast<double>(products) / elapsed;
+  } catch (const std::exception& e) {
+    std::string msg = e.what();
+    return Status::Internal("sgemm: " + msg.substr(0, msg.find('\n')));
+  }
+}
+
 }  // namespace ckpt::model

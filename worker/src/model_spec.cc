@@ -490,6 +490,46 @@ bool ModelSpec::has_dropout() const {
   return false;
 }
 
+namespace {
+
+// Multiply-adds of one sample through a conv2d or linear layer; 0 otherwise.
+int64_t MultiplyAdds(const LayerSpec& l) {
+  switch (l.kind) {
+    case LayerKind::kConv2d: {
+      // output_shape: [out, H, W]; each output element sums in x k x k products.
+      int64_t outputs = 1;
+      for (int64_t d : l.output_shape) outputs *= d;
+      return outputs * l.in * l.kernel * l.kernel;
+    }
+    case LayerKind::kLinear:
+      return l.in * l.out;
+    default:
+      return 0;
+  }
+}
+
+}  // namespace
+
+int64_t ModelSpec::ForwardFlopsPerSample() const {
+  int64_t macs = 0;
+  for (const auto& l : layers_) macs += MultiplyAdds(l);
+  return 2 * macs;
+}
+
+int64_t ModelSpec::TrainingFlopsPerSample() const {
+  int64_t macs = 0;
+  bool first = true;
+  for (const auto& l : layers_) {
+    const int64_t m = MultiplyAdds(l);
+    if (m == 0) continue;
+    // Forward and weight gradient: m each. Input gradient: m, except for the
+    // layer that reads the data (nothing upstream needs it).
+    macs += first ? 2 * m : 3 * m;
+    first = false;
+  }
+  return 2 * macs;
+}
+
 std::vector<TensorSpec> ModelSpec::ModelTensors() const {
   std::vector<TensorSpec> out;
   using format::DType;

@@ -8,6 +8,7 @@
 #define CKPT_MODEL_BASELINE_H_
 
 #include <cstdint>
+#include <string>
 
 #include "ckpt/format/status.h"
 #include "ckpt/model/trainer.h"
@@ -28,6 +29,25 @@ struct BaselineOptions {
 // LoadDataset, InvalidArgument / Unavailable for the device, Internal for a
 // LibTorch failure.
 StatusOr<double> MeasureBareLibTorchLoop(const BaselineOptions& options);
+
+struct SgemmOptions {
+  // "cpu" or "cuda:N". Default: "cpu".
+  std::string device = "cpu";
+  // Intra-op threads on a CPU. Default: 1. REQUIRES: >= 1.
+  int32_t threads = 1;
+  // C[n, n] = A[n, n] B[n, n] in float32. Default: 1024. REQUIRES: >= 1.
+  int64_t n = 1024;
+  // Wall time measured after one unmeasured product. Default: 1.
+  double seconds = 1.0;
+};
+
+// Floating-point operations per second (2 n^3 per product) of LibTorch's
+// float32 matrix product on the device (its CPU BLAS, cuBLAS on a GPU, TF32
+// off as LibTorch's default): the peak `ckpt-bench train` sets a training
+// step's FLOP/s against, measured in the same process. InvalidArgument for
+// bad options, Unavailable for a CUDA device that is not there, Internal for
+// a LibTorch failure.
+StatusOr<double> MeasureSgemmFlops(const SgemmOptions& options);
 
 }  // namespace ckpt::model
 

@@ -138,6 +138,16 @@ class ModelSpec {
   // True when some layer draws random numbers in training (dropout).
   bool has_dropout() const;
 
+  // Floating-point operations per sample (2 per multiply-add) of the conv2d
+  // and linear layers: ForwardFlopsPerSample for evaluation;
+  // TrainingFlopsPerSample for a training step, which adds each layer's
+  // weight gradient and input gradient (none for the first such layer, whose
+  // input is the data). Elementwise work (activations, pooling, batch norm,
+  // biases, the optimizer) is left out: a few percent for LeNet-5. What
+  // `ckpt-bench train` divides by time to give GFLOP/s. 0 for TorchScript.
+  int64_t ForwardFlopsPerSample() const;
+  int64_t TrainingFlopsPerSample() const;
+
   // Model tensors in state_dict order (per layer: weight, bias, then buffers).
   // Empty for a TorchScript spec.
   std::vector<TensorSpec> ModelTensors() const;
