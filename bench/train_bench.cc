@@ -28,7 +28,8 @@
 // fraction of the float32 matrix product's GFLOP/s measured in the same run
 // on the same device (the best of n = 256, 512, 1024, 2048) with the same
 // threads: single against one thread, plain and fused against as many threads
-// as they run. The JSON names the CPU ("cpu", from /proc/cpuinfo).
+// as they run (or one thread's, when that is higher: two vCPUs of one core).
+// The JSON names the CPU ("cpu", from /proc/cpuinfo).
 //
 // On a GPU (--device cuda:N) each slot thread trains on its own CUDA stream.
 // The JSON line's "phases" gives each measurement's wall-clock interval
@@ -378,8 +379,7 @@ int TrainBench(const TrainBenchOptions& opt) {
     fused_samples_s["k" + std::to_string(k)] = r.samples_s;
     // Against the peak of as many threads as it ran (intra-op threads count:
     // each fused thread runs `intra` of them).
-    fused_fraction["k" + std::to_string(k)] =
-        r.samples_s * gflop_per_sample / (threads * intra == 1 ? peak_1->gflops : peak_all->gflops);
+    fused_fraction["k" + std::to_string(k)] = fraction(r.samples_s, threads * intra);
     if (k == 8) pack_unpack_k8 = r.state_us_per_member;
     if (r.failures > 0 && failures == 0) first_failure = r.first_failure;
     failures += r.failures;
