@@ -23,6 +23,7 @@ void Dispatcher::Dispatch(TaskSink* sink, const std::vector<Experiment*>& experi
     t.id = next_task_++;
     t.exp = e->id();
     t.dispatched = now;
+    t.rules = ResultRulesFor(e->config());
     sink->Send(static_cast<size_t>(worker), std::move(t));
   }
 }

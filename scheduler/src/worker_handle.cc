@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -13,6 +14,7 @@
 #include <exception>
 #include <fstream>
 
+#include "ckpt/format/checkpoint.h"
 #include "log.h"
 #include "trace.h"
 
@@ -29,6 +31,26 @@ double SecondsSince(std::chrono::steady_clock::time_point t0) {
 }
 
 }  // namespace
+
+std::shared_ptr<const StateLayout> StateLayouts::Find(const std::string& exp) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = by_exp_.find(exp);
+  return it == by_exp_.end() ? nullptr : it->second;
+}
+
+std::shared_ptr<const StateLayout> StateLayouts::Establish(const std::string& exp,
+                                                           StateLayout layout) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& known = by_exp_[exp];
+  if (!known) known = std::make_shared<const StateLayout>(std::move(layout));
+  return known;
+}
+
+int64_t WorkerSpec::MaxHelloSlots() const {
+  if (segment.empty()) return kMaxHelloSlots;
+  return std::min<int64_t>(kMaxHelloSlots, int64_t{std::max(1, device.slots)} *
+                                               int64_t{std::max(1, device.fusion_width)});
+}
 
 WorkerHandle::WorkerHandle(const WorkerSpec& spec, store::Store* store,
                            std::function<StatusOr<ipc::Configure>(const std::string&)> configure,
@@ -206,6 +228,25 @@ Status WorkerHandle::SendTask(const Task& task) {
       spec_.metrics->StoreOperation(metrics::StoreOp::kReadHeadBlob, SecondsSince(t0), blob.size());
     }
     t.state.size = blob.size();
+    // What the result is checked against: the header alone (the worker
+    // verifies the tensors). A state that does not parse is sent as before:
+    // the worker refuses it as bad_state, which the experiment handles.
+    format::ReadOptions header_only;
+    header_only.verify_checksums = false;
+    auto view = format::ParseCheckpoint(blob.data(), blob.size(), header_only);
+    if (view.ok()) {
+      std::shared_ptr<const StateLayout> layout =
+          std::make_shared<const StateLayout>(LayoutOf(*view));
+      if (spec_.layouts && !spec_.layouts->Find(task.exp)) {
+        (void)spec_.layouts->Establish(task.exp, *layout);
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = in_flight_.find(task.id);
+      if (it != in_flight_.end()) {
+        it->second.sent_step = view->meta().step;
+        it->second.sent_layout = std::move(layout);
+      }
+    }
   }
   const size_t size = ipc::EncodedSize(t);
   const auto send_start = std::chrono::steady_clock::now();
@@ -280,6 +321,11 @@ void WorkerHandle::ReceiveLoopBody() {
           ReportLost("bad HELLO record: " + h.status().ToString());
           return;
         }
+        if (h->slots < 1 || h->slots > spec_.MaxHelloSlots()) {
+          ReportLost("bad HELLO record: slots " + std::to_string(h->slots) + " outside 1.." +
+                     std::to_string(spec_.MaxHelloSlots()));
+          return;
+        }
         WorkerEvent e;
         e.kind = WorkerEvent::Kind::kHello;
         e.hello = *h;
@@ -326,6 +372,13 @@ void WorkerHandle::HandleResult(const ipc::Received& rec) {
   }
   e.result = *r;
   e.result.state = ipc::ByteSpan{nullptr, r->state.size};  // the ring's bytes are released
+  // Checked while the state is still in the ring.
+  Status answers = CheckAgainstTask(e.task, *r);
+  if (!answers.ok()) {
+    channel_->Release();
+    RefuseResult(std::move(e), answers);
+    return;
+  }
   if (e.task.eval_only) {
     channel_->Release();
     e.kind = WorkerEvent::Kind::kEvaluated;
@@ -381,6 +434,42 @@ void WorkerHandle::HandleResult(const ipc::Received& rec) {
   e.kind = WorkerEvent::Kind::kCommitted;
   e.version = *version;
   on_event_(std::move(e));
+}
+
+Status WorkerHandle::CheckAgainstTask(const Task& task, const ipc::Result& r) const {
+  SentTask sent;
+  sent.member = task.exp + "/" + task.member;
+  sent.worker = Name();
+  sent.rules = task.rules;
+  sent.steps = task.steps;
+  sent.eval_only = task.eval_only;
+  sent.start_step = task.sent_step;
+  sent.layout = task.sent_layout;
+  if (!sent.layout && spec_.layouts) sent.layout = spec_.layouts->Find(task.exp);
+  StateLayout got;
+  CKPT_RETURN_IF_ERROR(CheckResult(sent, r, &got));
+  if (task.eval_only || sent.layout || !spec_.layouts) return Status::OK();
+  // The experiment's first state seen: it becomes the reference, unless
+  // another handle's result got there first.
+  std::shared_ptr<const StateLayout> ref = spec_.layouts->Establish(task.exp, got);
+  return CompareLayouts("member " + sent.member + ", " + sent.worker, *ref, got);
+}
+
+void WorkerHandle::RefuseResult(WorkerEvent e, const Status& why) {
+  Logger().warn(
+      "{} sent a RESULT for task {} that does not answer it; nothing committed, the interval "
+      "reruns from the committed head: {}",
+      Name(), e.task.id, why.ToString());
+  if (spec_.metrics) spec_.metrics->MemberFailed(e.task.exp, records::FailureCode::kBadResult);
+  e.kind = WorkerEvent::Kind::kCommitError;
+  e.code = records::FailureCode::kBadResult;
+  e.commit_status = StatusCode::kAborted;
+  e.reason = why.ToString();
+  on_event_(std::move(e));
+}
+
+std::string WorkerHandle::Name() const {
+  return "worker " + std::to_string(spec_.index) + " (" + spec_.device.device + ")";
 }
 
 void WorkerHandle::ReportLost(const std::string& reason) {

@@ -13,6 +13,18 @@
 // The commit of a RESULT is followed by the member's state record
 // (Task::state_after with the result's score): one encoder, EncodeMemberRecord.
 //
+// Untrusted workers: a RESULT is committed only if it answers its task
+// (CheckResult, result_check.h: score in the metric's range, step, samples,
+// loss, the state's layout). One that does not is the worker's fault, never
+// the member's: it is logged with the worker's index and device (a remote
+// worker's device names its address), counted as
+// ckpt_member_failures_total{reason="bad_result"}, nothing of it is
+// committed, and the interval reruns from the committed head without a
+// failure charged to the member (reported as kCommitError with code
+// kBadResult and commit_status kAborted, the path of a head that moved). A
+// HELLO offering slots outside 1..MaxHelloSlots is a bad HELLO: the worker is
+// lost.
+//
 // Failure containment: an exception escaping either thread (none is expected:
 // every library call returns a Status) is caught at the thread's root, logged,
 // counted, and reported as the loss of the worker, which is then restarted.
@@ -36,6 +48,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "ckpt/format/checksum.h"
 #include "ckpt/ipc/channel.h"
@@ -45,6 +58,7 @@
 #include "ckpt/scheduler/policy.h"
 #include "ckpt/store/store.h"
 #include "experiment.h"
+#include "result_check.h"
 
 namespace ckpt::scheduler {
 
@@ -54,7 +68,36 @@ struct Task : WorkItem {
   uint64_t id = 0;
   std::string exp;
   Clock::time_point dispatched{};  // for the interval duration histogram
+  ResultRules rules;               // what the experiment's results must show
+  // Set by the sender thread before the TRAIN is written: the step and the
+  // layout of the state it sent (0 and null for an initialisation, or a
+  // state whose header did not parse: the worker refuses that one).
+  int64_t sent_step = 0;
+  std::shared_ptr<const StateLayout> sent_layout;
 };
+
+// The state layout of each experiment, as far as the scheduler has seen one
+// (result_check.h: every state of an experiment has one layout): the first
+// one of a state a sender read from the store or of a result accepted.
+// Shared by a pool's handles; thread-safe.
+class StateLayouts {
+ public:
+  // The experiment's layout; null when none was seen yet.
+  std::shared_ptr<const StateLayout> Find(const std::string& exp) const;
+  // Records `layout` as the experiment's unless it has one; returns the
+  // experiment's layout after the call.
+  std::shared_ptr<const StateLayout> Establish(const std::string& exp, StateLayout layout);
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::string, std::shared_ptr<const StateLayout>> by_exp_;  // GUARDED_BY(mu_)
+};
+
+// The slots a HELLO may offer: at least 1, at most what a ckpt-worker can
+// say (--slots up to 256, times --fusion-width up to 1024 when fused), and
+// for a worker we spawned, at most its --slots x --fusion-width. The pool
+// uses at most kMaxWorkerSlots of them (worker_pool.h).
+inline constexpr int64_t kMaxHelloSlots = int64_t{256} * 1024;
 
 // What the receiver reports to the event loop.
 struct WorkerEvent {
@@ -76,7 +119,10 @@ struct WorkerEvent {
   ipc::Result result;   // kCommitted / kEvaluated (state: data null, size kept)
   ipc::Hello hello;     // kHello
   ipc::Stats stats;     // kStats
-  records::FailureCode code = records::FailureCode::kInternal;  // kFailed: the worker's
+  // kFailed: the worker's; kCommitError: kCommitError, or kBadResult for a
+  // RESULT that CheckResult refused (with commit_status kAborted: nothing was
+  // committed, and like a head that moved the member is not charged).
+  records::FailureCode code = records::FailureCode::kInternal;
   StatusCode commit_status = StatusCode::kOk;  // kCommitError: why the store refused
   std::string reason;                          // kFailed / kCommitError / kLost / kConfigureRefused
   std::string exp;                             // kConfigureRefused
@@ -92,6 +138,14 @@ struct WorkerSpec {
   std::chrono::milliseconds heartbeat_timeout{10000};
   // Where store and ring timings go (thread-safe); nullptr: nowhere.
   metrics::Metrics* metrics = nullptr;
+  // The experiments' state layouts, shared by the pool's handles; nullptr:
+  // none kept (an initialised member's first state is then checked for
+  // everything but its layout).
+  StateLayouts* layouts = nullptr;
+
+  // The most slots this worker's HELLO may offer (kMaxHelloSlots for a
+  // remote worker).
+  int64_t MaxHelloSlots() const;
 };
 
 class WorkerHandle {
@@ -139,6 +193,13 @@ class WorkerHandle {
   void ReceiveLoopBody();
   Status SendTask(const Task& task);
   void HandleResult(const ipc::Received& rec);
+  // CheckResult for `task`, and for an initialised member's first state the
+  // experiment's layout (established by this result when none is known).
+  Status CheckAgainstTask(const Task& task, const ipc::Result& r) const;
+  // A RESULT that does not answer its task: logged, counted, reported.
+  void RefuseResult(WorkerEvent e, const Status& why);
+  // "worker 3 (r0@10.0.0.7:41234)".
+  std::string Name() const;
   void ReportLost(const std::string& reason);
 
   const WorkerSpec spec_;

@@ -180,6 +180,7 @@ WorkerPool::WorkerPool(asio::io_context& io, store::Store* store, WorkerPoolOpti
     w->spec.heartbeat_timeout = options_.supervision.heartbeat_timeout;
     w->spec.name = "w" + std::to_string(i);
     w->spec.metrics = options_.metrics;
+    w->spec.layouts = &layouts_;
     workers_.push_back(std::move(w));
   }
   devices_ = options_.devices;
@@ -326,6 +327,7 @@ void WorkerPool::AddRemote(ipc::Accepted accepted) {
   w->spec.device.device = w->spec.name + "@" + accepted.peer;
   w->spec.heartbeat_timeout = options_.supervision.heartbeat_timeout;
   w->spec.metrics = options_.metrics;
+  w->spec.layouts = &layouts_;
   const uint64_t inc = ++w->incarnation;
   w->started = Clock::now();
   w->handle = WorkerHandle::Adopt(

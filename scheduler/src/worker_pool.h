@@ -209,6 +209,8 @@ class WorkerPool : public TaskSink {
   const WorkerPoolOptions options_;
   const std::function<StatusOr<ipc::Configure>(const std::string&)> configure_;
   WorkerPoolListener* const listener_;
+  // Shared by every handle (WorkerSpec::layouts): outlives them.
+  StateLayouts layouts_;
   std::vector<std::unique_ptr<Worker>> workers_;
   std::vector<records::DeviceConfig> devices_;  // devices() for every entry of workers_
   bool draining_ = false;

@@ -146,5 +146,51 @@ TEST(DispatcherTest, ExperimentsShareWorkersRoundRobinWithinTwoTasksPerSlot) {
   EXPECT_TRUE(more.sent.empty());
 }
 
+TEST(DispatcherTest, EachTaskCarriesItsExperimentsResultRules) {
+  store::testing::TempDir dir;
+  store::StoreOptions so;
+  so.path = dir.Sub("s");
+  auto st = store::Store::Open(so);
+  ASSERT_TRUE(st.ok());
+  auto c = Config("regress", 2);
+  c.batch_size = 48;
+  c.eval_size = 0;
+  c.metric = format::MetricKind::kNegMse;
+  ASSERT_TRUE(CreateExperimentRecords(st->get(), c).ok());
+  auto members = LoadMembers(st->get(), c);
+  ASSERT_TRUE(members.ok());
+  StoreExperimentIo io(st->get(), c.name, nullptr);
+  auto policy = Policy::Create(c);
+  ASSERT_TRUE(policy.ok());
+  Experiment e(c, std::move(*policy), std::move(*members), records::ExperimentStatus::kRunning,
+               ExperimentOptions{}, &io, Clock::now());
+  e.Start();
+  RecordingSink sink({1});
+  Dispatcher d;
+  d.Dispatch(&sink, {&e}, Clock::now());
+  ASSERT_EQ(sink.sent.size(), 2u);
+  for (const auto& [w, t] : sink.sent) {
+    EXPECT_EQ(t.rules.batch_size, 48);
+    EXPECT_FALSE(t.rules.validates);
+    EXPECT_EQ(t.rules.metric, format::MetricKind::kNegMse);
+    // Until a sender fills them in: no state sent.
+    EXPECT_EQ(t.sent_step, 0);
+    EXPECT_EQ(t.sent_layout, nullptr);
+  }
+}
+
+TEST(HelloSlotsTest, ASpawnedWorkerMayOfferItsFlagsAndARemoteOneWhatAWorkerCan) {
+  WorkerSpec local;
+  local.segment = "ckpt-1-w0";
+  local.device.slots = 4;
+  local.device.fusion_width = 8;
+  EXPECT_EQ(local.MaxHelloSlots(), 32);
+  local.device.slots = 256;
+  local.device.fusion_width = 1024;
+  EXPECT_EQ(local.MaxHelloSlots(), kMaxHelloSlots);
+  WorkerSpec remote;  // no segment: connected over TCP
+  EXPECT_EQ(remote.MaxHelloSlots(), int64_t{256} * 1024);
+}
+
 }  // namespace
 }  // namespace ckpt::scheduler

@@ -24,6 +24,8 @@ const char* FailureCodeName(FailureCode code) {
       return "worker_lost";
     case FailureCode::kStoreFull:
       return "store_full";
+    case FailureCode::kBadResult:
+      return "bad_result";
     case FailureCode::kAborted:
       return "aborted";
     case FailureCode::kConfigureRefused:

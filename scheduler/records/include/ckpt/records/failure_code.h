@@ -28,13 +28,17 @@ enum class FailureCode {
   kWorkerLost,   // "worker_lost": the worker died or hung with the member in flight
   kStoreFull,    // "store_full": the store's disk was full; the interval is rerun
                  // once it has space, and it does not count against the member
+  kBadResult,    // "bad_result": the worker's RESULT did not answer its task (a score
+                 // out of range, another step, sample count or state layout: the
+                 // scheduler's result_check.h); nothing is committed, the interval is
+                 // rerun, and it does not count against the member (the worker's fault)
   // The codes above are the member failures ckpt_member_failures_total counts
   // (the first kMemberFailureCodeCount); the two below are not a member's.
   kAborted,           // "aborted": the worker abandoned the interval (it was told to stop)
   kConfigureRefused,  // "configure_refused": the worker could not set the experiment up
 };
-inline constexpr int kMemberFailureCodeCount = 8;
-inline constexpr int kFailureCodeCount = 10;
+inline constexpr int kMemberFailureCodeCount = 9;
+inline constexpr int kFailureCodeCount = 11;
 
 const char* FailureCodeName(FailureCode code);
 

@@ -1,0 +1,179 @@
+#include "result_check.h"
+
+#include <charconv>
+#include <cmath>
+#include <limits>
+#include <system_error>
+
+namespace ckpt::scheduler {
+namespace {
+
+// The worker's score of a split it did not evaluate (MemberOutcome::val_acc).
+constexpr double kNotEvaluated = -1;
+
+// Shortest text that reads back as `v` ("1e+308", "0.5", "nan", "-inf").
+std::string Num(double v) {
+  char buf[64];
+  auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), v);
+  if (ec != std::errc()) return "?";
+  return std::string(buf, end);
+}
+
+std::string Num(int64_t v) { return std::to_string(v); }
+
+std::string ShapeText(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i > 0) s += ", ";
+    s += std::to_string(shape[i]);
+  }
+  return s + "]";
+}
+
+std::string TensorText(const StateLayout::Tensor& t) {
+  return std::string(format::DTypeName(t.dtype)) + " " + ShapeText(t.shape);
+}
+
+std::string Who(const SentTask& sent) { return "member " + sent.member + ", " + sent.worker; }
+
+// A score of the experiment's metric: in its range, or the worker's "not
+// evaluated" where `allow_unevaluated`; exactly that when `must_be_unevaluated`.
+Status CheckScore(const SentTask& sent, const char* field, double v, bool allow_unevaluated,
+                  bool must_be_unevaluated) {
+  const std::string metric(format::MetricKindName(sent.rules.metric));
+  if (must_be_unevaluated) {
+    if (v == kNotEvaluated) return Status::OK();
+    return Status::InvalidArgument(Who(sent) + ": " + field + " " + Num(v) + ", expected " +
+                                   Num(kNotEvaluated) +
+                                   " (the experiment does not validate: " + "eval_size = 0)");
+  }
+  if (allow_unevaluated && v == kNotEvaluated) return Status::OK();
+  bool ok = std::isfinite(v);
+  std::string range;
+  switch (sent.rules.metric) {
+    case format::MetricKind::kAccuracy:
+      ok = ok && v >= 0 && v <= 1;
+      range = "[0, 1]";
+      break;
+    case format::MetricKind::kNegMse:
+      ok = ok && v <= 0;
+      range = "(-inf, 0] and finite";
+      break;
+  }
+  if (ok) return Status::OK();
+  return Status::InvalidArgument(Who(sent) + ": " + field + " " + Num(v) + " outside " + range +
+                                 " (" + metric + ")" +
+                                 (allow_unevaluated ? ", and not -1 (not evaluated)" : ""));
+}
+
+Status CheckNonNegative(const SentTask& sent, const char* field, double v) {
+  if (std::isfinite(v) && v >= 0) return Status::OK();
+  return Status::InvalidArgument(Who(sent) + ": " + field + " " + Num(v) +
+                                 ", expected a finite value >= 0");
+}
+
+Status CheckEqual(const SentTask& sent, const char* field, int64_t got, int64_t want,
+                  const std::string& why) {
+  if (got == want) return Status::OK();
+  return Status::InvalidArgument(Who(sent) + ": " + field + " " + Num(got) + ", expected " +
+                                 Num(want) + " (" + why + ")");
+}
+
+}  // namespace
+
+ResultRules ResultRulesFor(const records::ExperimentConfig& config) {
+  ResultRules rules;
+  rules.metric = config.metric.value_or(format::DefaultMetric(config.target));
+  rules.validates = config.eval_size > 0;
+  rules.batch_size = config.batch_size;
+  return rules;
+}
+
+StateLayout LayoutOf(const format::CheckpointView& view) {
+  StateLayout layout;
+  for (const auto& t : view.tensors()) layout.tensors[t.name] = {t.dtype, t.shape};
+  return layout;
+}
+
+Status CompareLayouts(std::string_view who, const StateLayout& want, const StateLayout& got) {
+  const std::string w(who);
+  for (const auto& [name, t] : want.tensors) {
+    auto it = got.tensors.find(name);
+    if (it == got.tensors.end()) {
+      return Status::InvalidArgument(w + ": state tensor " + name + " missing, expected " +
+                                     TensorText(t));
+    }
+    if (it->second.dtype != t.dtype) {
+      return Status::InvalidArgument(w + ": state tensor " + name + " dtype " +
+                                     std::string(format::DTypeName(it->second.dtype)) +
+                                     ", expected " + std::string(format::DTypeName(t.dtype)));
+    }
+    if (it->second.shape != t.shape) {
+      return Status::InvalidArgument(w + ": state tensor " + name + " shape " +
+                                     ShapeText(it->second.shape) + ", expected " +
+                                     ShapeText(t.shape));
+    }
+  }
+  for (const auto& [name, t] : got.tensors) {
+    if (want.tensors.count(name) == 0) {
+      return Status::InvalidArgument(w + ": state tensor " + name + " (" + TensorText(t) +
+                                     ") unexpected: not in the member's layout of " +
+                                     std::to_string(want.tensors.size()) + " tensors");
+    }
+  }
+  return Status::OK();
+}
+
+Status CheckResult(const SentTask& sent, const ipc::Result& r, StateLayout* result_layout) {
+  if (r.member != sent.member) {
+    return Status::InvalidArgument(Who(sent) + ": member \"" + r.member + "\", expected \"" +
+                                   sent.member + "\"");
+  }
+  const bool validates = sent.rules.validates;
+  CKPT_RETURN_IF_ERROR(CheckScore(sent, "val_acc", r.val_acc, /*allow_unevaluated=*/true,
+                                  /*must_be_unevaluated=*/!validates));
+  if (sent.eval_only) {
+    CKPT_RETURN_IF_ERROR(CheckScore(sent, "test_acc", r.test_acc, /*allow_unevaluated=*/true,
+                                    /*must_be_unevaluated=*/false));
+  }
+  const int64_t steps = sent.eval_only ? 0 : sent.steps;
+  // Both products are bounded by the configuration (steps_per_interval and
+  // batch_size), and start_step by a stored state; a sum that would overflow
+  // cannot be the step asked for, so it is refused rather than computed.
+  if (sent.start_step < 0 || steps < 0 ||
+      sent.start_step > std::numeric_limits<int64_t>::max() - steps) {
+    return Status::InvalidArgument(Who(sent) + ": step " + Num(r.step) + " cannot answer " +
+                                   Num(steps) + " steps from step " + Num(sent.start_step));
+  }
+  CKPT_RETURN_IF_ERROR(CheckEqual(sent, "step", r.step, sent.start_step + steps,
+                                  "step " + Num(sent.start_step) + " + " + Num(steps) + " steps"));
+  int64_t want_samples = 0;
+  if (__builtin_mul_overflow(steps, sent.rules.batch_size, &want_samples)) {
+    return Status::InvalidArgument(Who(sent) + ": samples " + Num(r.samples) + " cannot answer " +
+                                   Num(steps) + " steps of " + Num(sent.rules.batch_size));
+  }
+  CKPT_RETURN_IF_ERROR(
+      CheckEqual(sent, "samples", r.samples, want_samples,
+                 Num(steps) + " steps x batch size " + Num(sent.rules.batch_size)));
+  CKPT_RETURN_IF_ERROR(CheckNonNegative(sent, "train_loss", r.train_loss));
+  CKPT_RETURN_IF_ERROR(CheckNonNegative(sent, "compute_s", r.compute_s));
+  if (sent.eval_only) return Status::OK();
+
+  if (r.state.size == 0 || r.state.data == nullptr) {
+    return Status::InvalidArgument(Who(sent) + ": state of " +
+                                   Num(static_cast<int64_t>(r.state.size)) +
+                                   " bytes, expected a checkpoint");
+  }
+  auto view = format::ParseCheckpoint(r.state.data, r.state.size);
+  if (!view.ok()) {
+    return Status::Corruption(Who(sent) + ": state: " + view.status().message());
+  }
+  CKPT_RETURN_IF_ERROR(
+      CheckEqual(sent, "state ckpt.step", view->meta().step, r.step, "the result's step"));
+  StateLayout got = LayoutOf(*view);
+  if (sent.layout) CKPT_RETURN_IF_ERROR(CompareLayouts(Who(sent), *sent.layout, got));
+  if (result_layout != nullptr) *result_layout = std::move(got);
+  return Status::OK();
+}
+
+}  // namespace ckpt::scheduler
