@@ -1,0 +1,177 @@
+// forging_worker: a worker that holds the experiment's secret and lies, for
+// forged_result_test. It connects like `ckpt-worker --connect` (TLS, the
+// real handshake and record framing), says HELLO, and answers each TRAIN at
+// once with a RESULT that does not answer it, one forgery per TRAIN:
+//
+//   score    val_acc 1e308 (would end training through target_metric)
+//   samples  samples INT64_MAX (would overflow the experiment's sum)
+//   step     the step one past the one asked for
+//   loss     train_loss NaN
+//   layout   (a TRAIN with a state) the sent state with its first tensor
+//            flattened: same bytes, another shape
+//   stale    (a TRAIN with a state) the sent state as it came, untrained
+//
+// The first four are answered to any TRAIN, the last two only to a training
+// TRAIN that carries a state (an initialised member has no layout to flatten
+// yet; an evaluation's state is not read), a final evaluation gets a score
+// forgery. Once
+// every forgery has been sent it prints "forged all" and exits: the tasks it
+// still holds go back to the queue as a lost worker's. A TRAIN that comes
+// while only state forgeries remain gets a score forgery again, 200 ms late.
+//
+//   forging_worker HOST:PORT SECRET_FILE results
+//   forging_worker HOST:PORT SECRET_FILE hello SLOTS   (a HELLO offering SLOTS,
+//                                                       then wait to be dropped)
+//
+// Prints one line per forgery sent ("forged score task 3 exp/m1").
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <deque>
+#include <limits>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ckpt/format/checkpoint.h"
+#include "ckpt/ipc/channel.h"
+#include "ckpt/ipc/messages.h"
+#include "ckpt/ipc/tcp_channel.h"
+
+namespace {
+
+using ckpt::Status;
+using ckpt::ipc::Channel;
+using ckpt::ipc::DeadlineIn;
+using std::chrono::milliseconds;
+
+template <typename M>
+Status SendMessage(Channel* ch, ckpt::ipc::RecordType type, const M& m) {
+  std::vector<uint8_t> buf(ckpt::ipc::EncodedSize(m));
+  Status s = ckpt::ipc::Encode(m, buf.data(), buf.size());
+  if (!s.ok()) return s;
+  return ch->Send(type, buf.data(), buf.size(), DeadlineIn(milliseconds(5000)));
+}
+
+// The sent state with its first tensor flattened to one dimension.
+std::string Flattened(const ckpt::format::CheckpointView& view, int64_t step) {
+  ckpt::format::CheckpointWriter w;
+  ckpt::format::CheckpointMeta meta = view.meta();
+  meta.step = step;
+  w.SetMeta(meta);
+  bool first = true;
+  for (const auto& t : view.tensors()) {
+    std::vector<int64_t> shape = t.shape;
+    if (first) shape = {t.numel()};
+    first = false;
+    if (!w.AddTensor(t.name, t.dtype, shape, t.data, t.nbytes).ok()) std::abort();
+  }
+  return w.Encode();
+}
+
+int Run(const std::string& addr, const std::string& secret_file, const std::string& mode,
+        int64_t hello_slots) {
+  auto secret = ckpt::ipc::LoadSecretFile(secret_file);
+  if (!secret.ok()) {
+    std::fprintf(stderr, "forging_worker: %s\n", secret.status().ToString().c_str());
+    return 2;
+  }
+  auto ch = ckpt::ipc::TcpChannel::Connect(addr, *secret, ckpt::ipc::TcpOptions{});
+  if (!ch.ok()) {
+    std::fprintf(stderr, "forging_worker: %s\n", ch.status().ToString().c_str());
+    return 2;
+  }
+  Channel* channel = ch->get();
+  ckpt::ipc::Hello hello;
+  hello.device = "cpu";
+  hello.slots = static_cast<int32_t>(hello_slots);
+  hello.mode = "plain";
+  hello.version = "forging_worker";
+  if (Status s = SendMessage(channel, ckpt::ipc::RecordType::kHello, hello); !s.ok()) {
+    std::fprintf(stderr, "forging_worker: HELLO: %s\n", s.ToString().c_str());
+    return 2;
+  }
+  std::printf("said HELLO with %lld slots\n", static_cast<long long>(hello_slots));
+  std::fflush(stdout);
+  std::deque<std::string> plain = {"score", "samples", "step", "loss"};
+  std::deque<std::string> stateful = {"layout", "stale"};
+  while (true) {
+    auto rec = channel->Receive(DeadlineIn(milliseconds(500)));
+    if (!rec.ok()) {
+      if (rec.status().IsResourceExhausted()) continue;  // nothing yet
+      std::printf("channel closed: %s\n", rec.status().ToString().c_str());
+      return mode == "hello" ? 0 : 1;
+    }
+    if (rec->type == ckpt::ipc::RecordType::kShutdown) return 0;
+    if (rec->type != ckpt::ipc::RecordType::kTrain || mode != "results") continue;
+    auto train = ckpt::ipc::DecodeTrain(rec->payload, rec->size);
+    if (!train.ok()) std::abort();
+    int64_t start = 0;
+    std::string sent(reinterpret_cast<const char*>(train->state.data), train->state.size);
+    channel->Release();
+    std::optional<ckpt::StatusOr<ckpt::format::CheckpointView>> view;
+    if (!sent.empty()) {
+      view.emplace(ckpt::format::ParseCheckpoint(sent.data(), sent.size()));
+      if (!view->ok()) std::abort();
+      start = (*view)->meta().step;
+    }
+    ckpt::ipc::Result r;
+    r.task_id = train->task_id;
+    r.member = train->member;
+    r.step = start + train->steps;
+    r.train_loss = 0.5;
+    r.val_acc = 0.5;
+    r.samples = train->steps * 16;  // the test's batch size
+    r.compute_s = 0.01;
+    std::string state(64, '\0');  // read by no rule before the ones forged here
+    std::string forgery;
+    if (train->eval_test) {
+      // A final evaluation commits no state: only a score can be forged.
+      forgery = "score";
+    } else if (!sent.empty() && !stateful.empty()) {
+      forgery = stateful.front();
+      stateful.pop_front();
+    } else if (!plain.empty()) {
+      forgery = plain.front();
+      plain.pop_front();
+    } else {
+      forgery = "score";
+      std::this_thread::sleep_for(milliseconds(200));
+    }
+    if (forgery == "score") r.val_acc = 1e308;
+    if (forgery == "samples") r.samples = std::numeric_limits<int64_t>::max();
+    if (forgery == "step") r.step += 1;
+    if (forgery == "loss") r.train_loss = std::numeric_limits<double>::quiet_NaN();
+    if (forgery == "layout") state = Flattened(**view, r.step);
+    if (forgery == "stale") state = sent;
+    r.state = ckpt::ipc::ByteSpan{reinterpret_cast<const uint8_t*>(state.data()), state.size()};
+    if (Status s = SendMessage(channel, ckpt::ipc::RecordType::kResult, r); !s.ok()) {
+      std::printf("RESULT not sent: %s\n", s.ToString().c_str());
+      return 1;
+    }
+    std::printf("forged %s task %llu %s\n", forgery.c_str(),
+                static_cast<unsigned long long>(r.task_id), r.member.c_str());
+    std::fflush(stdout);
+    if (plain.empty() && stateful.empty()) {
+      std::printf("forged all\n");
+      std::fflush(stdout);
+      // Give the scheduler the last RESULT before the connection goes.
+      std::this_thread::sleep_for(milliseconds(500));
+      return 0;
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 4) {
+    std::fprintf(stderr, "usage: forging_worker HOST:PORT SECRET_FILE results|hello [SLOTS]\n");
+    return 2;
+  }
+  const std::string mode = argv[3];
+  const int64_t slots = mode == "hello" && argc > 4 ? std::atoll(argv[4]) : 1;
+  return Run(argv[1], argv[2], mode, slots);
+}
