@@ -281,7 +281,12 @@ void Experiment::OnFailed(const WorkItem& item, records::FailureCode code,
       FallBackFromCorruptHead(i, item, reason)) {
     return;
   }
-  if (!head_moved) ++m->state.failures;
+  if (!head_moved) {
+    ++m->state.failures;
+    // Kept in its record, so that a restarted scheduler goes on counting
+    // failures in a row instead of starting again from zero.
+    io_->SaveState(m->name, m->state);
+  }
   io_->AppendEvent(
       records::EncodeEvent(records::FailedEvent{m->name, code, reason, m->state.failures}));
   Logger().warn("{}: member {} failed ({}): {}", config_.name, m->name,
