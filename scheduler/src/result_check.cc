@@ -1,5 +1,7 @@
 #include "result_check.h"
 
+#include <fmt/format.h>
+
 #include <charconv>
 #include <cmath>
 #include <limits>
@@ -100,25 +102,25 @@ Status CompareLayouts(std::string_view who, const StateLayout& want, const State
   for (const auto& [name, t] : want.tensors) {
     auto it = got.tensors.find(name);
     if (it == got.tensors.end()) {
-      return Status::InvalidArgument(w + ": state tensor " + name + " missing, expected " +
-                                     TensorText(t));
+      return Status::InvalidArgument(
+          fmt::format("{}: state tensor {} missing, expected {}", w, name, TensorText(t)));
     }
     if (it->second.dtype != t.dtype) {
-      return Status::InvalidArgument(w + ": state tensor " + name + " dtype " +
-                                     std::string(format::DTypeName(it->second.dtype)) +
-                                     ", expected " + std::string(format::DTypeName(t.dtype)));
+      return Status::InvalidArgument(fmt::format("{}: state tensor {} dtype {}, expected {}", w,
+                                                 name, format::DTypeName(it->second.dtype),
+                                                 format::DTypeName(t.dtype)));
     }
     if (it->second.shape != t.shape) {
-      return Status::InvalidArgument(w + ": state tensor " + name + " shape " +
-                                     ShapeText(it->second.shape) + ", expected " +
-                                     ShapeText(t.shape));
+      return Status::InvalidArgument(fmt::format("{}: state tensor {} shape {}, expected {}", w,
+                                                 name, ShapeText(it->second.shape),
+                                                 ShapeText(t.shape)));
     }
   }
   for (const auto& [name, t] : got.tensors) {
     if (want.tensors.count(name) == 0) {
-      return Status::InvalidArgument(w + ": state tensor " + name + " (" + TensorText(t) +
-                                     ") unexpected: not in the member's layout of " +
-                                     std::to_string(want.tensors.size()) + " tensors");
+      return Status::InvalidArgument(fmt::format(
+          "{}: state tensor {} ({}) unexpected: not in the member's layout of {} tensors", w, name,
+          TensorText(t), want.tensors.size()));
     }
   }
   return Status::OK();

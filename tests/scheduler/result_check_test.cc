@@ -87,7 +87,7 @@ class ResultCheckTest : public ::testing::Test {
   std::string Refusal() {
     Status s = CheckResult(sent_, result_);
     EXPECT_FALSE(s.ok());
-    const std::string m = s.ToString();
+    std::string m = s.ToString();
     EXPECT_NE(m.find("member exp/m3"), std::string::npos) << m;
     EXPECT_NE(m.find("worker 2 (r0@10.0.0.7:41234)"), std::string::npos) << m;
     return m;
