@@ -359,6 +359,11 @@ void SchedulerImpl::OnTaskEvent(size_t worker, WorkerEvent ev) {
         if (metrics_) metrics_->MemberFailed(e->id(), ev.code);
         e->OnFailed(item, ev.code, ev.reason, /*head_moved=*/false);
         break;
+      case WorkerEvent::Kind::kBadResult:
+        // The worker's fault, not the member's: counted, rerun, not charged.
+        if (metrics_) metrics_->MemberFailed(e->id(), records::FailureCode::kBadResult);
+        e->OnFailed(item, ev.code, ev.reason, /*head_moved=*/true);
+        break;
       case WorkerEvent::Kind::kCommitError: {
         if (ev.commit_status == StatusCode::kResourceExhausted) {
           // A full disk is no fault of the member: the interval reruns from

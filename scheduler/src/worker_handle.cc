@@ -460,10 +460,8 @@ void WorkerHandle::RefuseResult(WorkerEvent e, const Status& why) {
       "{} sent a RESULT for task {} that does not answer it; nothing committed, the interval "
       "reruns from the committed head: {}",
       Name(), e.task.id, why.ToString());
-  if (spec_.metrics) spec_.metrics->MemberFailed(e.task.exp, records::FailureCode::kBadResult);
-  e.kind = WorkerEvent::Kind::kCommitError;
+  e.kind = WorkerEvent::Kind::kBadResult;
   e.code = records::FailureCode::kBadResult;
-  e.commit_status = StatusCode::kAborted;
   e.reason = why.ToString();
   on_event_(std::move(e));
 }

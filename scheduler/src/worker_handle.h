@@ -111,10 +111,14 @@ struct WorkerEvent {
     kCommitError,
     kStats,
     kLost,
-    kConfigureRefused
+    kConfigureRefused,
+    // The worker's RESULT did not answer its task (result_check.h): nothing
+    // committed; the interval reruns from the committed head and the member
+    // is not charged. `reason` says what was wrong.
+    kBadResult
   };
   Kind kind = Kind::kLost;
-  Task task;            // kCommitted, kEvaluated, kFailed, kCommitError
+  Task task;            // kCommitted, kEvaluated, kFailed, kCommitError, kBadResult
   int64_t version = 0;  // kCommitted
   ipc::Result result;   // kCommitted / kEvaluated (state: data null, size kept)
   ipc::Hello hello;     // kHello

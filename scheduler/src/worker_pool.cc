@@ -24,6 +24,25 @@ using std::chrono::milliseconds;
 
 namespace {
 
+// kCommitted, kEvaluated, kFailed, kCommitError, kBadResult: the answer to a
+// task the handle no longer holds in flight.
+bool IsTaskOutcome(WorkerEvent::Kind kind) {
+  switch (kind) {
+    case WorkerEvent::Kind::kCommitted:
+    case WorkerEvent::Kind::kEvaluated:
+    case WorkerEvent::Kind::kFailed:
+    case WorkerEvent::Kind::kCommitError:
+    case WorkerEvent::Kind::kBadResult:
+      return true;
+    case WorkerEvent::Kind::kHello:
+    case WorkerEvent::Kind::kStats:
+    case WorkerEvent::Kind::kLost:
+    case WorkerEvent::Kind::kConfigureRefused:
+      return false;
+  }
+  return false;
+}
+
 // A HELLO's or STATS' mode: none before the first CONFIGURE (""), else a
 // records::FusionMode name; a name this version does not know (a newer
 // worker's) is logged and read as none.
@@ -344,7 +363,15 @@ void WorkerPool::AddRemote(ipc::Accepted accepted) {
 
 void WorkerPool::OnEvent(size_t i, uint64_t inc, WorkerEvent ev) {
   Worker& w = *workers_[i];
-  if (stopped_ || inc != w.incarnation || w.handle == nullptr) return;
+  if (stopped_) return;
+  if (inc != w.incarnation || w.handle == nullptr) {
+    // The worker was lost (dropped by the pool, or timed out) while this
+    // event was queued. A task's outcome was taken out of the handle's
+    // in-flight set before it was queued, so it is not among the tasks
+    // OnLost requeued: delivered here, or its member would wait forever.
+    if (IsTaskOutcome(ev.kind)) listener_->OnTaskEvent(i, std::move(ev));
+    return;
+  }
   switch (ev.kind) {
     case WorkerEvent::Kind::kLost:
       OnLost(i, ev.reason);
@@ -382,10 +409,21 @@ void WorkerPool::OnEvent(size_t i, uint64_t inc, WorkerEvent ev) {
     case WorkerEvent::Kind::kConfigureRefused:
       listener_->OnTaskEvent(i, std::move(ev));
       return;
-    default:
+    default: {
       w.busy = std::max(0, w.busy - 1);
+      if (ev.kind == WorkerEvent::Kind::kCommitted) w.bad_results_in_row = 0;
+      const bool drop =
+          ev.kind == WorkerEvent::Kind::kBadResult && ++w.bad_results_in_row >= kMaxBadResultsInRow;
+      if (drop) {
+        // Dropped before the event is handled, so that the interval it
+        // requeues is not dispatched to this worker again.
+        w.bad_results_in_row = 0;
+        OnLost(i, std::to_string(kMaxBadResultsInRow) +
+                      " RESULTs in a row did not answer their tasks (see the warnings above)");
+      }
       listener_->OnTaskEvent(i, std::move(ev));
       return;
+    }
   }
 }
 

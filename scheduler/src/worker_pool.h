@@ -80,7 +80,7 @@ class WorkerPoolListener {
   virtual ~WorkerPoolListener() = default;
   // A worker said HELLO: it has capacity for tasks.
   virtual void OnWorkerReady(size_t worker) = 0;
-  // A task's outcome (kCommitted, kEvaluated, kFailed, kCommitError) or a
+  // A task's outcome (kCommitted, kEvaluated, kFailed, kCommitError, kBadResult) or a
   // refused CONFIGURE (kConfigureRefused), from the worker's current
   // incarnation. The worker's busy count is already decremented.
   virtual void OnTaskEvent(size_t worker, WorkerEvent event) = 0;
@@ -96,6 +96,10 @@ class WorkerPoolListener {
 inline constexpr int kDefaultMaxRemoteWorkers = 64;
 // The most tasks one worker may run at once, whatever its HELLO offers.
 inline constexpr int kMaxWorkerSlots = 256;
+// A worker whose RESULTs fail result_check.h this many times in a row is
+// dropped as lost (a local one is restarted, a remote one's connection
+// closed): a broken or lying worker must not keep taking intervals forever.
+inline constexpr int kMaxBadResultsInRow = 3;
 
 struct WorkerPoolOptions {
   // Expanded device entries (ExpandDevices), one worker each. Required.
@@ -187,6 +191,7 @@ class WorkerPool : public TaskSink {
     std::unique_ptr<boost::asio::steady_timer> restart_timer;
     std::unique_ptr<boost::asio::steady_timer> hello_timer;  // StartDeadline
     double samples_per_s = 0;
+    int bad_results_in_row = 0;               // kBadResult events since its last commit
     int64_t rss_bytes = 0;                    // last STATS
     int64_t device_memory_bytes = 0;          // last STATS: the device allocator's
     std::optional<records::FusionMode> mode;  // the worker's HELLO/STATS mode

@@ -28,8 +28,8 @@ namespace {
 using testing::Child;
 
 constexpr int kPopulation = 4;
-constexpr int kIntervals = 3;
-constexpr int kStepsPerInterval = 10;
+constexpr int kIntervals = 4;
+constexpr int kStepsPerInterval = 40;
 
 // Waits until `c` has printed `text`; false when it exited first or 2 min passed.
 bool WaitForOutput(Child& c, const std::string& text) {
@@ -100,7 +100,7 @@ TEST(ForgedResultTest, LiesOfAnAuthenticatedWorkerAreRefusedAndNothingIsCommitte
   // both values.
   for (const std::string& why : {
            std::string("val_acc 1e+308 outside [0, 1] (accuracy)"),
-           std::string("samples 9223372036854775807, expected 160 (10 steps x batch size 16)"),
+           std::string("samples 9223372036854775807, expected 640 (40 steps x batch size 16)"),
            std::string(": step "),
            std::string("train_loss nan, expected a finite value >= 0"),
            std::string("shape ["),
@@ -117,6 +117,9 @@ TEST(ForgedResultTest, LiesOfAnAuthenticatedWorkerAreRefusedAndNothingIsCommitte
     EXPECT_NE(line.find("member forged/m"), std::string::npos) << line;
   }
   EXPECT_GE(refused, 6) << log;
+  // Three refused RESULTs in a row drop the worker; it came back and went on.
+  EXPECT_NE(log.find("3 RESULTs in a row did not answer their tasks"), std::string::npos) << log;
+  EXPECT_NE(forger.Log().find("reconnecting"), std::string::npos) << forger.Log();
   EXPECT_NE(log.find("bad HELLO record: slots 2147483647 outside 1..262144"), std::string::npos)
       << log;
 

@@ -14,10 +14,15 @@
 // The first four are answered to any TRAIN, the last two only to a training
 // TRAIN that carries a state (an initialised member has no layout to flatten
 // yet; an evaluation's state is not read), a final evaluation gets a score
-// forgery. Once
-// every forgery has been sent it prints "forged all" and exits: the tasks it
-// still holds go back to the queue as a lost worker's. A TRAIN that comes
-// while only state forgeries remain gets a score forgery again, 200 ms late.
+// forgery. Once every forgery has been sent it prints "forged all" and
+// exits: the tasks it still holds go back to the queue as a lost worker's. A
+// TRAIN that comes while only state forgeries remain gets a score forgery
+// again, 200 ms late. The scheduler drops a worker after kMaxBadResultsInRow
+// refused RESULTs (worker_pool.h); dropped, it connects again ("reconnecting",
+// 50 ms later, at most kMaxReconnects times) and goes on with the forgeries
+// it has not sent (the last one again if no TRAIN came after it: the
+// scheduler may have closed the connection before reading it), as an
+// attacker would.
 //
 //   forging_worker HOST:PORT SECRET_FILE results
 //   forging_worker HOST:PORT SECRET_FILE hello SLOTS   (a HELLO offering SLOTS,
@@ -71,17 +76,23 @@ std::string Flattened(const ckpt::format::CheckpointView& view, int64_t step) {
   return w.Encode();
 }
 
-int Run(const std::string& addr, const std::string& secret_file, const std::string& mode,
-        int64_t hello_slots) {
-  auto secret = ckpt::ipc::LoadSecretFile(secret_file);
-  if (!secret.ok()) {
-    std::fprintf(stderr, "forging_worker: %s\n", secret.status().ToString().c_str());
-    return 2;
-  }
-  auto ch = ckpt::ipc::TcpChannel::Connect(addr, *secret, ckpt::ipc::TcpOptions{});
+// How one connection ended.
+enum class Ended { kDone, kDropped, kError };
+
+// Dropped, the forger connects again this many times at most: enough for
+// the whole run while the honest worker starts and trains (a connection
+// lasts at least two late score forgeries, 400 ms).
+constexpr int kMaxReconnects = 300;
+
+// One connection: HELLO, then a forgery per TRAIN from `plain` and `stateful`
+// until both are empty (kDone) or the scheduler closes it (kDropped).
+Ended Connection(const std::string& addr, const std::string& secret, const std::string& mode,
+                 int64_t hello_slots, std::deque<std::string>& plain,
+                 std::deque<std::string>& stateful) {
+  auto ch = ckpt::ipc::TcpChannel::Connect(addr, secret, ckpt::ipc::TcpOptions{});
   if (!ch.ok()) {
     std::fprintf(stderr, "forging_worker: %s\n", ch.status().ToString().c_str());
-    return 2;
+    return Ended::kError;
   }
   Channel* channel = ch->get();
   ckpt::ipc::Hello hello;
@@ -91,23 +102,32 @@ int Run(const std::string& addr, const std::string& secret_file, const std::stri
   hello.version = "forging_worker";
   if (Status s = SendMessage(channel, ckpt::ipc::RecordType::kHello, hello); !s.ok()) {
     std::fprintf(stderr, "forging_worker: HELLO: %s\n", s.ToString().c_str());
-    return 2;
+    return Ended::kError;
   }
   std::printf("said HELLO with %lld slots\n", static_cast<long long>(hello_slots));
   std::fflush(stdout);
-  std::deque<std::string> plain = {"score", "samples", "step", "loss"};
-  std::deque<std::string> stateful = {"layout", "stale"};
+  // The last forgery from a list, while no TRAIN has come after it: the
+  // scheduler may have dropped the connection before reading it, so a
+  // dropped connection puts it back to be sent again.
+  std::deque<std::string>* last_list = nullptr;
+  std::string last;
+  const auto put_back = [&] {
+    if (last_list != nullptr) last_list->push_front(last);
+  };
   while (true) {
     auto rec = channel->Receive(DeadlineIn(milliseconds(500)));
     if (!rec.ok()) {
       if (rec.status().IsResourceExhausted()) continue;  // nothing yet
       std::printf("channel closed: %s\n", rec.status().ToString().c_str());
-      return mode == "hello" ? 0 : 1;
+      if (mode == "hello") return Ended::kDone;
+      put_back();
+      return Ended::kDropped;
     }
-    if (rec->type == ckpt::ipc::RecordType::kShutdown) return 0;
+    if (rec->type == ckpt::ipc::RecordType::kShutdown) return Ended::kDone;
     if (rec->type != ckpt::ipc::RecordType::kTrain || mode != "results") continue;
     auto train = ckpt::ipc::DecodeTrain(rec->payload, rec->size);
     if (!train.ok()) std::abort();
+    last_list = nullptr;
     int64_t start = 0;
     std::string sent(reinterpret_cast<const char*>(train->state.data), train->state.size);
     channel->Release();
@@ -133,13 +153,16 @@ int Run(const std::string& addr, const std::string& secret_file, const std::stri
     } else if (!sent.empty() && !stateful.empty()) {
       forgery = stateful.front();
       stateful.pop_front();
+      last_list = &stateful;
     } else if (!plain.empty()) {
       forgery = plain.front();
       plain.pop_front();
+      last_list = &plain;
     } else {
       forgery = "score";
       std::this_thread::sleep_for(milliseconds(200));
     }
+    if (last_list != nullptr) last = forgery;
     if (forgery == "score") r.val_acc = 1e308;
     if (forgery == "samples") r.samples = std::numeric_limits<int64_t>::max();
     if (forgery == "step") r.step += 1;
@@ -149,7 +172,8 @@ int Run(const std::string& addr, const std::string& secret_file, const std::stri
     r.state = ckpt::ipc::ByteSpan{reinterpret_cast<const uint8_t*>(state.data()), state.size()};
     if (Status s = SendMessage(channel, ckpt::ipc::RecordType::kResult, r); !s.ok()) {
       std::printf("RESULT not sent: %s\n", s.ToString().c_str());
-      return 1;
+      put_back();
+      return Ended::kDropped;
     }
     std::printf("forged %s task %llu %s\n", forgery.c_str(),
                 static_cast<unsigned long long>(r.task_id), r.member.c_str());
@@ -159,9 +183,36 @@ int Run(const std::string& addr, const std::string& secret_file, const std::stri
       std::fflush(stdout);
       // Give the scheduler the last RESULT before the connection goes.
       std::this_thread::sleep_for(milliseconds(500));
-      return 0;
+      return Ended::kDone;
     }
   }
+}
+
+int Run(const std::string& addr, const std::string& secret_file, const std::string& mode,
+        int64_t hello_slots) {
+  auto secret = ckpt::ipc::LoadSecretFile(secret_file);
+  if (!secret.ok()) {
+    std::fprintf(stderr, "forging_worker: %s\n", secret.status().ToString().c_str());
+    return 2;
+  }
+  std::deque<std::string> plain = {"score", "samples", "step", "loss"};
+  std::deque<std::string> stateful = {"layout", "stale"};
+  for (int connection = 0; connection <= kMaxReconnects; ++connection) {
+    if (connection > 0) {
+      std::printf("reconnecting\n");
+      std::fflush(stdout);
+      std::this_thread::sleep_for(milliseconds(50));
+    }
+    switch (Connection(addr, *secret, mode, hello_slots, plain, stateful)) {
+      case Ended::kDone:
+        return 0;
+      case Ended::kError:
+        return 2;
+      case Ended::kDropped:
+        break;
+    }
+  }
+  return 1;
 }
 
 }  // namespace
