@@ -9,6 +9,7 @@
 #define CKPT_FORMAT_MODEL_NAMES_H_
 
 #include <array>
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -19,6 +20,9 @@ inline constexpr std::string_view kResnet20Model = "resnet20";
 inline constexpr std::array<std::string_view, 2> kBuiltinModels = {kLenet5Model, kResnet20Model};
 
 inline constexpr std::string_view kTorchScriptPrefix = "torchscript:";
+// The largest TorchScript file the scheduler accepts and a worker reads into
+// memory to load (docs/LIMITS.md).
+inline constexpr uint64_t kMaxTorchScriptFileBytes = uint64_t{2} << 30;  // 2 GiB
 
 inline bool IsBuiltinModel(std::string_view spec) {
   for (std::string_view m : kBuiltinModels) {

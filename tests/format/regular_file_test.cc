@@ -1,0 +1,158 @@
+// ckpt::format::RegularFile: opens what a path names without following a
+// final symbolic link or blocking on a FIFO, refuses anything but a regular
+// file of bounded size, and reads the file it checked.
+#include "ckpt/format/regular_file.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <string>
+
+namespace ckpt::format {
+namespace {
+
+class RegularFileTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = ::testing::TempDir() + "/regular_file_test_" + std::to_string(getpid());
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::string Write(const std::string& name, const std::string& bytes) {
+    const std::string path = dir_ + "/" + name;
+    std::ofstream(path, std::ios::binary) << bytes;
+    return path;
+  }
+
+  std::string dir_;
+};
+
+void ExpectRefused(const StatusOr<RegularFile>& f, const std::string& path,
+                   const std::string& reason) {
+  ASSERT_FALSE(f.ok()) << path;
+  EXPECT_TRUE(f.status().IsInvalidArgument()) << f.status().ToString();
+  EXPECT_NE(f.status().message().find("'" + path + "'"), std::string::npos)
+      << f.status().ToString();
+  EXPECT_NE(f.status().message().find(reason), std::string::npos) << f.status().ToString();
+}
+
+TEST_F(RegularFileTest, ReadsAGoodFileWholeAndByPrefix) {
+  const std::string path = Write("model.pt", std::string("PK\3\4") + "rest of the archive");
+  auto f = RegularFile::Open(path, 1024, "TorchScript file");
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  EXPECT_EQ(f->size(), 23u);
+  auto head = f->ReadPrefix(4);
+  ASSERT_TRUE(head.ok());
+  EXPECT_EQ(*head, std::string("PK\3\4"));
+  auto all = f->ReadAll();
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(*all, std::string("PK\3\4") + "rest of the archive");
+  auto whole = ReadRegularFile(path, 23);
+  ASSERT_TRUE(whole.ok()) << whole.status().ToString();
+  EXPECT_EQ(whole->size(), 23u);
+  auto empty = ReadRegularFile(Write("empty", ""), 0);
+  ASSERT_TRUE(empty.ok()) << empty.status().ToString();
+  EXPECT_TRUE(empty->empty());
+}
+
+TEST_F(RegularFileTest, ReadsTheFileItCheckedEvenIfThePathIsReplaced) {
+  const std::string path = Write("model.pt", "checked bytes");
+  auto f = RegularFile::Open(path, 1024);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  const std::string other = Write("other", "swapped in after the check");
+  ASSERT_EQ(std::rename(other.c_str(), path.c_str()), 0);
+  auto all = f->ReadAll();
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(*all, "checked bytes");
+}
+
+TEST_F(RegularFileTest, RefusesASymbolicLinkEvenToAGoodFile) {
+  const std::string target = Write("model.pt", "PK\3\4");
+  const std::string link = dir_ + "/link.pt";
+  ASSERT_EQ(symlink(target.c_str(), link.c_str()), 0);
+  ExpectRefused(RegularFile::Open(link, 1024, "TorchScript file"), link, "symbolic link");
+  EXPECT_FALSE(ReadRegularFile(link, 1024).ok());
+}
+
+TEST_F(RegularFileTest, RefusesAFifoWithoutBlocking) {
+  const std::string fifo = dir_ + "/fifo";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  auto opened = std::async(std::launch::async, [&] { return RegularFile::Open(fifo, 1024); });
+  if (opened.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
+    // Unblock the open so that the test ends, then fail.
+    const int w = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
+    if (w >= 0) ::close(w);
+    FAIL() << "opening a FIFO blocked";
+  }
+  ExpectRefused(opened.get(), fifo, "not a regular file (it is a FIFO)");
+  // A symbolic link to a FIFO: refused as a link, not waited on.
+  const std::string link = dir_ + "/fifo_link";
+  ASSERT_EQ(symlink(fifo.c_str(), link.c_str()), 0);
+  ExpectRefused(RegularFile::Open(link, 1024), link, "symbolic link");
+}
+
+TEST_F(RegularFileTest, RefusesDevicesAndDirectories) {
+  ExpectRefused(RegularFile::Open("/dev/null", 1024), "/dev/null",
+                "not a regular file (it is a character device)");
+  ExpectRefused(RegularFile::Open("/dev/zero", 1024), "/dev/zero", "character device");
+  ExpectRefused(RegularFile::Open(dir_, 1024), dir_, "not a regular file (it is a directory)");
+}
+
+TEST_F(RegularFileTest, RefusesAFileLargerThanTheLimit) {
+  const std::string path = Write("big.pt", std::string(1001, 'x'));
+  ExpectRefused(RegularFile::Open(path, 1000), path, "1001 bytes; the limit is 1000");
+  EXPECT_TRUE(RegularFile::Open(path, 1001).ok());
+  // A sparse file claims its size without using the disk: refused by fstat's
+  // size alone, nothing read.
+  const std::string sparse = dir_ + "/sparse.pt";
+  const int fd = ::open(sparse.c_str(), O_WRONLY | O_CREAT, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, off_t{3} << 30), 0);
+  ::close(fd);
+  ExpectRefused(RegularFile::Open(sparse, uint64_t{2} << 30), sparse, "the limit is 2147483648");
+}
+
+TEST_F(RegularFileTest, RefusesAFileThatGrowsPastTheLimitWhileRead) {
+  const std::string path = Write("growing.pt", "12345");
+  auto f = RegularFile::Open(path, 10);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  std::ofstream(path, std::ios::binary | std::ios::app) << std::string(20, 'x');
+  auto all = f->ReadAll();
+  ASSERT_FALSE(all.ok());
+  EXPECT_TRUE(all.status().IsInvalidArgument()) << all.status().ToString();
+  EXPECT_NE(all.status().message().find("grew past the limit of 10 bytes"), std::string::npos)
+      << all.status().ToString();
+}
+
+TEST_F(RegularFileTest, AMissingFileIsNotFoundNamingThePath) {
+  const std::string missing = dir_ + "/missing.pt";
+  auto m = RegularFile::Open(missing, 1024, "TorchScript file");
+  ASSERT_FALSE(m.ok());
+  EXPECT_TRUE(m.status().IsNotFound()) << m.status().ToString();
+  EXPECT_NE(m.status().message().find("TorchScript file '" + missing + "': no such file"),
+            std::string::npos)
+      << m.status().ToString();
+}
+
+TEST_F(RegularFileTest, AnUnreadableFileIsAnIOErrorWithTheSystemsReason) {
+  if (geteuid() == 0) GTEST_SKIP() << "root reads a mode-0 file";
+  const std::string locked = Write("locked.pt", "PK\3\4");
+  ASSERT_EQ(chmod(locked.c_str(), 0), 0);
+  auto l = RegularFile::Open(locked, 1024);
+  ASSERT_FALSE(l.ok());
+  EXPECT_TRUE(l.status().IsIOError()) << l.status().ToString();
+  EXPECT_NE(l.status().message().find("Permission denied"), std::string::npos)
+      << l.status().ToString();
+}
+
+}  // namespace
+}  // namespace ckpt::format
