@@ -33,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "ckpt/records/config.h"
 #include "control_protocol.h"
 #include "log.h"
 
@@ -196,13 +197,27 @@ Status WithKnownExperiments(ControlTarget* target, const json& request, Status e
 
 // Runs one validated request against the scheduler. `shutdown_why` is set when
 // the reply must be followed by a graceful stop.
-StatusOr<json> Execute(ControlTarget* target, const ServiceInfo& service, const std::string& verb,
-                       const json& request, std::string* shutdown_why) {
+StatusOr<json> Execute(ControlTarget* target, const ServiceInfo& service,
+                       const ControlOptions& options, const std::string& verb, const json& request,
+                       std::string* shutdown_why) {
   json reply = {{"ok", true}};
   if (verb == "submit") {
-    CKPT_ASSIGN_OR_RETURN(std::string id,
-                          target->SubmitToml(request.at("toml").get<std::string>(),
-                                             Str(request, "origin", "submitted TOML")));
+    const std::string toml = request.at("toml").get<std::string>();
+    const std::string origin = Str(request, "origin", "submitted TOML");
+    if (options.allowed_model_dirs) {
+      // The model's path is judged before anything opens it. Parsing without
+      // file checks accepts whatever the full parse in SubmitToml accepts.
+      CKPT_ASSIGN_OR_RETURN(
+          records::ExperimentConfig config,
+          records::ParseExperimentConfig(toml, origin, records::FileChecks::kSkip));
+      Status allowed =
+          records::CheckModelFileAllowed(config.model_spec, *options.allowed_model_dirs, origin);
+      if (!allowed.ok()) {
+        Logger().warn("control: submit refused: {}", allowed.message());
+        return allowed;
+      }
+    }
+    CKPT_ASSIGN_OR_RETURN(std::string id, target->SubmitToml(toml, origin));
     reply["experiment"] = id;
   } else if (verb == "list") {
     json list = json::array();
@@ -381,7 +396,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (error.ok()) {
       if (request.mutates) Log("uid " + std::to_string(uid_) + ": " + request.verb);
       auto result = Execute(core_->target, Service(core_->target, core_->options, core_->started),
-                            request.verb, request.body, &shutdown_why);
+                            core_->options, request.verb, request.body, &shutdown_why);
       if (result.ok()) {
         reply = std::move(*result);
       } else {
@@ -510,6 +525,7 @@ class ControlServerImpl : public ControlServer {
     core_->options.max_request_bytes = next.max_request_bytes;
     core_->options.max_clients = next.max_clients;
     core_->options.client_idle_timeout = next.client_idle_timeout;
+    core_->options.allowed_model_dirs = next.allowed_model_dirs;
     if (next.peer_credentials) core_->options.peer_credentials = next.peer_credentials;
     std::string out;
     for (const auto& s : not_applied) out += (out.empty() ? "" : "; ") + s;

@@ -119,6 +119,17 @@ StatusOr<ServiceConfig> ParseServiceConfig(const std::string& toml_text,
   CKPT_RETURN_IF_ERROR(top.Bool("sync_interval_commits", &c.sync_interval_commits));
   CKPT_RETURN_IF_ERROR(top.Int("final_eval_top", 0, 1000000, &c.final_eval_top));
   CKPT_RETURN_IF_ERROR(top.Bool("log_progress", &c.log_progress));
+  if (doc.get("allowed_model_dirs") == nullptr) {
+    std::error_code ec;
+    const std::filesystem::path store = std::filesystem::absolute(c.store, ec);
+    c.allowed_model_dirs = {((ec ? std::filesystem::path(c.store) : store) / "models").string()};
+  }
+  CKPT_RETURN_IF_ERROR(top.Strings("allowed_model_dirs", &c.allowed_model_dirs));
+  for (const auto& d : c.allowed_model_dirs) {
+    if (d.empty() || d[0] != '/') {
+      return top.Error("allowed_model_dirs", "must list absolute directories, not '" + d + "'");
+    }
+  }
 
   CKPT_ASSIGN_OR_RETURN(const toml::table* control, top.Table("control"));
   if (control != nullptr) {
@@ -180,6 +191,7 @@ ControlOptions ControlOptionsFor(const ServiceConfig& c) {
   o.max_request_bytes = c.max_request_bytes;
   o.max_clients = c.max_clients;
   o.client_idle_timeout = c.client_idle_timeout;
+  o.allowed_model_dirs = c.allowed_model_dirs;
   return o;
 }
 

@@ -8,12 +8,15 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
+#include <utility>
+#include <vector>
 
 #include "../integration/process_util.h"
 #include "ckpt/records/status.h"
@@ -632,6 +635,65 @@ TEST_F(ServeTest, DamagedMemberRecordIsReportedAndServeKeepsServing) {
   ASSERT_TRUE(id.ok()) << id.status().ToString();
   EXPECT_TRUE(WaitUntil([&] { return Done("healthy") >= kPopulation; }, milliseconds(120000)))
       << serve->Log();
+  Terminate(serve);
+}
+
+// allowed_model_dirs: a submission naming a TorchScript file outside the
+// allowed directories (directly, through "..", or through a link) is refused
+// before anything starts, with the file, its resolved path and the allowed
+// directories. A FIFO inside is refused without blocking the daemon. A file
+// inside is accepted and the worker loads it from the descriptor it checked:
+// this archive is broken on purpose, so the experiment fails with the
+// loader's reason.
+TEST_F(ServeTest, TorchScriptModelsAreAcceptedOnlyFromAllowedModelDirs) {
+  const std::string root = std::filesystem::weakly_canonical(dir_).string();
+  const std::string models = root + "/models";
+  std::filesystem::create_directories(models);
+  std::ofstream(root + "/outside.pt", std::ios::binary) << std::string("PK\x03\x04", 4) << "x";
+  std::ofstream(models + "/broken.pt", std::ios::binary)
+      << std::string("PK\x03\x04", 4) << "truncated archive";
+  ASSERT_EQ(symlink((root + "/outside.pt").c_str(), (models + "/link.pt").c_str()), 0);
+  ASSERT_EQ(mkfifo((models + "/fifo.pt").c_str(), 0600), 0);
+  Child* serve = StartServe(WriteConfig(
+      "serve.toml", "store", "", "", "grace_s = 20\nallowed_model_dirs = [\"" + models + "\"]\n"));
+  ASSERT_NE(client_, nullptr);
+  auto with_model = [](const std::string& name, const std::string& path) {
+    std::string toml = Experiment(name, "random");
+    const std::string lenet = "spec = \"lenet5\"";
+    toml.replace(toml.find(lenet), lenet.size(), "spec = \"torchscript:" + path + "\"");
+    return toml;
+  };
+  const std::vector<std::pair<std::string, std::string>> outside = {
+      {root + "/outside.pt", root + "/outside.pt"},
+      {models + "/../outside.pt", root + "/outside.pt"},
+      {models + "/link.pt", root + "/outside.pt"},
+      {"/dev/shm/ckpt-model.pt", "/dev/shm/ckpt-model.pt"}};
+  for (const auto& [path, resolved] : outside) {
+    auto r = client_->Submit(with_model("out", path), "out.toml");
+    ASSERT_FALSE(r.ok()) << path;
+    EXPECT_TRUE(r.status().IsInvalidArgument()) << r.status().ToString();
+    const std::string& m = r.status().message();
+    EXPECT_NE(m.find("out.toml: model.spec"), std::string::npos) << m;
+    EXPECT_NE(m.find("'" + path + "' resolves to " + resolved), std::string::npos) << m;
+    EXPECT_NE(m.find("allowed_model_dirs [" + models + "]"), std::string::npos) << m;
+  }
+  EXPECT_NE(serve->Log().find("submit refused: out.toml: model.spec"), std::string::npos)
+      << serve->Log();
+  auto fifo = client_->Submit(with_model("fifo", models + "/fifo.pt"), "fifo.toml");
+  ASSERT_FALSE(fifo.ok());
+  EXPECT_NE(fifo.status().message().find("is not a regular file (it is a FIFO)"), std::string::npos)
+      << fifo.status().ToString();
+  auto listed = client_->List();
+  ASSERT_TRUE(listed.ok()) << listed.status().ToString();
+  EXPECT_TRUE(listed->empty()) << "a refused submission left an experiment";
+
+  auto inside = client_->Submit(with_model("inside", models + "/broken.pt"), "inside.toml");
+  ASSERT_TRUE(inside.ok()) << inside.status().ToString();
+  EXPECT_TRUE(WaitUntil([&] { return StatusOf("inside") == "failed"; }, milliseconds(120000)))
+      << StatusOf("inside") << "\n"
+      << serve->Log();
+  EXPECT_NE(serve->Log().find("does not load"), std::string::npos) << serve->Log();
+  client_.reset();
   Terminate(serve);
 }
 

@@ -12,8 +12,11 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <sstream>
 #include <thread>
 
+#include "ckpt/format/model_names.h"
+#include "ckpt/format/regular_file.h"
 #include "model_internal.h"
 
 #if defined(CKPT_WITH_CUDA)
@@ -633,11 +636,15 @@ StatusOr<std::unique_ptr<Trainer>> Create(const TrainerOptions& options) {
 
     if (ctx->spec.is_torchscript()) {
       const std::string& path = ctx->spec.torchscript_path();
-      if (access(path.c_str(), R_OK) != 0) {
-        return Status::NotFound("TorchScript file " + path + " cannot be read");
-      }
+      // Opened once (no final symlink, no FIFO or device, bounded size) and
+      // loaded from the bytes read through that descriptor: the file checked
+      // is the file loaded.
+      CKPT_ASSIGN_OR_RETURN(
+          std::string bytes,
+          format::ReadRegularFile(path, format::kMaxTorchScriptFileBytes, "TorchScript file"));
       try {
-        ctx->script = torch::jit::load(path, ctx->device);
+        std::istringstream in(std::move(bytes));
+        ctx->script = torch::jit::load(in, ctx->device);
       } catch (const c10::Error& e) {
         return Status::InvalidArgument("TorchScript file " + path + " does not load: " + Brief(e));
       }

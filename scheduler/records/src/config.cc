@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <toml++/toml.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <filesystem>
@@ -14,6 +15,7 @@
 #include "ckpt/format/host_port.h"
 #include "ckpt/format/model_names.h"
 #include "ckpt/format/optimizer.h"
+#include "ckpt/format/regular_file.h"
 #include "ckpt/records/config_tables.h"
 #include "ckpt/records/toml_reader.h"
 #include "ckpt/records/workers_table.h"
@@ -24,13 +26,6 @@ namespace {
 bool FileExists(const std::string& path) {
   struct stat st;
   return stat(path.c_str(), &st) == 0;
-}
-
-// A regular file (not a FIFO or device, whose read could block the caller:
-// the scheduler's event loop for a submitted experiment).
-bool RegularFile(const std::string& path) {
-  struct stat st;
-  return stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
 Status ParseSearchSpace(const toml::table& space, const std::string& origin,
@@ -95,17 +90,14 @@ Status CheckModelSpec(TomlTableReader* r, const std::string& spec, bool check_fi
     const std::string path = spec.substr(format::kTorchScriptPrefix.size());
     if (path.empty()) return r->Error("spec", "\"torchscript:\" names no file");
     if (!check_files) return Status::OK();
-    if (FileExists(path) && !RegularFile(path)) {
-      return r->Error("spec", "the TorchScript file '" + path + "' is not a regular file");
-    }
-    std::ifstream in(path, std::ios::binary);
-    if (!in) {
-      return r->Error("spec", "cannot read the TorchScript file '" + path + "'" +
-                                  (FileExists(path) ? " (permission denied)" : " (no such file)"));
-    }
-    char magic[4] = {};
-    in.read(magic, sizeof magic);
-    if (in.gcount() != 4 || magic[0] != 'P' || magic[1] != 'K' || magic[2] != 3 || magic[3] != 4) {
+    // One open, checked on its descriptor: a FIFO, a device or a symbolic
+    // link is refused without a read that could block the event loop.
+    auto file =
+        format::RegularFile::Open(path, format::kMaxTorchScriptFileBytes, "TorchScript file");
+    if (!file.ok()) return r->Error("spec", file.status().message());
+    auto magic = file->ReadPrefix(4);
+    if (!magic.ok()) return r->Error("spec", magic.status().message());
+    if (*magic != std::string_view("PK\3\4", 4)) {
       return r->Error("spec", "'" + path +
                                   "' is not a TorchScript archive (torch.jit.save writes a zip "
                                   "file; this one does not start like one)");
@@ -421,6 +413,61 @@ StatusOr<ExperimentConfig> LoadExperimentConfig(const std::string& path) {
   std::string text;
   if (!ReadBoundedToml(in, &text)) return Status::IOError("reading experiment file " + path);
   return ParseExperimentConfig(text, path);
+}
+
+Status CheckModelFileAllowed(const std::string& model_spec,
+                             const std::vector<std::string>& allowed_dirs,
+                             const std::string& origin) {
+  namespace fs = std::filesystem;
+  if (model_spec.compare(0, format::kTorchScriptPrefix.size(), format::kTorchScriptPrefix) != 0) {
+    return Status::OK();
+  }
+  const std::string path = model_spec.substr(format::kTorchScriptPrefix.size());
+  std::string dirs;
+  std::vector<fs::path> resolved_dirs;
+  for (const auto& d : allowed_dirs) {
+    std::error_code ec;
+    fs::path r = fs::weakly_canonical(fs::absolute(d, ec), ec);
+    if (ec) continue;  // a directory that cannot be resolved admits nothing
+    dirs += (dirs.empty() ? "" : ", ") + r.string();
+    resolved_dirs.push_back(std::move(r));
+  }
+  if (dirs.empty()) dirs = "none";
+  const std::string refused =
+      origin + ": model.spec: the service loads TorchScript files only from allowed_model_dirs [" +
+      dirs + "] (its configuration file sets them); ";
+  std::error_code ec;
+  const fs::path resolved = fs::weakly_canonical(fs::absolute(path, ec), ec);
+  if (ec) {
+    return Status::InvalidArgument(refused + "'" + path + "' cannot be resolved: " + ec.message());
+  }
+  if (!fs::path(path).is_absolute()) {
+    return Status::InvalidArgument(refused + "'" + path +
+                                   "' is a relative path (from the scheduler's directory it "
+                                   "resolves to " +
+                                   resolved.string() + "); name the file by its absolute path");
+  }
+  bool inside = false;
+  for (const auto& d : resolved_dirs) {
+    auto [dit, rit] = std::mismatch(d.begin(), d.end(), resolved.begin(), resolved.end());
+    // Inside, not the directory itself; a trailing "" element of "dir/" matches anything.
+    if ((dit == d.end() || (std::next(dit) == d.end() && dit->empty())) && rit != resolved.end()) {
+      inside = true;
+      break;
+    }
+  }
+  if (!inside) {
+    return Status::InvalidArgument(refused + "'" + path + "' resolves to " + resolved.string() +
+                                   ", which is outside them");
+  }
+  if (fs::path(path) != resolved) {
+    // The worker opens the path as written: a link or ".." in it could be
+    // changed to lead elsewhere between this check and that open.
+    return Status::InvalidArgument(refused + "'" + path + "' resolves to " + resolved.string() +
+                                   " through a symbolic link or \"..\"; name the file by that "
+                                   "resolved path");
+  }
+  return Status::OK();
 }
 
 }  // namespace ckpt::records

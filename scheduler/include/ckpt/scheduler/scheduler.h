@@ -39,6 +39,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -69,6 +70,10 @@ struct ControlOptions {
   std::chrono::milliseconds client_idle_timeout{30000};
   // Test seam: when set, used instead of SO_PEERCRED to get a peer's uid and gid.
   std::function<bool(int fd, uint32_t* uid, uint32_t* gid)> peer_credentials;
+  // When set, a submitted experiment's TorchScript model must lie in one of
+  // these directories (records::CheckModelFileAllowed); the service sets it
+  // from allowed_model_dirs. Default: unset (any file the scheduler can read).
+  std::optional<std::vector<std::string>> allowed_model_dirs;
 };
 
 struct SchedulerOptions {

@@ -8,6 +8,7 @@
 //   sync_interval_commits = false
 //   final_eval_top = 5
 //   log_progress = true                 # a progress line per experiment every 10 s
+//   allowed_model_dirs = ["/var/lib/ckpt/models"]   # default: ["<store>/models"]
 //   [control]  allowed_users = ["alice"]; allowed_groups = ["ckpt"];
 //              max_request_bytes = 1048576; max_clients = 64; client_idle_timeout_s = 30
 //   [workers]  binary = ""; ring_mib = 16; heartbeat_timeout_s = 10; restart_backoff_s = 10;
@@ -22,8 +23,19 @@
 // (/etc/ckpt/scheduler.toml line 12): must be in [1, 100000], not 0"). User and
 // group names must resolve on this host (numeric ids are taken as they are).
 //
-// SIGHUP re-reads the file: allowed users and groups and the [control] limits
-// apply at once; a change to anything else is reported (restart to apply).
+// allowed_model_dirs: a submitted experiment whose model is
+// "torchscript:PATH" is refused unless PATH, written as an absolute path with
+// no symbolic link or "..", lies inside one of these directories (resolved);
+// see records::CheckModelFileAllowed. Every user allowed on the control socket
+// can make the workers run the code of any TorchScript file there: list only
+// directories that the service's administrators alone can write. [] refuses
+// every TorchScript model. `ckpt-scheduler run` (the user's own experiment
+// file, no control socket) has no such rule: it loads any file its user can
+// read.
+//
+// SIGHUP re-reads the file: allowed users and groups, allowed_model_dirs and
+// the [control] limits apply at once (to later submissions); a change to
+// anything else is reported (restart to apply).
 //
 // Thread-safety: ServiceConfig is a value; RunService runs on the calling thread.
 #ifndef CKPT_SCHEDULER_SERVICE_H_
@@ -71,6 +83,9 @@ struct ServiceConfig {
   size_t ring_bytes = records::kDefaultRingBytes;
   // [workers] listen, secret_file, local: workers on other hosts.
   records::RemoteWorkersConfig remote;
+  // Directories a submitted TorchScript model must lie in (absolute; see
+  // above). Default: {"<store>/models"}.
+  std::vector<std::string> allowed_model_dirs;
   // Where the configuration was read from (for messages and reloads).
   std::string origin;
 };

@@ -220,6 +220,20 @@ StatusOr<ExperimentConfig> ParseExperimentConfig(const std::string& toml_text,
 // Reads and parses a file; NotFound / IOError naming the path.
 StatusOr<ExperimentConfig> LoadExperimentConfig(const std::string& path);
 
+// The service's rule for submitted experiments (ServiceConfig's
+// allowed_model_dirs): a "torchscript:PATH" model must name, by an absolute
+// path with no symbolic link or ".." in it, a file inside one of
+// `allowed_dirs` (each resolved with realpath; a directory named in the list
+// may itself be reached through links). The file is not opened here
+// (ParseExperimentConfig does that); the path alone is judged, so that a
+// worker that later opens the same path (with O_NOFOLLOW) reaches the same
+// file unless someone who may write inside an allowed directory changes it.
+// OK for any other model spec. InvalidArgument naming `origin`, the file, its
+// resolved path and the allowed directories otherwise.
+Status CheckModelFileAllowed(const std::string& model_spec,
+                             const std::vector<std::string>& allowed_dirs,
+                             const std::string& origin);
+
 // The experiment record's configuration (store::ExperimentInfo::config_json):
 // {"toml": SOURCE}, the file's text as submitted.
 std::string EncodeExperimentRecord(const ExperimentConfig& config);
