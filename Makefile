@@ -36,7 +36,7 @@ bench: build
 # decoder of untrusted input: tests/fuzz/*_fuzz.cc). `make fuzz-run` replays
 # each one's committed corpus, then fuzzes each for FUZZ_SECONDS, one after
 # the other (tests/fuzz/run.sh; crashes land in build-fuzz/fuzz-work/NAME/artifacts).
-FUZZERS := checkpoint record control_request experiment_config service_config pickle \
+FUZZERS := checkpoint record tcp_frame control_request experiment_config service_config pickle \
            safetensors tool_args
 FUZZ_SECONDS ?= 60
 FUZZ_JOBS ?= $(JOBS)

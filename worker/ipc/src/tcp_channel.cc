@@ -25,6 +25,7 @@
 
 #include "payload_checksum.h"
 #include "tcp_frame.h"
+#include "tcp_frame_reader.h"
 #include "tcp_io.h"
 #include "tls.h"
 
@@ -35,12 +36,7 @@ using std::chrono::milliseconds;
 using wire::FrameHeader;
 
 // A received message (or a rejected record) waiting for Receive.
-struct Item {
-  Status error;  // non-OK: a rejected record, reported once
-  RecordType type = RecordType::kPadding;
-  uint64_t sequence = 0;
-  std::vector<uint8_t> payload;
-};
+using Item = ReceivedItem;
 
 class TcpChannelImpl final : public Channel {
  public:
@@ -371,16 +367,13 @@ class TcpChannelImpl final : public Channel {
       return Status::OK();
     };
     const auto on_bytes = [this] { last_rx_ns_.store(NowNs()); };
-    uint64_t expect_seq = 1;
-    // The fragmented message being assembled.
-    std::optional<Item> partial;
-    uint64_t partial_total = 0;
+    FrameAssembler frames(peer_, options_.max_message_bytes);
     while (true) {
       {
         std::unique_lock<std::mutex> lock(rx_mu_);
         // The message being assembled counts too; it may grow alone up to
         // max_message_bytes (the queue holds at least one message).
-        partial_bytes_ = partial ? partial->payload.capacity() : 0;
+        partial_bytes_ = frames.partial_bytes();
         while (queued_bytes_ > 0 && queued_bytes_ + partial_bytes_ >= options_.ring_bytes &&
                !closed_.load() && !dead_.load()) {
           reader_paused_.store(true);
@@ -391,104 +384,23 @@ class TcpChannelImpl final : public Channel {
       FrameHeader h;
       Status s = ReadExact(*tls_, &h, sizeof(h), never, stop, peer_, on_bytes);
       if (!s.ok()) return EndRead(s);
-      s = CheckHeader(h, peer_);
-      const bool fragment = h.type == static_cast<uint16_t>(RecordType::kFragment);
-      if (s.ok() && h.sequence != expect_seq) {
-        s = Status::Corruption("frame from " + peer_ + ": sequence " + std::to_string(h.sequence) +
-                               ", expected " + std::to_string(expect_seq));
-      }
-      if (s.ok() && h.type == wire::kTypeHeartbeat) {
-        if (h.payload_bytes != 0 || h.flags != 0) {
-          s = Status::Corruption("frame from " + peer_ + ": heartbeat with a payload or flags");
-        }
-      } else if (s.ok() && !fragment && !IsMessageType(h.type)) {
-        s = Status::Corruption("frame from " + peer_ + ": unknown type " + std::to_string(h.type));
-      } else if (s.ok() && !fragment &&
-                 (h.flags != 0 || h.message_bytes != h.payload_bytes || h.message_type != h.type ||
-                  h.fragment_offset != 0)) {
-        s = Status::Corruption("frame from " + peer_ + ": inconsistent record header");
-      } else if (s.ok() && fragment &&
-                 ((h.flags & ~wire::kKnownFlags) != 0 || !IsMessageType(h.message_type) ||
-                  h.message_bytes > options_.max_message_bytes ||
-                  h.fragment_offset > h.message_bytes ||
-                  h.payload_bytes > h.message_bytes - h.fragment_offset ||
-                  ((h.flags & wire::kFlagLast) != 0) !=
-                      (h.fragment_offset + h.payload_bytes == h.message_bytes) ||
-                  ((h.flags & wire::kFlagFirst) != 0) != (h.fragment_offset == 0))) {
-        s = Status::Corruption("frame from " + peer_ + ": bad fragment header (offset " +
-                               std::to_string(h.fragment_offset) + " of " +
-                               std::to_string(h.message_bytes) + ")");
-      }
+      s = frames.OnHeader(h);
+      dropped_messages_ += frames.TakeDropped();
       if (!s.ok()) {
         ++bad_records_;
         return EndReader(Status::Corruption(s.message() + "; the stream is unusable from here"));
       }
-      ++expect_seq;
-      if (h.type == wire::kTypeHeartbeat) continue;
-      // A new message while a fragmented one is incomplete: its sender gave up.
-      if (partial && (!fragment || (h.flags & wire::kFlagFirst) != 0)) {
-        partial.reset();
-        ++dropped_messages_;
-      }
-      std::vector<uint8_t> single;
-      uint8_t* dst = nullptr;
-      bool skip = false;
-      if (!fragment) {
-        single.resize(h.payload_bytes);
-        dst = single.data();
-      } else if ((h.flags & wire::kFlagFirst) != 0) {
-        partial.emplace();
-        partial->type = static_cast<RecordType>(h.message_type);
-        partial->sequence = h.sequence;
-        partial_total = h.message_bytes;
-        partial->payload.reserve(std::min<uint64_t>(h.message_bytes, uint64_t{64} << 20));
-      } else if (!partial || partial_total != h.message_bytes ||
-                 static_cast<uint16_t>(partial->type) != h.message_type ||
-                 partial->payload.size() != h.fragment_offset) {
-        // The rest of a message already dropped (bad payload before), or
-        // one that does not continue the current one: skip it.
-        if (partial) {
-          partial.reset();
-          ++dropped_messages_;
-        }
-        skip = true;
-      }
-      if (fragment && !skip) {
-        const size_t at = partial->payload.size();
-        partial->payload.resize(at + h.payload_bytes);
-        dst = partial->payload.data() + at;
-      }
-      std::vector<uint8_t> discard;
-      if (skip) {
-        discard.resize(h.payload_bytes);
-        dst = discard.data();
-      }
-      s = ReadExact(*tls_, dst, h.payload_bytes, never, stop, peer_, on_bytes);
+      s = ReadExact(*tls_, frames.payload(), frames.payload_size(), never, stop, peer_, on_bytes);
       if (!s.ok()) return EndRead(s);
-      if (skip) continue;
-      if (PayloadXxh3(dst, h.payload_bytes) != h.payload_xxh3) {
+      std::optional<Item> item = frames.OnPayload();
+      if (!item) continue;
+      if (!item->error.ok()) {
         ++bad_records_;
-        if (fragment) partial.reset();
-        Item bad;
-        bad.error = Status::Corruption("record " + std::to_string(h.sequence) + " from " + peer_ +
-                                       ": payload checksum mismatch (skipped)");
-        PushItem(std::move(bad));
-        continue;
-      }
-      if (!fragment) {
-        Item item;
-        item.type = static_cast<RecordType>(h.type);
-        item.sequence = h.sequence;
-        item.payload = std::move(single);
+      } else {
         ++records_received_;
-        bytes_received_ += item.payload.size();
-        PushItem(std::move(item));
-      } else if ((h.flags & wire::kFlagLast) != 0) {
-        ++records_received_;
-        bytes_received_ += partial->payload.size();
-        PushItem(std::move(*partial));
-        partial.reset();
+        bytes_received_ += item->payload.size();
       }
+      PushItem(std::move(*item));
     }
   }
 

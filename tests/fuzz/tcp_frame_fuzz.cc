@@ -1,0 +1,80 @@
+// Fuzz target for the TCP transport's frame reader (worker/ipc/src/
+// tcp_frame_reader.h, the code behind TcpChannel's reader thread): the bytes
+// a peer sends after the TLS handshake, parsed without a socket.
+//
+// Input byte 0 sets the run:
+//   bit 0    reseal each header's header_xxh3 (reaches the checks behind it)
+//   bit 1    reseal each payload_xxh3 over the payload that follows
+//   bit 2    renumber sequences 1, 2, ... (reaches the fragment bookkeeping)
+//   bits 3-4 max_message_bytes: the channel default (16 GiB), 4 MiB,
+//            kTcpMaxFramePayload + 1, 1000
+// The rest is the stream: frames of a 64-byte FrameHeader then payload_bytes
+// of payload, as on the wire; the stream may end anywhere (a truncated
+// header or payload ends the run as a closed connection would).
+//
+// Any input must give a Status, never a crash, a read out of bounds or an
+// allocation beyond the frame limit plus one reserved message; and what is
+// delivered must be a message type within max_message_bytes, no more bytes
+// than the stream carried.
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#include "ckpt/format/checksum.h"
+#include "ckpt/ipc/channel.h"
+#include "ckpt/ipc/tcp_channel.h"
+#include "payload_checksum.h"
+#include "tcp_frame.h"
+#include "tcp_frame_reader.h"
+
+namespace {
+
+using ckpt::ipc::RecordType;
+using ckpt::ipc::internal::FrameAssembler;
+using ckpt::ipc::wire::FrameHeader;
+
+bool IsMessage(RecordType t) { return t >= RecordType::kHello && t <= RecordType::kShutdown; }
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size < 1) return 0;
+  const uint8_t mode = data[0];
+  const bool reseal_header = (mode & 1) != 0;
+  const bool reseal_payload = (mode & 2) != 0;
+  const bool renumber = (mode & 4) != 0;
+  constexpr uint64_t kLimits[4] = {ckpt::ipc::ChannelOptions{}.max_message_bytes, uint64_t{4} << 20,
+                                   ckpt::ipc::kTcpMaxFramePayload + 1, 1000};
+  const uint64_t max_message_bytes = kLimits[(mode >> 3) & 3];
+  FrameAssembler frames("fuzz peer", max_message_bytes);
+  size_t at = 1;
+  uint64_t sequence = 0;
+  uint64_t payload_bytes_read = 0;
+  uint64_t delivered_bytes = 0;
+  while (size - at >= sizeof(FrameHeader)) {
+    FrameHeader h;
+    std::memcpy(&h, data + at, sizeof(h));
+    at += sizeof(h);
+    const size_t left = size - at;
+    if (renumber) h.sequence = ++sequence;
+    if (reseal_payload && h.payload_bytes <= left) {
+      h.payload_xxh3 = ckpt::ipc::internal::PayloadXxh3(data + at, h.payload_bytes);
+    }
+    if (reseal_header) h.header_xxh3 = ckpt::Xxh3_64(&h, ckpt::ipc::wire::kHeaderChecked);
+    if (!frames.OnHeader(h).ok()) return 0;  // the stream is unusable from here
+    const size_t n = frames.payload_size();
+    if (n != h.payload_bytes || n > ckpt::ipc::kTcpMaxFramePayload) std::abort();
+    if (n > 0 && frames.payload() == nullptr) std::abort();
+    if (n > left) return 0;  // a truncated payload: the connection ended
+    if (n > 0) std::memcpy(frames.payload(), data + at, n);
+    at += n;
+    payload_bytes_read += n;
+    auto item = frames.OnPayload();
+    (void)frames.TakeDropped();
+    if (!item || !item->error.ok()) continue;
+    if (!IsMessage(item->type) || item->payload.size() > max_message_bytes) std::abort();
+    delivered_bytes += item->payload.size();
+    if (delivered_bytes > payload_bytes_read) std::abort();
+  }
+  return 0;
+}
