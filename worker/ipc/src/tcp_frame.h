@@ -37,6 +37,8 @@
 // the fragment bookkeeping before it reads the payload; any failure there loses the stream's
 // framing, so the channel's receive side is broken for good (Corruption). A payload whose XXH3 does
 // not match is skipped (the header's length is trusted by then) and reported once as Corruption.
+// These reader rules are code in one place, FrameAssembler (tcp_frame_reader.h), which the channel
+// and the fuzz target tests/fuzz/tcp_frame_fuzz.cc share.
 #ifndef CKPT_IPC_SRC_TCP_FRAME_H_
 #define CKPT_IPC_SRC_TCP_FRAME_H_
 
