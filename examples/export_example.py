@@ -60,8 +60,9 @@ def load_export(path):
             raw = f.metadata()
         meta = {
             "model_spec": raw["ckpt.model_spec"],
-            "input_mean": float(raw["ckpt.input_mean"]),
-            "input_std": float(raw["ckpt.input_std"]),
+            # Per channel, as JSON lists: x' = x * input_scale[c] + input_shift[c].
+            "input_scale": json.loads(raw["ckpt.input_scale"]),
+            "input_shift": json.loads(raw["ckpt.input_shift"]),
             "num_classes": int(raw["ckpt.num_classes"]),
             "step": int(raw["ckpt.step"]),
             "hparams": json.loads(raw["ckpt.hparams"]),
@@ -99,8 +100,10 @@ def main():
         return read_idx(p if os.path.exists(p) else p + ".gz")
 
     images, labels = idx("t10k-images-idx3-ubyte"), idx("t10k-labels-idx1-ubyte").long()
-    scale = 1.0 / (255.0 * meta["input_std"])
-    shift = -meta["input_mean"] / meta["input_std"]
+    # What ckpt's workers feed: x * scale + shift per channel, on the raw
+    # uint8 values (one channel here).
+    scale = torch.tensor(meta["input_scale"]).view(1, -1, 1, 1)
+    shift = torch.tensor(meta["input_shift"]).view(1, -1, 1, 1)
     correct = 0
     with torch.no_grad():
         for b in range(0, len(images), 1000):

@@ -28,11 +28,13 @@ def score(model, meta, data_dir):
         return read_idx(p if os.path.exists(p) else p + ".gz")
 
     images, labels = idx("t10k-images-idx3-ubyte"), idx("t10k-labels-idx1-ubyte").long()
-    mean, std = float(meta["ckpt.input_mean"]), float(meta["ckpt.input_std"])
+    # Per channel, as JSON lists: what ckpt's workers feed is x * scale + shift.
+    scale = torch.tensor(json.loads(meta["ckpt.input_scale"])).view(1, -1, 1, 1)
+    shift = torch.tensor(json.loads(meta["ckpt.input_shift"])).view(1, -1, 1, 1)
     correct = 0
     with torch.no_grad():
         for b in range(0, len(images), 1000):
-            x = images[b:b + 1000].unsqueeze(1).float().mul_(1.0 / (255.0 * std)).add_(-mean / std)
+            x = images[b:b + 1000].unsqueeze(1).float().mul_(scale).add_(shift)
             correct += int((model(x).argmax(1) == labels[b:b + 1000]).sum())
     return correct / len(images)
 

@@ -116,8 +116,12 @@ def check_export(a):
     full = torch.load(a.pt_opt, weights_only=True)
     assert set(full.keys()) == {"model", "optimizer", "ckpt"}, full.keys()
     meta = full["ckpt"]
-    mean, std = float(meta["input_mean"]), float(meta["input_std"])
+    # Per channel: one channel here.
+    assert len(meta["input_mean"]) == 1 and len(meta["input_std"]) == 1, meta
+    mean, std = meta["input_mean"][0], meta["input_std"][0]
     assert meta["model_spec"] == "lenet5" and int(meta["num_classes"]) == 10, meta
+    assert meta["input_dtype"] == "uint8" and meta["input_shape"] == [1, 28, 28], meta
+    assert meta["input_scale"] == [1 / (255 * std)] and meta["input_shift"] == [-mean / std], meta
     # The optimizer part is torch.optim's own layout.
     model_opt = LeNet5()
     model_opt.load_state_dict(full["model"], strict=True)
@@ -128,7 +132,8 @@ def check_export(a):
     st = load_file(a.safetensors)
     with safe_open(a.safetensors, "pt") as f:
         st_meta = f.metadata()
-    assert float(st_meta["ckpt.input_mean"]) == mean and float(st_meta["ckpt.input_std"]) == std
+    assert json.loads(st_meta["ckpt.input_mean"]) == [mean], st_meta
+    assert json.loads(st_meta["ckpt.input_std"]) == [std], st_meta
     _, blob = read_blob(a.blob)
     assert set(st.keys()) == set(blob.keys()), (sorted(st.keys()), sorted(blob.keys()))
     for k in blob:
@@ -162,7 +167,7 @@ def check_export(a):
 def train_further(a):
     full = torch.load(a.pt_opt, weights_only=True)
     meta = full["ckpt"]
-    mean, std = float(meta["input_mean"]), float(meta["input_std"])
+    mean, std = meta["input_mean"][0], meta["input_std"][0]
     model = LeNet5()
     model.load_state_dict(full["model"])
     hp = meta["hparams"]

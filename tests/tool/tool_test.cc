@@ -621,8 +621,19 @@ TEST_F(ToolTest, ExportTopKWritesTheBestMembers) {
       EXPECT_EQ(u->checksum, t.checksum) << t.name;
     }
     EXPECT_EQ(view->meta().extra.at("ckpt.num_classes"), "10");
-    EXPECT_NEAR(std::stod(view->meta().extra.at("ckpt.input_mean")), 0.2856, 1e-3);
-    EXPECT_NEAR(std::stod(view->meta().extra.at("ckpt.input_std")), 0.3530, 1e-3);
+    // Per channel, as JSON lists (one channel here).
+    const json mean = json::parse(view->meta().extra.at("ckpt.input_mean"));
+    const json sd = json::parse(view->meta().extra.at("ckpt.input_std"));
+    ASSERT_EQ(mean.size(), 1u);
+    ASSERT_EQ(sd.size(), 1u);
+    EXPECT_NEAR(mean[0].get<double>(), 0.2856, 1e-3);
+    EXPECT_NEAR(sd[0].get<double>(), 0.3530, 1e-3);
+    EXPECT_EQ(json::parse(view->meta().extra.at("ckpt.input_scale"))[0].get<double>(),
+              1 / (255 * sd[0].get<double>()));
+    EXPECT_EQ(view->meta().extra.at("ckpt.input_dtype"), "uint8");
+    EXPECT_EQ(view->meta().extra.at("ckpt.input_shape"), "[1,28,28]");
+    EXPECT_EQ(view->meta().extra.at("ckpt.target"), "classes");
+    EXPECT_EQ(e["num_outputs"], 10);
   }
 }
 

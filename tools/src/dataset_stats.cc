@@ -7,6 +7,9 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <memory>
+
+#include "ckpt/format/tensor_dataset.h"
 
 namespace ckpt::tool {
 namespace {
@@ -65,9 +68,7 @@ StatusOr<Idx> ParseIdx(const std::string& bytes, const std::string& what) {
   return idx;
 }
 
-}  // namespace
-
-StatusOr<InputNormalization> ComputeInputNormalization(const std::string& dir) {
+StatusOr<InputNormalization> IdxNormalization(const std::string& dir) {
   CKPT_ASSIGN_OR_RETURN(std::string images, ReadMaybeGz(dir, "train-images-idx3-ubyte"));
   CKPT_ASSIGN_OR_RETURN(std::string labels, ReadMaybeGz(dir, "train-labels-idx1-ubyte"));
   CKPT_ASSIGN_OR_RETURN(std::string test_labels, ReadMaybeGz(dir, "t10k-labels-idx1-ubyte"));
@@ -87,19 +88,58 @@ StatusOr<InputNormalization> ComputeInputNormalization(const std::string& dir) {
   }
   InputNormalization n;
   const double count = static_cast<double>(total);
-  n.mean = static_cast<double>(sum) / (count * 255.0);
+  const double mean = static_cast<double>(sum) / (count * 255.0);
   const double mean_sq = static_cast<double>(sum_sq) / (count * 255.0 * 255.0);
-  n.std = std::sqrt(std::max(mean_sq - n.mean * n.mean, 1e-12));
+  const double std = std::sqrt(std::max(mean_sq - mean * mean, 1e-12));
+  n.mean = {mean};
+  n.std = {std};
+  n.scale = {1.0 / (255.0 * std)};
+  n.shift = {-mean / std};
+  n.input_dtype = "uint8";
+  n.target = "classes";
   int max_label = 0;
   for (const Idx* l : {&y, &ty}) {
     for (size_t i = 0; i < l->size; ++i) max_label = std::max<int>(max_label, l->data[i]);
   }
   n.num_classes = max_label + 1;
+  n.num_outputs = n.num_classes;
   if (x.dims.size() == 4) {
     n.input_shape = {x.dims[1], x.dims[2], x.dims[3]};
   } else {
     n.input_shape = {1, x.dims[1], x.dims[2]};
   }
+  return n;
+}
+
+std::string InputDTypeName(format::DType dtype) {
+  switch (dtype) {
+    case format::DType::kU8:
+      return "uint8";
+    case format::DType::kF16:
+      return "float16";
+    default:
+      return "float32";
+  }
+}
+
+}  // namespace
+
+StatusOr<InputNormalization> ComputeInputNormalization(const records::ExperimentConfig& config) {
+  if (config.data_format == format::DatasetFormat::kIdx) {
+    return IdxNormalization(config.dataset_path);
+  }
+  CKPT_ASSIGN_OR_RETURN(std::shared_ptr<const format::TensorDataset> data,
+                        format::TensorDataset::Open(config.tensor_data));
+  InputNormalization n;
+  n.mean = data->mean();
+  n.std = data->stddev();
+  n.scale = data->scale();
+  n.shift = data->shift();
+  n.input_dtype = InputDTypeName(data->x_dtype());
+  n.input_shape = data->sample_shape();
+  n.target = data->target() == format::TargetKind::kClasses ? "classes" : "values";
+  n.num_classes = data->num_classes();
+  n.num_outputs = data->num_outputs();
   return n;
 }
 

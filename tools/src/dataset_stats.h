@@ -1,10 +1,13 @@
 // What an exported model needs to know of its data: the input normalization
-// ckpt trains with and the number of classes, computed from the dataset's
-// IDX files exactly as ckpt::model::LoadDataset does (ckpt/model/dataset.h):
-// train split = the first N - 10,000 images of the train file; mean and std of
-// its pixels / 255 from integer sums; classes = 1 + the largest label of the
-// train and test files. A worker feeds a model x = u8 * scale + shift
-// (float32), scale = 1 / (255 * std), shift = -mean / std.
+// ckpt trains with, the input's shape and dtype, and what the model outputs.
+// IDX (the MNIST family): computed from the files exactly as
+// ckpt::model::LoadDataset does (ckpt/model/dataset.h): train split = the
+// first N - 10,000 images of the train file; mean and std of its pixels / 255
+// from integer sums; classes = 1 + the largest label of the train and test
+// files. Tensor files (safetensors, .npz): ckpt::format::TensorDataset opened
+// with the experiment's own [data] options, so the per-channel values are the
+// workers' (ckpt/format/tensor_dataset.h). Either way a worker feeds a model
+// x' = x * scale[c] + shift[c] (float32) per channel c of x.
 //
 // Thread-safety: a free function.
 #ifndef CKPT_TOOLS_SRC_DATASET_STATS_H_
@@ -15,21 +18,29 @@
 #include <vector>
 
 #include "ckpt/format/status.h"
+#include "ckpt/records/config.h"
 
 namespace ckpt::tool {
 
 struct InputNormalization {
-  double mean = 0;
-  double std = 1;
+  // Per channel (dim 1 of x; per feature for [N, F] data): the train split's
+  // mean and std (U8 values / 255), and what a worker multiplies and adds.
+  std::vector<double> mean, std, scale, shift;
+  // "uint8", "float16" or "float32": the raw input the scale applies to.
+  std::string input_dtype;
+  std::vector<int64_t> input_shape;  // [C, H, W] or [F]
+  // "classes" (num_classes > 0) or "values" (regression, num_classes 0).
+  std::string target;
   int64_t num_classes = 0;
-  std::vector<int64_t> input_shape;  // [C, H, W]
+  int64_t num_outputs = 0;  // classes, or the regression target's width
 };
 
-// Reads train-images-idx3-ubyte, train-labels-idx1-ubyte and
-// t10k-labels-idx1-ubyte (each plain or ".gz") of `dir`. NotFound naming the
-// file when one is missing; Corruption naming it when it is not an IDX file
-// of u8.
-StatusOr<InputNormalization> ComputeInputNormalization(const std::string& dir);
+// The normalization of `config`'s data. IDX: reads train-images-idx3-ubyte,
+// train-labels-idx1-ubyte and t10k-labels-idx1-ubyte (each plain or ".gz") of
+// dataset_path; NotFound naming a missing file, Corruption naming one that is
+// not an IDX file of u8. A tensor file: TensorDataset::Open's errors, naming
+// the file and tensor.
+StatusOr<InputNormalization> ComputeInputNormalization(const records::ExperimentConfig& config);
 
 }  // namespace ckpt::tool
 

@@ -31,12 +31,6 @@ bool EndsWith(const std::string& s, const std::string& suffix) {
 
 bool IsOptimizerTensor(const std::string& name) { return name.rfind(kOptimPrefix, 0) == 0; }
 
-std::string FormatDouble17(double v) {
-  char buf[40];
-  std::snprintf(buf, sizeof(buf), "%.17g", v);
-  return buf;
-}
-
 // The trainable parameters of a blob, in its order: the model tensors that
 // have optimizer slots ("optim.<name>.<slot>").
 std::vector<std::string> TrainableNames(const format::CheckpointView& view) {
@@ -73,13 +67,21 @@ StatusOr<ExportContext> LoadExportContext(Session* session, const std::string& e
   ExportContext c;
   c.exp = exp;
   CKPT_ASSIGN_OR_RETURN(c.settings, ReadExperimentSettings(*info));
-  auto n = ComputeInputNormalization(c.settings.dataset_path);
+  auto n = ComputeInputNormalization(c.settings);
   if (n.ok()) {
     c.norm = *n;
   } else {
     c.norm_error = n.status().ToString();
   }
   return c;
+}
+
+// What a user of an export needs to feed the model as ckpt did: per
+// channel x' = x * input_scale[c] + input_shift[c] on input_dtype values.
+json NormalizationJson(const InputNormalization& n) {
+  return {{"input_mean", n.mean},   {"input_std", n.std},           {"input_scale", n.scale},
+          {"input_shift", n.shift}, {"input_dtype", n.input_dtype}, {"input_shape", n.input_shape},
+          {"target", n.target},     {"num_classes", n.num_classes}, {"num_outputs", n.num_outputs}};
 }
 
 json ExportMetadata(const ExportContext& c, const store::Manifest& m,
@@ -95,12 +97,7 @@ json ExportMetadata(const ExportContext& c, const store::Manifest& m,
             {"data_seed", view.meta().data_seed},
             {"data_cursor", view.meta().data_cursor},
             {"dataset", c.settings.dataset}};
-  if (c.norm) {
-    j["input_mean"] = c.norm->mean;
-    j["input_std"] = c.norm->std;
-    j["num_classes"] = c.norm->num_classes;
-    j["input_shape"] = c.norm->input_shape;
-  }
+  if (c.norm) j.update(NormalizationJson(*c.norm));
   return j;
 }
 
@@ -128,10 +125,12 @@ Status ExportSafetensors(const ExportContext& c, const store::Manifest& m,
   meta.extra["ckpt.export.version"] = std::to_string(m.version);
   meta.extra["ckpt.dataset"] = c.settings.dataset;
   if (c.norm) {
-    meta.extra["ckpt.input_mean"] = FormatDouble17(c.norm->mean);
-    meta.extra["ckpt.input_std"] = FormatDouble17(c.norm->std);
-    meta.extra["ckpt.num_classes"] = std::to_string(c.norm->num_classes);
-    meta.extra["ckpt.input_shape"] = json(c.norm->input_shape).dump();
+    // safetensors metadata is strings: a number or list as JSON (nlohmann
+    // writes doubles that read back exactly).
+    const json norm = NormalizationJson(*c.norm);
+    for (auto it = norm.begin(); it != norm.end(); ++it) {
+      meta.extra["ckpt." + it.key()] = it->is_string() ? it->get<std::string>() : it->dump();
+    }
   }
   w.SetMeta(meta);
   for (const auto& t : view.tensors()) {
