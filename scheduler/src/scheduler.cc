@@ -107,7 +107,9 @@ class SchedulerImpl : public Scheduler, public ControlTarget, public WorkerPoolL
         sighup_(io_),
         tick_(io_),
         grace_timer_(io_),
-        store_health_(store_.get(), options.store_path, &io_, [this] { OnStoreWritable(); }),
+        store_health_(
+            store_.get(), options.store_path, &io_, [this] { OnStoreWritable(); },
+            [this](const Status& s) { OnStoreBroken(s); }),
         progress_(options.progress) {
     if (options_.instance.empty()) {
       std::string abs = std::filesystem::absolute(options_.store_path).lexically_normal().string();
@@ -184,6 +186,9 @@ class SchedulerImpl : public Scheduler, public ControlTarget, public WorkerPoolL
   // The store takes writes again after a full disk (StoreHealth): what it
   // refused is redone and dispatch resumes.
   void OnStoreWritable();
+  // The store refuses every write (StoreHealth::BrokenForGood): stop, and
+  // make Run() return the error.
+  void OnStoreBroken(const Status& s);
   Experiment* Find(const std::string& id) {
     auto it = entries_.find(id);
     return it == entries_.end() ? nullptr : it->second.experiment.get();
@@ -374,6 +379,12 @@ void SchedulerImpl::OnTaskEvent(size_t worker, WorkerEvent ev) {
           break;
         }
         const bool moved = ev.commit_status == StatusCode::kAborted;
+        if (!moved && store_health_.BrokenForGood()) {
+          // The store's fault, not the member's: the interval reruns from
+          // its committed head once ckpt is restarted on a reopened store.
+          e->OnReturned(item);
+          break;
+        }
         if (metrics_ && !moved) {
           metrics_->MemberFailed(e->id(), records::FailureCode::kCommitError);
         }
@@ -423,6 +434,16 @@ void SchedulerImpl::OnWorkerLost(size_t worker, const std::string& reason,
     return;
   }
   Dispatch();
+}
+
+void SchedulerImpl::OnStoreBroken(const Status& s) {
+  if (run_status_.ok()) {
+    run_status_ = Status(s.code(),
+                         "the store refuses every write, so ckpt stopped; start it "
+                         "again to reopen the store (what it committed is kept): " +
+                             s.message());
+  }
+  BeginStop("the store refuses every write");
 }
 
 void SchedulerImpl::OnAllGivenUp(const std::string& last_reason) {

@@ -27,11 +27,23 @@ double SecondsSince(std::chrono::steady_clock::time_point t) {
 }  // namespace
 
 StoreHealth::StoreHealth(store::Store* store, std::string store_path, boost::asio::io_context* io,
-                         std::function<void()> on_writable)
+                         std::function<void()> on_writable,
+                         std::function<void(const Status&)> on_broken)
     : store_(store),
       store_path_(std::move(store_path)),
       on_writable_(std::move(on_writable)),
+      on_broken_(std::move(on_broken)),
       timer_(*io) {}
+
+bool StoreHealth::BrokenForGood() {
+  if (!broken_.ok()) return true;
+  const Status s = store_->Recover();
+  if (s.ok() || s.IsResourceExhausted()) return false;
+  broken_ = s;
+  Logger().error("store {} refuses every write: {}", store_path_, s.ToString());
+  on_broken_(s);
+  return true;
+}
 
 void StoreHealth::WaitForSpace(const std::string& reason) {
   if (waiting_ || stopped_) return;
@@ -71,15 +83,18 @@ void StoreHealth::Probe() {
     return;
   }
   waiting_ = false;
-  if (s.ok()) {
-    Logger().info("store writable again after {:.1f} s waiting for space; dispatch resumes",
-                  SecondsSince(waiting_since_));
-    trace::StoreWritable();
-  } else {
-    // Not a full disk any more but a store that refuses writes for good:
-    // the commits that follow fail the members as any commit error does.
-    Logger().error("store: {}", s.ToString());
+  if (!s.ok()) {
+    // Not a full disk any more but a store that refuses writes for good.
+    if (broken_.ok()) {
+      broken_ = s;
+      Logger().error("store {} refuses every write: {}", store_path_, s.ToString());
+      on_broken_(s);
+    }
+    return;
   }
+  Logger().info("store writable again after {:.1f} s waiting for space; dispatch resumes",
+                SecondsSince(waiting_since_));
+  trace::StoreWritable();
   on_writable_();
 }
 

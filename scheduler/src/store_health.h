@@ -7,6 +7,14 @@
 //   doubling to 30 s, warning with the free bytes each time; once it takes
 //   writes again (or refuses them for good, which is logged) `on_writable`
 //   runs on the loop, and the caller redoes what was refused and dispatches.
+// - A store broken for good: a write refused for another reason than space
+//   may be the writer's own fault (a blob that does not parse) or the
+//   store's (RocksDB failing to write: every later write returns it, store.h
+//   "reopen the store"). BrokenForGood() tells them apart by asking the
+//   store (Store::Recover); when it is the store's, and when a probe finds
+//   it so, `on_broken` runs once with the error: the scheduler stops and
+//   exits non-zero naming it, so that a supervisor (systemd's Restart=)
+//   reopens the store instead of every member being charged a failure.
 // - Background errors: what the store set aside of its background work (a
 //   compaction failing on a damaged blob file) is logged and recorded in each
 //   experiment's event log.
@@ -35,13 +43,19 @@ namespace ckpt::scheduler {
 class StoreHealth {
  public:
   StoreHealth(store::Store* store, std::string store_path, boost::asio::io_context* io,
-              std::function<void()> on_writable);
+              std::function<void()> on_writable, std::function<void(const Status&)> on_broken);
 
   // While true nothing may be dispatched.
   bool waiting_for_space() const { return waiting_; }
   // The store refused a write for want of space (`reason` names it): pause
   // and probe as above. A no-op while already waiting.
   void WaitForSpace(const std::string& reason);
+  // A write was refused for another reason than space or a moved head: true
+  // when the store now refuses every write (it then ran on_broken, once),
+  // false when it takes writes (the refusal was the writer's).
+  bool BrokenForGood();
+  // The error on_broken was given; OK while the store is not broken.
+  const Status& broken() const { return broken_; }
   // No more probes (the scheduler is finishing).
   void Stop();
 
@@ -60,6 +74,8 @@ class StoreHealth {
   store::Store* const store_;
   const std::string store_path_;
   const std::function<void()> on_writable_;
+  const std::function<void(const Status&)> on_broken_;
+  Status broken_;
   boost::asio::steady_timer timer_;
   bool waiting_ = false;
   bool stopped_ = false;

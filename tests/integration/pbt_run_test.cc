@@ -357,6 +357,42 @@ TEST_F(PbtRunTest, BadConfigurationsFailBeforeAnythingStarts) {
   EXPECT_FALSE(std::filesystem::exists(dir_ + "/bad-store"));
 }
 
+// A store whose disk starts failing (EIO on every write under the store,
+// injected below the real scheduler and RocksDB by eio_shim once the run has
+// results) is not the members' fault: ckpt stops, exits 1 naming the error
+// and charges no member, instead of failing every member until all are
+// stopped. Started again on the healthy disk it resumes and ends as a run
+// that never failed.
+TEST_F(PbtRunTest, AStoreThatFailsForGoodStopsTheRunNonZeroAndARestartEndsAsUndisturbed) {
+  const std::string config = WriteConfig("eio.toml", Config("eio", "sync", 1, 4, 6));
+  ASSERT_EQ(RunToEnd(config, dir_ + "/reference"), 0);
+  const std::string store = dir_ + "/store";
+  std::filesystem::create_directories(store);
+  const std::string trigger = dir_ + "/eio-now";
+  std::vector<std::string> args = {
+      "/usr/bin/env", "CKPT_TRACE=1", std::string("LD_PRELOAD=") + CKPT_EIO_SHIM,
+      "CKPT_EIO_PATH=" + std::filesystem::canonical(store).string(), "CKPT_EIO_TRIGGER=" + trigger};
+  for (auto& a : RunArgs(config, store)) args.push_back(a);
+  Child c(args, dir_ + "/eio.log");
+  ASSERT_TRUE(WaitForResults(c, 6)) << c.Log();
+  std::ofstream(trigger) << "the disk fails from now on\n";
+  ASSERT_TRUE(c.WaitFor(milliseconds(120000))) << "still running with a failed store:\n" << c.Log();
+  const int st = c.Wait();
+  const std::string log = c.Log();
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 1) << log;
+  EXPECT_NE(log.find("the store refuses every write, so ckpt stopped"), std::string::npos) << log;
+  EXPECT_NE(log.find("Input/output error"), std::string::npos) << log;
+  EXPECT_EQ(log.find("failed (commit_error)"), std::string::npos) << log;
+  EXPECT_EQ(log.find("stopped after"), std::string::npos) << log;
+
+  std::string rerun;
+  ASSERT_EQ(RunToEnd(config, store, &rerun), 0);
+  EXPECT_NE(rerun.find("experiment eio: done"), std::string::npos) << rerun;
+  const auto want = Heads(dir_ + "/reference", "eio");
+  ASSERT_EQ(want.size(), 4u);
+  EXPECT_TRUE(Heads(store, "eio") == want);
+}
+
 // The same run on Fashion-MNIST's IDX files and on a safetensors copy of them
 // (examples/make_dataset.py keeps ckpt's splits) ends with the same committed
 // heads, bit for bit: the tensor file goes through the TOML, CONFIGURE and the

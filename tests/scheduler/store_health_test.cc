@@ -1,6 +1,8 @@
 // StoreHealth (scheduler/src/store_health.h) over a real RocksDB store in a
-// temp dir and a real io_context: the probe after a refused write, Stop, and
-// the memory sizing threshold. A real full disk is chaos.disk_full's.
+// temp dir and a real io_context: the probe after a refused write, Stop, a
+// store that refuses every write, and the memory sizing threshold. A real
+// full disk is chaos.disk_full's; a real failing disk is
+// PbtRunTest.AStoreThatFailsForGood...'s.
 #include "store_health.h"
 
 #include <gtest/gtest.h>
@@ -8,6 +10,7 @@
 #include <boost/asio/io_context.hpp>
 #include <chrono>
 #include <memory>
+#include <vector>
 
 #include "store/test_util.h"
 
@@ -24,12 +27,68 @@ std::unique_ptr<store::Store> OpenStore(const TempDir& dir) {
   return std::move(*s);
 }
 
+void NotBroken(const Status& s) { ADD_FAILURE() << "on_broken ran: " << s.ToString(); }
+
+TEST(StoreHealthTest, ARefusedWriteOfAStoreThatTakesWritesIsTheWritersFault) {
+  TempDir dir;
+  auto st = OpenStore(dir);
+  boost::asio::io_context io;
+  StoreHealth h(
+      st.get(), dir.Sub("store"), &io, [] {}, NotBroken);
+  EXPECT_FALSE(h.BrokenForGood());
+  EXPECT_TRUE(h.broken().ok());
+}
+
+// A store that refuses every write (here a read-only view, whose Recover()
+// is FailedPrecondition like a broken writer's): on_broken runs once, with
+// the store's error.
+TEST(StoreHealthTest, AStoreThatRefusesEveryWriteIsBrokenForGoodOnce) {
+  TempDir dir;
+  OpenStore(dir).reset();  // create it
+  store::StoreOptions so;
+  so.path = dir.Sub("store");
+  auto ro = store::Store::OpenReadOnly(so);
+  ASSERT_TRUE(ro.ok()) << ro.status().ToString();
+  boost::asio::io_context io;
+  std::vector<Status> broken;
+  StoreHealth h(
+      ro->get(), dir.Sub("store"), &io, [] { ADD_FAILURE() << "on_writable ran"; },
+      [&](const Status& s) { broken.push_back(s); });
+  EXPECT_TRUE(h.BrokenForGood());
+  EXPECT_TRUE(h.BrokenForGood());
+  ASSERT_EQ(broken.size(), 1u);
+  EXPECT_EQ(broken[0].code(), StatusCode::kFailedPrecondition) << broken[0].ToString();
+  EXPECT_NE(broken[0].message().find(dir.Sub("store")), std::string::npos) << broken[0].ToString();
+  EXPECT_EQ(h.broken().ToString(), broken[0].ToString());
+}
+
+// A probe while waiting for space that finds the store broken ends the wait
+// through on_broken, not on_writable.
+TEST(StoreHealthTest, AProbeThatFindsTheStoreBrokenRunsOnBroken) {
+  TempDir dir;
+  OpenStore(dir).reset();
+  store::StoreOptions so;
+  so.path = dir.Sub("store");
+  auto ro = store::Store::OpenReadOnly(so);
+  ASSERT_TRUE(ro.ok()) << ro.status().ToString();
+  boost::asio::io_context io;
+  int broken = 0;
+  StoreHealth h(
+      ro->get(), dir.Sub("store"), &io, [] { ADD_FAILURE() << "on_writable ran"; },
+      [&](const Status&) { ++broken; });
+  h.WaitForSpace("a commit refused");
+  io.run();
+  EXPECT_EQ(broken, 1);
+  EXPECT_FALSE(h.waiting_for_space());
+}
+
 TEST(StoreHealthTest, AStoreThatTakesWritesAgainEndsTheWaitOnceAfterTheFirstProbe) {
   TempDir dir;
   auto st = OpenStore(dir);
   boost::asio::io_context io;
   int writable = 0;
-  StoreHealth h(st.get(), dir.Sub("store"), &io, [&] { ++writable; });
+  StoreHealth h(
+      st.get(), dir.Sub("store"), &io, [&] { ++writable; }, NotBroken);
   EXPECT_FALSE(h.waiting_for_space());
   const auto t0 = std::chrono::steady_clock::now();
   h.WaitForSpace("a commit refused");
@@ -48,7 +107,8 @@ TEST(StoreHealthTest, StopCancelsTheProbe) {
   auto st = OpenStore(dir);
   boost::asio::io_context io;
   int writable = 0;
-  StoreHealth h(st.get(), dir.Sub("store"), &io, [&] { ++writable; });
+  StoreHealth h(
+      st.get(), dir.Sub("store"), &io, [&] { ++writable; }, NotBroken);
   h.WaitForSpace("a commit refused");
   h.Stop();
   io.run();
@@ -61,7 +121,8 @@ TEST(StoreHealthTest, MemoryFollowsTheHeadStatesOnlyWhenTheyGrowByMoreThanAQuart
   TempDir dir;
   auto st = OpenStore(dir);
   boost::asio::io_context io;
-  StoreHealth h(st.get(), dir.Sub("store"), &io, [] {});
+  StoreHealth h(
+      st.get(), dir.Sub("store"), &io, [] {}, NotBroken);
   const uint64_t mib = uint64_t{1} << 20;
   // The store makes its blob cache 1.25 x the head states (store.h).
   h.SizeForHeadStates(8 * mib);
