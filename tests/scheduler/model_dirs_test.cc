@@ -133,7 +133,10 @@ TEST_F(ModelDirsTest, TorchScriptFileSizeAtAndPastTheLimit) {
     const std::string path = dir_ + "/models/sparse" + std::to_string(size) + ".pt";
     { std::ofstream(path, std::ios::binary) << "PK\3\4"; }
     fs::resize_file(path, size);
-    auto c = records::ParseExperimentConfig(toml_head + path + toml_tail, "exp.toml");
+    std::string toml = toml_head;
+    toml += path;
+    toml += toml_tail;
+    auto c = records::ParseExperimentConfig(toml, "exp.toml");
     if (size == format::kMaxTorchScriptFileBytes) {
       EXPECT_TRUE(c.ok()) << c.status().ToString();
     } else {

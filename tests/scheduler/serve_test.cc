@@ -674,7 +674,10 @@ TEST_F(ServeTest, TorchScriptModelsAreAcceptedOnlyFromAllowedModelDirs) {
     EXPECT_TRUE(r.status().IsInvalidArgument()) << r.status().ToString();
     const std::string& m = r.status().message();
     EXPECT_NE(m.find("out.toml: model.spec"), std::string::npos) << m;
-    EXPECT_NE(m.find("'" + path + "' resolves to " + resolved), std::string::npos) << m;
+    std::string named = "'" + path;
+    named += "' resolves to ";
+    named += resolved;
+    EXPECT_NE(m.find(named), std::string::npos) << m;
     EXPECT_NE(m.find("allowed_model_dirs [" + models + "]"), std::string::npos) << m;
   }
   EXPECT_NE(serve->Log().find("submit refused: out.toml: model.spec"), std::string::npos)

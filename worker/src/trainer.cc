@@ -643,7 +643,9 @@ StatusOr<std::unique_ptr<Trainer>> Create(const TrainerOptions& options) {
           std::string bytes,
           format::ReadRegularFile(path, format::kMaxTorchScriptFileBytes, "TorchScript file"));
       try {
-        std::istringstream in(std::move(bytes));
+        // C++17's istringstream copies the string (it has no constructor
+        // taking one by value): the file's bytes are held twice while loading.
+        std::istringstream in(bytes);
         ctx->script = torch::jit::load(in, ctx->device);
       } catch (const c10::Error& e) {
         return Status::InvalidArgument("TorchScript file " + path + " does not load: " + Brief(e));
