@@ -61,6 +61,10 @@ Status CheckScore(const SentTask& sent, const char* field, double v, bool allow_
       ok = ok && v <= 0;
       range = "(-inf, 0] and finite";
       break;
+    case format::MetricKind::kR2:
+      ok = ok && v <= 1;
+      range = "(-inf, 1] and finite";
+      break;
   }
   if (ok) return Status::OK();
   return Status::InvalidArgument(Who(sent) + ": " + field + " " + Num(v) + " outside " + range +

@@ -7,7 +7,7 @@
 // sent and the value expected):
 //   member      the "exp/member" the TRAIN named.
 //   val_acc     the experiment's metric (format::MetricKind), finite: accuracy
-//               in [0, 1], neg_mse in (-inf, 0]; or -1, the worker's "not
+//               in [0, 1], neg_mse in (-inf, 0], r2 in (-inf, 1]; or -1, the worker's "not
 //               evaluated" (MemberOutcome::val_acc), which is also the only
 //               value allowed when the experiment does not validate
 //               (eval_size = 0). A -1 gains a worker nothing: it ranks last.

@@ -136,6 +136,26 @@ TEST_F(TensorDataTest, DiabetesRegressionBeatsTheMean) {
   // val_acc holds the metric, neg_mse.
   EXPECT_LT(-o.val_acc, 0.8 * baseline) << "mean predictor's MSE " << baseline;
 
+  // r2 on the same training: 1 - MSE / the variance of the validation
+  // targets (about their own mean); the metric changes nothing trained.
+  TrainerOptions r2_options = Options("diabetes.safetensors", spec, "adam");
+  r2_options.metric = format::MetricKind::kR2;
+  auto r2_trainer = MakeTrainer(r2_options);
+  ASSERT_TRUE(r2_trainer);
+  MemberOutcome r2 = r2_trainer->TrainPlain(Task("r", nullptr, 1, 300, hp));
+  ASSERT_TRUE(r2.ok()) << r2.status.ToString();
+  EXPECT_EQ(r2.EncodeState(), o.EncodeState());
+  double val_mean = 0, val_var = 0;
+  const auto* vy = static_cast<const float*>(d.validation().y);
+  for (int64_t i = 0; i < d.validation().count; ++i) val_mean += vy[i];
+  val_mean /= static_cast<double>(d.validation().count);
+  for (int64_t i = 0; i < d.validation().count; ++i) {
+    val_var += (vy[i] - val_mean) * (vy[i] - val_mean);
+  }
+  val_var /= static_cast<double>(d.validation().count);
+  EXPECT_NEAR(r2.val_acc, 1 + o.val_acc / val_var, 1e-9);
+  EXPECT_GT(r2.val_acc, 0) << "r2 at most 0 is no better than the mean";
+
   // Fused regression on [N, F] features gives the plain parameters.
   std::vector<MemberTask> tasks = {Task("r0", nullptr, 1, 30, hp), Task("r1", nullptr, 2, 30, hp)};
   auto fused = t->TrainFused(tasks);

@@ -139,6 +139,20 @@ TEST_F(ResultCheckTest, NegMseMustBeFiniteAndAtMostZero) {
   }
 }
 
+TEST_F(ResultCheckTest, R2MustBeFiniteAndAtMostOne) {
+  sent_.rules.metric = format::MetricKind::kR2;
+  for (double ok : {1.0, 0.0, 0.93, -3.5}) {
+    result_.val_acc = ok;
+    EXPECT_TRUE(CheckResult(sent_, result_).ok()) << ok;
+  }
+  result_.val_acc = 1.5;
+  EXPECT_HAS(Refusal(), "val_acc 1.5 outside (-inf, 1] and finite (r2)");
+  for (double bad : {std::nextafter(1.0, 2.0), -kInf, kInf, kNaN}) {
+    result_.val_acc = bad;
+    EXPECT_FALSE(CheckResult(sent_, result_).ok()) << bad;
+  }
+}
+
 TEST_F(ResultCheckTest, WithoutValidationTheScoreMustBeTheWorkersNotEvaluated) {
   sent_.rules.validates = false;
   result_.val_acc = -1;

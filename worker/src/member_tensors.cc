@@ -408,10 +408,22 @@ at::Tensor ScoreSum(const Context& ctx, const at::Tensor& out, const at::Tensor&
   return last == 2 ? err.flatten(1).sum(1) : err.sum();
 }
 
-double Score(const Context& ctx, double sum, int64_t count) {
+double Score(const Context& ctx, const DeviceSplit& split, double sum, int64_t count) {
   if (count <= 0) return -1;
-  if (ctx.metric == format::MetricKind::kAccuracy) return sum / static_cast<double>(count);
-  return -sum / static_cast<double>(count * ctx.data->target_width);
+  switch (ctx.metric) {
+    case format::MetricKind::kAccuracy:
+      return sum / static_cast<double>(count);
+    case format::MetricKind::kNegMse:
+      return -sum / static_cast<double>(count * ctx.data->target_width);
+    case format::MetricKind::kR2: {
+      // SST about each output's mean over the same rows (format/task.h).
+      at::Tensor y = split.y.narrow(0, 0, count).to(at::kDouble).reshape({count, -1});
+      const double sst = (y - y.mean(0, /*keepdim=*/true)).pow(2).sum().item<double>();
+      if (sst > 0) return 1 - sum / sst;
+      return sum == 0 ? 1 : 0;
+    }
+  }
+  return -1;
 }
 
 namespace {

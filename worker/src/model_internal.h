@@ -165,11 +165,12 @@ at::Tensor Normalize(const Context& ctx, const at::Tensor& raw);
 
 // Sum over the rows of the metric's per-sample score term, as a double
 // tensor: correct predictions (accuracy) or squared errors summed over the
-// outputs (neg_mse). `out` is [M, outputs] (or [K, M, outputs], summed per
+// outputs (neg_mse, r2). `out` is [M, outputs] (or [K, M, outputs], summed per
 // member k into [K]); `y` the rows' targets.
 at::Tensor ScoreSum(const Context& ctx, const at::Tensor& out, const at::Tensor& y);
-// The metric of `count` rows from their ScoreSum.
-double Score(const Context& ctx, double sum, int64_t count);
+// The metric of the first `count` rows of `split` from their ScoreSum (r2
+// reads their targets).
+double Score(const Context& ctx, const DeviceSplit& split, double sum, int64_t count);
 
 // Plain training of one member for `steps` steps; `losses` receives one
 // scalar tensor per step. Stops early (returning OK) after a non-finite loss,

@@ -284,10 +284,12 @@ MemberOutcome TrainerImpl::Plain(const MemberTask& task, bool evaluate) {
     if (evaluate && finite_loss) {
       torch::jit::Module* sm = script ? &*script : nullptr;
       const int64_t val = std::min<int64_t>(ctx.options.eval_size, ctx.validation.count);
-      if (val > 0) out.val_acc = Score(ctx, EvaluatePlain(ctx, m, sm, ctx.validation, val), val);
+      if (val > 0)
+        out.val_acc =
+            Score(ctx, ctx.validation, EvaluatePlain(ctx, m, sm, ctx.validation, val), val);
       if (task.eval_test && ctx.test.count > 0) {
-        out.test_acc =
-            Score(ctx, EvaluatePlain(ctx, m, sm, ctx.test, ctx.test.count), ctx.test.count);
+        out.test_acc = Score(ctx, ctx.test, EvaluatePlain(ctx, m, sm, ctx.test, ctx.test.count),
+                             ctx.test.count);
       }
     }
     out.eval_s = Seconds(eval_start);
@@ -396,10 +398,10 @@ void TrainerImpl::FusedGroup(std::vector<MemberTensors>& states, const std::vect
     o.samples = steps * ctx.options.batch_size;
     if (!result.score_val.empty()) {
       const int64_t val = std::min<int64_t>(ctx.options.eval_size, ctx.validation.count);
-      o.val_acc = Score(ctx, result.score_val[j], val);
+      o.val_acc = Score(ctx, ctx.validation, result.score_val[j], val);
     }
     if (tasks[which[j]].eval_test && !result.score_test.empty()) {
-      o.test_acc = Score(ctx, result.score_test[j], ctx.test.count);
+      o.test_acc = Score(ctx, ctx.test, result.score_test[j], ctx.test.count);
     }
   }
 }

@@ -296,7 +296,7 @@ StatusOr<ExperimentConfig> ParseExperimentConfig(const std::string& toml_text,
     TomlTableReader r(*task, "task", origin);
     std::string loss, metric;
     CKPT_RETURN_IF_ERROR(r.OneOf("loss", {"cross_entropy", "mse"}, &loss));
-    CKPT_RETURN_IF_ERROR(r.OneOf("metric", {"accuracy", "neg_mse"}, &metric));
+    CKPT_RETURN_IF_ERROR(r.OneOf("metric", {"accuracy", "neg_mse", "r2"}, &metric));
     CKPT_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
     // Without the file checks a tensor file's targets are not known.
     const bool target_known = check_files || c.data_format == format::DatasetFormat::kIdx;

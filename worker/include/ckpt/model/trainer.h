@@ -152,9 +152,9 @@ class MemberOutcome {
   std::string member;
   int64_t step = 0;       // the member's step after this interval
   double train_loss = 0;  // mean training loss over this interval's steps (0 when steps = 0)
-  // The experiment's metric (TrainerOptions::metric: accuracy, or negative
-  // MSE) on validation and test; -1 when not evaluated (a neg_mse is < 0
-  // too: read it only where the split was evaluated).
+  // The experiment's metric (TrainerOptions::metric: accuracy, negative MSE
+  // or R^2) on validation and test; -1 when not evaluated (a neg_mse or r2
+  // may be -1 too: read it only where the split was evaluated).
   double val_acc = -1;
   double test_acc = -1;
   int64_t samples = 0;   // training samples this interval (steps * batch_size)

@@ -11,7 +11,7 @@
 //                or the tensor file, mapped and checked completely here:
 //                ckpt/format/tensor_dataset.h); val_size = 0; classes = 0;
 //                mean = [...]; std = [...]; augment = ["random_crop:4", "hflip"]
-//   [task]       loss = "cross_entropy" | "mse"; metric = "accuracy" | "neg_mse"
+//   [task]       loss = "cross_entropy" | "mse"; metric = "accuracy" | "neg_mse" | "r2"
 //                (default: those of the data's targets, ckpt/format/task.h)
 //   [population] size = 30; steps_per_interval = 200; intervals = 20;
 //                target_metric = 0.92; max_wall_s = 0

@@ -4,7 +4,8 @@
 //
 // Defaults follow the dataset's targets (ckpt/format/tensor_dataset.h):
 // class labels train with cross-entropy and score accuracy; float targets
-// train with mean squared error and score its negative (neg_mse).
+// train with mean squared error and score its negative (neg_mse); r2 (the
+// coefficient of determination) is the other metric for float targets.
 //
 // Thread-safety: values and pure functions.
 #ifndef CKPT_FORMAT_TASK_H_
@@ -24,13 +25,27 @@ enum class LossKind { kCrossEntropy, kMse };
 enum class MetricKind {
   kAccuracy,  // fraction of argmax predictions equal to the label
   kNegMse,    // -(mean over samples and outputs of (prediction - target)^2)
+  // 1 - SSE / SST over the evaluated rows, both summed over the outputs, SST
+  // about each output's mean of those rows: scikit-learn's r2_score (with
+  // multioutput="variance_weighted" for several outputs). Constant targets
+  // (SST = 0): 1 when predicted exactly, else 0 (r2_score's force_finite).
+  // At most 1; below 0 when worse than predicting the mean.
+  kR2,
 };
 
 inline std::string_view LossKindName(LossKind k) {
   return k == LossKind::kCrossEntropy ? "cross_entropy" : "mse";
 }
 inline std::string_view MetricKindName(MetricKind k) {
-  return k == MetricKind::kAccuracy ? "accuracy" : "neg_mse";
+  switch (k) {
+    case MetricKind::kAccuracy:
+      return "accuracy";
+    case MetricKind::kNegMse:
+      return "neg_mse";
+    case MetricKind::kR2:
+      return "r2";
+  }
+  return "accuracy";
 }
 // InvalidArgument for another name.
 inline StatusOr<LossKind> ParseLossKind(std::string_view name) {
@@ -42,8 +57,9 @@ inline StatusOr<LossKind> ParseLossKind(std::string_view name) {
 inline StatusOr<MetricKind> ParseMetricKind(std::string_view name) {
   if (name == "accuracy") return MetricKind::kAccuracy;
   if (name == "neg_mse") return MetricKind::kNegMse;
+  if (name == "r2") return MetricKind::kR2;
   return Status::InvalidArgument("unknown metric \"" + std::string(name) +
-                                 "\" (expected accuracy or neg_mse)");
+                                 "\" (expected accuracy, neg_mse or r2)");
 }
 
 // The target kind a loss or metric needs.
