@@ -56,27 +56,13 @@ TEST(AttackTest, FlippedInjectedAndReplayedRecordsAreRefusedAndNothingIsCommitte
   const std::string worker_bin = testing::Env("CKPT_WORKER_BIN", CKPT_WORKER_BIN);
   const std::string proxy_bin = testing::Env("CKPT_ATTACK_PROXY_BIN", CKPT_ATTACK_PROXY_BIN);
   const std::string name = "attack";
-  const auto write = [&](const std::string& file, const std::string& text) {
-    std::ofstream(dir + "/" + file) << text;
-    return dir + "/" + file;
-  };
-
-  const std::string reference_config =
-      write("reference.toml",
-            testing::RemoteRunConfig(name, kPopulation, kIntervals, "", kStepsPerInterval));
-  ASSERT_EQ(testing::RunReference(scheduler_bin, reference_config, dir + "/reference",
-                                  dir + "/reference.log"),
-            0);
-  const auto reference = testing::ReadStore(dir + "/reference", name);
-  ASSERT_EQ(reference.heads.size(), static_cast<size_t>(kPopulation));
-
-  const std::string secret = dir + "/experiment.secret";
-  const std::string config =
-      write("tcp.toml", testing::RemoteRunConfig(name, kPopulation, kIntervals,
-                                                 "listen = \"127.0.0.1:0\"\nsecret_file = \"" +
-                                                     secret + "\"\nlocal = false\n",
-                                                 kStepsPerInterval));
-  const std::string store = dir + "/store";
+  const testing::RemoteRunPlan plan =
+      testing::PlanRemoteRun(dir, scheduler_bin, name, kPopulation, kIntervals, kStepsPerInterval);
+  ASSERT_EQ(plan.reference.heads.size(), static_cast<size_t>(kPopulation));
+  const auto& reference = plan.reference;
+  const std::string& secret = plan.secret;
+  const std::string& config = plan.config;
+  const std::string& store = plan.store;
   Child scheduler({"/usr/bin/env", "CKPT_TRACE=1", scheduler_bin, "run", config, "--store", store,
                    "--quiet", "--grace-ms", "5000"},
                   dir + "/scheduler.log");

@@ -22,23 +22,6 @@ namespace {
 
 using std::chrono::milliseconds;
 
-// A loopback port nobody listens on now.
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  socklen_t len = sizeof a;
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
-    port = ntohs(a.sin_port);
-  }
-  close(fd);
-  return port;
-}
-
 TEST(MetricsRunTest, EveryDashboardPanelHasDataFromARealRun) {
   if (access(testing::kPrometheusBinary, X_OK) != 0) {
     GTEST_SKIP() << testing::kPrometheusBinary << " is not installed";
@@ -47,7 +30,7 @@ TEST(MetricsRunTest, EveryDashboardPanelHasDataFromARealRun) {
   ASSERT_TRUE(dashboard.ok()) << dashboard.status().ToString();
   const std::string dir = testing::TempDir("metrics-run");
   ASSERT_FALSE(dir.empty());
-  const int port = FreePort();
+  const int port = testing::FreeLoopbackPort();
   ASSERT_GT(port, 0);
   std::ostringstream toml;
   // Long enough to be scraped many times; max_wall_s ends it if the test

@@ -2,9 +2,12 @@
 #ifndef CKPT_TESTS_INTEGRATION_PROCESS_UTIL_H_
 #define CKPT_TESTS_INTEGRATION_PROCESS_UTIL_H_
 
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,6 +21,24 @@
 #include <vector>
 
 namespace ckpt::testing {
+
+// A loopback TCP port nothing listens on right now (the kernel's pick,
+// released at once); 0 when none could be had.
+inline int FreeLoopbackPort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return 0;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  int port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
+    port = ntohs(a.sin_port);
+  }
+  close(fd);
+  return port;
+}
 
 // A child process with stdout+stderr captured to a file.
 class Child {

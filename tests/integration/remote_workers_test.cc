@@ -223,25 +223,12 @@ TEST_F(RemoteWorkersTest, KillingAConnectedWorkerLosesNothingCommitted) {
   EXPECT_TRUE(calm == rough);
 }
 
-// A loopback port nothing listens on right now (the kernel's pick, released).
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  socklen_t len = sizeof(a);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
-
 TEST_F(RemoteWorkersTest, AWorkerStartedBeforeTheSchedulerJoinsWhenItListens) {
   // The secret is made by hand here (64 hex digits, 0600), as an operator
   // would before starting either side.
   Write("secret", std::string(32, 'a') + std::string(32, '7') + "\n");
   ASSERT_EQ(chmod(secret_.c_str(), 0600), 0);
-  const std::string addr = "127.0.0.1:" + std::to_string(FreePort());
+  const std::string addr = "127.0.0.1:" + std::to_string(testing::FreeLoopbackPort());
   auto w = StartWorker(addr, secret_, "early.log");
   // The worker has tried and is waiting for the scheduler.
   const auto until = std::chrono::steady_clock::now() + milliseconds(60000);

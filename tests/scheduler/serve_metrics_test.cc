@@ -72,22 +72,6 @@ Logged ReadLog(const std::string& store_path, const std::string& exp, uint64_t a
   return out;
 }
 
-// A port on the loopback nobody listens on now.
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
-    port = ntohs(a.sin_port);
-  }
-  close(fd);
-  return port;
-}
-
 double Value(const testing::Exposition& e, const std::string& family,
              const testing::LabelSet& labels) {
   auto it = e.find(family);
@@ -102,7 +86,7 @@ TEST(ServeMetricsTest, CountersEqualTheEventLogAcrossARestart) {
   const std::string binary = testing::Env("CKPT_SCHEDULER_BIN", CKPT_SCHEDULER_BIN);
   const std::string socket = dir + "/run/control.sock";
   const std::string store = dir + "/store";
-  const int port = FreePort();
+  const int port = testing::FreeLoopbackPort();
   ASSERT_GT(port, 0);
   std::ostringstream config;
   config << "store = \"" << store << "\"\nruntime_directory = \"" << dir << "/run\"\n"

@@ -259,6 +259,39 @@ inline int RunReference(const std::string& scheduler, const std::string& config,
   return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
+// A TCP run of the experiment above and its undisturbed reference, for the
+// tests that attack a worker link on loopback (tests/attack,
+// forged_result_test).
+struct RemoteRunPlan {
+  StoreSnapshot reference;  // the reference run's store; no heads when it failed
+  std::string secret;       // <dir>/experiment.secret (the scheduler creates it)
+  std::string config;       // <dir>/tcp.toml: remote workers only, on 127.0.0.1:0
+  std::string store;        // <dir>/store, for the TCP run
+};
+
+// Runs the reference (<dir>/reference.toml, spawned local workers, store
+// <dir>/reference, log <dir>/reference.log) to the end and writes the TCP
+// run's config.
+inline RemoteRunPlan PlanRemoteRun(const std::string& dir, const std::string& scheduler,
+                                   const std::string& name, int population, int intervals,
+                                   int steps_per_interval) {
+  RemoteRunPlan plan;
+  const std::string reference_config = dir + "/reference.toml";
+  std::ofstream(reference_config) << RemoteRunConfig(name, population, intervals, "",
+                                                     steps_per_interval);
+  if (RunReference(scheduler, reference_config, dir + "/reference", dir + "/reference.log") == 0) {
+    plan.reference = ReadStore(dir + "/reference", name);
+  }
+  plan.secret = dir + "/experiment.secret";
+  plan.config = dir + "/tcp.toml";
+  std::ofstream(plan.config) << RemoteRunConfig(
+      name, population, intervals,
+      "listen = \"127.0.0.1:0\"\nsecret_file = \"" + plan.secret + "\"\nlocal = false\n",
+      steps_per_interval);
+  plan.store = dir + "/store";
+  return plan;
+}
+
 }  // namespace ckpt::testing
 
 #endif  // CKPT_TESTS_SLURM_REMOTE_RUN_H_
