@@ -139,13 +139,7 @@ TEST(AttackTest, FlippedInjectedAndReplayedRecordsAreRefusedAndNothingIsCommitte
   EXPECT_EQ(run.verify_problem, "");
   ASSERT_EQ(run.heads.size(), static_cast<size_t>(kPopulation));
   testing::ExpectEachIntervalTrainedOnce(testing::ReadCommits(run), run, kIntervals);
-  for (const auto& [member, head] : reference.heads) {
-    auto it = run.heads.find(member);
-    ASSERT_NE(it, run.heads.end()) << member;
-    EXPECT_TRUE(it->second == head)
-        << member << ": v" << it->second.version << " step " << it->second.step << " blob "
-        << it->second.blob << " vs the reference's v" << head.version << " step " << head.step;
-  }
+  testing::ExpectHeadsAsReference(run, reference);
   if (!HasFailure() && testing::Env("CKPT_TEST_KEEP").empty()) {
     std::filesystem::remove_all(dir);
   } else {

@@ -258,14 +258,7 @@ TEST_F(NetnsWorkersTest, CuttingAWorkersLinkLosesNothingAndTheOtherHostRetrainsI
     EXPECT_EQ(j.value("requeued", size_t{0}), in_flight.size()) << e;
   }
   EXPECT_EQ(lost_events, 1) << scheduler.Log();
-  for (const auto& [member, head] : reference.heads) {
-    auto it = run.heads.find(member);
-    ASSERT_NE(it, run.heads.end()) << member;
-    EXPECT_TRUE(it->second == head)
-        << member << ": v" << it->second.version << " step " << it->second.step << " blob "
-        << it->second.blob << " vs the reference's v" << head.version << " step " << head.step
-        << " blob " << head.blob;
-  }
+  testing::ExpectHeadsAsReference(run, reference);
 }
 
 }  // namespace

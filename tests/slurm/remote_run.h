@@ -259,6 +259,19 @@ inline int RunReference(const std::string& scheduler, const std::string& config,
   return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
+// Each head of `run` is the reference run's, member for member (version,
+// step, blob): what an undisturbed run would have committed.
+inline void ExpectHeadsAsReference(const StoreSnapshot& run, const StoreSnapshot& reference) {
+  for (const auto& [member, head] : reference.heads) {
+    auto it = run.heads.find(member);
+    ASSERT_NE(it, run.heads.end()) << member;
+    EXPECT_TRUE(it->second == head)
+        << member << ": v" << it->second.version << " step " << it->second.step << " blob "
+        << it->second.blob << " vs the reference's v" << head.version << " step " << head.step
+        << " blob " << head.blob;
+  }
+}
+
 // A TCP run of the experiment above and its undisturbed reference, for the
 // tests that attack a worker link on loopback (tests/attack,
 // forged_result_test).

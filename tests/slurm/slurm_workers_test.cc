@@ -309,14 +309,7 @@ TEST_F(SlurmWorkersTest, WorkerJobRunsAPopulationAndASecondJobFinishesACancelled
   EXPECT_GT(first_job, 0);
   EXPECT_GT(second_job, 0);
   // And the end is the undisturbed run's, member for member.
-  for (const auto& [member, head] : reference.heads) {
-    auto it = run.heads.find(member);
-    ASSERT_NE(it, run.heads.end()) << member;
-    EXPECT_TRUE(it->second == head)
-        << member << ": v" << it->second.version << " step " << it->second.step << " blob "
-        << it->second.blob << " vs the reference's v" << head.version << " step " << head.step
-        << " blob " << head.blob;
-  }
+  testing::ExpectHeadsAsReference(run, reference);
 }
 
 }  // namespace
