@@ -59,10 +59,7 @@ TEST(AttackTest, FlippedInjectedAndReplayedRecordsAreRefusedAndNothingIsCommitte
   const testing::RemoteRunPlan plan =
       testing::PlanRemoteRun(dir, scheduler_bin, name, kPopulation, kIntervals, kStepsPerInterval);
   ASSERT_EQ(plan.reference.heads.size(), static_cast<size_t>(kPopulation));
-  const auto& reference = plan.reference;
-  const std::string& secret = plan.secret;
-  const std::string& config = plan.config;
-  const std::string& store = plan.store;
+  const auto& [reference, secret, config, store] = plan;
   Child scheduler({"/usr/bin/env", "CKPT_TRACE=1", scheduler_bin, "run", config, "--store", store,
                    "--quiet", "--grace-ms", "5000"},
                   dir + "/scheduler.log");
@@ -70,7 +67,7 @@ TEST(AttackTest, FlippedInjectedAndReplayedRecordsAreRefusedAndNothingIsCommitte
   ASSERT_EQ(addr.rfind("127.0.0.1:", 0), 0u) << addr << "\n" << scheduler.Log();
 
   const auto worker_args = [&](const std::string& to) {
-    std::vector<std::string> args = {worker_bin, "--connect", to, "--secret-file", secret};
+    std::vector<std::string> args = {worker_bin, "--connect", to, "--secret-file", plan.secret};
     for (const auto& f : testing::WorkerTrainingFlags()) args.push_back(f);
     return args;
   };

@@ -52,10 +52,7 @@ TEST(ForgedResultTest, LiesOfAnAuthenticatedWorkerAreRefusedAndNothingIsCommitte
   const testing::RemoteRunPlan plan =
       testing::PlanRemoteRun(dir, scheduler_bin, name, kPopulation, kIntervals, kStepsPerInterval);
   ASSERT_EQ(plan.reference.heads.size(), static_cast<size_t>(kPopulation));
-  const auto& reference = plan.reference;
-  const std::string& secret = plan.secret;
-  const std::string& config = plan.config;
-  const std::string& store = plan.store;
+  const auto& [reference, secret, config, store] = plan;
   Child scheduler({scheduler_bin, "run", config, "--store", store, "--quiet", "--grace-ms", "5000"},
                   dir + "/scheduler.log");
   const std::string addr = testing::WaitForWorkersAddr(scheduler, store);

@@ -127,9 +127,14 @@ class ServeTest : public ::testing::Test {
     return client_.get();
   }
 
+  // The experiment's status name, or the error, for messages.
   std::string StatusOf(const std::string& exp) {
     auto s = client_->ExperimentStatus(exp);
     return s.ok() ? records::ExperimentStatusName(s->status) : s.status().ToString();
+  }
+  bool StatusIs(const std::string& exp, records::ExperimentStatus want) {
+    auto s = client_->ExperimentStatus(exp);
+    return s.ok() && s->status == want;
   }
 
   // Intervals trained by every member together (persistent across restarts).
@@ -208,7 +213,7 @@ TEST_F(ServeTest, TwoExperimentsProgressPauseResumeAndRestore) {
 
   // Pause a: in-flight intervals finish, then nothing new while b trains on.
   ASSERT_TRUE(client_->Pause("a").ok());
-  EXPECT_EQ(StatusOf("a"), "paused");
+  EXPECT_TRUE(StatusIs("a", records::ExperimentStatus::kPaused)) << StatusOf("a");
   int64_t b0 = Done("b");
   ASSERT_TRUE(WaitUntil([&] { return Done("b") >= b0 + 2 * kPopulation; }, milliseconds(120000)));
   auto ro = OpenReadOnly("store");
@@ -229,7 +234,7 @@ TEST_F(ServeTest, TwoExperimentsProgressPauseResumeAndRestore) {
   ASSERT_TRUE(WaitUntil([&] { return Done("b") >= b0 + 3 * kPopulation; }, milliseconds(120000)));
   EXPECT_EQ(store_heads("a"), paused_heads) << "a trained while paused";
   EXPECT_EQ(Done("a"), paused_done);
-  EXPECT_EQ(StatusOf("a"), "paused");
+  EXPECT_TRUE(StatusIs("a", records::ExperimentStatus::kPaused)) << StatusOf("a");
 
   // Resume: a trains again.
   ASSERT_TRUE(client_->Resume("a").ok());
@@ -692,7 +697,8 @@ TEST_F(ServeTest, TorchScriptModelsAreAcceptedOnlyFromAllowedModelDirs) {
 
   auto inside = client_->Submit(with_model("inside", models + "/broken.pt"), "inside.toml");
   ASSERT_TRUE(inside.ok()) << inside.status().ToString();
-  EXPECT_TRUE(WaitUntil([&] { return StatusOf("inside") == "failed"; }, milliseconds(120000)))
+  EXPECT_TRUE(WaitUntil([&] { return StatusIs("inside", records::ExperimentStatus::kFailed); },
+                        milliseconds(120000)))
       << StatusOf("inside") << "\n"
       << serve->Log();
   EXPECT_NE(serve->Log().find("does not load"), std::string::npos) << serve->Log();
