@@ -39,10 +39,15 @@ bool StoreHealth::BrokenForGood() {
   if (!broken_.ok()) return true;
   const Status s = store_->Recover();
   if (s.ok() || s.IsResourceExhausted()) return false;
+  MarkBroken(s);
+  return true;
+}
+
+void StoreHealth::MarkBroken(const Status& s) {
+  if (!broken_.ok()) return;
   broken_ = s;
   Logger().error("store {} refuses every write: {}", store_path_, s.ToString());
   on_broken_(s);
-  return true;
 }
 
 void StoreHealth::WaitForSpace(const std::string& reason) {
@@ -85,11 +90,7 @@ void StoreHealth::Probe() {
   waiting_ = false;
   if (!s.ok()) {
     // Not a full disk any more but a store that refuses writes for good.
-    if (broken_.ok()) {
-      broken_ = s;
-      Logger().error("store {} refuses every write: {}", store_path_, s.ToString());
-      on_broken_(s);
-    }
+    MarkBroken(s);
     return;
   }
   Logger().info("store writable again after {:.1f} s waiting for space; dispatch resumes",

@@ -70,6 +70,8 @@ class StoreHealth {
  private:
   void Probe();
   void Arm();
+  // Records `s` as the store's for-good failure and runs on_broken (once).
+  void MarkBroken(const Status& s);
 
   store::Store* const store_;
   const std::string store_path_;
