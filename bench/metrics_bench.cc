@@ -149,7 +149,7 @@ struct RunFeeder {
     counts.running = 8;
     counts.queued = members - 8;
     m->SetMemberCounts(kExperiment, counts);
-    m->SetScores(kExperiment, 0.9, 0.8);
+    m->SetScores(kExperiment, format::MetricKind::kAccuracy, 0.9, 0.8);
   }
 };
 

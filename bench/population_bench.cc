@@ -398,8 +398,8 @@ int Population(const PopulationBenchOptions& o) {
     const double bare_child = BareLoopInChildProcess(path, c, slots * workers);
     double best_val = 0, best_test = -1;
     for (const auto& m : s.members) {
-      best_val = std::max(best_val, m.val_acc);
-      best_test = std::max(best_test, m.test_acc);
+      best_val = std::max(best_val, m.val_score);
+      best_test = std::max(best_test, m.test_score);
     }
     add("members", c.population);
     add("intervals", c.intervals);

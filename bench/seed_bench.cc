@@ -27,14 +27,25 @@
 // most) and the JSON reports their median; figures are noisy on a shared
 // machine, so compare ratios, not absolute rates across runs.
 //
-//   ckpt-bench seed [--rounds 2] [--population 30] [--intervals 4] [--steps 100]
-//       [--eval-size 2000] [--slots 2] [--fusion plain] [--seed 2026]
+//   ckpt-bench seed [--workload fashion-lenet5] [--rounds 2] [--population 30]
+//       [--intervals 4] [--steps 100] [--batch-size 64] [--eval-size 2000] [--slots 2] [--fusion plain] [--seed 2026]
 //       [--final-eval-top 5] [--scheduler PATH] [--python /usr/bin/python3]
 //       [--script bench/seed_approach.py] [--dataset-path DIR] [--sample-ms 1000]
-//       [--skip-bare] [--ckpt-args="--flag value ..."]
+//       [--skip-bare] [--ckpt-args="--flag value ..."] [--rows 6000]
 //
 // --ckpt-args: extra arguments of `ckpt-scheduler run`, split at spaces (give
 // it with "=": a value that starts with "--" would read as the next flag).
+//
+// --workload cifar-resnet20: the same race on a model with ~40x LeNet-5's
+// arithmetic per sample: ResNet-20 (ckpt's built-in "resnet20"; the Python
+// side builds the same 272,474-parameter network) on a CIFAR-shaped set
+// (examples/make_dataset.py cifar-synthetic, --rows rows written into the
+// temp dir with --python unless --dataset-path names a safetensors file),
+// random crop (4-pixel padding) and horizontal flip, per-channel normalization
+// from the training split, the search space of examples/cifar10-resnet20-pbt.toml
+// and the user's PBT step as above. Its defaults are smaller: 8 members x 3
+// intervals x 20 steps of batch 64, 500 validation images. No bare-loop
+// contender (the bare loop trains LeNet-5 on IDX files only).
 #include <fcntl.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -75,17 +86,41 @@ using nlohmann::json;
 // ends (SchedulerOptions::final_eval_top, which `run` leaves at its default).
 constexpr int kFinalEvalTop = 5;
 
+enum class WorkloadKind { kFashionLenet5, kCifarResnet20 };
+const std::map<std::string, WorkloadKind> kWorkloads = {
+    {"fashion-lenet5", WorkloadKind::kFashionLenet5},
+    {"cifar-resnet20", WorkloadKind::kCifarResnet20}};
+
 struct Workload {
-  int population = 30;
-  int intervals = 4;
-  int64_t steps = 100;
+  WorkloadKind kind = WorkloadKind::kFashionLenet5;
+  // 0: the workload's default (fashion-lenet5 / cifar-resnet20).
+  int population = 0;     // 30 / 8
+  int intervals = 0;      // 4 / 3
+  int64_t steps = 0;      // 100 / 20
   int batch_size = 64;
-  int eval_size = 2000;
+  int eval_size = -1;     // 2000 / 500
+  int rows = 6000;        // cifar-synthetic rows when no --dataset-path
   int slots = 2;
   std::string fusion = "plain";
   uint64_t seed = 2026;
-  std::string dataset_path = "/usr/share/datasets/fashion-mnist";
+  std::string dataset_path;  // "": Fashion-MNIST's IDX directory / a generated set
   int final_eval_top = kFinalEvalTop;
+
+  std::string Name() const {
+    for (const auto& [name, k] : kWorkloads) {
+      if (k == kind) return name;
+    }
+    return "?";
+  }
+  bool cifar() const { return kind == WorkloadKind::kCifarResnet20; }
+  // Fills the workload's defaults in for what was not given.
+  void Resolve() {
+    if (population == 0) population = cifar() ? 8 : 30;
+    if (intervals == 0) intervals = cifar() ? 3 : 4;
+    if (steps == 0) steps = cifar() ? 20 : 100;
+    if (eval_size < 0) eval_size = cifar() ? 500 : 2000;
+    if (!cifar() && dataset_path.empty()) dataset_path = "/usr/share/datasets/fashion-mnist";
+  }
 
   int64_t TrainSamples() const {
     return static_cast<int64_t>(population) * intervals * steps * batch_size;
@@ -215,17 +250,30 @@ std::string Tail(const std::string& text, size_t n) {
 std::string ExperimentToml(const Workload& w, const std::string& store) {
   json path = w.dataset_path, store_path = store;
   std::ostringstream t;
-  t << "name = \"seed\"\nseed = " << w.seed << "\nstore = " << store_path.dump() << "\n"
-    << "[model]\nspec = \"lenet5\"\noptimizer = \"sgd\"\n"
-    << "[data]\ndataset = \"fashion-mnist\"\npath = " << path.dump()
-    << "\nbatch_size = " << w.batch_size << "\neval_size = " << w.eval_size << "\n"
+  t << "name = \"seed\"\nseed = " << w.seed << "\nstore = " << store_path.dump() << "\n";
+  if (w.cifar()) {
+    t << "[model]\nspec = \"resnet20\"\noptimizer = \"sgd\"\n"
+      << "[data]\nformat = \"safetensors\"\npath = " << path.dump()
+      << "\naugment = [\"random_crop:4\", \"hflip\"]\n";
+  } else {
+    t << "[model]\nspec = \"lenet5\"\noptimizer = \"sgd\"\n"
+      << "[data]\ndataset = \"fashion-mnist\"\npath = " << path.dump() << "\n";
+  }
+  t << "batch_size = " << w.batch_size << "\neval_size = " << w.eval_size << "\n"
     << "[population]\nsize = " << w.population << "\nsteps_per_interval = " << w.steps
-    << "\nintervals = " << w.intervals
-    << "\n"
-    // The search space of examples/fashion-mnist-pbt.toml and seed_approach.py.
-    << "[search_space.lr]\ntype = \"log_uniform\"\nmin = 0.001\nmax = 0.2\n"
-    << "[search_space.momentum]\ntype = \"uniform\"\nmin = 0.5\nmax = 0.99\n"
-    << "[search_space.weight_decay]\ntype = \"log_uniform\"\nmin = 0.000001\nmax = 0.01\n"
+    << "\nintervals = " << w.intervals << "\n";
+  // The search spaces of examples/fashion-mnist-pbt.toml and
+  // examples/cifar10-resnet20-pbt.toml, as seed_approach.py draws them.
+  if (w.cifar()) {
+    t << "[search_space.lr]\ntype = \"log_uniform\"\nmin = 0.01\nmax = 0.4\n"
+      << "[search_space.momentum]\ntype = \"uniform\"\nmin = 0.8\nmax = 0.95\n"
+      << "[search_space.weight_decay]\ntype = \"log_uniform\"\nmin = 0.00005\nmax = 0.001\n";
+  } else {
+    t << "[search_space.lr]\ntype = \"log_uniform\"\nmin = 0.001\nmax = 0.2\n"
+      << "[search_space.momentum]\ntype = \"uniform\"\nmin = 0.5\nmax = 0.99\n"
+      << "[search_space.weight_decay]\ntype = \"log_uniform\"\nmin = 0.000001\nmax = 0.01\n";
+  }
+  t
     // The user's PBT: every interval, bottom 20% copy a top-20% member, then
     // each hyperparameter times 0.8 or 1.2 (never resampled).
     << "[policy]\nkind = \"pbt\"\nmode = \"sync\"\nquantile = 0.2\nperturb = [0.8, 1.2]\n"
@@ -248,13 +296,13 @@ bool ReadSummary(const std::string& path, double* val_acc, double* test_acc, std
     return false;
   }
   const json& best = j["members"].front();
-  if (!best.contains("val_acc") || !best["val_acc"].is_number() || !best.contains("test_acc") ||
-      !best["test_acc"].is_number()) {
-    *why = path + ": the best member has no numeric val_acc/test_acc";
+  if (!best.contains("val_score") || !best["val_score"].is_number() ||
+      !best.contains("test_score") || !best["test_score"].is_number()) {
+    *why = path + ": the best member has no numeric val_score/test_score";
     return false;
   }
-  *val_acc = best["val_acc"].get<double>();
-  *test_acc = best["test_acc"].get<double>();
+  *val_acc = best["val_score"].get<double>();
+  *test_acc = best["test_score"].get<double>();
   return true;
 }
 
@@ -322,8 +370,8 @@ int BareLoop(const Workload& w) {
           const auto blob_start = Clock::now();
           states[i] = o.EncodeState();
           const double blob = std::chrono::duration<double>(Clock::now() - blob_start).count();
-          val[i] = o.val_acc;
-          test[i] = o.test_acc;
+          val[i] = o.val_score;
+          test[i] = o.test_score;
           std::lock_guard<std::mutex> lock(phases_mu);
           decode_s += o.pack_s;
           train_s += o.compute_s - o.eval_s;
@@ -406,8 +454,10 @@ struct SeedBenchOptions {
   std::string ckpt_args;
 };
 
-int Seed(const SeedBenchOptions& o) {
-  const Workload& w = o.workload;
+int Seed(const SeedBenchOptions& options) {
+  SeedBenchOptions o = options;
+  o.workload.Resolve();
+  Workload& w = o.workload;
   if (o.bare_only) return BareLoop(w);
 
   const int rounds = o.rounds;
@@ -419,12 +469,26 @@ int Seed(const SeedBenchOptions& o) {
   const std::string& python = o.python;
   std::string script = o.script;
   if (!fs::exists(script)) script = std::string(CKPT_SOURCE_DIR) + "/bench/seed_approach.py";
-  const bool with_bare = !o.skip_bare;
+  const bool with_bare = !o.skip_bare && !w.cifar();
   const std::string& ckpt_args = o.ckpt_args;
 
   const fs::path root = fs::temp_directory_path() / ("ckpt-bench-seed-" + std::to_string(getpid()));
   fs::remove_all(root);
   fs::create_directories(root);
+  if (w.cifar() && w.dataset_path.empty()) {
+    // The CIFAR-shaped set, written by the script the README gives users.
+    w.dataset_path = (root / "cifar-synthetic.safetensors").string();
+    const ProcessRun made = RunMeasured(
+        {python, std::string(CKPT_SOURCE_DIR) + "/examples/make_dataset.py", "cifar-synthetic",
+         w.dataset_path, "--n", std::to_string(w.rows), "--seed", std::to_string(w.seed)},
+        {}, root.string(), o.sample_ms);
+    if (made.exit_code != 0) {
+      std::fprintf(stderr, "seed: examples/make_dataset.py exited with %d\n%s\n", made.exit_code,
+                   Tail(made.err, 2000).c_str());
+      return 1;
+    }
+    std::fprintf(stderr, "%s", made.out.c_str());
+  }
 
   Contender ckpt{"ckpt"}, python_run{"python"}, bare{"bare"};
   std::vector<double> speedup, pss_ratio, overhead;
@@ -455,6 +519,8 @@ int Seed(const SeedBenchOptions& o) {
                "--eval-size",  std::to_string(w.eval_size),
                "--seed",       std::to_string(w.seed),
                "--dataset",    w.dataset_path,
+               "--workload",   w.Name(),
+               "--batch",      std::to_string(w.batch_size),
                "--workdir",    dir + "/members",
                "--no-pss"};
         c = &python_run;
@@ -532,6 +598,7 @@ int Seed(const SeedBenchOptions& o) {
   fs::remove_all(root);
 
   json out{{"bench", "seed"},
+           {"workload", w.Name()},
            {"rounds", rounds},
            {"population", w.population},
            {"intervals", w.intervals},
@@ -570,17 +637,23 @@ BenchRun SeedFlags(CLI::App& cmd) {
   cmd.add_option("--rounds", o->rounds, "rounds of the contenders")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  cmd.add_option("--population", w.population, "members")
+  cmd.add_option("--workload", w.kind, "fashion-lenet5 or cifar-resnet20")
+      ->transform(CLI::CheckedTransformer(kWorkloads, CLI::ignore_case))
+      ->capture_default_str();
+  cmd.add_option("--population", w.population, "members (default: 30 / cifar 8)")
+      ->check(CLI::PositiveNumber);
+  cmd.add_option("--intervals", w.intervals, "intervals (default: 4 / cifar 3)")
+      ->check(CLI::PositiveNumber);
+  cmd.add_option("--steps", w.steps, "steps per interval (default: 100 / cifar 20)")
+      ->check(CLI::PositiveNumber);
+  cmd.add_option("--batch-size", w.batch_size, "training batch")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  cmd.add_option("--intervals", w.intervals, "intervals")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  cmd.add_option("--steps", w.steps, "steps per interval")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  cmd.add_option("--eval-size", w.eval_size, "validation samples per interval")
-      ->check(CLI::NonNegativeNumber)
+  cmd.add_option("--eval-size", w.eval_size,
+                 "validation samples per interval (default: 2000 / cifar 500)")
+      ->check(CLI::NonNegativeNumber);
+  cmd.add_option("--rows", w.rows, "cifar-synthetic rows generated (train 80%, val, test 10%)")
+      ->check(CLI::Range(100, 1000000))
       ->capture_default_str();
   cmd.add_option("--slots", w.slots, "ckpt's training slots")
       ->check(CLI::PositiveNumber)
@@ -590,8 +663,8 @@ BenchRun SeedFlags(CLI::App& cmd) {
   cmd.add_option("--final-eval-top", w.final_eval_top, "members scored on the test split")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
-  cmd.add_option("--dataset-path", w.dataset_path, "Fashion-MNIST directory")
-      ->capture_default_str();
+  cmd.add_option("--dataset-path", w.dataset_path,
+                 "Fashion-MNIST directory / cifar safetensors file (default: generated)");
   cmd.add_option("--scheduler", o->scheduler, "ckpt-scheduler (default: this build's)");
   cmd.add_option("--python", o->python, "Python of the seed approach")->capture_default_str();
   cmd.add_option("--script", o->script, "the seed approach")->capture_default_str();

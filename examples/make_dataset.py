@@ -29,6 +29,7 @@ The output's extension picks the format: .safetensors or .npz.
 """
 import argparse
 import gzip
+import json
 import os
 import sys
 
@@ -112,11 +113,36 @@ def cifar_synthetic(n, seed):
     return split(x, y.astype(np.int64), val, val, seed + 1)
 
 
+SAFETENSORS_DTYPES = {"uint8": "U8", "int64": "I64", "float16": "F16", "float32": "F32"}
+
+
+def save_safetensors(arrays, out):
+    """The safetensors layout without the safetensors package (Debian's
+    python3 lacks it): an 8-byte little-endian header length, the JSON header
+    (dtype, shape, data_offsets per tensor, padded with spaces to 8 bytes), then
+    the tensors' bytes back to back in the header's order."""
+    header, at = {}, 0
+    for name, a in arrays.items():
+        header[name] = {"dtype": SAFETENSORS_DTYPES[a.dtype.name], "shape": list(a.shape),
+                        "data_offsets": [at, at + a.nbytes]}
+        at += a.nbytes
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(out, "wb") as f:
+        f.write(len(text).to_bytes(8, "little") + text)
+        for a in arrays.values():
+            f.write(a.tobytes())
+
+
 def write(arrays, out):
     arrays = {k: np.ascontiguousarray(v) for k, v in arrays.items()}
     if out.endswith(".safetensors"):
-        from safetensors.numpy import save_file
-        save_file(arrays, out)
+        try:
+            from safetensors.numpy import save_file
+        except ImportError:
+            save_safetensors(arrays, out)
+        else:
+            save_file(arrays, out)
     elif out.endswith(".npz"):
         np.savez(out, **arrays)
     else:

@@ -64,7 +64,7 @@ def main():
     model.eval()
     accuracy = score(model, meta, args.data)
     print(f"{ref}: hyperparameters {json.loads(meta['ckpt.hparams'])}, "
-          f"val_acc {best['val_acc']:.4f}, test accuracy {accuracy:.4f}")
+          f"val_accuracy {best['val_accuracy']:.4f}, test accuracy {accuracy:.4f}")
 
 
 if __name__ == "__main__":

@@ -382,7 +382,8 @@ class Metrics::Impl {
   void SetMemberCounts(std::string_view experiment, const MemberCounts& counts);
   void Exploited(std::string_view experiment);
   void MemberFailed(std::string_view experiment, records::FailureCode reason);
-  void SetScores(std::string_view experiment, double best, double median);
+  void SetScores(std::string_view experiment, format::MetricKind metric, double best,
+                 double median);
   void ForgetExperiment(std::string_view experiment);
   void StoreOperation(StoreOp op, double seconds, uint64_t bytes);
   void WorkerStarted(std::string_view worker, std::string_view device, pid_t pid);
@@ -760,13 +761,17 @@ void Metrics::Impl::MemberFailed(std::string_view experiment, records::FailureCo
   }
 }
 
-void Metrics::Impl::SetScores(std::string_view experiment, double best, double median) {
+void Metrics::Impl::SetScores(std::string_view experiment, format::MetricKind metric, double best,
+                              double median) {
   std::lock_guard<std::mutex> lock(mu_);
   ExperimentSeries* e = Experiment(experiment);
   if (e == nullptr) return;
   if (e->best == nullptr) {
-    e->best = &best_score_->Add({{"experiment", std::string(experiment)}});
-    e->median = &median_score_->Add({{"experiment", std::string(experiment)}});
+    const std::map<std::string, std::string> labels = {
+        {"experiment", std::string(experiment)},
+        {"metric", std::string(format::MetricKindName(metric))}};
+    e->best = &best_score_->Add(labels);
+    e->median = &median_score_->Add(labels);
   }
   e->best->Set(best);
   e->median->Set(median);
@@ -896,8 +901,9 @@ void Metrics::Exploited(std::string_view experiment) { impl_->Exploited(experime
 void Metrics::MemberFailed(std::string_view experiment, records::FailureCode reason) {
   impl_->MemberFailed(experiment, reason);
 }
-void Metrics::SetScores(std::string_view experiment, double best, double median) {
-  impl_->SetScores(experiment, best, median);
+void Metrics::SetScores(std::string_view experiment, format::MetricKind metric, double best,
+                        double median) {
+  impl_->SetScores(experiment, metric, best, median);
 }
 void Metrics::ForgetExperiment(std::string_view experiment) { impl_->ForgetExperiment(experiment); }
 void Metrics::StoreOperation(StoreOp op, double seconds, uint64_t bytes) {

@@ -205,23 +205,22 @@ class Client:
         return results(experiment, client=self)
 
 
-def _none_if_missing(v):
-    return None if isinstance(v, (int, float)) and v < 0 else v
-
-
 def results(experiment, client=None, socket=None):
     """One record per member, best first, in the spirit of Ray Tune's
     ``ResultGrid.get_dataframe()``: experiment, member, status,
-    intervals_done, val_acc, test_acc (None when not evaluated), version,
-    step, and each hyperparameter as ``config/<name>``. A pandas DataFrame
-    when pandas is importable, else a list of dicts."""
+    intervals_done, ``val_<metric>`` and ``test_<metric>`` under the
+    experiment's metric ("val_accuracy", "test_neg_mse", "val_r2"; None when
+    not evaluated), version, step, and each hyperparameter as
+    ``config/<name>``. A pandas DataFrame when pandas is importable, else a
+    list of dicts."""
     c = client or Client(socket)
     s = c.status(experiment)
+    metric = s.get("metric", "accuracy")
     rows = []
     for m in s["members"]:
         row = {"experiment": experiment, "member": m["member"], "status": m["status"],
-               "intervals_done": m["intervals_done"], "val_acc": _none_if_missing(m["val_acc"]),
-               "test_acc": _none_if_missing(m["test_acc"]), "version": m["version"],
+               "intervals_done": m["intervals_done"], "val_" + metric: m["val_score"],
+               "test_" + metric: m["test_score"], "version": m["version"],
                "step": m["step"]}
         for k, v in sorted(m["hparams"].items()):
             row["config/" + k] = v

@@ -19,6 +19,14 @@ using json = nlohmann::json;
 // Non-finite numbers have no JSON form; the protocol sends -1 for "none".
 double Finite(double v) { return std::isfinite(v) ? v : -1.0; }
 
+// A score of the experiment's metric: null when not evaluated (any value,
+// -1 included, is a possible neg_mse or r2).
+json Score(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
+double ScoreFrom(const json& j, const char* key) {
+  const json& v = j.at(key);
+  return v.is_null() ? format::kNotEvaluated : v.get<double>();
+}
+
 // A field of a reply that is not what the protocol says.
 struct BadField : std::runtime_error {
   using std::runtime_error::runtime_error;
@@ -193,17 +201,19 @@ StatusOr<const VerbSpec*> Validate(const json& request, std::string* verb) {
 }  // namespace
 
 json SummaryToJson(const ExperimentSummary& s, bool with_members) {
-  json j = {{"id", s.id},
-            {"status", records::ExperimentStatusName(s.status)},
-            {"phase", ExperimentPhaseName(s.phase)},
-            {"population", s.population},
-            {"intervals", s.intervals},
-            {"generation", s.generation},
-            {"exploits", s.exploits},
-            {"member_intervals", s.member_intervals},
-            {"train_samples", s.train_samples},
-            {"best_val_acc", s.members.empty() ? -1.0 : Finite(s.members.front().val_acc)},
-            {"progress", ProgressLine(s)}};
+  json j = {
+      {"id", s.id},
+      {"status", records::ExperimentStatusName(s.status)},
+      {"phase", ExperimentPhaseName(s.phase)},
+      {"population", s.population},
+      {"intervals", s.intervals},
+      {"generation", s.generation},
+      {"exploits", s.exploits},
+      {"member_intervals", s.member_intervals},
+      {"train_samples", s.train_samples},
+      {"metric", format::MetricKindName(s.metric)},
+      {"best_val_score", s.members.empty() ? json(nullptr) : Score(s.members.front().val_score)},
+      {"progress", ProgressLine(s)}};
   if (!with_members) return j;
   j["wall_s"] = Finite(s.wall_s);
   j["training_s"] = Finite(s.training_s);
@@ -216,8 +226,8 @@ json SummaryToJson(const ExperimentSummary& s, bool with_members) {
     members.push_back({{"member", m.member},
                        {"status", records::MemberStatusName(m.status)},
                        {"intervals_done", m.intervals_done},
-                       {"val_acc", Finite(m.val_acc)},
-                       {"test_acc", Finite(m.test_acc)},
+                       {"val_score", Score(m.val_score)},
+                       {"test_score", Score(m.test_score)},
                        {"version", m.version},
                        {"step", m.step},
                        {"hparams", hp}});
@@ -260,6 +270,11 @@ StatusOr<ExperimentSummary> SummaryFromJson(const json& j) {
       if (!phase.ok()) throw BadField("field 'phase': " + phase.status().message());
       s.phase = *phase;
     }
+    if (j.contains("metric")) {
+      auto metric = format::ParseMetricKind(j.at("metric").get<std::string>());
+      if (!metric.ok()) throw BadField("field 'metric': " + metric.status().message());
+      s.metric = *metric;
+    }
     s.population = Integer<int>(j, "population");
     s.intervals = Integer<int>(j, "intervals");
     s.generation = Integer<int>(j, "generation");
@@ -280,8 +295,8 @@ StatusOr<ExperimentSummary> SummaryFromJson(const json& j) {
       }
       ms.status = *member_status;
       ms.intervals_done = Integer<int>(m, "intervals_done");
-      ms.val_acc = m.at("val_acc").get<double>();
-      ms.test_acc = m.at("test_acc").get<double>();
+      ms.val_score = ScoreFrom(m, "val_score");
+      ms.test_score = ScoreFrom(m, "test_score");
       ms.version = Integer<int64_t>(m, "version");
       ms.step = Integer<int64_t>(m, "step");
       ms.hparams = m.at("hparams").get<std::map<std::string, double>>();

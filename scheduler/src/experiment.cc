@@ -109,12 +109,12 @@ void Experiment::OnCommitted(const WorkItem& item, int64_t version, int64_t step
 void Experiment::AfterInterval(Member* m, Clock::time_point now) {
   const auto& c = config_;
   if (m->state.interval >= c.intervals) m->state.status = records::MemberStatus::kDone;
-  if (c.target_metric > 0 && m->state.score >= c.target_metric && !training_closed_) {
+  if (c.target_metric && m->state.score >= *c.target_metric && !training_closed_) {
     training_closed_ = true;
     Logger().info("{}: {} reached the target {} (score {:.4f}); no new intervals", c.name, m->name,
-                  c.target_metric, m->state.score);
+                  *c.target_metric, m->state.score);
     io_->AppendEvent(records::EncodeEvent(
-        records::TargetReachedEvent{m->name, m->state.score, c.target_metric}));
+        records::TargetReachedEvent{m->name, m->state.score, *c.target_metric}));
   }
   if (c.max_wall_s > 0 && !training_closed_ &&
       std::chrono::duration<double>(now - start_).count() >= c.max_wall_s) {
@@ -260,11 +260,11 @@ void Experiment::RetryDeferred() {
   MaybeAdvance();  // queues what they held back
 }
 
-void Experiment::OnEvaluated(const WorkItem& item, double test_acc) {
+void Experiment::OnEvaluated(const WorkItem& item, double test_score) {
   --in_flight_;
   const int i = Find(item.member);
   if (i < 0 || phase_ != Phase::kFinalEval) return;
-  members_[i].state.test_acc = test_acc;
+  members_[i].state.test_score = test_score;
   if (--evals_pending_ == 0) Finish();
 }
 
@@ -461,10 +461,11 @@ void Experiment::StartFinalEval() {
 // a restart without reading its event log.
 void Experiment::Finish() {
   records::FinalEvalEvent final_eval;
+  final_eval.metric = config_.Metric();
   for (const auto& m : members_) {
-    if (std::isnan(m.state.test_acc)) continue;
+    if (std::isnan(m.state.test_score)) continue;
     io_->SaveState(m.name, m.state);
-    final_eval.results.push_back({m.name, m.state.score, m.state.test_acc, m.version});
+    final_eval.results.push_back({m.name, m.state.score, m.state.test_score, m.version});
   }
   io_->AppendEvent(records::EncodeEvent(final_eval));
   End(records::ExperimentStatus::kDone);
@@ -476,6 +477,7 @@ ExperimentSummary Experiment::Summary(Clock::time_point now) const {
   s.status = status_;
   s.phase = phase_;
   s.population = config_.population;
+  s.metric = config_.Metric();
   s.intervals = config_.intervals;
   s.generation = generation_;
   s.exploits = exploits_;
@@ -491,15 +493,18 @@ ExperimentSummary Experiment::Summary(Clock::time_point now) const {
     ms.member = m.name;
     ms.intervals_done = m.state.interval;
     ms.status = records::StoredMemberStatus(m.state.status);
-    ms.val_acc = std::isfinite(m.state.score) ? m.state.score : 0;
-    ms.test_acc = std::isfinite(m.state.test_acc) ? m.state.test_acc : -1;
+    ms.val_score = m.state.score;
+    ms.test_score = m.state.test_score;
     ms.version = m.version;
     ms.step = m.step;
     ms.hparams = m.hparams;
     s.members.push_back(ms);
   }
+  // Best first; members without a score (NaN) last.
   std::sort(s.members.begin(), s.members.end(), [](const MemberSummary& a, const MemberSummary& b) {
-    if (a.val_acc != b.val_acc) return a.val_acc > b.val_acc;
+    const bool an = !format::IsEvaluated(a.val_score), bn = !format::IsEvaluated(b.val_score);
+    if (an != bn) return bn;
+    if (!an && a.val_score != b.val_score) return a.val_score > b.val_score;
     return a.member < b.member;
   });
   return s;

@@ -156,7 +156,7 @@ class Experiment {
   void OnCommitted(const WorkItem& item, int64_t version, int64_t step, double score,
                    int64_t samples, Clock::time_point now);
   // A dispatched evaluation came back.
-  void OnEvaluated(const WorkItem& item, double test_acc);
+  void OnEvaluated(const WorkItem& item, double test_score);
   // A dispatched item failed: the worker's FAILED (`code`, `reason`), or a
   // commit error. `head_moved`: the commit was refused because the head moved
   // (a restore): no failure is counted, the member reruns from its new head.

@@ -10,9 +10,6 @@
 namespace ckpt::scheduler {
 namespace {
 
-// The worker's score of a split it did not evaluate (MemberOutcome::val_acc).
-constexpr double kNotEvaluated = -1;
-
 // Shortest text that reads back as `v` ("1e+308", "0.5", "nan", "-inf").
 std::string Num(double v) {
   char buf[64];
@@ -38,38 +35,23 @@ std::string TensorText(const StateLayout::Tensor& t) {
 
 std::string Who(const SentTask& sent) { return "member " + sent.member + ", " + sent.worker; }
 
-// A score of the experiment's metric: in its range, or the worker's "not
-// evaluated" where `allow_unevaluated`; exactly that when `must_be_unevaluated`.
-Status CheckScore(const SentTask& sent, const char* field, double v, bool allow_unevaluated,
+// A score of the experiment's metric on `split` ("val", "test"): in its range,
+// or "not evaluated" (format::kNotEvaluated, null on the wire) where
+// `allow_unevaluated`; exactly that when `must_be_unevaluated`.
+Status CheckScore(const SentTask& sent, std::string_view split, double v, bool allow_unevaluated,
                   bool must_be_unevaluated) {
-  const std::string metric(format::MetricKindName(sent.rules.metric));
+  const std::string name = format::SplitMetricName(split, sent.rules.metric);
   if (must_be_unevaluated) {
-    if (v == kNotEvaluated) return Status::OK();
-    return Status::InvalidArgument(Who(sent) + ": " + field + " " + Num(v) + ", expected " +
-                                   Num(kNotEvaluated) +
-                                   " (the experiment does not validate: " + "eval_size = 0)");
+    if (!format::IsEvaluated(v)) return Status::OK();
+    return Status::InvalidArgument(
+        fmt::format("{}: {} {}, expected none (the experiment does not validate: eval_size = 0)",
+                    Who(sent), name, Num(v)));
   }
-  if (allow_unevaluated && v == kNotEvaluated) return Status::OK();
-  bool ok = std::isfinite(v);
+  if (allow_unevaluated && !format::IsEvaluated(v)) return Status::OK();
   std::string range;
-  switch (sent.rules.metric) {
-    case format::MetricKind::kAccuracy:
-      ok = ok && v >= 0 && v <= 1;
-      range = "[0, 1]";
-      break;
-    case format::MetricKind::kNegMse:
-      ok = ok && v <= 0;
-      range = "(-inf, 0] and finite";
-      break;
-    case format::MetricKind::kR2:
-      ok = ok && v <= 1;
-      range = "(-inf, 1] and finite";
-      break;
-  }
-  if (ok) return Status::OK();
-  return Status::InvalidArgument(Who(sent) + ": " + field + " " + Num(v) + " outside " + range +
-                                 " (" + metric + ")" +
-                                 (allow_unevaluated ? ", and not -1 (not evaluated)" : ""));
+  if (format::InMetricRange(sent.rules.metric, v, &range)) return Status::OK();
+  return Status::InvalidArgument(
+      fmt::format("{}: {} {} outside {}", Who(sent), name, Num(v), range));
 }
 
 Status CheckNonNegative(const SentTask& sent, const char* field, double v) {
@@ -89,7 +71,7 @@ Status CheckEqual(const SentTask& sent, const char* field, int64_t got, int64_t 
 
 ResultRules ResultRulesFor(const records::ExperimentConfig& config) {
   ResultRules rules;
-  rules.metric = config.metric.value_or(format::DefaultMetric(config.target));
+  rules.metric = config.Metric();
   rules.validates = config.eval_size > 0;
   rules.batch_size = config.batch_size;
   return rules;
@@ -136,10 +118,10 @@ Status CheckResult(const SentTask& sent, const ipc::Result& r, StateLayout* resu
                                    sent.member + "\"");
   }
   const bool validates = sent.rules.validates;
-  CKPT_RETURN_IF_ERROR(CheckScore(sent, "val_acc", r.val_acc, /*allow_unevaluated=*/true,
+  CKPT_RETURN_IF_ERROR(CheckScore(sent, "val", r.val_score, /*allow_unevaluated=*/true,
                                   /*must_be_unevaluated=*/!validates));
   if (sent.eval_only) {
-    CKPT_RETURN_IF_ERROR(CheckScore(sent, "test_acc", r.test_acc, /*allow_unevaluated=*/true,
+    CKPT_RETURN_IF_ERROR(CheckScore(sent, "test", r.test_score, /*allow_unevaluated=*/true,
                                     /*must_be_unevaluated=*/false));
   }
   const int64_t steps = sent.eval_only ? 0 : sent.steps;

@@ -6,12 +6,13 @@
 // The rules (each refusal names the member, the worker, the field, the value
 // sent and the value expected):
 //   member      the "exp/member" the TRAIN named.
-//   val_acc     the experiment's metric (format::MetricKind), finite: accuracy
-//               in [0, 1], neg_mse in (-inf, 0], r2 in (-inf, 1]; or -1, the worker's "not
-//               evaluated" (MemberOutcome::val_acc), which is also the only
-//               value allowed when the experiment does not validate
-//               (eval_size = 0). A -1 gains a worker nothing: it ranks last.
-//   test_acc    evaluations only: the same range, or -1 (no test split).
+//   val_score   the experiment's metric (format::MetricKind), finite: accuracy
+//               in [0, 1], neg_mse in (-inf, 0], r2 in (-inf, 1]; or none
+//               (null, format::kNotEvaluated), the worker's "not evaluated",
+//               which is also the only value allowed when the experiment does
+//               not validate (eval_size = 0). None gains a worker nothing: it
+//               ranks last.
+//   test_score  evaluations only: the same range, or none (no test split).
 //               Ignored for training results (nothing reads it).
 //   step        the sent state's step + the task's steps: the worker resumes
 //               from the step in the state it is given (ckpt.step), 0 for an
@@ -84,7 +85,7 @@ StateLayout LayoutOf(const format::CheckpointView& view);
 struct ResultRules {
   // The validation metric ([task] metric, else the data's default).
   format::MetricKind metric = format::MetricKind::kAccuracy;
-  // eval_size > 0: results carry a measured score; else the worker's -1.
+  // eval_size > 0: results carry a measured score; else none (kNotEvaluated).
   bool validates = true;
   // Samples per training step ([data] batch_size).
   int64_t batch_size = 64;
@@ -115,7 +116,7 @@ struct SentTask {
 // `*result_layout` (when not null) to its state's layout. Otherwise
 // InvalidArgument for a value out of its rule, or Corruption for a state that
 // does not parse, the message naming member, worker, field and both values:
-//   "member e/m3, worker 2 (cpu): val_acc 1e+308 outside [0, 1] (accuracy)".
+//   "member e/m3, worker 2 (cpu): val_accuracy 1e+308 outside [0, 1]".
 // Never throws.
 Status CheckResult(const SentTask& sent, const ipc::Result& result,
                    StateLayout* result_layout = nullptr);

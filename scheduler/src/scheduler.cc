@@ -354,11 +354,11 @@ void SchedulerImpl::OnTaskEvent(size_t worker, WorkerEvent ev) {
               static_cast<uint64_t>(std::max<int64_t>(0, ev.result.samples)));
         }
         NoteStateSize(entries_[e->id()], ev.result.state.size);
-        e->OnCommitted(item, ev.version, ev.result.step, ev.result.val_acc, ev.result.samples,
+        e->OnCommitted(item, ev.version, ev.result.step, ev.result.val_score, ev.result.samples,
                        Clock::now());
         break;
       case WorkerEvent::Kind::kEvaluated:
-        e->OnEvaluated(item, ev.result.test_acc);
+        e->OnEvaluated(item, ev.result.test_score);
         break;
       case WorkerEvent::Kind::kFailed:
         if (metrics_) metrics_->MemberFailed(e->id(), ev.code);
@@ -547,7 +547,8 @@ void SchedulerImpl::ReportMetrics() {
       if (std::isfinite(m.state.score)) scores.push_back(m.state.score);
     }
     std::sort(scores.begin(), scores.end());
-    metrics_->SetScores(e->id(), scores.empty() ? std::nan("") : scores.back(),
+    metrics_->SetScores(e->id(), e->config().Metric(),
+                        scores.empty() ? std::nan("") : scores.back(),
                         scores.empty() ? std::nan("") : scores[scores.size() / 2]);
   }
 }

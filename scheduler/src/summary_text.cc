@@ -43,7 +43,7 @@ std::string ProgressLine(const ExperimentSummary& s) {
   int done = 0, remaining = 0;
   for (const auto& m : s.members) {
     // A member scores once it has trained an interval.
-    if (m.intervals_done > 0 && std::isfinite(m.val_acc)) scores.push_back(m.val_acc);
+    if (m.intervals_done > 0 && std::isfinite(m.val_score)) scores.push_back(m.val_score);
     if (m.intervals_done >= s.intervals) ++done;
     if (m.status != records::MemberStatus::kStopped && m.status != records::MemberStatus::kFailed) {
       remaining += std::max(0, s.intervals - m.intervals_done);
@@ -54,12 +54,13 @@ std::string ProgressLine(const ExperimentSummary& s) {
   const double per_interval =
       s.member_intervals > 0 ? s.wall_s / static_cast<double>(s.member_intervals) : NAN;
   return fmt::format(
-      "{}: {} interval {}/{} | members done {}/{} | {:.0f} samples/s | best {:.4f} median {:.4f} "
-      "| exploits {} | ETA {}",
+      "{}: {} interval {}/{} | members done {}/{} | {:.0f} samples/s | best {} {:.4f} median "
+      "{:.4f} | exploits {} | ETA {}",
       s.id, ExperimentPhaseName(s.phase),
       s.phase == ExperimentPhase::kTraining ? s.generation : s.intervals, s.intervals, done,
-      s.members.size(), rate, scores.empty() ? 0.0 : scores.back(),
-      scores.empty() ? 0.0 : scores[scores.size() / 2], s.exploits,
+      s.members.size(), rate, format::SplitMetricName("val", s.metric),
+      scores.empty() ? 0.0 : scores.back(), scores.empty() ? 0.0 : scores[scores.size() / 2],
+      s.exploits,
       s.phase == ExperimentPhase::kDone ? "0s" : FormatDuration(per_interval * remaining));
 }
 
@@ -67,8 +68,13 @@ std::string SummaryTable(const ExperimentSummary& s, size_t max_members) {
   std::string out =
       fmt::format("experiment {}: {}, {} members, {} intervals, {} exploits\n", s.id,
                   records::ExperimentStatusName(s.status), s.population, s.intervals, s.exploits);
-  out += fmt::format("{:<8} {:<8} {:>9} {:>9} {:>8}  {}\n", "member", "status", "val_acc",
-                     "test_acc", "version", "hyperparameters");
+  // The scores under the metric's name: "val_accuracy", "test_neg_mse".
+  const std::string val_name = format::SplitMetricName("val", s.metric);
+  const std::string test_name = format::SplitMetricName("test", s.metric);
+  const size_t width = std::max<size_t>(9, test_name.size());
+  auto score = [](double v) { return format::IsEvaluated(v) ? fmt::format("{:.4f}", v) : "-"; };
+  out += fmt::format("{:<8} {:<8} {:>{}} {:>{}} {:>8}  {}\n", "member", "status", val_name, width,
+                     test_name, width, "version", "hyperparameters");
   size_t shown = 0;
   for (const auto& m : s.members) {
     if (shown++ >= max_members) break;
@@ -76,9 +82,9 @@ std::string SummaryTable(const ExperimentSummary& s, size_t max_members) {
     for (const auto& [k, v] : m.hparams) {
       hp += fmt::format("{}{}={:.4g}", hp.empty() ? "" : " ", k, v);
     }
-    const std::string test = m.test_acc >= 0 ? fmt::format("{:.4f}", m.test_acc) : "-";
-    out += fmt::format("{:<8} {:<8} {:>9.4f} {:>9} {:>8}  {}\n", m.member,
-                       records::MemberStatusName(m.status), m.val_acc, test, m.version, hp);
+    out += fmt::format("{:<8} {:<8} {:>{}} {:>{}} {:>8}  {}\n", m.member,
+                       records::MemberStatusName(m.status), score(m.val_score), width,
+                       score(m.test_score), width, m.version, hp);
   }
   return out;
 }

@@ -392,15 +392,17 @@ void WorkerHandle::HandleResult(const ipc::Received& rec) {
   c.blob = r->state.data;
   c.blob_size = r->state.size;
   c.step = r->step;
-  c.metrics = {{store::kScoreMetric, r->val_acc},
-               {"val_acc", r->val_acc},
+  // The score twice: as the store ranks versions by it, and under the
+  // metric's own name ("val_accuracy") for whoever reads the checkpoint.
+  c.metrics = {{store::kScoreMetric, r->val_score},
+               {format::SplitMetricName("val", e.task.rules.metric), r->val_score},
                {"train_loss", r->train_loss},
                {"interval", e.task.interval_after},
                {"samples", static_cast<double>(r->samples)},
                {"compute_s", r->compute_s}};
   c.hparams = e.task.hparams;
   c.event_json = records::EncodeEvent(
-      records::TrainedEvent{e.task.interval_after, r->val_acc, spec_.index, "", 0});
+      records::TrainedEvent{e.task.interval_after, r->val_score, spec_.index, "", 0});
   const auto t0 = std::chrono::steady_clock::now();
   auto version = store_->CommitResult(c);
   channel_->Release();
@@ -422,7 +424,7 @@ void WorkerHandle::HandleResult(const ipc::Received& rec) {
   // The head's state record follows the commit; a crash between the two is
   // reconciled from the head manifest at start-up.
   records::MemberRecord state = e.task.state_after;
-  state.score = r->val_acc;
+  state.score = r->val_score;
   Status saved =
       store_->SetMemberState(e.task.exp, e.task.member, records::EncodeMemberRecord(state));
   if (!saved.ok()) {

@@ -7,7 +7,7 @@
 //   flip    flips one bit of the byte at OFFSET (a changed record)
 //   inject  inserts, at the first TLS record boundary at or past OFFSET, a
 //           forged RESULT: a ckpt frame carrying a RESULT
-//           for MEMBER with val_acc 1e308, in a TLS application-data record
+//           for MEMBER with val_accuracy 1e308, in a TLS application-data record
 //           header (the proxy has no key: it can only make up the rest)
 //   replay  relays honestly, records the worker's first OFFSET bytes, then
 //           opens a second connection to UPSTREAM and sends them again (a
@@ -67,7 +67,7 @@ std::vector<uint8_t> ForgedResult(const std::string& member) {
   ckpt::ipc::Result r;
   r.task_id = 1;
   r.member = member;
-  r.val_acc = 1e308;
+  r.val_score = 1e308;
   r.step = 1;
   std::vector<uint8_t> payload(ckpt::ipc::EncodedSize(r));
   (void)ckpt::ipc::Encode(r, payload.data(), payload.size());

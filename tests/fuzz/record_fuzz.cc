@@ -80,7 +80,7 @@ void DecodeOne(int which, const uint8_t* p, size_t n) {
       }
       Result b = RoundTrip(*m, DecodeResult, &buf);
       if (b.task_id != m->task_id || b.member != m->member || b.step != m->step ||
-          !SameDouble(b.train_loss, m->train_loss) || !SameDouble(b.val_acc, m->val_acc) ||
+          !SameDouble(b.train_loss, m->train_loss) || !SameDouble(b.val_score, m->val_score) ||
           b.state.size != m->state.size) {
         std::abort();
       }

@@ -213,18 +213,20 @@ TEST_F(SchedulerE2eTest, SummaryJsonListsEveryMemberBestFirstAsTheStoreHoldsThem
   for (const auto& m : j["members"]) {
     const std::string member = m["member"];
     EXPECT_TRUE(seen.insert(member).second) << member << " listed twice";
-    const double val_acc = m["val_acc"];
-    EXPECT_LE(val_acc, previous) << member << " is listed after a worse member";
-    previous = val_acc;
+    const double val_score = m["val_score"];
+    EXPECT_LE(val_score, previous) << member << " is listed after a worse member";
+    previous = val_score;
     auto head = s.GetMember("e2e", member);
     ASSERT_TRUE(head.ok()) << member << ": " << head.status().ToString();
     auto record = records::DecodeMemberRecord(head->state, "e2e", member);
     ASSERT_TRUE(record.ok()) << record.status().ToString();
-    EXPECT_DOUBLE_EQ(val_acc, record->score) << member;
+    EXPECT_DOUBLE_EQ(val_score, record->score) << member;
     EXPECT_EQ(m["version"], head->version) << member;
     EXPECT_EQ(m["intervals_done"], spec.intervals) << member;
   }
-  EXPECT_DOUBLE_EQ(j["best_val_acc"].get<double>(), j["members"].front()["val_acc"].get<double>());
+  EXPECT_DOUBLE_EQ(j["best_val_score"].get<double>(),
+                   j["members"].front()["val_score"].get<double>());
+  EXPECT_EQ(j["metric"], "accuracy");
 }
 
 // Async PBT end to end, with the scheduler SIGKILLed after a commit and run

@@ -115,14 +115,14 @@ TEST(MessagesTest, TrainAndResultCarryTheirStateAligned) {
   r.member = "exp/7";
   r.step = 500;
   r.train_loss = std::nan("");
-  r.val_acc = 0.875;
+  r.val_score = 0.875;
   r.state = {state.data(), state.size()};
   auto rb = EncodeToVector(r);
   auto rd = DecodeResult(rb.data(), rb.size());
   ASSERT_TRUE(rd.ok()) << rd.status().ToString();
   EXPECT_TRUE(std::isnan(rd->train_loss));  // non-finite travels as null
-  EXPECT_DOUBLE_EQ(rd->val_acc, 0.875);
-  EXPECT_DOUBLE_EQ(rd->test_acc, -1);
+  EXPECT_DOUBLE_EQ(rd->val_score, 0.875);
+  EXPECT_TRUE(std::isnan(rd->test_score));  // not evaluated: null
   EXPECT_EQ(std::memcmp(rd->state.data, state.data(), state.size()), 0);
 }
 

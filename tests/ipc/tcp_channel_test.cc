@@ -128,7 +128,7 @@ TEST(TcpChannelTest, RoundTripsEveryRecordTypeIncludingMultiMegabyteState) {
   Result res;
   res.task_id = 42;
   res.member = "exp1/m3";
-  res.val_acc = 0.5;
+  res.val_score = 0.5;
   res.state = ByteSpan{state.data(), state.size()};
   ASSERT_TRUE(p.worker->Send(RecordType::kResult, Encoded(res).data(), EncodedSize(res), d()).ok());
   Failed f;

@@ -54,8 +54,8 @@ const std::vector<ExpectedFamily>& ExpectedFamilies() {
       {"ckpt_interval_duration_seconds", "histogram", "seconds", {"experiment", "device"}},
       {"ckpt_trained_samples_total", "counter", "", {"experiment", "device"}},
       {"ckpt_exploits_total", "counter", "", {"experiment"}},
-      {"ckpt_best_score", "gauge", "", {"experiment"}},
-      {"ckpt_median_score", "gauge", "", {"experiment"}},
+      {"ckpt_best_score", "gauge", "", {"experiment", "metric"}},
+      {"ckpt_median_score", "gauge", "", {"experiment", "metric"}},
       {"ckpt_members", "gauge", "", {"experiment", "state"}},
       {"ckpt_member_failures_total", "counter", "", {"experiment", "reason"}},
       {"ckpt_store_operation_duration_seconds", "histogram", "seconds", {"op"}},
@@ -308,8 +308,9 @@ TEST(MetricsTest, LabelCardinalityStaysBoundedWith300Members) {
   EXPECT_EQ(SeriesCount(e), series_after_first);
   // Experiment, device, worker and the enum labels only; their values come
   // from the run's configuration, never from a member.
-  const std::set<std::string> allowed{"experiment", "device", "worker",   "state",
-                                      "reason",     "op",     "direction"};
+  const std::set<std::string> allowed{
+      "experiment", "device", "worker",    "state",
+      "reason",     "op",     "direction", "metric"};  // the experiment's, one per experiment
   std::set<std::string> values;
   for (const auto& [name, f] : e) {
     for (const std::string& label : f.LabelNames()) EXPECT_TRUE(allowed.count(label)) << label;
@@ -318,7 +319,7 @@ TEST(MetricsTest, LabelCardinalityStaysBoundedWith300Members) {
     }
   }
   // reason: one value per member failure code (records::kMemberFailureCodeCount).
-  EXPECT_LE(values.size(), 1u + 4u + 1u + 6u + 9u + 7u + 2u) << "distinct label values";
+  EXPECT_LE(values.size(), 1u + 4u + 1u + 6u + 9u + 7u + 2u + 1u) << "distinct label values";
   EXPECT_EQ(
       ValueOf(e, "ckpt_trained_samples_total", {{"experiment", "exp-300"}, {"device", "cpu"}}),
       static_cast<double>(run.intervals()) * 6400);
@@ -437,7 +438,7 @@ TEST(MetricsTest, ExperimentFiguresAreWhatWasReported) {
   c.queued = 5;
   c.failed = 1;
   m->SetMemberCounts("e", c);
-  m->SetScores("e", 0.91, 0.85);
+  m->SetScores("e", format::MetricKind::kAccuracy, 0.91, 0.85);
   m->StoreOperation(StoreOp::kCommitResult, 0.002, 4096);
   const Exposition e = ParseOrFail(m->RenderText());
   const LabelSet ed{{"experiment", "e"}, {"device", "cuda:1"}};
@@ -457,8 +458,8 @@ TEST(MetricsTest, ExperimentFiguresAreWhatWasReported) {
   EXPECT_EQ(ValueOf(e, "ckpt_exploits_total", {{"experiment", "e"}}), 1);
   EXPECT_EQ(ValueOf(e, "ckpt_members", {{"experiment", "e"}, {"state", "queued"}}), 5);
   EXPECT_EQ(ValueOf(e, "ckpt_members", {{"experiment", "e"}, {"state", "done"}}), 0);
-  EXPECT_EQ(ValueOf(e, "ckpt_best_score", {{"experiment", "e"}}), 0.91);
-  EXPECT_EQ(ValueOf(e, "ckpt_median_score", {{"experiment", "e"}}), 0.85);
+  EXPECT_EQ(ValueOf(e, "ckpt_best_score", {{"experiment", "e"}, {"metric", "accuracy"}}), 0.91);
+  EXPECT_EQ(ValueOf(e, "ckpt_median_score", {{"experiment", "e"}, {"metric", "accuracy"}}), 0.85);
   EXPECT_EQ(ValueOf(e, "ckpt_store_bytes_total", {{"op", "commit_result"}}), 4096);
   EXPECT_EQ(
       ValueOf(e, "ckpt_store_operation_duration_seconds", {{"op", "commit_result"}}, "_count"), 1);

@@ -215,7 +215,7 @@ TEST(NvmlSamplerTest, ScrapeStuckInNvmlNeverBlocksUpdates) {
   m.Exploited("e");
   m.MemberFailed("e", records::FailureCode::kOutOfMemory);
   m.SetMemberCounts("e", MemberCounts{});
-  m.SetScores("e", 0.9, 0.8);
+  m.SetScores("e", format::MetricKind::kAccuracy, 0.9, 0.8);
   m.StoreOperation(StoreOp::kCommitResult, 1e-3, 4096);
   WorkerStats stats;
   stats.samples_total = 6400;

@@ -130,7 +130,8 @@ void SimulatedRun::Step() {
   counts.queued = members_ - running - done_;
   metrics_->SetMemberCounts(experiment_, counts);
   const double progress = static_cast<double>(intervals_) / (intervals_ + 100.0);
-  metrics_->SetScores(experiment_, 0.5 + 0.4 * progress, 0.4 + 0.35 * progress);
+  metrics_->SetScores(experiment_, format::MetricKind::kAccuracy, 0.5 + 0.4 * progress,
+                      0.4 + 0.35 * progress);
 }
 
 }  // namespace ckpt::testing

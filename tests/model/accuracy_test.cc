@@ -30,11 +30,11 @@ TEST(AccuracyTest, Lenet5ReachesEightyFivePercentInTwoEpochs) {
   MemberOutcome second = (*trainer)->TrainPlain(second_task);
   ASSERT_TRUE(second.ok()) << second.status.ToString();
   std::printf("epoch 1: loss %.4f val %.4f; epoch 2: loss %.4f val %.4f test %.4f (%.1f s)\n",
-              first.train_loss, first.val_acc, second.train_loss, second.val_acc, second.test_acc,
-              first.compute_s + second.compute_s);
+              first.train_loss, first.val_score, second.train_loss, second.val_score,
+              second.test_score, first.compute_s + second.compute_s);
   EXPECT_EQ(second.step, 2 * steps_per_epoch);
-  EXPECT_GE(second.val_acc, 0.85);
-  EXPECT_GE(second.test_acc, 0.80);
+  EXPECT_GE(second.val_score, 0.85);
+  EXPECT_GE(second.test_score, 0.80);
   EXPECT_LT(second.train_loss, first.train_loss);
 }
 

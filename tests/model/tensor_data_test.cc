@@ -86,14 +86,14 @@ TEST_F(TensorDataTest, FashionMnistSafetensorsTrainsAsItsIdxFiles) {
   MemberOutcome pb = b->TrainPlain(Task("m", nullptr, 3, 12, hp));
   ASSERT_TRUE(pa.ok() && pb.ok()) << pa.status.ToString() << pb.status.ToString();
   EXPECT_EQ(pa.EncodeState(), pb.EncodeState());
-  EXPECT_EQ(pa.val_acc, pb.val_acc);
+  EXPECT_EQ(pa.val_score, pb.val_score);
   std::vector<MemberTask> tasks = {Task("f0", nullptr, 4, 6, hp), Task("f1", nullptr, 5, 6, hp)};
   auto fa = a->TrainFused(tasks);
   auto fb = b->TrainFused(tasks);
   for (size_t k = 0; k < tasks.size(); ++k) {
     ASSERT_TRUE(fa[k].ok() && fb[k].ok());
     EXPECT_EQ(fa[k].EncodeState(), fb[k].EncodeState()) << k;
-    EXPECT_EQ(fa[k].val_acc, fb[k].val_acc) << k;
+    EXPECT_EQ(fa[k].val_score, fb[k].val_score) << k;
   }
 }
 
@@ -109,7 +109,7 @@ TEST_F(TensorDataTest, DigitsLearn) {
   EXPECT_EQ(t->dataset().num_classes, 10);
   MemberOutcome o = t->TrainPlain(Task("d", nullptr, 1, 300, {{"lr", 0.05}, {"momentum", 0.9}}));
   ASSERT_TRUE(o.ok()) << o.status.ToString();
-  EXPECT_GT(o.val_acc, 0.85);
+  EXPECT_GT(o.val_score, 0.85);
 }
 
 TEST_F(TensorDataTest, DiabetesRegressionBeatsTheMean) {
@@ -133,8 +133,8 @@ TEST_F(TensorDataTest, DiabetesRegressionBeatsTheMean) {
   const std::map<std::string, double> hp = {{"lr", 0.01}};
   MemberOutcome o = t->TrainPlain(Task("r", nullptr, 1, 300, hp));
   ASSERT_TRUE(o.ok()) << o.status.ToString();
-  // val_acc holds the metric, neg_mse.
-  EXPECT_LT(-o.val_acc, 0.8 * baseline) << "mean predictor's MSE " << baseline;
+  // val_score holds the metric, neg_mse.
+  EXPECT_LT(-o.val_score, 0.8 * baseline) << "mean predictor's MSE " << baseline;
 
   // r2 on the same training: 1 - MSE / the variance of the validation
   // targets (about their own mean); the metric changes nothing trained.
@@ -153,8 +153,8 @@ TEST_F(TensorDataTest, DiabetesRegressionBeatsTheMean) {
     val_var += (vy[i] - val_mean) * (vy[i] - val_mean);
   }
   val_var /= static_cast<double>(d.validation().count);
-  EXPECT_NEAR(r2.val_acc, 1 + o.val_acc / val_var, 1e-9);
-  EXPECT_GT(r2.val_acc, 0) << "r2 at most 0 is no better than the mean";
+  EXPECT_NEAR(r2.val_score, 1 + o.val_score / val_var, 1e-9);
+  EXPECT_GT(r2.val_score, 0) << "r2 at most 0 is no better than the mean";
 
   // Fused regression on [N, F] features gives the plain parameters.
   std::vector<MemberTask> tasks = {Task("r0", nullptr, 1, 30, hp), Task("r1", nullptr, 2, 30, hp)};
@@ -169,7 +169,7 @@ TEST_F(TensorDataTest, DiabetesRegressionBeatsTheMean) {
       if (tensor.dtype != format::DType::kF32) continue;
       EXPECT_LE(testing::RelativeL2(tensor, *b.Find(tensor.name)), 1e-4) << tensor.name;
     }
-    EXPECT_NEAR(fused[k].val_acc, plain.val_acc, 1e-4 * std::fabs(plain.val_acc));
+    EXPECT_NEAR(fused[k].val_score, plain.val_score, 1e-4 * std::fabs(plain.val_score));
   }
 }
 
@@ -286,7 +286,7 @@ TEST_F(TensorDataTest, Resnet20OnCifarShapedDataLearnsFusesAndResumes) {
   // Learns: ten classes, chance 0.1.
   MemberOutcome learned = t->TrainPlain(Task("l", nullptr, 1, 80, hp));
   ASSERT_TRUE(learned.ok()) << learned.status.ToString();
-  EXPECT_GT(learned.val_acc, 0.3);
+  EXPECT_GT(learned.val_score, 0.3);
 
   // Resume equals uninterrupted, bit for bit.
   MemberOutcome whole = t->TrainPlain(Task("r", nullptr, 2, 4, hp));

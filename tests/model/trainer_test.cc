@@ -132,6 +132,67 @@ INSTANTIATE_TEST_SUITE_P(Cases, FusedEqualsSeparateTest,
                                   (info.param.batchnorm ? "_bn" : "");
                          });
 
+// The dropout hyperparameter (format::kDropoutHparam) sets every dropout
+// layer's probability per member: stored with the member's hyperparameters,
+// it changes the trajectory, and a fused group trains each member at its own
+// probability exactly as that member trains alone.
+TEST(DropoutHparamTest, EachMemberTrainsAtItsOwnProbabilityFusedAsAlone) {
+  auto trainer = MakeTrainer(BaseOptions(testing::kSmoothBn, "sgd"));
+  ASSERT_NE(trainer, nullptr);
+  const std::map<std::string, double> base = {{"lr", 0.05}, {"momentum", 0.9}};
+  std::vector<MemberTask> tasks;
+  for (double p : {0.0, 0.6, -1.0}) {  // -1: unset, the layer's own 0.25
+    std::map<std::string, double> hp = base;
+    if (p >= 0) hp["dropout"] = p;
+    tasks.push_back(Task("m" + std::to_string(tasks.size()), nullptr, 31, 10, hp));
+  }
+  std::vector<MemberOutcome> fused = trainer->TrainFused(tasks);
+  ASSERT_EQ(fused.size(), 3u);
+  std::vector<std::string> alone;
+  for (size_t i = 0; i < tasks.size(); ++i) {
+    MemberOutcome plain = trainer->TrainPlain(tasks[i]);
+    ASSERT_TRUE(plain.ok()) << plain.status.ToString();
+    ASSERT_TRUE(fused[i].ok()) << fused[i].status.ToString();
+    EXPECT_EQ(fused[i].mode, records::FusionMode::kFused);
+    ExpectBlobsClose(fused[i].EncodeState(), plain.EncodeState(), 1e-5,
+                     "member " + std::to_string(i));
+    alone.push_back(plain.EncodeState());
+  }
+  // Same start, same data: only the dropout probability differs.
+  EXPECT_NE(alone[0], alone[1]);
+  EXPECT_NE(alone[1], alone[2]);
+  EXPECT_EQ(Decode(alone[1]).meta.hparams.at("dropout"), 0.6);
+  EXPECT_EQ(Decode(alone[0]).meta.hparams.at("dropout"), 0.0);
+  EXPECT_EQ(Decode(alone[2]).meta.hparams.count("dropout"), 0u);
+  // An explicit 0.25 is the layer's own probability: the same trajectory.
+  std::map<std::string, double> quarter = base;
+  quarter["dropout"] = 0.25;
+  MemberOutcome same = trainer->TrainPlain(Task("m2", nullptr, 31, 10, quarter));
+  ASSERT_TRUE(same.ok());
+  OwnedBlob explicit_quarter = Decode(same.EncodeState()), spec_quarter = Decode(alone[2]);
+  ASSERT_EQ(explicit_quarter.tensors.size(), spec_quarter.tensors.size());
+  for (size_t t = 0; t < spec_quarter.tensors.size(); ++t) {
+    EXPECT_EQ(explicit_quarter.tensors[t].bytes, spec_quarter.tensors[t].bytes)
+        << spec_quarter.tensors[t].name;
+  }
+
+  // Out of [0, 1), or a model without a dropout layer: refused, naming it.
+  std::map<std::string, double> one = base;
+  one["dropout"] = 1.0;
+  MemberOutcome bad = trainer->TrainPlain(Task("m9", nullptr, 31, 2, one));
+  EXPECT_EQ(bad.fail_code, records::FailureCode::kBadRequest);
+  EXPECT_NE(bad.status.message().find("\"dropout\" must be in [0, 1)"), std::string::npos)
+      << bad.status.ToString();
+  auto lenet = MakeTrainer(BaseOptions("lenet5", "sgd"));
+  ASSERT_NE(lenet, nullptr);
+  MemberOutcome none = lenet->TrainPlain(Task("m8", nullptr, 31, 2, quarter));
+  EXPECT_EQ(none.fail_code, records::FailureCode::kBadRequest);
+  EXPECT_NE(none.status.message().find("member m8: hyperparameter \"dropout\": the model has no "
+                                       "dropout layer"),
+            std::string::npos)
+      << none.status.ToString();
+}
+
 TEST(FusedTest, GroupsMembersByStepsAndEvaluates) {
   auto o = BaseOptions("lenet5", "sgd");
   o.eval_size = 500;
@@ -147,17 +208,17 @@ TEST(FusedTest, GroupsMembersByStepsAndEvaluates) {
   EXPECT_EQ(out[1].step, 5);
   EXPECT_EQ(out[2].step, 3);
   for (const auto& r : out) {
-    EXPECT_GE(r.val_acc, 0.0);
-    EXPECT_LE(r.val_acc, 1.0);
+    EXPECT_GE(r.val_score, 0.0);
+    EXPECT_LE(r.val_score, 1.0);
   }
-  EXPECT_EQ(out[0].test_acc, -1);
-  EXPECT_GE(out[1].test_acc, 0.0);
+  EXPECT_TRUE(std::isnan(out[0].test_score));  // not evaluated
+  EXPECT_GE(out[1].test_score, 0.0);
   // Fused evaluation agrees with plain evaluation of the same state.
   for (size_t i = 0; i < 3; ++i) {
     std::string s = out[i].EncodeState();
     MemberOutcome p = trainer->TrainPlain(Task("p", &s, 0, 0));
     ASSERT_TRUE(p.ok());
-    EXPECT_NEAR(p.val_acc, out[i].val_acc, 1.5 / 500) << i;
+    EXPECT_NEAR(p.val_score, out[i].val_score, 1.5 / 500) << i;
   }
 }
 

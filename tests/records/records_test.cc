@@ -20,9 +20,10 @@ using json = nlohmann::json;
 // default so that a field the codec drops shows up.
 std::vector<Event> OneOfEach() {
   FinalEvalEvent final_eval;
-  final_eval.results = {{"m1", 0.81, 0.8, 7}, {"m0", 0.5, 0.49, 3}};
+  final_eval.results = {{"m1", 0.81, 0.8, 7}, {"m0", -1.0, 0.49, 3}};
+  final_eval.metric = format::MetricKind::kR2;
   return {
-      TrainedEvent{3, 0.75, 1, "", 0},
+      TrainedEvent{3, -0.75, 1, "", 0, format::MetricKind::kNegMse},
       ExploitEvent{"m2", "m0", 4, "bottom 20%", {{"lr", 0.02}, {"momentum", 0.9}}, 0},
       RestoreEvent{"m1", 5, 9, "ckpt-tool"},
       FailedEvent{"m3", FailureCode::kOutOfMemory, "CUDA out of memory", 2},
@@ -79,7 +80,7 @@ TEST(EventCodecTest, FieldsReadBackAsWritten) {
 TEST(EventCodecTest, OldStoresStillDecode) {
   // The store adds exp, unix_ms, member, reason, blob, version and step.
   auto trained = DecodeEvent(
-      R"({"type":"trained","interval":2,"val_acc":0.5,"worker":0,"exp":"e","unix_ms":1,)"
+      R"({"type":"trained","interval":2,"val_score":0.5,"worker":0,"exp":"e","unix_ms":1,)"
       R"("member":"m1","reason":"trained","blob":"ab","version":3,"step":40})",
       "e");
   ASSERT_TRUE(trained.ok()) << trained.status().ToString();
@@ -121,11 +122,37 @@ TEST(EventCodecTest, OldStoresStillDecode) {
   ASSERT_TRUE(stopped.ok());
   EXPECT_FALSE(std::get<MemberStoppedEvent>(*stopped).kept_version.has_value());
   auto final_eval = DecodeEvent(
-      R"({"type":"final_eval","results":[{"member":"m0","val_acc":null,"test_acc":0.5,"version":2}]})",
+      R"({"type":"final_eval","results":[{"member":"m0","val_r2":null,"test_r2":0.5,"version":2}]})",
       "e");
   ASSERT_TRUE(final_eval.ok());
   ASSERT_EQ(std::get<FinalEvalEvent>(*final_eval).results.size(), 1u);
-  EXPECT_TRUE(std::isnan(std::get<FinalEvalEvent>(*final_eval).results[0].val_acc));
+  EXPECT_TRUE(std::isnan(std::get<FinalEvalEvent>(*final_eval).results[0].val_score));
+  EXPECT_EQ(std::get<FinalEvalEvent>(*final_eval).results[0].test_score, 0.5);
+  EXPECT_EQ(std::get<FinalEvalEvent>(*final_eval).metric, format::MetricKind::kR2);
+}
+
+// A score is written under its metric's name; stores written before that
+// hold "val_acc" / "test_acc", which read as accuracy.
+TEST(EventCodecTest, ScoresCarryTheirMetricsNameAndOldEventsStillRead) {
+  const std::string trained =
+      EncodeEvent(TrainedEvent{2, -0.25, 0, "", 0, format::MetricKind::kNegMse});
+  EXPECT_NE(trained.find(R"("val_neg_mse":-0.25)"), std::string::npos) << trained;
+  EXPECT_EQ(trained.find("val_acc"), std::string::npos) << trained;
+
+  auto old = DecodeEvent(R"({"type":"trained","interval":4,"val_acc":0.91,"worker":2})", "e");
+  ASSERT_TRUE(old.ok()) << old.status().ToString();
+  EXPECT_EQ(std::get<TrainedEvent>(*old).val_score, 0.91);
+  EXPECT_EQ(std::get<TrainedEvent>(*old).metric, format::MetricKind::kAccuracy);
+  auto old_final = DecodeEvent(
+      R"({"type":"final_eval","results":[{"member":"m0","val_acc":0.9,"test_acc":0.88,"version":2}]})",
+      "e");
+  ASSERT_TRUE(old_final.ok());
+  EXPECT_EQ(std::get<FinalEvalEvent>(*old_final).results.at(0).test_score, 0.88);
+  EXPECT_EQ(std::get<FinalEvalEvent>(*old_final).metric, format::MetricKind::kAccuracy);
+
+  auto wrong_type = DecodeEvent(R"({"type":"trained","interval":4,"val_r2":"high"})", "e 9");
+  EXPECT_TRUE(wrong_type.status().IsCorruption());
+  EXPECT_NE(wrong_type.status().message().find("val_r2"), std::string::npos);
 }
 
 TEST(EventCodecTest, BadEventsAreErrorsNamingTheEvent) {

@@ -269,6 +269,48 @@ TEST(ConfigTest, TensorDataAndTask) {
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_EQ(c->target, format::TargetKind::kValues);
   ExpectError(text + "[task]\nmetric = \"accuracy\"\n", "float targets");
+
+  // A target of the experiment's metric: negative for neg_mse, refused when
+  // no value of the metric can reach it; unset means none.
+  EXPECT_FALSE(c->target_metric.has_value());
+  const std::string targeted =
+      Replace(text, "[population]\n", "[population]\ntarget_metric = -0.05\n");
+  c = records::ParseExperimentConfig(targeted + "[task]\nmetric = \"neg_mse\"\n", "exp.toml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->target_metric, -0.05);
+  ExpectError(Replace(text, "[population]\n", "[population]\ntarget_metric = 0.5\n") +
+                  "[task]\nmetric = \"neg_mse\"\n",
+              "population.target_metric (exp.toml line");
+  ExpectError(Replace(text, "[population]\n", "[population]\ntarget_metric = 0.5\n") +
+                  "[task]\nmetric = \"neg_mse\"\n",
+              "0.5 is outside (-inf, 0] and finite, the range of neg_mse");
+  c = records::ParseExperimentConfig(
+      Replace(text, "[population]\n", "[population]\ntarget_metric = 0.5\n") +
+          "[task]\nmetric = \"r2\"\n",
+      "exp.toml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ExpectError(Replace(kGood, "[population]\n", "[population]\ntarget_metric = -0.5\n"),
+              "-0.5 is outside [0, 1], the range of accuracy");
+}
+
+// [search_space.dropout] (and [hparams] dropout) is a probability: [0, 1)
+// over every value the search can reach (perturbation clamps to min..max).
+TEST(ConfigTest, DropoutIsSearchedAsAProbability) {
+  const std::string space = "[search_space.dropout]\ntype = \"uniform\"\nmin = 0.1\nmax = 0.6\n";
+  auto c = records::ParseExperimentConfig(kGood + space, "exp.toml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->search_space.at("dropout").max, 0.6);
+  ExpectError(kGood + Replace(space, "max = 0.6", "max = 1.0"),
+              "search_space.dropout.min/max (exp.toml");
+  ExpectError(kGood + Replace(space, "max = 0.6", "max = 1.0"),
+              "1 is no dropout probability: it must be in [0, 1)");
+  ExpectError(
+      std::string(kGood) + "[search_space.dropout]\ntype = \"choice\"\nvalues = [0.2, -0.1]\n",
+      "-0.1 is no dropout probability");
+  ExpectError(std::string(kGood) + "[hparams]\ndropout = 1.5\n", "hparams.dropout");
+  EXPECT_TRUE(
+      records::ParseExperimentConfig(std::string(kGood) + "[hparams]\ndropout = 0.3\n", "exp.toml")
+          .ok());
 }
 
 // The shipped example for your own data parses as written, the tensor file

@@ -267,7 +267,7 @@ TEST(MemberStateTest, NegativeAndNanScoresReadBackEqual) {
     s.score = score;
     s.status = records::MemberStatus::kStopped;
     s.failures = 2;
-    s.test_acc = score < 0 ? std::nan("") : 0.5;
+    s.test_score = score < 0 ? std::nan("") : 0.5;
     auto back = records::DecodeMemberRecord(records::EncodeMemberRecord(s), "e", "m012");
     ASSERT_TRUE(back.ok()) << back.status().ToString();
     EXPECT_EQ(*back, s) << records::EncodeMemberRecord(s);
@@ -286,6 +286,21 @@ TEST(MemberStateTest, VersionOneRecordsReadTheirMinusOneAsNoScore) {
   auto fresh = records::DecodeMemberRecord("created", "e", "m001");
   ASSERT_TRUE(fresh.ok());
   EXPECT_EQ(fresh->interval, 0);
+}
+
+// Version 2 named the test score "test_acc"; version 3 "test_score".
+TEST(MemberStateTest, VersionTwoRecordsReadTheirTestAccuracy) {
+  auto s = records::DecodeMemberRecord(
+      R"({"v":2,"index":4,"interval":5,"score":0.8,"status":"done","test_acc":0.78})", "e", "m004");
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_EQ(s->test_score, 0.78);
+  EXPECT_EQ(s->score, 0.8);
+  records::MemberRecord r = *s;
+  r.test_score = -1.0;  // a valid neg_mse or r2: kept as written
+  const std::string v3 = records::EncodeMemberRecord(r);
+  EXPECT_NE(v3.find(R"("test_score":-1.0)"), std::string::npos) << v3;
+  EXPECT_NE(v3.find(R"("v":3)"), std::string::npos) << v3;
+  EXPECT_EQ(records::DecodeMemberRecord(v3, "e", "m004")->test_score, -1.0);
 }
 
 TEST(MemberStateTest, DamagedRecordsAreCorruptionNamingExperimentAndMember) {
@@ -915,11 +930,11 @@ TEST(ExperimentTest, FinalTestAccuraciesSurviveARestartWithoutTheEventLog) {
   h.RunToEnd();
   ASSERT_TRUE(h.e().ended());
   int evaluated = 0;
-  for (const auto& m : h.e().members()) evaluated += std::isnan(m.state.test_acc) ? 0 : 1;
+  for (const auto& m : h.e().members()) evaluated += std::isnan(m.state.test_score) ? 0 : 1;
   EXPECT_EQ(evaluated, 2);
   h.Open();
   int after = 0;
-  for (const auto& m : h.e().Summary(h.now()).members) after += m.test_acc >= 0 ? 1 : 0;
+  for (const auto& m : h.e().Summary(h.now()).members) after += m.test_score >= 0 ? 1 : 0;
   EXPECT_EQ(after, 2);
 }
 

@@ -82,7 +82,7 @@ TEST(ForgedResultTest, LiesOfAnAuthenticatedWorkerAreRefusedAndNothingIsCommitte
   // Each lie refused, naming the remote worker (its address), the field and
   // both values.
   for (const std::string& why : {
-           std::string("val_acc 1e+308 outside [0, 1] (accuracy)"),
+           std::string("val_accuracy 1e+308 outside [0, 1]"),
            std::string("samples 9223372036854775807, expected 640 (40 steps x batch size 16)"),
            std::string(": step "),
            std::string("train_loss nan, expected a finite value >= 0"),

@@ -3,7 +3,7 @@
 // real handshake and record framing), says HELLO, and answers each TRAIN at
 // once with a RESULT that does not answer it, one forgery per TRAIN:
 //
-//   score    val_acc 1e308 (would end training through target_metric)
+//   score    val_accuracy 1e308 (would end training through target_metric)
 //   samples  samples INT64_MAX (would overflow the experiment's sum)
 //   step     the step one past the one asked for
 //   loss     train_loss NaN
@@ -142,7 +142,7 @@ Ended Connection(const std::string& addr, const std::string& secret, const std::
     r.member = train->member;
     r.step = start + train->steps;
     r.train_loss = 0.5;
-    r.val_acc = 0.5;
+    r.val_score = 0.5;
     r.samples = train->steps * 16;  // the test's batch size
     r.compute_s = 0.01;
     std::string state(64, '\0');  // read by no rule before the ones forged here
@@ -163,7 +163,7 @@ Ended Connection(const std::string& addr, const std::string& secret, const std::
       std::this_thread::sleep_for(milliseconds(200));
     }
     if (last_list != nullptr) last = forgery;
-    if (forgery == "score") r.val_acc = 1e308;
+    if (forgery == "score") r.val_score = 1e308;
     if (forgery == "samples") r.samples = std::numeric_limits<int64_t>::max();
     if (forgery == "step") r.step += 1;
     if (forgery == "loss") r.train_loss = std::numeric_limits<double>::quiet_NaN();

@@ -73,7 +73,7 @@ class ResultCheckTest : public ::testing::Test {
     result_.member = "exp/m3";
     result_.step = 120;
     result_.train_loss = 0.42;
-    result_.val_acc = 0.87;
+    result_.val_score = 0.87;
     result_.samples = 640;
     result_.compute_s = 1.5;
   }
@@ -109,56 +109,60 @@ TEST_F(ResultCheckTest, AnHonestResultPassesAndGivesItsLayout) {
 }
 
 TEST_F(ResultCheckTest, AccuracyMustLieInZeroToOne) {
-  for (double ok : {0.0, 1.0, 0.5, -1.0}) {
-    result_.val_acc = ok;
+  // NaN: not evaluated (null on the wire), allowed; it ranks last.
+  for (double ok : {0.0, 1.0, 0.5, kNaN}) {
+    result_.val_score = ok;
     EXPECT_TRUE(CheckResult(sent_, result_).ok()) << ok;
   }
-  result_.val_acc = 1e308;
+  result_.val_score = 1e308;
   std::string m = Refusal();
-  EXPECT_HAS(m, "val_acc 1e+308 outside [0, 1] (accuracy)");
+  EXPECT_HAS(m, "val_accuracy 1e+308 outside [0, 1]");
   EXPECT_EQ(CheckResult(sent_, result_).code(), StatusCode::kInvalidArgument);
-  for (double bad : {std::nextafter(1.0, 2.0), -1e-9, -0.5, kInf, -kInf, kNaN}) {
-    result_.val_acc = bad;
+  // -1 was once the "not evaluated" marker; it is no accuracy.
+  for (double bad : {std::nextafter(1.0, 2.0), -1e-9, -0.5, -1.0, kInf, -kInf}) {
+    result_.val_score = bad;
     EXPECT_FALSE(CheckResult(sent_, result_).ok()) << bad;
   }
-  result_.val_acc = kNaN;
-  EXPECT_HAS(Refusal(), "val_acc nan outside [0, 1]");
+  result_.val_score = -1;
+  EXPECT_HAS(Refusal(), "val_accuracy -1 outside [0, 1]");
 }
 
 TEST_F(ResultCheckTest, NegMseMustBeFiniteAndAtMostZero) {
   sent_.rules.metric = format::MetricKind::kNegMse;
-  for (double ok : {0.0, -1.0, -0.25, -1e6}) {
-    result_.val_acc = ok;
+  for (double ok : {0.0, -1.0, -0.25, -1e6, kNaN}) {
+    result_.val_score = ok;
     EXPECT_TRUE(CheckResult(sent_, result_).ok()) << ok;
   }
-  result_.val_acc = 0.5;
-  EXPECT_HAS(Refusal(), "val_acc 0.5 outside (-inf, 0] and finite (neg_mse)");
-  for (double bad : {1e-300, -kInf, kInf, kNaN}) {
-    result_.val_acc = bad;
+  result_.val_score = 0.5;
+  EXPECT_HAS(Refusal(), "val_neg_mse 0.5 outside (-inf, 0] and finite");
+  for (double bad : {1e-300, -kInf, kInf}) {
+    result_.val_score = bad;
     EXPECT_FALSE(CheckResult(sent_, result_).ok()) << bad;
   }
 }
 
 TEST_F(ResultCheckTest, R2MustBeFiniteAndAtMostOne) {
   sent_.rules.metric = format::MetricKind::kR2;
-  for (double ok : {1.0, 0.0, 0.93, -3.5}) {
-    result_.val_acc = ok;
+  for (double ok : {1.0, 0.0, 0.93, -3.5, -1.0, kNaN}) {
+    result_.val_score = ok;
     EXPECT_TRUE(CheckResult(sent_, result_).ok()) << ok;
   }
-  result_.val_acc = 1.5;
-  EXPECT_HAS(Refusal(), "val_acc 1.5 outside (-inf, 1] and finite (r2)");
-  for (double bad : {std::nextafter(1.0, 2.0), -kInf, kInf, kNaN}) {
-    result_.val_acc = bad;
+  result_.val_score = 1.5;
+  EXPECT_HAS(Refusal(), "val_r2 1.5 outside (-inf, 1] and finite");
+  for (double bad : {std::nextafter(1.0, 2.0), -kInf, kInf}) {
+    result_.val_score = bad;
     EXPECT_FALSE(CheckResult(sent_, result_).ok()) << bad;
   }
 }
 
 TEST_F(ResultCheckTest, WithoutValidationTheScoreMustBeTheWorkersNotEvaluated) {
   sent_.rules.validates = false;
-  result_.val_acc = -1;
+  result_.val_score = kNaN;
   EXPECT_TRUE(CheckResult(sent_, result_).ok());
-  result_.val_acc = 1.0;
-  EXPECT_HAS(Refusal(), "val_acc 1, expected -1 (the experiment does not validate");
+  result_.val_score = 1.0;
+  EXPECT_HAS(Refusal(), "val_accuracy 1, expected none (the experiment does not validate");
+  result_.val_score = -1;  // the old marker is a score like any other
+  EXPECT_HAS(Refusal(), "val_accuracy -1, expected none");
 }
 
 TEST_F(ResultCheckTest, StepMustBeTheSentStatesPlusTheSteps) {
@@ -277,14 +281,14 @@ TEST_F(ResultCheckTest, AnEvaluationTrainsNothingAndItsStateIsNotRead) {
   result_.step = 100;
   result_.samples = 0;
   result_.train_loss = 0;
-  result_.test_acc = 0.9;
+  result_.test_score = 0.9;
   SetState("");
   EXPECT_TRUE(CheckResult(sent_, result_).ok());
-  result_.test_acc = -1;  // no test split
+  result_.test_score = kNaN;  // no test split
   EXPECT_TRUE(CheckResult(sent_, result_).ok());
-  result_.test_acc = 2;
-  EXPECT_HAS(Refusal(), "test_acc 2 outside [0, 1] (accuracy)");
-  result_.test_acc = 0.9;
+  result_.test_score = 2;
+  EXPECT_HAS(Refusal(), "test_accuracy 2 outside [0, 1]");
+  result_.test_score = 0.9;
   result_.step = 120;
   EXPECT_HAS(Refusal(), "step 120, expected 100 (step 100 + 0 steps)");
   result_.step = 100;

@@ -157,15 +157,17 @@ class PythonClientTest(unittest.TestCase):
         table = results(name, client=c)
         self.assertIsInstance(table, pandas.DataFrame)
         self.assertEqual(len(table), 2)
-        for column in ("experiment", "member", "status", "intervals_done", "val_acc",
-                       "test_acc", "version", "step", "config/lr"):
+        # The scores under the experiment's metric's own name.
+        for column in ("experiment", "member", "status", "intervals_done", "val_accuracy",
+                       "test_accuracy", "version", "step", "config/lr"):
             self.assertIn(column, table.columns)
-        self.assertTrue(table["val_acc"].is_monotonic_decreasing, table)
+        self.assertNotIn("val_score", table.columns)
+        self.assertTrue(table["val_accuracy"].is_monotonic_decreasing, table)
         self.assertEqual(list(table["status"]), ["done", "done"])
         rows = table.to_dict("records")
         self.assertEqual({r["member"] for r in rows}, {"m000", "m001"})
         self.assertEqual(table["config/lr"].dtype.kind, "f")
-        self.assertGreaterEqual(rows[0]["val_acc"], rows[1]["val_acc"])
+        self.assertGreaterEqual(rows[0]["val_accuracy"], rows[1]["val_accuracy"])
         # Without pandas: the same records as a list of dicts.
         saved = sys.modules.get("pandas")
         sys.modules["pandas"] = None  # makes `import pandas` raise ImportError
@@ -175,7 +177,7 @@ class PythonClientTest(unittest.TestCase):
             sys.modules["pandas"] = saved
         self.assertIsInstance(plain, list)
         self.assertEqual([r["member"] for r in plain], list(table["member"]))
-        self.assertEqual([r["val_acc"] for r in plain], list(table["val_acc"]))
+        self.assertEqual([r["val_accuracy"] for r in plain], list(table["val_accuracy"]))
         self.assertEqual(plain[0]["config/lr"], rows[0]["config/lr"])
 
         import torch

@@ -643,7 +643,7 @@ double ReportedTestAccuracy(store::Store* s, const std::string& member, int64_t 
     json j = json::parse(e.json);
     if (j.value("type", "") != "final_eval") continue;
     for (const auto& r : j["results"]) {
-      if (r["member"] == member && r["version"] == version) return r["test_acc"].get<double>();
+      if (r["member"] == member && r["version"] == version) return r["test_accuracy"].get<double>();
     }
   }
   return -1;
@@ -654,8 +654,8 @@ TEST_F(ToolTest, ExportsLoadInPyTorchAndReproduceTheReportedAccuracy) {
     GTEST_SKIP() << CKPT_TOOL_TEST_PYTHON << " lacks torch or safetensors (scripts/setup-deps)";
   }
   const store::MemberHead head = *reader_->GetMember("tiny", "m002");
-  const double test_acc = ReportedTestAccuracy(reader_.get(), "m002", head.version);
-  ASSERT_GE(test_acc, 0) << "no final evaluation of m002";
+  const double test_score = ReportedTestAccuracy(reader_.get(), "m002", head.version);
+  ASSERT_GE(test_score, 0) << "no final evaluation of m002";
   for (const char* file : {"m.pt", "m.safetensors"}) {
     Result r = T({"export", "tiny/m002", "-o", tmp_ + "/" + file});
     ASSERT_EQ(r.code, 0) << Show(r);
@@ -670,7 +670,7 @@ TEST_F(ToolTest, ExportsLoadInPyTorchAndReproduceTheReportedAccuracy) {
   Result py = RunProcess({CKPT_TOOL_TEST_PYTHON, CKPT_TOOL_INTEROP_PY, "check-export", "--pt",
                           tmp_ + "/m.pt", "--pt-opt", tmp_ + "/opt.pt", "--safetensors",
                           tmp_ + "/m.safetensors", "--blob", tmp_ + "/stored.blob", "--dataset",
-                          kDataset, "--test-acc", std::to_string(test_acc)});
+                          kDataset, "--test-acc", std::to_string(test_score)});
   ASSERT_EQ(py.code, 0) << Show(py);
   json j = json::parse(py.out);
   EXPECT_LE(j["logits_max_diff"].get<double>(), 1e-5);

@@ -272,7 +272,7 @@ Status Plot(const ToolOptions& tool, const PlotOptions& options) {
       if (t->member.empty() || !series.count(t->member)) continue;
       PlotPoint p;
       p.step = t->interval * settings.steps_per_interval;
-      p.score = t->val_acc;
+      p.score = t->val_score;
       p.hparams = current[t->member];
       if (auto m = manifest(t->member, t->version); m.ok()) {
         p.step = m->step;

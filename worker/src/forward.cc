@@ -73,25 +73,30 @@ at::Tensor RunLayers(const Context& ctx, const ForwardPass& pass, at::Tensor x, 
                            /*cudnn_enabled=*/true);
         break;
       case LayerKind::kDropout: {
-        if (!pass.train || l.p <= 0) break;
+        if (!pass.train) break;
         if (!fused) {
-          x = x * DropoutMask(pass.data_seed, pass.step, i, l.p, x.sizes(), ctx.device);
+          const double p = pass.dropout.value_or(l.p);
+          if (p > 0) x = x * DropoutMask(pass.data_seed, pass.step, i, p, x.sizes(), ctx.device);
           break;
         }
-        // Each member's own mask, as it would draw it alone.
+        // Each member's own mask at its own probability, as it would draw it
+        // alone (p = 0: ones, the identity its plain pass skips).
+        bool any = false;
+        for (const MemberTensors* m : *pass.members) any = any || m->hp.dropout.value_or(l.p) > 0;
+        if (!any) break;
         std::vector<at::Tensor> masks;
         masks.reserve(pass.members->size());
         if (x.dim() == 4) {
           const int64_t c = x.size(1) / K;
           for (const MemberTensors* m : *pass.members) {
-            masks.push_back(DropoutMask(m->data_seed, m->step, i, l.p,
+            masks.push_back(DropoutMask(m->data_seed, m->step, i, m->hp.dropout.value_or(l.p),
                                         {x.size(0), c, x.size(2), x.size(3)}, ctx.device));
           }
           x = x * at::cat(masks, 1);
         } else {
           for (const MemberTensors* m : *pass.members) {
-            masks.push_back(
-                DropoutMask(m->data_seed, m->step, i, l.p, {x.size(1), x.size(2)}, ctx.device));
+            masks.push_back(DropoutMask(m->data_seed, m->step, i, m->hp.dropout.value_or(l.p),
+                                        {x.size(1), x.size(2)}, ctx.device));
           }
           x = x * at::stack(masks, 0);
         }

@@ -1,6 +1,7 @@
 #include "ckpt/model/hparams.h"
 
 #include <cmath>
+#include <string>
 #include <vector>
 
 namespace ckpt::model {
@@ -15,6 +16,14 @@ Status Apply(OptimizerKind kind, const std::map<std::string, double>& values, co
              Hyperparameters* h) {
   const std::vector<std::string> names = Names(kind);
   for (const auto& [key, v] : values) {
+    if (key == format::kDropoutHparam) {
+      if (!format::IsDropoutProbability(v)) {
+        return Status::InvalidArgument(std::string(source) +
+                                       " hyperparameter \"dropout\" must be in [0, 1)");
+      }
+      h->dropout = v;
+      continue;
+    }
     bool known = false;
     for (const auto& n : names) known = known || n == key;
     if (!known) {
@@ -84,17 +93,21 @@ StatusOr<Hyperparameters> ResolveHyperparameters(OptimizerKind kind,
 }
 
 std::map<std::string, double> HyperparameterMap(OptimizerKind kind, const Hyperparameters& h) {
+  std::map<std::string, double> m;
   if (kind == OptimizerKind::kSgd) {
-    return {{"lr", h.lr},
-            {"momentum", h.momentum},
-            {"nesterov", h.nesterov ? 1.0 : 0.0},
-            {"weight_decay", h.weight_decay}};
+    m = {{"lr", h.lr},
+         {"momentum", h.momentum},
+         {"nesterov", h.nesterov ? 1.0 : 0.0},
+         {"weight_decay", h.weight_decay}};
+  } else {
+    m = {{"lr", h.lr},
+         {"beta1", h.beta1},
+         {"beta2", h.beta2},
+         {"eps", h.eps},
+         {"weight_decay", h.weight_decay}};
   }
-  return {{"lr", h.lr},
-          {"beta1", h.beta1},
-          {"beta2", h.beta2},
-          {"eps", h.eps},
-          {"weight_decay", h.weight_decay}};
+  if (h.dropout) m[format::kDropoutHparam] = *h.dropout;
+  return m;
 }
 
 }  // namespace ckpt::model

@@ -127,6 +127,19 @@ void InitScriptModel(const Context& ctx, at::Generator& gen, std::vector<at::Ten
   }
 }
 
+// The dropout hyperparameter needs a dropout layer of a layer list to set.
+Status CheckDropoutHparam(const Context& ctx, const Hyperparameters& hp) {
+  if (!hp.dropout) return Status::OK();
+  if (!ctx.script) {
+    for (const LayerSpec& l : ctx.spec.layers()) {
+      if (l.kind == LayerKind::kDropout) return Status::OK();
+    }
+  }
+  return Status::InvalidArgument(
+      ctx.script ? "hyperparameter \"dropout\": a TorchScript model's dropout cannot be set"
+                 : "hyperparameter \"dropout\": the model has no dropout layer to set");
+}
+
 }  // namespace
 
 std::optional<Failure> LoadMember(const Context& ctx, const MemberTask& task, MemberTensors* st) {
@@ -143,6 +156,9 @@ std::optional<Failure> LoadMember(const Context& ctx, const MemberTask& task, Me
     auto hp = ResolveHyperparameters(ctx.optimizer, {}, task.hparams);
     if (!hp.ok()) return Fail(records::FailureCode::kBadRequest, hp.status().WithPrefix(who));
     st->hp = *hp;
+    if (Status d = CheckDropoutHparam(ctx, st->hp); !d.ok()) {
+      return Fail(records::FailureCode::kBadRequest, d.WithPrefix(who));
+    }
     for (size_t i = 0; i < n; ++i) {
       host[i] = at::zeros(ctx.layout[i].shape,
                           at::TensorOptions().dtype(ScalarTypeOf(ctx.layout[i].dtype)));
@@ -178,6 +194,9 @@ std::optional<Failure> LoadMember(const Context& ctx, const MemberTask& task, Me
     auto hp = ResolveHyperparameters(ctx.optimizer, meta.hparams, task.hparams);
     if (!hp.ok()) return Fail(records::FailureCode::kBadRequest, hp.status().WithPrefix(who));
     st->hp = *hp;
+    if (Status d = CheckDropoutHparam(ctx, st->hp); !d.ok()) {
+      return Fail(records::FailureCode::kBadRequest, d.WithPrefix(who));
+    }
     if (meta.step < 0) {
       return Fail(records::FailureCode::kBadState,
                   Status::Corruption(who + ": negative step in checkpoint"));

@@ -141,6 +141,9 @@ struct ForwardPass {
   bool train = false;
   uint64_t data_seed = 0;
   int64_t step = 0;
+  // Plain: the member's dropout hyperparameter (each layer's p when unset);
+  // fused passes read each member's own (MemberTensors::hp).
+  std::optional<double> dropout;
 };
 
 // Runs every layer of ctx.spec on `x`: plain [B, C, H, W] / [B, F] to

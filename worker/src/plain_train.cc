@@ -20,6 +20,7 @@ at::Tensor Forward(const Context& ctx, const MemberTensors& m, torch::jit::Modul
   pass.train = train;
   pass.data_seed = m.data_seed;
   pass.step = m.step;
+  pass.dropout = m.hp.dropout;
   return ForwardLayers(ctx, pass, x);
 }
 

@@ -285,11 +285,11 @@ MemberOutcome TrainerImpl::Plain(const MemberTask& task, bool evaluate) {
       torch::jit::Module* sm = script ? &*script : nullptr;
       const int64_t val = std::min<int64_t>(ctx.options.eval_size, ctx.validation.count);
       if (val > 0)
-        out.val_acc =
+        out.val_score =
             Score(ctx, ctx.validation, EvaluatePlain(ctx, m, sm, ctx.validation, val), val);
       if (task.eval_test && ctx.test.count > 0) {
-        out.test_acc = Score(ctx, ctx.test, EvaluatePlain(ctx, m, sm, ctx.test, ctx.test.count),
-                             ctx.test.count);
+        out.test_score = Score(ctx, ctx.test, EvaluatePlain(ctx, m, sm, ctx.test, ctx.test.count),
+                               ctx.test.count);
       }
     }
     out.eval_s = Seconds(eval_start);
@@ -300,8 +300,8 @@ MemberOutcome TrainerImpl::Plain(const MemberTask& task, bool evaluate) {
     FinishMember(ctx, &m, host_losses, 0, start_step, &out);
     out.unpack_s = Seconds(t0);
     if (!out.ok()) {
-      out.val_acc = -1;
-      out.test_acc = -1;
+      out.val_score = format::kNotEvaluated;
+      out.test_score = format::kNotEvaluated;
     }
   } catch (const c10::OutOfMemoryError& e) {
     SetFailure(&out, records::FailureCode::kOutOfMemory,
@@ -398,10 +398,10 @@ void TrainerImpl::FusedGroup(std::vector<MemberTensors>& states, const std::vect
     o.samples = steps * ctx.options.batch_size;
     if (!result.score_val.empty()) {
       const int64_t val = std::min<int64_t>(ctx.options.eval_size, ctx.validation.count);
-      o.val_acc = Score(ctx, ctx.validation, result.score_val[j], val);
+      o.val_score = Score(ctx, ctx.validation, result.score_val[j], val);
     }
     if (tasks[which[j]].eval_test && !result.score_test.empty()) {
-      o.test_acc = Score(ctx, ctx.test, result.score_test[j], ctx.test.count);
+      o.test_score = Score(ctx, ctx.test, result.score_test[j], ctx.test.count);
     }
   }
 }

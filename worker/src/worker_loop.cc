@@ -268,8 +268,8 @@ void WorkerLoop::SendOutcome(uint64_t task_id, const model::MemberOutcome& o) {
   r.member = o.member;
   r.step = o.step;
   r.train_loss = o.train_loss;
-  r.val_acc = o.val_acc;
-  r.test_acc = o.test_acc;
+  r.val_score = o.val_score;
+  r.test_score = o.test_score;
   r.samples = o.samples;
   r.compute_s = o.compute_s;
   r.state.size = o.state_size();

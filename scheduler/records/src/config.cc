@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -22,6 +23,13 @@
 
 namespace ckpt::records {
 namespace {
+
+// Shortest text that reads back as `v` ("0.92", "-1e-05").
+std::string FormatNumber(double v) {
+  char buf[64];
+  auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), v);
+  return ec == std::errc() ? std::string(buf, end) : std::to_string(v);
+}
 
 bool FileExists(const std::string& path) {
   struct stat st;
@@ -53,6 +61,15 @@ Status ParseSearchSpace(const toml::table& space, const std::string& origin,
       if (!(dim.min <= dim.max)) return r.Error("max", "must not be below min");
     }
     CKPT_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
+    if (name == format::kDropoutHparam) {
+      const bool choice = dim.kind == SearchDim::Kind::kChoice;
+      for (double p : choice ? dim.values : std::vector<double>{dim.min, dim.max}) {
+        if (!format::IsDropoutProbability(p)) {
+          return r.Error(choice ? "values" : "min/max",
+                         FormatNumber(p) + " is no dropout probability: it must be in [0, 1)");
+        }
+      }
+    }
     config->search_space[name] = dim;
   }
   return Status::OK();
@@ -324,7 +341,21 @@ StatusOr<ExperimentConfig> ParseExperimentConfig(const std::string& toml_text,
     CKPT_RETURN_IF_ERROR(r.Int("size", 1, kMaxPopulation, &c.population));
     CKPT_RETURN_IF_ERROR(r.Int("steps_per_interval", 0, int64_t{1} << 40, &c.steps_per_interval));
     CKPT_RETURN_IF_ERROR(r.Int("intervals", 1, 1000000, &c.intervals));
-    CKPT_RETURN_IF_ERROR(r.Double("target_metric", 0, 1, &c.target_metric));
+    if (pop->get("target_metric") != nullptr) {
+      double target = 0;
+      CKPT_RETURN_IF_ERROR(r.Double("target_metric", -1e300, 1, &target));
+      std::string range;
+      const bool target_known = check_files || c.data_format == format::DatasetFormat::kIdx;
+      if (target_known && !format::InMetricRange(c.Metric(), target, &range)) {
+        std::string why = FormatNumber(target);
+        why += " is outside ";
+        why += range;
+        why += ", the range of ";
+        why += format::MetricKindName(c.Metric());
+        return r.Error("target_metric", why);
+      }
+      c.target_metric = target;
+    }
     CKPT_RETURN_IF_ERROR(r.Double("max_wall_s", 0, 1e9, &c.max_wall_s));
     CKPT_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
   }
@@ -336,6 +367,10 @@ StatusOr<ExperimentConfig> ParseExperimentConfig(const std::string& toml_text,
     for (const auto& [k, v] : *fixed) {
       double value = 0;
       CKPT_RETURN_IF_ERROR(r.Double(std::string(k.str()), -1e300, 1e300, &value));
+      if (k.str() == format::kDropoutHparam && !format::IsDropoutProbability(value)) {
+        return r.Error(format::kDropoutHparam,
+                       FormatNumber(value) + " is no dropout probability: it must be in [0, 1)");
+      }
       c.fixed_hparams[std::string(k.str())] = value;
     }
   }

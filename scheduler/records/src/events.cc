@@ -61,6 +61,23 @@ class Fields {
       (*out)[it.key()] = it->get<double>();
     }
   }
+  // A score of `split` ("val", "test") under its metric's name, setting
+  // *metric; a record written before scores were named holds "<split>_acc"
+  // (accuracy). Neither present: nothing changes.
+  void Score(std::string_view split, format::MetricKind* metric, double* out) {
+    for (format::MetricKind k : format::kMetricKinds) {
+      const std::string key = format::SplitMetricName(split, k);
+      if (Find(key.c_str()) != nullptr) {
+        *metric = k;
+        return Double(key.c_str(), out);
+      }
+    }
+    const std::string legacy = std::string(split) + "_acc";
+    if (Find(legacy.c_str()) != nullptr) {
+      *metric = format::MetricKind::kAccuracy;
+      Double(legacy.c_str(), out);
+    }
+  }
   const json* Find(const char* key) const {
     auto it = j_.find(key);
     return it == j_.end() ? nullptr : &*it;
@@ -80,7 +97,9 @@ class Fields {
 json Number(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
 
 json ToJson(const TrainedEvent& e) {
-  return {{"interval", e.interval}, {"val_acc", Number(e.val_acc)}, {"worker", e.worker}};
+  return {{"interval", e.interval},
+          {format::SplitMetricName("val", e.metric), Number(e.val_score)},
+          {"worker", e.worker}};
 }
 json ToJson(const ExploitEvent& e) {
   return {{"member", e.member},
@@ -122,8 +141,8 @@ json ToJson(const FinalEvalEvent& e) {
   json results = json::array();
   for (const auto& r : e.results) {
     results.push_back({{"member", r.member},
-                       {"val_acc", Number(r.val_acc)},
-                       {"test_acc", Number(r.test_acc)},
+                       {format::SplitMetricName("val", e.metric), Number(r.val_score)},
+                       {format::SplitMetricName("test", e.metric), Number(r.test_score)},
                        {"version", r.version}});
   }
   return {{"results", results}};
@@ -140,7 +159,7 @@ json ToJson(const ResumeFailedEvent& e) { return {{"error", e.error}}; }
 
 void Read(Fields& f, TrainedEvent* e) {
   f.Integer("interval", &e->interval);
-  f.Double("val_acc", &e->val_acc);
+  f.Score("val", &e->metric, &e->val_score);
   f.Integer("worker", &e->worker);
   f.Str("member", &e->member);
   f.Integer("version", &e->version);
@@ -209,8 +228,8 @@ void Read(Fields& f, FinalEvalEvent* e) {
     Fields rf(r, f.what());
     FinalEvalEvent::Result out;
     rf.Str("member", &out.member);
-    rf.Double("val_acc", &out.val_acc);
-    rf.Double("test_acc", &out.test_acc);
+    rf.Score("val", &e->metric, &out.val_score);
+    rf.Score("test", &e->metric, &out.test_score);
     rf.Integer("version", &out.version);
     if (!rf.status().ok()) return f.Bad("results", "an array of results");
     e->results.push_back(std::move(out));

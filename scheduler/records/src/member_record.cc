@@ -21,7 +21,7 @@ bool operator==(const MemberRecord& a, const MemberRecord& b) {
   return a.index == b.index && a.interval == b.interval && a.last_exploit == b.last_exploit &&
          SameDouble(a.score, b.score) &&
          StoredMemberStatus(a.status) == StoredMemberStatus(b.status) && a.failures == b.failures &&
-         SameDouble(a.test_acc, b.test_acc);
+         SameDouble(a.test_score, b.test_score);
 }
 
 std::string EncodeMemberRecord(const MemberRecord& s) {
@@ -29,7 +29,7 @@ std::string EncodeMemberRecord(const MemberRecord& s) {
       {"v", kMemberRecordVersion},      {"index", s.index},
       {"interval", s.interval},         {"last_exploit", s.last_exploit},
       {"score", NumberOrNull(s.score)}, {"status", MemberStatusName(StoredMemberStatus(s.status))},
-      {"failures", s.failures},         {"test_acc", NumberOrNull(s.test_acc)}};
+      {"failures", s.failures},         {"test_score", NumberOrNull(s.test_score)}};
   return j.dump();
 }
 
@@ -78,7 +78,8 @@ StatusOr<MemberRecord> DecodeMemberRecord(std::string_view bytes, const std::str
   CKPT_RETURN_IF_ERROR(read_int("last_exploit", 0, &s.last_exploit));
   CKPT_RETURN_IF_ERROR(read_int("failures", 0, &s.failures));
   CKPT_RETURN_IF_ERROR(read_score("score", &s.score));
-  CKPT_RETURN_IF_ERROR(read_score("test_acc", &s.test_acc));
+  // Versions 1 and 2 named the test score for the one metric they knew.
+  CKPT_RETURN_IF_ERROR(read_score(version >= 3 ? "test_score" : "test_acc", &s.test_score));
   if (s.last_exploit > s.interval) {
     return bad("has last_exploit " + std::to_string(s.last_exploit) + " after interval " +
                std::to_string(s.interval));

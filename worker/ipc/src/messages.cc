@@ -105,8 +105,8 @@ json ToJson(const Result& m) {
               {"member", m.member},
               {"step", m.step},
               {"train_loss", Number(m.train_loss)},
-              {"val_acc", Number(m.val_acc)},
-              {"test_acc", Number(m.test_acc)},
+              {"val_score", Number(m.val_score)},
+              {"test_score", Number(m.test_score)},
               {"samples", m.samples},
               {"compute_s", Number(m.compute_s)}};
 }
@@ -529,8 +529,8 @@ StatusOr<Result> DecodeResult(const uint8_t* p, size_t n) {
     f.Str("member", &m.member, true);
     f.I64("step", &m.step);
     f.F64("train_loss", &m.train_loss);
-    f.F64("val_acc", &m.val_acc);
-    f.F64("test_acc", &m.test_acc);
+    f.F64("val_score", &m.val_score);
+    f.F64("test_score", &m.test_score);
     f.I64("samples", &m.samples);
     f.F64("compute_s", &m.compute_s);
     CKPT_RETURN_IF_ERROR(f.status());

@@ -27,6 +27,8 @@
 //     ckpt_exploits_total               counter    PBT exploits
 //     ckpt_best_score                   gauge      best member score (higher is better)
 //     ckpt_median_score                 gauge      median member score
+//                                                  (both labelled metric="accuracy" |
+//                                                  "neg_mse" | "r2": what the score is)
 //   labels {experiment, state}:  state: records::MemberStatusName (ckpt/records/status.h)
 //     ckpt_members                      gauge      members in each state
 //   labels {experiment, reason}: reason: records::FailureCodeName of the member failure
@@ -103,6 +105,7 @@
 #include <vector>
 
 #include "ckpt/format/status.h"
+#include "ckpt/format/task.h"
 #include "ckpt/records/failure_code.h"
 #include "ckpt/records/status.h"
 
@@ -237,8 +240,10 @@ class Metrics {
   void Exploited(std::string_view experiment);
   // One member-interval of `experiment` failed for `reason`.
   void MemberFailed(std::string_view experiment, records::FailureCode reason);
-  // Best and median score of the population (NaN: no score yet).
-  void SetScores(std::string_view experiment, double best, double median);
+  // Best and median score of the population (NaN: no score yet), of the
+  // experiment's `metric`.
+  void SetScores(std::string_view experiment, format::MetricKind metric, double best,
+                 double median);
   // Removes every series labelled with `experiment` (it was deleted or
   // finished in a long-running service), so that it no longer counts against
   // max_experiments.

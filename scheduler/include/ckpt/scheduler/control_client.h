@@ -22,10 +22,11 @@
 //
 //   brief  {"id", "status", "phase" ("training", "final eval", "done"), "population",
 //           "intervals", "generation", "exploits", "member_intervals", "train_samples",
-//           "best_val_acc", "progress" (the progress line of `ckpt-scheduler run`,
-//           ckpt/scheduler/summary_text.h)}
+//           "metric" (what every score is: "accuracy", "neg_mse", "r2"),
+//           "best_val_score" (null: none yet), "progress" (the progress line of `ckpt-scheduler
+//           run`, ckpt/scheduler/summary_text.h)}
 //   full   brief + {"wall_s", "training_s", "store", "members": [{"member", "status",
-//           "intervals_done", "val_acc", "test_acc" (-1: none), "version", "step",
+//           "intervals_done", "val_score", "test_score" (null: not evaluated), "version", "step",
 //           "hparams": {name: value}}]} (best first)
 //   device {"index", "device", "host" ("" = the scheduler's host; "ADDRESS:PORT"
 //           of a worker connected over TCP), "pid", "ready", "mode", "capacity"

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "ckpt/format/task.h"
 #include "ckpt/records/fusion_mode.h"
 #include "ckpt/records/status.h"
 
@@ -30,8 +31,10 @@ struct MemberSummary {
   // As the member record stores it: kRunning (idle, queued or training),
   // kDone, kStopped or kFailed (records::StoredMemberStatus).
   records::MemberStatus status = records::MemberStatus::kRunning;
-  double val_acc = 0;
-  double test_acc = -1;  // -1: not evaluated
+  // The experiment's metric (ExperimentSummary::metric) on validation and
+  // test; format::kNotEvaluated (NaN) until measured.
+  double val_score = format::kNotEvaluated;
+  double test_score = format::kNotEvaluated;
   int64_t version = 0;
   int64_t step = 0;
   std::map<std::string, double> hparams;
@@ -66,6 +69,8 @@ struct ExperimentSummary {
   std::string id;
   records::ExperimentStatus status = records::ExperimentStatus::kRunning;
   ExperimentPhase phase = ExperimentPhase::kTraining;
+  // What every score is (shown as "val_accuracy", "test_r2", ...).
+  format::MetricKind metric = format::MetricKind::kAccuracy;
   int population = 0;
   int intervals = 0;
   int generation = 0;  // min intervals done over active members

@@ -8,14 +8,20 @@
 //
 // dampening, amsgrad and maximize are not supported (always 0 / false).
 //
+// Whatever the optimizer: dropout (format::kDropoutHparam), in [0, 1), every
+// dropout layer's probability for this member; unset, each layer's own p.
+// LoadMember refuses it for a model without a dropout layer.
+//
 // Thread-safety: values and pure functions.
 #ifndef CKPT_MODEL_HPARAMS_H_
 #define CKPT_MODEL_HPARAMS_H_
 
 #include <map>
+#include <optional>
 #include <string>
 
 #include "ckpt/format/status.h"
+#include "ckpt/format/task.h"
 #include "ckpt/model/model_spec.h"
 
 namespace ckpt::model {
@@ -28,6 +34,7 @@ struct Hyperparameters {
   double beta1 = 0.9;
   double beta2 = 0.999;
   double eps = 1e-8;
+  std::optional<double> dropout;
 };
 
 // Defaults of `kind` (the values listed above).
@@ -37,12 +44,14 @@ Hyperparameters DefaultHyperparameters(OptimizerKind kind);
 // checkpoint's stored map), then `overrides` (the TRAIN request's map, which is
 // authoritative). Returns InvalidArgument naming the key for: a name `kind`
 // does not use, a non-finite value, lr / weight_decay / eps / momentum < 0,
-// beta1 or beta2 outside [0, 1), nesterov not 0 or 1, nesterov without momentum.
+// beta1 or beta2 outside [0, 1), nesterov not 0 or 1, nesterov without momentum,
+// dropout outside [0, 1).
 StatusOr<Hyperparameters> ResolveHyperparameters(OptimizerKind kind,
                                                  const std::map<std::string, double>& base,
                                                  const std::map<std::string, double>& overrides);
 
-// The map stored in a checkpoint ("ckpt.hparams"): exactly the names `kind` uses.
+// The map stored in a checkpoint ("ckpt.hparams"): exactly the names `kind`
+// uses, and dropout when set.
 std::map<std::string, double> HyperparameterMap(OptimizerKind kind, const Hyperparameters& h);
 
 }  // namespace ckpt::model

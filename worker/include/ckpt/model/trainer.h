@@ -73,7 +73,7 @@ struct TrainerOptions {
   // Training minibatch per member. Default: 64.
   int32_t batch_size = 64;
   // Validation samples evaluated after each interval (the first eval_size of
-  // the split, capped at its size); 0 skips validation (val_acc = -1). Default: 10000.
+  // the split, capped at its size); 0 skips validation (val_score not evaluated). Default: 10000.
   int32_t eval_size = 10000;
   // Samples per forward pass while evaluating (divided by K when fused). A
   // LeNet-5 chunk of 256 keeps its activations (~5 MB) in cache and off
@@ -153,10 +153,10 @@ class MemberOutcome {
   int64_t step = 0;       // the member's step after this interval
   double train_loss = 0;  // mean training loss over this interval's steps (0 when steps = 0)
   // The experiment's metric (TrainerOptions::metric: accuracy, negative MSE
-  // or R^2) on validation and test; -1 when not evaluated (a neg_mse or r2
-  // may be -1 too: read it only where the split was evaluated).
-  double val_acc = -1;
-  double test_acc = -1;
+  // or R^2) on validation and test; format::kNotEvaluated (NaN) when the
+  // split was not evaluated.
+  double val_score = format::kNotEvaluated;
+  double test_score = format::kNotEvaluated;
   int64_t samples = 0;   // training samples this interval (steps * batch_size)
   double compute_s = 0;  // training and evaluation; for fused members, the group's time / K
   double eval_s = 0;     // the evaluation part of compute_s

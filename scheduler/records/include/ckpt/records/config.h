@@ -14,8 +14,10 @@
 //   [task]       loss = "cross_entropy" | "mse"; metric = "accuracy" | "neg_mse" | "r2"
 //                (default: those of the data's targets, ckpt/format/task.h)
 //   [population] size = 30; steps_per_interval = 200; intervals = 20;
-//                target_metric = 0.92; max_wall_s = 0
+//                target_metric = 0.92 (in the metric's range; unset: none); max_wall_s = 0
 //   [search_space.lr] type = "log_uniform"; min = 1e-3; max = 0.3
+//                (names: the optimizer's, ckpt/model/hparams.h, and "dropout", every
+//                dropout layer's probability, in [0, 1): format::kDropoutHparam)
 //   [policy]     kind = "pbt"; mode = "sync"; quantile = 0.2; perturb = [0.8, 1.2];
 //                resample_probability = 0.25; ready_intervals = 1; eta = 3
 //   [[devices]]  device = "cpu"; slots = 2; fusion = "auto"; fusion_width = 8;
@@ -188,13 +190,18 @@ struct ExperimentConfig {
   // [task]; unset = the target's default.
   std::optional<format::LossKind> loss;
   std::optional<format::MetricKind> metric;
+  // The metric every score of the experiment is: [task] metric, else the
+  // target's default (accuracy for class labels, neg_mse for float targets).
+  format::MetricKind Metric() const { return metric.value_or(format::DefaultMetric(target)); }
   int batch_size = 64;
   int eval_size = 2000;
   int population = 0;
   int64_t steps_per_interval = 100;
   int intervals = 10;
-  double target_metric = 0;  // 0 = none: stop when the best val_acc reaches it
-  double max_wall_s = 0;     // 0 = none
+  // Training stops when the best validation score reaches it (>=); in the
+  // metric's range (accuracy [0, 1], neg_mse <= 0, r2 <= 1). Unset: none.
+  std::optional<double> target_metric;
+  double max_wall_s = 0;  // 0 = none
   std::map<std::string, SearchDim> search_space;
   std::map<std::string, double> fixed_hparams;  // [hparams] constants
   PolicyConfig policy;

@@ -29,18 +29,23 @@
 #include <vector>
 
 #include "ckpt/format/status.h"
+#include "ckpt/format/task.h"
 #include "ckpt/records/failure_code.h"
 
 namespace ckpt::records {
 
-// A member's interval committed (the event of store::CommitRequest).
+// A member's interval committed (the event of store::CommitRequest). JSON:
+// {"interval": 3, "val_accuracy": 0.87, "worker": 1}: the score under its
+// metric's name (format::SplitMetricName; null when not evaluated). Events
+// written before the metric had its name read as "val_acc": accuracy.
 struct TrainedEvent {
   int interval = 0;
-  double val_acc = 0;
+  double val_score = 0;
   int worker = 0;
   // Filled in by the store: the member and the version committed.
   std::string member;
   int64_t version = 0;
+  format::MetricKind metric = format::MetricKind::kAccuracy;
 };
 
 // A member took a donor's weights and hyperparameters (store::Store::Exploit).
@@ -106,15 +111,18 @@ struct PausedEvent {};
 struct ResumedEvent {};
 struct StoppedEvent {};
 
-// The test-split evaluation at the end of an experiment.
+// The test-split evaluation at the end of an experiment. JSON: {"results":
+// [{"member", "val_<metric>", "test_<metric>", "version"}]}, every result
+// under the experiment's metric (old events: "val_acc", "test_acc").
 struct FinalEvalEvent {
   struct Result {
     std::string member;
-    double val_acc = 0;
-    double test_acc = 0;
+    double val_score = 0;
+    double test_score = 0;
     int64_t version = 0;
   };
   std::vector<Result> results;
+  format::MetricKind metric = format::MetricKind::kAccuracy;
 };
 
 // The store reported a background error (logged to every experiment).

@@ -2,7 +2,7 @@
 // of its head (store::Store::SetMemberState), and its one encoder and decoder.
 //
 // Stored form: a JSON object, written only by EncodeMemberRecord:
-//   {"v": 2,                 format version
+//   {"v": 3,                 format version
 //    "index": 7,             position in the population (seeds its data order
 //                            and initial weights; never parsed from the name)
 //    "interval": 3,          intervals trained
@@ -12,12 +12,15 @@
 //                            reads back as written
 //    "status": "running" | "done" | "stopped" | "failed",
 //    "failures": 0,          FAILED intervals in a row
-//    "test_acc": 0.87 | null}  final evaluation on the test split, null until then
+//    "test_score": 0.87 | null}  the experiment's metric on the test split
+//                            (final evaluation), null until then
 //
 // Readers: the store's initial state "created" (and "") is a fresh member.
 // A record without "v" was written before this codec (version 1): its score -1
 // meant none, and it has no index (the caller supplies the member's position).
-// A version above 2 is refused: a newer scheduler wrote it. Anything that is not
+// Version 2 named the test score "test_acc" (accuracy was the only metric);
+// version 3 "test_score", whatever the metric. A version above 3 is refused:
+// a newer scheduler wrote it. Anything that is not
 // one of these shapes is Corruption naming the experiment and member; decoding
 // never throws. Unknown fields are ignored (a newer minor writer may add some).
 //
@@ -34,7 +37,7 @@
 
 namespace ckpt::records {
 
-inline constexpr int kMemberRecordVersion = 2;
+inline constexpr int kMemberRecordVersion = 3;
 
 struct MemberRecord {
   int index = -1;  // -1: not recorded (a version-1 or fresh record)
@@ -43,7 +46,7 @@ struct MemberRecord {
   double score = std::nan("");
   MemberStatus status = MemberStatus::kIdle;
   int failures = 0;
-  double test_acc = std::nan("");
+  double test_score = std::nan("");
 
   // Exact comparison (NaN equals NaN), for tests and round trips.
   friend bool operator==(const MemberRecord& a, const MemberRecord& b);

@@ -1,6 +1,13 @@
 // What an experiment's members learn: the training loss and the validation
-// metric every score of the system is (MemberOutcome::val_acc, records,
+// metric every score of the system is (MemberOutcome::val_score, records,
 // PBT ranking). A metric is always "higher is better": PBT ranks by it as is.
+// Wherever a score is shown to a person (the run's table, ckpt-tool, the
+// Python client, checkpoint metrics) it carries the metric's own name:
+// "val_accuracy", "test_r2" (SplitMetricName).
+//
+// A split that was not evaluated has the score kNotEvaluated (NaN): no metric
+// takes that value (-1 was the old marker, a valid neg_mse or r2), it ranks
+// last, and it is null in JSON.
 //
 // Defaults follow the dataset's targets (ckpt/format/tensor_dataset.h):
 // class labels train with cross-entropy and score accuracy; float targets
@@ -11,7 +18,10 @@
 #ifndef CKPT_FORMAT_TASK_H_
 #define CKPT_FORMAT_TASK_H_
 
+#include <array>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -32,6 +42,8 @@ enum class MetricKind {
   // At most 1; below 0 when worse than predicting the mean.
   kR2,
 };
+inline constexpr std::array<MetricKind, 3> kMetricKinds = {MetricKind::kAccuracy,
+                                                           MetricKind::kNegMse, MetricKind::kR2};
 
 inline std::string_view LossKindName(LossKind k) {
   return k == LossKind::kCrossEntropy ? "cross_entropy" : "mse";
@@ -47,6 +59,35 @@ inline std::string_view MetricKindName(MetricKind k) {
   }
   return "accuracy";
 }
+// "val_accuracy", "test_neg_mse": a score of `split` under the metric's name.
+inline std::string SplitMetricName(std::string_view split, MetricKind k) {
+  std::string out(split);
+  out += '_';
+  out += MetricKindName(k);
+  return out;
+}
+
+inline constexpr double kNotEvaluated = std::numeric_limits<double>::quiet_NaN();
+inline bool IsEvaluated(double score) { return !std::isnan(score); }
+
+// The values `k` can take: accuracy [0, 1], neg_mse (-inf, 0], r2 (-inf, 1],
+// finite. `range` (when given) receives that interval as text.
+inline bool InMetricRange(MetricKind k, double v, std::string* range = nullptr) {
+  const bool finite = std::isfinite(v);
+  switch (k) {
+    case MetricKind::kAccuracy:
+      if (range != nullptr) *range = "[0, 1]";
+      return finite && v >= 0 && v <= 1;
+    case MetricKind::kNegMse:
+      if (range != nullptr) *range = "(-inf, 0] and finite";
+      return finite && v <= 0;
+    case MetricKind::kR2:
+      if (range != nullptr) *range = "(-inf, 1] and finite";
+      return finite && v <= 1;
+  }
+  return false;
+}
+
 // InvalidArgument for another name.
 inline StatusOr<LossKind> ParseLossKind(std::string_view name) {
   if (name == "cross_entropy") return LossKind::kCrossEntropy;
@@ -75,6 +116,15 @@ inline LossKind DefaultLoss(TargetKind t) {
 inline MetricKind DefaultMetric(TargetKind t) {
   return t == TargetKind::kClasses ? MetricKind::kAccuracy : MetricKind::kNegMse;
 }
+
+// The one hyperparameter of a member that is not its optimizer's: the
+// probability of every dropout layer of a layer-list model (each layer's own
+// p when unset), searched and perturbed like lr ([search_space.dropout]). The
+// scheduler checks its range, the worker that the model has a dropout layer.
+// Other numeric layer settings (widths, kernels) change the tensor layout,
+// which every member of a population shares, so they cannot be searched.
+inline constexpr char kDropoutHparam[] = "dropout";
+inline bool IsDropoutProbability(double p) { return p >= 0 && p < 1; }
 
 // Augmentation of training images ([N, C, H, W] data only), the standard
 // CIFAR recipe: pad by `crop_padding` zero pixels on each side and crop back

@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "ckpt/format/status.h"
+#include "ckpt/format/task.h"
 
 namespace ckpt::ipc {
 
@@ -111,9 +112,11 @@ struct Result {
   std::string member;
   int64_t step = 0;  // training step after this interval
   double train_loss = 0;
-  double val_acc = 0;
-  double test_acc = -1;  // -1 when not evaluated
-  int64_t samples = 0;   // training samples this interval
+  // The experiment's metric on validation / test; NaN (null on the wire,
+  // format::kNotEvaluated) when the split was not evaluated.
+  double val_score = format::kNotEvaluated;
+  double test_score = format::kNotEvaluated;
+  int64_t samples = 0;  // training samples this interval
   double compute_s = 0;
   ByteSpan state;
 };
