@@ -643,8 +643,21 @@ Status SchedulerImpl::RunLoop() {
         continue;
       }
       auto toml = records::DecodeExperimentToml(x.config_json, x.id);
-      auto config = records::ParseExperimentConfig(toml.ok() ? *toml : std::string(), x.id);
-      Status s = config.ok() ? Submit(*config) : config.status();
+      const std::string text = toml.ok() ? *toml : std::string();
+      // The model allowlist holds for a resumed experiment as for a submitted
+      // one (the list may have changed since): judged before the model file
+      // is opened, as the control server's submit does.
+      Status s = toml.status();
+      if (s.ok() && options_.control.allowed_model_dirs) {
+        auto unchecked = records::ParseExperimentConfig(text, x.id, records::FileChecks::kSkip);
+        s = unchecked.ok() ? records::CheckModelFileAllowed(
+                                 unchecked->model_spec, *options_.control.allowed_model_dirs, x.id)
+                           : unchecked.status();
+      }
+      if (s.ok()) {
+        auto config = records::ParseExperimentConfig(text, x.id);
+        s = config.ok() ? Submit(*config) : config.status();
+      }
       if (!s.ok()) {
         Logger().error("cannot resume experiment {}: {}", x.id, s.ToString());
         (void)store_->AppendEvent(x.id,

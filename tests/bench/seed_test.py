@@ -85,6 +85,23 @@ def best_of_summary(text):
     raise AssertionError("no summary table in ckpt-scheduler's output:\n" + text)
 
 
+def skip_without_torch():
+    if subprocess.run([ARGS.python, "-c", "import torch, numpy"],
+                      capture_output=True, check=False).returncode != 0:
+        raise unittest.SkipTest(ARGS.python + " has no torch or numpy")
+
+
+def run_approach(args):
+    """(the JSON line, stderr) of seed_approach.py ARGS --no-pss; fails the
+    test with its stderr when it exits non-zero."""
+    run = subprocess.run([ARGS.python, ARGS.script] + args + ["--no-pss"], capture_output=True,
+                         text=True, check=False)
+    if run.returncode != 0:
+        raise AssertionError("seed_approach.py %s exited %d:\n%s" %
+                             (" ".join(args), run.returncode, run.stderr[-4000:]))
+    return json.loads(run.stdout.strip().splitlines()[-1]), run.stderr
+
+
 CIFAR_ROWS, CIFAR_POPULATION, CIFAR_INTERVALS, CIFAR_STEPS, CIFAR_BATCH = 1000, 2, 2, 30, 32
 # Chance is 0.1; cifar-synthetic's classes are a colour cast and a coarse
 # pattern, which ResNet-20 picks up within these 60 steps (0.61-1.0 test accuracy
@@ -97,26 +114,18 @@ class CifarResnet20PythonTest(unittest.TestCase):
 
     @classmethod
     def setUpClass(cls):
-        if subprocess.run([ARGS.python, "-c", "import torch, numpy"],
-                          capture_output=True, check=False).returncode != 0:
-            raise unittest.SkipTest(ARGS.python + " has no torch or numpy")
+        skip_without_torch()
         cls.tmp = tempfile.TemporaryDirectory(prefix="ckpt-seed-cifar-test-")
         dataset = os.path.join(cls.tmp.name, "cifar.safetensors")
         examples = os.path.join(os.path.dirname(os.path.abspath(ARGS.script)), "..", "examples")
         subprocess.run([ARGS.python, os.path.join(examples, "make_dataset.py"), "cifar-synthetic",
                         dataset, "--n", str(CIFAR_ROWS), "--seed", str(SEED)], check=True,
                        stdout=subprocess.DEVNULL)
-        run = subprocess.run(
-            [ARGS.python, ARGS.script, "--workload", "cifar-resnet20", "--dataset", dataset,
+        cls.result, cls.stderr = run_approach(
+            ["--workload", "cifar-resnet20", "--dataset", dataset,
              "--population", str(CIFAR_POPULATION), "--intervals", str(CIFAR_INTERVALS),
              "--steps", str(CIFAR_STEPS), "--batch", str(CIFAR_BATCH), "--processes", "2",
-             "--seed", str(SEED), "--workdir", os.path.join(cls.tmp.name, "members"),
-             "--no-pss"], capture_output=True, text=True, check=False)
-        if run.returncode != 0:
-            raise AssertionError("seed_approach.py --workload cifar-resnet20 exited %d:\n%s" %
-                                 (run.returncode, run.stderr[-4000:]))
-        cls.stderr = run.stderr
-        cls.result = json.loads(run.stdout.strip().splitlines()[-1])
+             "--seed", str(SEED), "--workdir", os.path.join(cls.tmp.name, "members")])
 
     @classmethod
     def tearDownClass(cls):
@@ -136,19 +145,12 @@ class CifarResnet20PythonTest(unittest.TestCase):
 class SeedWorkloadTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        if subprocess.run([ARGS.python, "-c", "import torch, numpy"],
-                          capture_output=True, check=False).returncode != 0:
-            raise unittest.SkipTest(ARGS.python + " has no torch or numpy")
+        skip_without_torch()
         cls.tmp = tempfile.TemporaryDirectory(prefix="ckpt-seed-test-")
-        python = subprocess.run(
-            [ARGS.python, ARGS.script, "--population", str(POPULATION), "--intervals",
-             str(INTERVALS), "--steps", str(STEPS), "--seed", str(SEED), "--dataset", DATASET,
-             "--workdir", os.path.join(cls.tmp.name, "members"), "--no-pss"],
-            capture_output=True, text=True, check=False)
-        if python.returncode != 0:
-            raise AssertionError("seed_approach.py exited %d:\n%s" %
-                                 (python.returncode, python.stderr[-4000:]))
-        cls.python = json.loads(python.stdout.strip().splitlines()[-1])
+        cls.python, _ = run_approach(
+            ["--population", str(POPULATION), "--intervals", str(INTERVALS), "--steps",
+             str(STEPS), "--seed", str(SEED), "--dataset", DATASET,
+             "--workdir", os.path.join(cls.tmp.name, "members")])
 
         toml = os.path.join(cls.tmp.name, "seed.toml")
         with open(toml, "w") as f:

@@ -2,10 +2,13 @@
 // processes, a real RocksDB store, real shared-memory rings, Fashion-MNIST.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <set>
 #include <thread>
@@ -179,25 +182,53 @@ TEST_F(PbtRunTest, KilledWorkersAreReplacedAndTheRunEndsAsUndisturbed) {
 
   // Kills at wall-clock moments here: pacing them by results (as the
   // scheduler-kill test does) kills the replacement worker again and again
-  // while it starts, and one such kill in six runs left no worker_lost event
-  // (3 events for 4 kills): not yet understood, see the chaos suite.
+  // while it starts.
+  //
+  // Every kill well before the experiment ended is a worker_lost event. A
+  // kill at the very end may leave none, by design: once the last experiment
+  // ended the pool stops (WorkerPool::OnEvent returns once stopped_) and
+  // shuts its workers down, so a worker that dies then loses no task and is
+  // not reported. That is the "3 worker_lost events for 4 kills" once seen
+  // here: its last kill fell into the shutdown. The structured trace's
+  // "ended" line dates the end; kills within a second of it are not counted.
+  const std::string trace = dir_ + "/rough.trace";
+  setenv("CKPT_TRACE_FILE", trace.c_str(), 1);
   Child c(RunArgs(config, dir_ + "/rough"), dir_ + "/rough.log");
+  unsetenv("CKPT_TRACE_FILE");
   std::mt19937 rng(5);
-  int kills = 0;
+  std::vector<int64_t> kill_ms;
   std::set<pid_t> seen;
-  for (int round = 0; round < 200 && kills < 4 && c.Running(); ++round) {
+  auto unix_ms = [] {
+    return std::chrono::duration_cast<milliseconds>(
+               std::chrono::system_clock::now().time_since_epoch())
+        .count();
+  };
+  for (int round = 0; round < 200 && kill_ms.size() < 4 && c.Running(); ++round) {
     std::this_thread::sleep_for(milliseconds(300 + rng() % 400));
     auto workers = ChildrenOf(c.pid());
     for (pid_t w : workers) seen.insert(w);
     if (workers.size() < 2) continue;  // wait until both run (restart backoff)
     kill(workers[rng() % workers.size()], SIGKILL);
-    ++kills;
+    kill_ms.push_back(unix_ms());
   }
   ASSERT_TRUE(c.WaitFor(milliseconds(300000))) << c.Log();
   int st = c.Wait();
   ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << c.Log();
-  EXPECT_GE(kills, 2) << "the run ended before enough kills; make it longer\n" << c.Log();
+  EXPECT_GE(kill_ms.size(), 2u) << "the run ended before enough kills; make it longer\n" << c.Log();
   EXPECT_GE(seen.size(), 3u);  // both workers, and at least one replacement
+  int64_t ended_ms = -1;
+  {
+    std::ifstream in(trace);
+    for (std::string line; std::getline(in, line);) {
+      const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      if (j.is_object() && j.value("ev", "") == "ended" && j.value("exp", "") == "kw") {
+        ended_ms = j.value("unix_ms", int64_t{-1});
+      }
+    }
+  }
+  ASSERT_GT(ended_ms, 0) << "no \"ended\" line in " << trace;
+  const auto before_end = static_cast<int>(std::count_if(
+      kill_ms.begin(), kill_ms.end(), [&](int64_t t) { return t < ended_ms - 1000; }));
   const auto rough = Heads(dir_ + "/rough", "kw");
   {
     // Each loss is in the audit log, with the members it put back in the queue.
@@ -211,7 +242,9 @@ TEST_F(PbtRunTest, KilledWorkersAreReplacedAndTheRunEndsAsUndisturbed) {
     for (const auto& e : *events) {
       if (e.json.find("\"type\":\"worker_lost\"") != std::string::npos) ++lost;
     }
-    EXPECT_GE(lost, kills) << c.Log();
+    EXPECT_GE(lost, before_end) << kill_ms.size() << " kills, " << before_end
+                                << " over a second before the end\n"
+                                << c.Log();
   }
   ASSERT_EQ(rough.size(), 6u);
   for (const auto& [m, h] : rough) EXPECT_EQ(h.step, 36) << m;

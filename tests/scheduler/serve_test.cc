@@ -643,6 +643,54 @@ TEST_F(ServeTest, DamagedMemberRecordIsReportedAndServeKeepsServing) {
   Terminate(serve);
 }
 
+// The allowlist holds for an experiment resumed at start as for a submitted
+// one: stored while the list (or the configuration) allowed its model, it is
+// refused once the list no longer does, named with the file and the
+// directories, and the daemon serves the others.
+TEST_F(ServeTest, AResumedExperimentIsHeldToTheAllowedModelDirsToo) {
+  const std::string root = std::filesystem::weakly_canonical(dir_).string();
+  const std::string models = root + "/models";
+  std::filesystem::create_directories(models);
+  std::ofstream(root + "/outside.pt", std::ios::binary) << std::string("PK\x03\x04", 4) << "x";
+  {
+    auto s = OpenStore("store");
+    ASSERT_NE(s, nullptr);
+    std::string toml = Experiment("stale", "pbt");
+    const std::string lenet = "spec = \"lenet5\"";
+    toml.replace(toml.find(lenet), lenet.size(), "spec = \"torchscript:" + root + "/outside.pt\"");
+    ASSERT_TRUE(s->CreateExperiment("stale", json{{"toml", toml}}.dump()).ok());
+    ASSERT_TRUE(s->SetExperimentStatus("stale", "running").ok());
+  }
+  Child* serve = StartServe(
+      WriteConfig("serve.toml", "store", "", "", "allowed_model_dirs = [\"" + models + "\"]\n"));
+  ASSERT_NE(client_, nullptr);
+  EXPECT_TRUE(WaitUntil(
+      [&] { return serve->Log().find("cannot resume experiment stale") != std::string::npos; },
+      milliseconds(20000)))
+      << serve->Log();
+  const std::string log = serve->Log();
+  EXPECT_NE(log.find("stale: model.spec"), std::string::npos) << log;
+  EXPECT_NE(log.find("allowed_model_dirs [" + models + "]"), std::string::npos) << log;
+  EXPECT_EQ(log.find("does not load"), std::string::npos) << "the model was loaded:\n" << log;
+  auto listed = client_->List();
+  ASSERT_TRUE(listed.ok()) << listed.status().ToString();
+  EXPECT_TRUE(listed->empty()) << "the refused experiment runs";
+  auto id = client_->Submit(Experiment("healthy", "random"), "healthy.toml");
+  ASSERT_TRUE(id.ok()) << id.status().ToString();
+  client_.reset();
+  Terminate(serve);
+  auto s = OpenStore("store");
+  ASSERT_NE(s, nullptr);
+  auto events = s->ListEvents("stale", 0, 100);
+  ASSERT_TRUE(events.ok());
+  bool reported = false;
+  for (const auto& e : *events) {
+    reported = reported || (e.json.find("resume_failed") != std::string::npos &&
+                            e.json.find("allowed_model_dirs") != std::string::npos);
+  }
+  EXPECT_TRUE(reported) << "no resume_failed event naming the allowlist";
+}
+
 // allowed_model_dirs: a submission naming a TorchScript file outside the
 // allowed directories (directly, through "..", or through a link) is refused
 // before anything starts, with the file, its resolved path and the allowed

@@ -3,16 +3,18 @@
 // in this file and becomes a Status / fail code.
 #include "ckpt/model/trainer.h"
 
+#include <caffe2/serialize/read_adapter_interface.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
-#include <sstream>
 #include <thread>
 
 #include "ckpt/format/model_names.h"
@@ -33,6 +35,23 @@ Trainer::~Trainer() = default;
 
 namespace internal {
 namespace {
+
+// A TorchScript file's bytes as PyTorch's archive reader reads them, in place
+// (an istringstream would copy them: C++17's takes its string by reference).
+class BytesReadAdapter : public caffe2::serialize::ReadAdapterInterface {
+ public:
+  explicit BytesReadAdapter(std::string bytes) : bytes_(std::move(bytes)) {}
+  size_t size() const override { return bytes_.size(); }
+  size_t read(uint64_t pos, void* buf, size_t n, const char* /*what*/) const override {
+    if (pos >= bytes_.size()) return 0;
+    n = std::min<size_t>(n, bytes_.size() - pos);
+    std::memcpy(buf, bytes_.data() + pos, n);
+    return n;
+  }
+
+ private:
+  const std::string bytes_;
+};
 
 using Clock = std::chrono::steady_clock;
 
@@ -645,10 +664,9 @@ StatusOr<std::unique_ptr<Trainer>> Create(const TrainerOptions& options) {
           std::string bytes,
           format::ReadRegularFile(path, format::kMaxTorchScriptFileBytes, "TorchScript file"));
       try {
-        // C++17's istringstream copies the string (it has no constructor
-        // taking one by value): the file's bytes are held twice while loading.
-        std::istringstream in(bytes);
-        ctx->script = torch::jit::load(in, ctx->device);
+        // Read in place: the file's bytes are held once while loading.
+        ctx->script =
+            torch::jit::load(std::make_shared<BytesReadAdapter>(std::move(bytes)), ctx->device);
       } catch (const c10::Error& e) {
         return Status::InvalidArgument("TorchScript file " + path + " does not load: " + Brief(e));
       }
