@@ -36,7 +36,7 @@
 // --ckpt-args: extra arguments of `ckpt-scheduler run`, split at spaces (give
 // it with "=": a value that starts with "--" would read as the next flag).
 //
-// --workload cifar-resnet20: the same race on a model with ~40x LeNet-5's
+// --workload cifar-resnet20: the same race on a model with ~100x LeNet-5's
 // arithmetic per sample: ResNet-20 (ckpt's built-in "resnet20"; the Python
 // side builds the same 272,474-parameter network) on a CIFAR-shaped set
 // (examples/make_dataset.py cifar-synthetic, --rows rows written into the
