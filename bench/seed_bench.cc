@@ -28,7 +28,8 @@
 // machine, so compare ratios, not absolute rates across runs.
 //
 //   ckpt-bench seed [--workload fashion-lenet5] [--rounds 2] [--population 30]
-//       [--intervals 4] [--steps 100] [--batch-size 64] [--eval-size 2000] [--slots 2] [--fusion plain] [--seed 2026]
+//       [--intervals 4] [--steps 100] [--batch-size 64] [--eval-size 2000] [--slots 2]
+//       [--fusion plain] [--seed 2026]
 //       [--final-eval-top 5] [--scheduler PATH] [--python /usr/bin/python3]
 //       [--script bench/seed_approach.py] [--dataset-path DIR] [--sample-ms 1000]
 //       [--skip-bare] [--ckpt-args="--flag value ..."] [--rows 6000]
@@ -93,13 +94,14 @@ const std::map<std::string, WorkloadKind> kWorkloads = {
 
 struct Workload {
   WorkloadKind kind = WorkloadKind::kFashionLenet5;
-  // 0: the workload's default (fashion-lenet5 / cifar-resnet20).
-  int population = 0;     // 30 / 8
-  int intervals = 0;      // 4 / 3
-  int64_t steps = 0;      // 100 / 20
+  // 0 (eval_size: -1, as 0 skips validation): the workload's default
+  // (fashion-lenet5 / cifar-resnet20).
+  int population = 0;  // 30 / 8
+  int intervals = 0;   // 4 / 3
+  int64_t steps = 0;   // 100 / 20
   int batch_size = 64;
-  int eval_size = -1;     // 2000 / 500
-  int rows = 6000;        // cifar-synthetic rows when no --dataset-path
+  int eval_size = -1;  // 2000 / 500
+  int rows = 6000;     // cifar-synthetic rows when no --dataset-path
   int slots = 2;
   std::string fusion = "plain";
   uint64_t seed = 2026;
@@ -274,12 +276,12 @@ std::string ExperimentToml(const Workload& w, const std::string& store) {
       << "[search_space.weight_decay]\ntype = \"log_uniform\"\nmin = 0.000001\nmax = 0.01\n";
   }
   t
-    // The user's PBT: every interval, bottom 20% copy a top-20% member, then
-    // each hyperparameter times 0.8 or 1.2 (never resampled).
-    << "[policy]\nkind = \"pbt\"\nmode = \"sync\"\nquantile = 0.2\nperturb = [0.8, 1.2]\n"
-    << "resample_probability = 0.0\nready_intervals = 1\n"
-    << "[[devices]]\ndevice = \"cpu\"\nslots = " << w.slots << "\nfusion = \"" << w.fusion
-    << "\"\nfusion_width = 8\nintra_op_threads = 1\n";
+      // The user's PBT: every interval, bottom 20% copy a top-20% member, then
+      // each hyperparameter times 0.8 or 1.2 (never resampled).
+      << "[policy]\nkind = \"pbt\"\nmode = \"sync\"\nquantile = 0.2\nperturb = [0.8, 1.2]\n"
+      << "resample_probability = 0.0\nready_intervals = 1\n"
+      << "[[devices]]\ndevice = \"cpu\"\nslots = " << w.slots << "\nfusion = \"" << w.fusion
+      << "\"\nfusion_width = 8\nintra_op_threads = 1\n";
   return t.str();
 }
 
