@@ -44,6 +44,10 @@ void Lost(int worker, const std::string& reason) {
   if (Enabled()) Emit(kLost, {{"worker", worker}, {"reason", reason}});
 }
 
+void BadResult(int worker, uint64_t task, const std::string& member) {
+  if (Enabled()) Emit(kBadResult, {{"worker", worker}, {"task", task}, {"member", member}});
+}
+
 void StoreFull() {
   if (Enabled()) Emit(kStoreFull, json::object());
 }

@@ -11,6 +11,8 @@
 //   exploited  "exp", "member", "donor", "version": an exploit committed
 //   hello      "worker", "device": the device a worker says it trains on
 //   lost       "worker", "reason": a worker declared dead or hung
+//   bad_result "worker", "task", "member" (EXP/MEMBER): a RESULT refused as
+//              not answering its task (result_check.h); nothing committed
 //   store_full      a commit or exploit refused for want of space; dispatch pauses
 //   store_writable  the store accepts writes again; dispatch resumes
 //   ended      "exp", "status" (records::ExperimentStatusName): an experiment
@@ -33,6 +35,7 @@ inline constexpr const char* kCommitted = "committed";
 inline constexpr const char* kExploited = "exploited";
 inline constexpr const char* kHello = "hello";
 inline constexpr const char* kLost = "lost";
+inline constexpr const char* kBadResult = "bad_result";
 inline constexpr const char* kStoreFull = "store_full";
 inline constexpr const char* kStoreWritable = "store_writable";
 inline constexpr const char* kEnded = "ended";
@@ -47,6 +50,7 @@ void Exploited(const std::string& exp, const std::string& member, const std::str
                int64_t version);
 void Hello(int worker, const std::string& device);
 void Lost(int worker, const std::string& reason);
+void BadResult(int worker, uint64_t task, const std::string& member);
 void StoreFull();
 void StoreWritable();
 void Ended(const std::string& exp, const std::string& status);

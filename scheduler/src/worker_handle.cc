@@ -462,6 +462,7 @@ void WorkerHandle::RefuseResult(WorkerEvent e, const Status& why) {
       "{} sent a RESULT for task {} that does not answer it; nothing committed, the interval "
       "reruns from the committed head: {}",
       Name(), e.task.id, why.ToString());
+  trace::BadResult(spec_.index, e.task.id, e.task.exp + "/" + e.task.member);
   e.kind = WorkerEvent::Kind::kBadResult;
   e.code = records::FailureCode::kBadResult;
   e.reason = why.ToString();

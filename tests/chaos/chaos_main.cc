@@ -47,6 +47,7 @@
 #include "../integration/process_util.h"
 #include "../integration/run_heads.h"
 #include "ckpt/format/kill_point.h"
+#include "ckpt/records/events.h"
 #include "ckpt/records/status.h"
 #include "ckpt/store/store.h"
 
@@ -74,11 +75,12 @@ enum class Kind {
   kWorkerKillPoint,
   kCorruptBlob,
   kDiskFull,
+  kHostileWorker,
 };
-constexpr Kind kAllKinds[] = {Kind::kWorkerSigkill,      Kind::kWorkerSigstop,
-                              Kind::kSchedulerSigkill,   Kind::kSchedulerSigterm,
-                              Kind::kSchedulerKillPoint, Kind::kWorkerKillPoint,
-                              Kind::kCorruptBlob,        Kind::kDiskFull};
+constexpr Kind kAllKinds[] = {
+    Kind::kWorkerSigkill,    Kind::kWorkerSigstop,      Kind::kSchedulerSigkill,
+    Kind::kSchedulerSigterm, Kind::kSchedulerKillPoint, Kind::kWorkerKillPoint,
+    Kind::kCorruptBlob,      Kind::kDiskFull,           Kind::kHostileWorker};
 
 const char* KindName(Kind k) {
   switch (k) {
@@ -98,6 +100,8 @@ const char* KindName(Kind k) {
       return "corrupt_blob";
     case Kind::kDiskFull:
       return "disk_full";
+    case Kind::kHostileWorker:
+      return "hostile_worker";
   }
   return "?";
 }
@@ -245,9 +249,13 @@ struct StoreCheck {
   int trained_twice = 0;
   int intervals_missing = 0;
   int fallbacks = 0;  // "corrupt_state" events: members that fell back
+  // "trained" commits by a worker that is not one of the scheduler's own
+  // (index `local_workers` or above: a remote one, i.e. the forger).
+  int hostile_commits = 0;
 };
 
-StoreCheck CheckStore(const std::string& path, const std::string& exp, int intervals) {
+StoreCheck CheckStore(const std::string& path, const std::string& exp, int intervals,
+                      int local_workers) {
   StoreCheck c;
   store::StoreOptions o;
   o.path = path;
@@ -276,14 +284,14 @@ StoreCheck CheckStore(const std::string& path, const std::string& exp, int inter
   std::map<std::string, int> fell_back;
   std::map<std::string, std::map<int, int>> trained;
   for (const auto& e : *events) {
-    const json j = json::parse(e.json, nullptr, false);
-    if (!j.is_object()) continue;
-    const std::string type = j.value("type", "");
-    if (type == "corrupt_state") {
-      ++fell_back[j.value("member", "")];
+    const auto event = records::DecodeEvent(e.json, "event " + std::to_string(e.seq));
+    if (!event.ok()) continue;
+    if (const auto* fell = std::get_if<records::CorruptStateEvent>(&*event)) {
+      ++fell_back[fell->member];
       ++c.fallbacks;
-    } else if (type == "trained") {
-      ++trained[j.value("member", "")][j.value("interval", -1)];
+    } else if (const auto* t = std::get_if<records::TrainedEvent>(&*event)) {
+      ++trained[t->member][t->interval];
+      if (t->worker >= local_workers) ++c.hostile_commits;
     }
   }
   for (const auto& m : *members) {
@@ -447,6 +455,7 @@ struct Options {
   std::vector<std::string> kinds;
   std::string dir;
   std::string scheduler;
+  std::string forging_worker;  // tests/scheduler/forging_worker.cc
   bool keep = false;
   int population = 6;
   int intervals = 6;
@@ -468,11 +477,15 @@ struct Totals {
   int trained_twice = 0;
   int intervals_missing = 0;
   int members_lost = 0;
+  int hostile_commits = 0;
   double max_recovery_s = 0;
   std::string max_recovery_kind;
 };
 
-std::string ExperimentToml(const Options& o) {
+// The experiment file. With `secret_file`, the scheduler also accepts remote
+// workers on an ephemeral loopback port (its address in <store>/workers.addr)
+// that prove they hold that secret: the door a hostile worker comes in by.
+std::string ExperimentToml(const Options& o, const std::string& secret_file = "") {
   std::ostringstream os;
   os << "name = \"chaos\"\nseed = 4242\nmetrics = \"\"\n"
      << "[model]\nspec = \"lenet5\"\noptimizer = \"sgd\"\n"
@@ -487,6 +500,9 @@ std::string ExperimentToml(const Options& o) {
      << "\n"
      << "[[devices]]\ndevice = \"cpu\"\ncount = " << o.workers
      << "\nslots = 1\nfusion = \"plain\"\nintra_op_threads = 1\n";
+  if (!secret_file.empty()) {
+    os << "[workers]\nlisten = \"127.0.0.1:0\"\nsecret_file = \"" << secret_file << "\"\n";
+  }
   return os.str();
 }
 
@@ -521,11 +537,13 @@ struct Setup {
   std::vector<Kind> kinds;
   std::vector<std::string> base_env;  // without CKPT_KILL_AT / CKPT_TRACE_FILE
   std::string config;
+  std::string config_listening;  // the same experiment, listening for remote workers
+  std::string secret;            // theirs (the scheduler creates it)
   int calm_results = 0;
   std::map<std::string, Head> calm;
 
-  std::vector<std::string> Args(const std::string& store) const {
-    return {o.scheduler, "run", config, "--store", store, "--quiet"};
+  std::vector<std::string> Args(const std::string& store, bool listening = false) const {
+    return {o.scheduler, "run", listening ? config_listening : config, "--store", store, "--quiet"};
   }
 };
 
@@ -542,6 +560,8 @@ class ChaosRun {
     totals_ = totals;
     std::filesystem::remove_all(base_);
     Plan();
+    listening_ = std::any_of(plan_.begin(), plan_.end(),
+                             [](const Fault& f) { return f.kind == Kind::kHostileWorker; });
     PrepareStore();
     trace_path_ = base_ + "-trace.jsonl";
     std::filesystem::remove(trace_path_);
@@ -676,7 +696,9 @@ class ChaosRun {
         return true;
       };
     }
-    child_ = std::make_unique<Child>(s_.Args(store_), log_, env, join_tmpfs);
+    // The address file is the incarnation's own: not the last one's port.
+    std::filesystem::remove(view_ + "/workers.addr");
+    child_ = std::make_unique<Child>(s_.Args(store_, listening_), log_, env, join_tmpfs);
     results_now_ = 0;
     ended_done_ = false;
     we_killed_ = false;
@@ -741,6 +763,18 @@ class ChaosRun {
           *status == records::ExperimentStatus::kDone) {
         ended_done_ = true;
       }
+    } else if (e.Is(trace::kBadResult)) {
+      if (hostile_.active) {
+        Injected(Kind::kHostileWorker);
+        hostile_.active = false;
+        std::printf("  hostile worker: its first forgery refused %.1f s after it started (%s)\n",
+                    std::chrono::duration<double>(e.seen - hostile_.since).count(),
+                    e.j.value("member", "").c_str());
+      }
+    } else if (e.Is(trace::kLost) && e.j.value("worker", -1) >= s_.o.workers) {
+      // A remote worker: the forger, dropped for its refused RESULTs.
+      std::printf("  hostile worker %d dropped: %s\n", e.j.value("worker", -1),
+                  e.j.value("reason", "").c_str());
     } else if (e.Is(trace::kLost)) {
       const int w = e.j.value("worker", -1);
       // A loss the harness did not cause directly (a worker kill point): its
@@ -809,8 +843,47 @@ class ChaosRun {
       case Kind::kWorkerSigstop:
         HitWorker(k);
         return true;
+      case Kind::kHostileWorker:
+        // Once this incarnation has published its address, and once the
+        // forger already connected (if any) has had a forgery refused: a
+        // second one due meanwhile waits rather than replace it unread.
+        if (hostile_.active) return true;
+        if (StartForger()) ++next_;
+        return true;
     }
     return true;
+  }
+
+  // A hostile worker: forging_worker holds the secret, connects over TLS like
+  // `ckpt-worker --connect`, and answers each TRAIN with a forged RESULT (a
+  // score of 1e308, INT64_MAX samples, a step past the one asked, a NaN loss,
+  // a state of another layout, the state it was sent untrained). Injected
+  // once the scheduler has refused one (its trace's bad_result); it lives
+  // until the incarnation ends. Each must be refused: the run must end with
+  // the undisturbed heads and no commit by a remote worker (hostile_commits).
+  bool StartForger() {
+    std::ifstream in(view_ + "/workers.addr");
+    std::string addr;
+    if (!in || !std::getline(in, addr) || addr.empty()) return false;
+    StopForger();
+    ++forgers_;
+    forger_ = std::make_unique<Child>(
+        std::vector<std::string>{s_.o.forging_worker, addr, s_.secret, "results"},
+        base_ + "-forger-" + std::to_string(forgers_) + ".log", s_.base_env);
+    hostile_ = Pending{true, Clock::now(), Kind::kHostileWorker};
+    std::printf("  hostile worker: a forging worker connects to %s\n", addr.c_str());
+    return true;
+  }
+
+  void StopForger() {
+    if (!forger_) return;
+    kill(forger_->pid(), SIGKILL);
+    forger_->Wait();
+    forger_.reset();
+    if (hostile_.active) {
+      std::printf("  hostile worker: none of its RESULTs was read before it went\n");
+      hostile_.active = false;
+    }
   }
 
   void KillScheduler(int sig, Kind k) {
@@ -845,6 +918,7 @@ class ChaosRun {
   void End() {
     const int st = child_->Wait();
     for (const auto& e : PollTrace(trace_.get())) OnTrace(e);
+    StopForger();
     results_before_ += results_now_;
     if (ballast_in_) {
       std::printf("  disk full: the scheduler ended before a write was refused; ballast removed\n");
@@ -889,7 +963,7 @@ class ChaosRun {
   }
 
   void Finish() {
-    const StoreCheck end = CheckStore(view_, "chaos", s_.o.intervals);
+    const StoreCheck end = CheckStore(view_, "chaos", s_.o.intervals, s_.o.workers);
     // A member that fell back from a damaged head has more versions than in
     // the undisturbed run: its head must hold the same state (blob, step,
     // hyperparameters), under a later version number. Only for that member.
@@ -928,19 +1002,22 @@ class ChaosRun {
     t.trained_twice += end.trained_twice;
     t.intervals_missing += end.intervals_missing;
     t.members_lost += members_lost;
+    t.hostile_commits += end.hostile_commits;
     int injected = 0;
     for (const auto& [k, n] : faults_) injected += n;
     std::printf(
-        "  run %d: %d faults, %d incarnations, %d commits acknowledged, %.1f s: %s%s%s%s%s\n", run_,
-        injected, incarnation_, ledger_.count(), SecondsSince(start_),
+        "  run %d: %d faults, %d incarnations, %d commits acknowledged, %.1f s: %s%s%s%s%s%s\n",
+        run_, injected, incarnation_, ledger_.count(), SecondsSince(start_),
         diverged ? "DIVERGED " : "heads as undisturbed ",
         verified ? (damaged_.empty() ? "verified" : "verified (damage found)")
                  : ("VERIFY FAILED: " + end.verify_problem + end.error).c_str(),
         lost_ ? ", COMMITTED LOST" : "", end.trained_twice ? ", TRAINED TWICE" : "",
-        end.intervals_missing ? ", INTERVALS MISSING" : "");
+        end.intervals_missing ? ", INTERVALS MISSING" : "",
+        end.hostile_commits ? ", A HOSTILE WORKER'S RESULT COMMITTED" : "");
     if (diverged) PrintDivergence(end);
     std::fflush(stdout);
-    const bool bad = diverged || !verified || lost_ || end.trained_twice || end.intervals_missing;
+    const bool bad = diverged || !verified || lost_ || end.trained_twice || end.intervals_missing ||
+                     end.hostile_commits;
     if (tmpfs_ && (bad || s_.o.keep)) {
       // The tmpfs goes with this run: keep a copy of its store.
       std::error_code ec;
@@ -955,6 +1032,9 @@ class ChaosRun {
         std::filesystem::remove(base_ + "-" + std::to_string(i) + ".log");
         std::filesystem::remove(base_ + "-killonce-" + std::to_string(i));
       }
+      for (int i = 1; i <= forgers_; ++i) {
+        std::filesystem::remove(base_ + "-forger-" + std::to_string(i) + ".log");
+      }
     }
   }
 
@@ -968,9 +1048,11 @@ class ChaosRun {
     auto events = (*s)->ListEvents("chaos", 0, 1 << 20);
     if (!events.ok()) return out;
     for (const auto& e : *events) {
-      const json j = json::parse(e.json, nullptr, false);
-      if (j.is_object() && j.value("type", "") == "corrupt_state")
-        out.insert(j.value("member", ""));
+      const auto event = records::DecodeEvent(e.json, "event " + std::to_string(e.seq));
+      if (!event.ok()) continue;
+      if (const auto* fell = std::get_if<records::CorruptStateEvent>(&*event)) {
+        out.insert(fell->member);
+      }
     }
     return out;
   }
@@ -1025,6 +1107,13 @@ class ChaosRun {
   std::set<std::string> damaged_;  // blob ids damaged on purpose
   bool ballast_in_ = false;
   Clock::time_point ballast_since_;
+  // Hostile workers: whether the run's schedulers listen for remote workers
+  // (a hostile_worker fault is planned), the forger of this incarnation, and
+  // its clock until its first refused RESULT.
+  bool listening_ = false;
+  std::unique_ptr<Child> forger_;
+  int forgers_ = 0;
+  Pending hostile_;
 };
 
 class ChaosRunner {
@@ -1053,6 +1142,13 @@ class ChaosRunner {
       s_.kinds.erase(std::remove(s_.kinds.begin(), s_.kinds.end(), Kind::kDiskFull),
                      s_.kinds.end());
     }
+    if (access(s_.o.forging_worker.c_str(), X_OK) != 0 &&
+        std::count(s_.kinds.begin(), s_.kinds.end(), Kind::kHostileWorker)) {
+      std::printf("ckpt-chaos: no forging_worker at '%s', so no hostile_worker faults\n",
+                  s_.o.forging_worker.c_str());
+      s_.kinds.erase(std::remove(s_.kinds.begin(), s_.kinds.end(), Kind::kHostileWorker),
+                     s_.kinds.end());
+    }
   }
 
   bool has_kinds() const { return !s_.kinds.empty(); }
@@ -1061,6 +1157,9 @@ class ChaosRunner {
   bool Calm() {
     s_.config = s_.o.dir + "/chaos.toml";
     std::ofstream(s_.config) << ExperimentToml(s_.o);
+    s_.secret = s_.o.dir + "/chaos.secret";
+    s_.config_listening = s_.o.dir + "/chaos-listening.toml";
+    std::ofstream(s_.config_listening) << ExperimentToml(s_.o, s_.secret);
     const std::string store = s_.o.dir + "/calm";
     std::filesystem::remove_all(store);
     const std::string log = s_.o.dir + "/calm.log";
@@ -1082,7 +1181,7 @@ class ChaosRunner {
     }
     LineFollower f(trace_path);
     for (const auto& e : PollTrace(&f)) s_.calm_results += e.Is(trace::kResult) ? 1 : 0;
-    StoreCheck check = CheckStore(store, "chaos", s_.o.intervals);
+    StoreCheck check = CheckStore(store, "chaos", s_.o.intervals, s_.o.workers);
     if (!check.opened || !check.verified ||
         check.heads.size() != static_cast<size_t>(s_.o.population) || s_.calm_results == 0 ||
         check.trained_twice != 0 || check.intervals_missing != 0) {
@@ -1117,6 +1216,15 @@ std::string DefaultScheduler() {
   return "ckpt-scheduler";
 }
 
+// forging_worker (tests/scheduler), where this build put it.
+std::string DefaultForgingWorker() {
+#ifdef CKPT_FORGING_WORKER_BIN
+  return CKPT_FORGING_WORKER_BIN;
+#else
+  return "";
+#endif
+}
+
 int Main(int argc, char** argv) {
   CLI::App app{"ckpt-chaos: fault injection against real ckpt-scheduler runs"};
   Options o;
@@ -1132,6 +1240,9 @@ int Main(int argc, char** argv) {
       ->check(CLI::Range(16, 65536));
   app.add_option("--dir", o.dir, "work directory (default: a new one under $TMPDIR)");
   app.add_option("--scheduler", o.scheduler, "ckpt-scheduler (default: beside ckpt-chaos)");
+  o.forging_worker = DefaultForgingWorker();
+  app.add_option("--forging-worker", o.forging_worker,
+                 "forging_worker, the hostile worker (default: this build's)");
   app.add_option("--population", o.population, "members (default 6)")->check(CLI::Range(2, 64));
   app.add_option("--intervals", o.intervals, "intervals (default 6)")->check(CLI::Range(1, 100));
   app.add_option("--workers", o.workers, "CPU workers (default 2)")->check(CLI::Range(1, 8));
@@ -1199,6 +1310,7 @@ int Main(int argc, char** argv) {
            {"trained_twice", t.trained_twice},
            {"intervals_missing", t.intervals_missing},
            {"members_lost", t.members_lost},
+           {"hostile_commits", t.hostile_commits},
            {"max_recovery_s", t.max_recovery_s},
            {"max_recovery_kind", t.max_recovery_kind}};
   for (const auto& s : short_of_share) {
@@ -1208,7 +1320,7 @@ int Main(int argc, char** argv) {
   std::printf("%s\n", out.dump().c_str());
   const bool ok = t.committed_lost == 0 && t.runs_diverged == 0 && t.verify_failures == 0 &&
                   t.trained_twice == 0 && t.intervals_missing == 0 && t.members_lost == 0 &&
-                  short_of_share.empty() && total > 0;
+                  t.hostile_commits == 0 && short_of_share.empty() && total > 0;
   if (ok && !o.keep) std::filesystem::remove_all(o.dir);
   return ok ? 0 : 1;
 }
