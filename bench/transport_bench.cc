@@ -2,16 +2,28 @@
 // between two processes on this host: a 0.5 MiB TRAIN-sized request answered
 // by a 0.5 MiB RESULT-sized reply, each read whole by its receiver, over the
 // shared-memory ring (Channel::Create/Open) and over TCP on loopback
-// (TcpListener/TcpChannel::Connect, authenticated as a worker is). Median and
+// (TcpListener/TcpChannel::Connect: TLS 1.3, as a worker's link). Median and
 // p99 of each, and their ratio. Also the one-way throughput of 16 MiB records
 // over each.
 //
+// And the floor under any TCP channel, in the same run: the same round trips
+// and 16 MiB records over a bare loopback socket (`tcp_raw_*`: the kernel's
+// copy alone, no frames, no checksum, no TLS). A plain-TCP channel (ckpt's
+// before TLS: 64-byte frames with an XXH3 of each payload) cannot be faster,
+// so `tls_vs_raw_tcp_throughput` (raw GB/s / TLS GB/s) bounds from above what
+// TLS costs against plain TCP on this host.
+//
 //   ckpt-bench transport [--roundtrips 300] [--bytes 524288] [--mib 512]
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -92,6 +104,136 @@ struct Figures {
   double gb_s = 0;
 };
 
+// ---------------------------------------------------------------- bare socket
+// A message on the bare socket: a 9-byte header (kind, size) and `size`
+// bytes. Kinds: 'h' answer with as many bytes, 't' read and drop, 'c' answer
+// 8 bytes (end of a batch), 's' exit.
+struct RawHeader {
+  char kind;
+  uint64_t size;
+} __attribute__((packed));
+static_assert(sizeof(RawHeader) == 9);
+
+bool WriteFully(int fd, const void* data, size_t n) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  while (n > 0) {
+    const ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+
+bool ReadFully(int fd, void* data, size_t n) {
+  auto* p = static_cast<uint8_t*>(data);
+  while (n > 0) {
+    const ssize_t r = ::recv(fd, p, n, 0);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    p += r;
+    n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+
+bool SendRaw(int fd, char kind, const std::vector<uint8_t>& payload) {
+  const RawHeader h{kind, payload.size()};
+  return WriteFully(fd, &h, sizeof(h)) && WriteFully(fd, payload.data(), payload.size());
+}
+
+// Reads a message into *buf (grown as needed); its kind, or 0 when the
+// connection broke.
+char ReceiveRaw(int fd, std::vector<uint8_t>* buf) {
+  RawHeader h{};
+  if (!ReadFully(fd, &h, sizeof(h))) return 0;
+  if (buf->size() < h.size) buf->resize(h.size);
+  buf->resize(h.size);
+  return ReadFully(fd, buf->data(), h.size) ? h.kind : 0;
+}
+
+int RawEcho(int fd) {
+  std::vector<uint8_t> in, reply;
+  uint64_t acc = 0;
+  for (;;) {
+    const char kind = ReceiveRaw(fd, &in);
+    if (kind == 0) return 1;
+    acc ^= ReadAll(in.data(), in.size());
+    if (kind == 's') break;
+    bool ok = true;
+    if (kind == 'h') {
+      if (reply.size() != in.size()) reply.assign(in.size(), 0x5a);
+      ok = SendRaw(fd, 'r', reply);
+    } else if (kind == 'c') {
+      ok = SendRaw(fd, 'r', std::vector<uint8_t>(sizeof(acc), 0));
+    }
+    if (!ok) return 1;
+  }
+  g_sink = acc;
+  return 0;
+}
+
+// Measure's twin over the bare socket.
+StatusOr<Figures> MeasureRaw(int fd, size_t bytes, int roundtrips, double mib) {
+  const auto broken = [] { return Status::Unavailable("transport bench: bare socket broke"); };
+  Figures f;
+  std::vector<uint8_t> request(bytes, 0x33), reply;
+  std::vector<double> us;
+  for (int i = 0; i < roundtrips + 20; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    if (!SendRaw(fd, 'h', request) || ReceiveRaw(fd, &reply) == 0) return broken();
+    g_sink = ReadAll(reply.data(), reply.size());
+    const double t = Seconds(std::chrono::steady_clock::now() - start).count() * 1e6;
+    if (i >= 20) us.push_back(t);
+  }
+  std::sort(us.begin(), us.end());
+  f.median_us = us[us.size() / 2];
+  f.p99_us = us[std::min(us.size() - 1, us.size() * 99 / 100)];
+  std::vector<uint8_t> big(size_t{16} << 20, 0x44);
+  const int count = std::max(2, static_cast<int>(mib / 16));
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < count; ++i) {
+    if (!SendRaw(fd, 't', big)) return broken();
+  }
+  if (!SendRaw(fd, 'c', {}) || ReceiveRaw(fd, &reply) == 0) return broken();
+  const double s = Seconds(std::chrono::steady_clock::now() - start).count();
+  f.gb_s = static_cast<double>(big.size()) * count / s / 1e9;
+  if (!SendRaw(fd, 's', {})) return broken();
+  return f;
+}
+
+// A loopback socket listening on an ephemeral port: its fd and port.
+bool ListenLoopback(int* fd, int* port) {
+  *fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  if (*fd < 0 || ::bind(*fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+      ::listen(*fd, 1) != 0 || ::getsockname(*fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    return false;
+  }
+  *port = ntohs(a.sin_port);
+  return true;
+}
+
+int ConnectLoopback(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) return -1;
+  return fd;
+}
+
+// As a channel does: no Nagle delay on the small headers.
+void NoDelay(int fd) {
+  const int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
 StatusOr<Figures> Measure(Channel* ch, size_t bytes, int roundtrips, double mib) {
   Figures f;
   std::vector<uint8_t> request(bytes, 0x33);
@@ -150,8 +292,12 @@ int TransportBench(const TransportBenchOptions& o) {
 
   // Both peers are forked before any thread exists here; each waits for its
   // go byte.
-  int go[2][2];
-  if (::pipe(go[0]) != 0 || ::pipe(go[1]) != 0) return 1;
+  int go[3][2];
+  if (::pipe(go[0]) != 0 || ::pipe(go[1]) != 0 || ::pipe(go[2]) != 0) return 1;
+  int raw_listen = -1, raw_port = 0;
+  if (!ListenLoopback(&raw_listen, &raw_port)) {
+    return Fail(Status::IOError("transport bench: cannot listen on loopback"));
+  }
   const pid_t ring_child = ::fork();
   if (ring_child == 0) {
     char c;
@@ -170,6 +316,15 @@ int TransportBench(const TransportBenchOptions& o) {
       ::_exit(1);
     }
     ::_exit(Echo(ch->get()));
+  }
+  const pid_t raw_child = ::fork();
+  if (raw_child == 0) {
+    char c;
+    if (::read(go[2][0], &c, 1) != 1) ::_exit(1);
+    const int fd = ConnectLoopback(raw_port);
+    if (fd < 0) ::_exit(1);
+    NoDelay(fd);
+    ::_exit(RawEcho(fd));
   }
 
   ipc::ChannelOptions options;  // the scheduler's default ring
@@ -199,11 +354,22 @@ int TransportBench(const TransportBenchOptions& o) {
   std::filesystem::remove_all(dir);
   if (!tcp.ok()) return Fail(tcp.status());
 
+  if (::write(go[2][1], "g", 1) != 1) return 1;
+  const int raw_fd = ::accept4(raw_listen, nullptr, nullptr, SOCK_CLOEXEC);
+  if (raw_fd < 0) return Fail(Status::IOError("transport bench: accept on loopback failed"));
+  NoDelay(raw_fd);
+  auto raw = MeasureRaw(raw_fd, bytes, roundtrips, mib);
+  ::waitpid(raw_child, &status, 0);
+  ::close(raw_fd);
+  ::close(raw_listen);
+  if (!raw.ok()) return Fail(raw.status());
+
   std::printf(
       "roundtrip %zu B -> %zu B: ring median %.1f us (p99 %.1f), tcp median %.1f us "
-      "(p99 %.1f); one-way 16 MiB records: ring %.2f GB/s, tcp %.2f GB/s\n",
-      bytes, bytes, ring->median_us, ring->p99_us, tcp->median_us, tcp->p99_us, ring->gb_s,
-      tcp->gb_s);
+      "(p99 %.1f), bare socket median %.1f us; one-way 16 MiB records: ring %.2f GB/s, tcp "
+      "(TLS) %.2f GB/s, bare socket %.2f GB/s\n",
+      bytes, bytes, ring->median_us, ring->p99_us, tcp->median_us, tcp->p99_us, raw->median_us,
+      ring->gb_s, tcp->gb_s, raw->gb_s);
   nlohmann::json out = {{"bench", "transport"},
                         {"roundtrip_bytes", bytes},
                         {"ring_roundtrip_us", ring->median_us},
@@ -212,7 +378,14 @@ int TransportBench(const TransportBenchOptions& o) {
                         {"tcp_roundtrip_p99_us", tcp->p99_us},
                         {"tcp_vs_ring_roundtrip_ratio", tcp->median_us / ring->median_us},
                         {"ring_gb_s_16mb", ring->gb_s},
-                        {"tcp_gb_s_16mb", tcp->gb_s}};
+                        {"tcp_gb_s_16mb", tcp->gb_s},
+                        {"tcp_raw_roundtrip_us", raw->median_us},
+                        {"tcp_raw_roundtrip_p99_us", raw->p99_us},
+                        {"tcp_raw_gb_s_16mb", raw->gb_s},
+                        {"tls_vs_raw_tcp_throughput", raw->gb_s / tcp->gb_s},
+                        {"tls_vs_raw_tcp_roundtrip", tcp->median_us / raw->median_us},
+                        {"tls_vs_ring_throughput", ring->gb_s / tcp->gb_s},
+                        {"cpu", CpuDescription()}};
   PrintJsonLine(out);
   return 0;
 }
