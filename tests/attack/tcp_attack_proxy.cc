@@ -85,10 +85,13 @@ std::vector<uint8_t> ForgedResult(const std::string& member) {
   std::memcpy(frame.data(), &h, sizeof(h));
   std::memcpy(frame.data() + sizeof(h), payload.data(), payload.size());
   const size_t len = frame.size() + 16;  // as if followed by an AEAD tag
-  std::vector<uint8_t> out = {0x17, 0x03, 0x03, static_cast<uint8_t>(len >> 8),
-                              static_cast<uint8_t>(len & 0xff)};
-  out.insert(out.end(), frame.begin(), frame.end());
-  out.insert(out.end(), 16, 0);
+  // Sized once and filled in place: GCC 12 at -O2 under -fsanitize=thread
+  // reports a false -Warray-bounds on inserting into a 5-byte vector.
+  std::vector<uint8_t> out(5 + frame.size() + 16, 0);
+  const uint8_t record_header[5] = {0x17, 0x03, 0x03, static_cast<uint8_t>(len >> 8),
+                                    static_cast<uint8_t>(len & 0xff)};
+  std::memcpy(out.data(), record_header, sizeof(record_header));
+  std::memcpy(out.data() + sizeof(record_header), frame.data(), frame.size());
   return out;
 }
 
