@@ -174,35 +174,6 @@ int RawEcho(int fd) {
   return 0;
 }
 
-// Measure's twin over the bare socket.
-StatusOr<Figures> MeasureRaw(int fd, size_t bytes, int roundtrips, double mib) {
-  const auto broken = [] { return Status::Unavailable("transport bench: bare socket broke"); };
-  Figures f;
-  std::vector<uint8_t> request(bytes, 0x33), reply;
-  std::vector<double> us;
-  for (int i = 0; i < roundtrips + 20; ++i) {
-    const auto start = std::chrono::steady_clock::now();
-    if (!SendRaw(fd, 'h', request) || ReceiveRaw(fd, &reply) == 0) return broken();
-    g_sink = ReadAll(reply.data(), reply.size());
-    const double t = Seconds(std::chrono::steady_clock::now() - start).count() * 1e6;
-    if (i >= 20) us.push_back(t);
-  }
-  std::sort(us.begin(), us.end());
-  f.median_us = us[us.size() / 2];
-  f.p99_us = us[std::min(us.size() - 1, us.size() * 99 / 100)];
-  std::vector<uint8_t> big(size_t{16} << 20, 0x44);
-  const int count = std::max(2, static_cast<int>(mib / 16));
-  const auto start = std::chrono::steady_clock::now();
-  for (int i = 0; i < count; ++i) {
-    if (!SendRaw(fd, 't', big)) return broken();
-  }
-  if (!SendRaw(fd, 'c', {}) || ReceiveRaw(fd, &reply) == 0) return broken();
-  const double s = Seconds(std::chrono::steady_clock::now() - start).count();
-  f.gb_s = static_cast<double>(big.size()) * count / s / 1e9;
-  if (!SendRaw(fd, 's', {})) return broken();
-  return f;
-}
-
 // A loopback socket listening on an ephemeral port: its fd and port.
 bool ListenLoopback(int* fd, int* port) {
   *fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -234,34 +205,77 @@ void NoDelay(int fd) {
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }
 
-StatusOr<Figures> Measure(Channel* ch, size_t bytes, int roundtrips, double mib) {
+// The timing both kinds of link share: `roundtrips` round trips after 20
+// that warm up (`roundtrip(request)`: send it, read the reply whole), then the
+// one-way throughput of 16 MiB records (`send(big)` each, then `confirm()`:
+// the peer has read them all).
+template <typename RoundTrip, typename Send, typename Confirm>
+StatusOr<Figures> Time(size_t bytes, int roundtrips, double mib, RoundTrip roundtrip, Send send,
+                       Confirm confirm) {
   Figures f;
-  std::vector<uint8_t> request(bytes, 0x33);
+  const std::vector<uint8_t> request(bytes, 0x33);
   std::vector<double> us;
   for (int i = 0; i < roundtrips + 20; ++i) {
     const auto start = std::chrono::steady_clock::now();
-    CKPT_RETURN_IF_ERROR(WriteInPlace(ch, RecordType::kHello, request));
-    CKPT_ASSIGN_OR_RETURN(ipc::Received r, ch->Receive(ipc::DeadlineIn(kWait)));
-    g_sink = ReadAll(r.payload, r.size);
-    ch->Release();
+    CKPT_RETURN_IF_ERROR(roundtrip(request));
     const double t = Seconds(std::chrono::steady_clock::now() - start).count() * 1e6;
-    if (i >= 20) us.push_back(t);  // the first ones warm up
+    if (i >= 20) us.push_back(t);
   }
   std::sort(us.begin(), us.end());
   f.median_us = us[us.size() / 2];
   f.p99_us = us[std::min(us.size() - 1, us.size() * 99 / 100)];
-  // One-way throughput of 16 MiB records, confirmed by the peer.
-  std::vector<uint8_t> big(size_t{16} << 20, 0x44);
+  const std::vector<uint8_t> big(size_t{16} << 20, 0x44);
   const int count = std::max(2, static_cast<int>(mib / 16));
   const auto start = std::chrono::steady_clock::now();
-  for (int i = 0; i < count; ++i) CKPT_RETURN_IF_ERROR(WriteInPlace(ch, RecordType::kTrain, big));
-  CKPT_RETURN_IF_ERROR(ch->Send(RecordType::kConfigure, nullptr, 0, ipc::DeadlineIn(kWait)));
-  CKPT_ASSIGN_OR_RETURN(ipc::Received ack, ch->Receive(ipc::DeadlineIn(kWait)));
-  ch->Release();
-  if (ack.type != RecordType::kStats) return Status::Internal("transport bench: unexpected reply");
+  for (int i = 0; i < count; ++i) CKPT_RETURN_IF_ERROR(send(big));
+  CKPT_RETURN_IF_ERROR(confirm());
   const double s = Seconds(std::chrono::steady_clock::now() - start).count();
   f.gb_s = static_cast<double>(big.size()) * count / s / 1e9;
+  return f;
+}
+
+// Over a channel (the ring or TLS): records written in place, read whole.
+StatusOr<Figures> Measure(Channel* ch, size_t bytes, int roundtrips, double mib) {
+  const auto roundtrip = [ch](const std::vector<uint8_t>& request) -> Status {
+    CKPT_RETURN_IF_ERROR(WriteInPlace(ch, RecordType::kHello, request));
+    CKPT_ASSIGN_OR_RETURN(ipc::Received r, ch->Receive(ipc::DeadlineIn(kWait)));
+    g_sink = ReadAll(r.payload, r.size);
+    ch->Release();
+    return Status::OK();
+  };
+  const auto send = [ch](const std::vector<uint8_t>& big) {
+    return WriteInPlace(ch, RecordType::kTrain, big);
+  };
+  const auto confirm = [ch]() -> Status {
+    CKPT_RETURN_IF_ERROR(ch->Send(RecordType::kConfigure, nullptr, 0, ipc::DeadlineIn(kWait)));
+    CKPT_ASSIGN_OR_RETURN(ipc::Received ack, ch->Receive(ipc::DeadlineIn(kWait)));
+    ch->Release();
+    if (ack.type != RecordType::kStats)
+      return Status::Internal("transport bench: unexpected reply");
+    return Status::OK();
+  };
+  auto f = Time(bytes, roundtrips, mib, roundtrip, send, confirm);
+  if (!f.ok()) return f;
   CKPT_RETURN_IF_ERROR(ch->Send(RecordType::kShutdown, nullptr, 0, ipc::DeadlineIn(kWait)));
+  return f;
+}
+
+// Over the bare socket.
+StatusOr<Figures> MeasureRaw(int fd, size_t bytes, int roundtrips, double mib) {
+  const auto ok = [](bool sent) {
+    return sent ? Status::OK() : Status::Unavailable("transport bench: bare socket broke");
+  };
+  std::vector<uint8_t> reply;
+  const auto roundtrip = [&](const std::vector<uint8_t>& request) {
+    if (!SendRaw(fd, 'h', request) || ReceiveRaw(fd, &reply) == 0) return ok(false);
+    g_sink = ReadAll(reply.data(), reply.size());
+    return ok(true);
+  };
+  const auto send = [&](const std::vector<uint8_t>& big) { return ok(SendRaw(fd, 't', big)); };
+  const auto confirm = [&] { return ok(SendRaw(fd, 'c', {}) && ReceiveRaw(fd, &reply) != 0); };
+  auto f = Time(bytes, roundtrips, mib, roundtrip, send, confirm);
+  if (!f.ok()) return f;
+  CKPT_RETURN_IF_ERROR(ok(SendRaw(fd, 's', {})));
   return f;
 }
 
