@@ -38,6 +38,9 @@ using wire::FrameHeader;
 // A received message (or a rejected record) waiting for Receive.
 using Item = ReceivedItem;
 
+// Plaintext bytes of a frame sealed and sent at a time (see WriteFrameLocked).
+constexpr size_t kSealChunk = size_t{64} << 10;
+
 class TcpChannelImpl final : public Channel {
  public:
   TcpChannelImpl(int fd, std::unique_ptr<TlsSession> tls, std::string peer, std::string name,
@@ -223,7 +226,10 @@ class TcpChannelImpl final : public Channel {
   // frame rule. A frame is sealed (encrypted into tail_, its TLS record
   // sequence spent) only once the socket takes bytes, and from then on it is
   // started: what the deadline leaves unsent stays in tail_ and goes out
-  // before anything else, so the stream stays whole.
+  // before anything else, so the stream stays whole. A large frame is sealed
+  // and sent kSealChunk bytes at a time, so that the kernel carries one chunk
+  // to the peer (which decrypts it) while the next one is encrypted; once
+  // started, a deadline seals all that is left into tail_ at once.
   Status WriteFrameLocked(const FrameHeader& h, const uint8_t* payload, Deadline deadline,
                           bool* started) {
     *started = false;
@@ -231,18 +237,37 @@ class TcpChannelImpl final : public Channel {
     Status s = WaitFor(
         fd_, POLLOUT, deadline, [this] { return Usable(); }, "sending to " + peer_);
     if (!s.ok()) return s;
-    const iovec parts[2] = {{const_cast<FrameHeader*>(&h), sizeof(h)},
-                            {const_cast<uint8_t*>(payload), h.payload_bytes}};
+    const size_t size = h.payload_bytes;
+    size_t sealed = std::min(size, kSealChunk);
     tail_.clear();
     tail_sent_ = 0;
-    s = tls_->Seal(parts, 2, &tail_);
-    if (!s.ok()) {
-      s = Status::Unavailable("connection to " + peer_ + " lost: " + s.message());
-      MarkDead(s.message());
-      return s;
-    }
+    const iovec first[2] = {{const_cast<FrameHeader*>(&h), sizeof(h)},
+                            {const_cast<uint8_t*>(payload), sealed}};
+    CKPT_RETURN_IF_ERROR(SealLocked(first, 2));
     *started = true;
-    return FlushTailLocked(deadline);
+    while (true) {
+      s = FlushTailLocked(deadline);
+      if (sealed == size || !s.ok()) break;
+      const size_t n = std::min(size - sealed, kSealChunk);
+      const iovec next{const_cast<uint8_t*>(payload + sealed), n};
+      CKPT_RETURN_IF_ERROR(SealLocked(&next, 1));
+      sealed += n;
+    }
+    if (s.IsResourceExhausted() && sealed < size) {
+      // The deadline passed mid-frame: the rest goes out before anything else.
+      const iovec rest{const_cast<uint8_t*>(payload + sealed), size - sealed};
+      CKPT_RETURN_IF_ERROR(SealLocked(&rest, 1));
+    }
+    return s;
+  }
+
+  // Encrypts `parts` after what tail_ holds. REQUIRES: send_mu_ held.
+  Status SealLocked(const iovec* parts, size_t count) {
+    Status s = tls_->Seal(parts, count, &tail_);
+    if (s.ok()) return s;
+    s = Status::Unavailable("connection to " + peer_ + " lost: " + s.message());
+    MarkDead(s.message());
+    return s;
   }
 
   Status FlushTailLocked(Deadline deadline) {

@@ -54,7 +54,8 @@ Status FrameAssembler::OnHeader(const wire::FrameHeader& h) {
   // A new message while a fragmented one is incomplete: its sender gave up.
   if (partial_ && (!fragment || (h.flags & wire::kFlagFirst) != 0)) DropPartial();
   if (!fragment) {
-    single_.assign(h.payload_bytes, 0);
+    single_.clear();
+    single_.resize(h.payload_bytes);
     dst_ = single_.data();
     return Status::OK();
   }

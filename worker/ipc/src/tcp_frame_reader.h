@@ -17,8 +17,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -28,12 +30,39 @@
 
 namespace ckpt::ipc::internal {
 
+// std::allocator, except that a value-initialized element (what resize()
+// makes) is left uninitialized: a payload buffer is grown only to be filled at
+// once by the read of exactly its size, and zeroing it first cost a pass over
+// every received byte.
+template <typename T>
+struct UninitializedAllocator : std::allocator<T> {
+  static_assert(std::is_trivially_default_constructible_v<T>);
+  template <typename U>
+  struct rebind {
+    using other = UninitializedAllocator<U>;
+  };
+  UninitializedAllocator() = default;
+  template <typename U>
+  explicit UninitializedAllocator(const UninitializedAllocator<U>& /*other*/) noexcept {}
+  template <typename U>
+  void construct(U* p) noexcept {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <typename U, typename... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+};
+
+// A payload buffer: resize() does not zero what it adds.
+using PayloadBytes = std::vector<uint8_t, UninitializedAllocator<uint8_t>>;
+
 // A received message, or a rejected record (error non-OK, reported once).
 struct ReceivedItem {
   Status error;
   RecordType type = RecordType::kPadding;
   uint64_t sequence = 0;
-  std::vector<uint8_t> payload;
+  PayloadBytes payload;
 };
 
 class FrameAssembler {
@@ -75,8 +104,8 @@ class FrameAssembler {
   wire::FrameHeader header_{};  // the header accepted last
   uint8_t* dst_ = nullptr;
   bool skip_ = false;                    // payload read and thrown away
-  std::vector<uint8_t> single_;          // an unfragmented message's payload
-  std::vector<uint8_t> discard_;         // a skipped fragment's payload
+  PayloadBytes single_;                  // an unfragmented message's payload
+  PayloadBytes discard_;                 // a skipped fragment's payload
   std::optional<ReceivedItem> partial_;  // the fragmented message being assembled
   uint64_t partial_total_ = 0;
   uint64_t dropped_ = 0;
