@@ -5,8 +5,8 @@
 //   ckpt-bench population [--config examples/fashion-mnist-pbt.toml]
 //       [--members N] [--intervals I] [--steps S] [--eval-size E] [--slots K]
 //       [--workers W] [--null-members N] [--null-intervals I] [--skip-train]
-//       [--ring-mb M] [--null-sizes 30,10000] [--transport ring|tcp [--repeat N]
-//       [--tcp-first]]
+//       [--ring-mb M] [--null-sizes 30,10000] [--barriers ahead|wait|both]
+//       [--transport ring|tcp [--repeat N] [--tcp-first]]
 //
 // --transport tcp: the same runs with the workers connected over TCP on
 // loopback (ckpt-worker --connect processes this program starts; the
@@ -22,7 +22,10 @@
 // result is reported as null_first_result_s_N). --null-sizes runs it at each
 // population size and reports the cost ratio of the last size to the first,
 // with the scheduler's peak RSS (this process; reset before each size) and the
-// store's size on disk at each.
+// store's size on disk at each. --barriers both runs each size twice, first
+// waiting at every synchronous barrier, then with members running ahead of
+// barriers they cannot be exploited at (the default): the ratio is
+// null_run_ahead_speedup_N.
 #include <spawn.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -36,6 +39,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -130,9 +134,11 @@ std::vector<pid_t> ConnectWorkers(const std::string& store, const std::string& s
 }
 
 StatusOr<RunResult> RunPipeline(records::ExperimentConfig config, const std::string& store,
-                                int workers, int slots, size_t ring_bytes, bool tcp = false) {
+                                int workers, int slots, size_t ring_bytes, bool tcp = false,
+                                bool run_ahead = true) {
   scheduler::SchedulerOptions o;
   o.store_path = store;
+  o.run_ahead = run_ahead;
   if (tcp) {
     std::filesystem::create_directories(store);
     o.remote.listen = "127.0.0.1:0";
@@ -268,6 +274,7 @@ struct PopulationBenchOptions {
   int null_intervals = 10;
   bool scale = false;
   std::vector<long long> null_sizes;  // empty: --null-members only
+  std::string barriers = "ahead";     // null runs: ahead, wait, or both (wait first)
 };
 
 // --transport tcp: each run over the ring, then over TCP.
@@ -428,59 +435,75 @@ int Population(const PopulationBenchOptions& o) {
   if (o.scale) sizes = {30, 300, 3000};
   if (!o.null_sizes.empty()) sizes = o.null_sizes;
   double per_s_first = 0;
+  std::vector<bool> modes;  // run ahead of sync barriers, or wait at each
+  if (o.barriers != "ahead") modes.push_back(false);
+  if (o.barriers != "wait") modes.push_back(true);
   for (long long n : sizes) {
-    records::ExperimentConfig z = c;
-    z.name = "bench-null-" + std::to_string(n);
-    z.population = static_cast<int>(n);
-    // The same number of intervals at every size: the first interval of a
-    // member initializes its weights in the worker and costs about twice a
-    // later one, so fewer intervals at one size would skew the comparison.
-    z.intervals = o.null_intervals;
-    z.steps_per_interval = 0;
-    z.eval_size = 0;
-    // This process is the scheduler: its peak RSS is reset before each size,
-    // so that each size reports its own.
-    ResetPeakRss();
-    const std::string store = root + "/null-" + std::to_string(n);
-    auto r = RunPipeline(z, store, workers, slots, ring_bytes);
-    if (!r.ok()) {
-      std::fprintf(stderr, "population (null): %s\n", r.status().ToString().c_str());
-      return 1;
-    }
-    const long long scheduler_peak = PeakRssBytes();
-    std::error_code ec;
-    uint64_t store_bytes = 0;
-    for (const auto& f : std::filesystem::recursive_directory_iterator(store, ec)) {
-      if (f.is_regular_file(ec)) store_bytes += f.file_size(ec);
-    }
-    std::filesystem::remove_all(store, ec);
-    // Steady state: from the first committed result to the last. The time to
-    // the first result (worker start-up: CONFIGURE loads the dataset, about
-    // 0.3 s here, paid once per worker and experiment) is reported apart.
-    const auto& ns = r->summary;
-    const double steady_s = ns.training_s - ns.first_result_s;
-    const double per_s = steady_s > 0 ? static_cast<double>(ns.member_intervals - 1) / steady_s : 0;
-    if (per_s_first == 0) per_s_first = per_s;
     const std::string nn = std::to_string(n);
-    add("null_first_result_s_" + nn, ns.first_result_s);
-    add("null_scheduler_peak_rss_bytes_" + nn, static_cast<double>(scheduler_peak));
-    add("null_store_bytes_" + nn, static_cast<double>(store_bytes));
-    std::fprintf(stderr,
-                 "null run, %lld members: %.0f member-intervals/s, scheduler peak RSS %.0f MB, "
-                 "store %.0f MB\n",
-                 n, per_s, scheduler_peak / 1e6, store_bytes / 1e6);
-    if (sizes.size() == 1) {
-      add("member_intervals_per_s_null", per_s);
-      add("null_members", static_cast<double>(n));
-    } else {
-      add("member_intervals_per_s_null_" + nn, per_s);
-      if (n == sizes.front()) add("member_intervals_per_s_null", per_s);
-      if (n == sizes.back()) {
-        add("null_cost_ratio_" + nn + "_vs_" + std::to_string(sizes.front()),
-            per_s > 0 ? per_s_first / per_s : NAN);
+    std::map<bool, double> per_s_by_mode;
+    for (const bool run_ahead : modes) {
+      records::ExperimentConfig z = c;
+      z.name = "bench-null-" + nn;
+      z.population = static_cast<int>(n);
+      // The same number of intervals at every size: the first interval of a
+      // member initializes its weights in the worker and costs about twice a
+      // later one, so fewer intervals at one size would skew the comparison.
+      z.intervals = o.null_intervals;
+      z.steps_per_interval = 0;
+      z.eval_size = 0;
+      // This process is the scheduler: its peak RSS is reset before each size,
+      // so that each size reports its own.
+      ResetPeakRss();
+      const std::string store = root + "/null-" + nn;
+      auto r = RunPipeline(z, store, workers, slots, ring_bytes, /*tcp=*/false, run_ahead);
+      if (!r.ok()) {
+        std::fprintf(stderr, "population (null): %s\n", r.status().ToString().c_str());
+        return 1;
+      }
+      const long long scheduler_peak = PeakRssBytes();
+      std::error_code ec;
+      uint64_t store_bytes = 0;
+      for (const auto& f : std::filesystem::recursive_directory_iterator(store, ec)) {
+        if (f.is_regular_file(ec)) store_bytes += f.file_size(ec);
+      }
+      std::filesystem::remove_all(store, ec);
+      // Steady state: from the first committed result to the last. The time to
+      // the first result (worker start-up: CONFIGURE loads the dataset, about
+      // 0.3 s here, paid once per worker and experiment) is reported apart.
+      const auto& ns = r->summary;
+      const double steady_s = ns.training_s - ns.first_result_s;
+      const double per_s =
+          steady_s > 0 ? static_cast<double>(ns.member_intervals - 1) / steady_s : 0;
+      per_s_by_mode[run_ahead] = per_s;
+      std::fprintf(stderr,
+                   "null run, %lld members%s: %.0f member-intervals/s, scheduler peak RSS %.0f "
+                   "MB, store %.0f MB\n",
+                   n, run_ahead ? "" : " (waiting at every barrier)", per_s, scheduler_peak / 1e6,
+                   store_bytes / 1e6);
+      peak_workers = std::max(peak_workers, r->workers_peak_rss);
+      if (!run_ahead) {
+        add("member_intervals_per_s_null_waiting_" + nn, per_s);
+        continue;
+      }
+      if (per_s_first == 0) per_s_first = per_s;
+      add("null_first_result_s_" + nn, ns.first_result_s);
+      add("null_scheduler_peak_rss_bytes_" + nn, static_cast<double>(scheduler_peak));
+      add("null_store_bytes_" + nn, static_cast<double>(store_bytes));
+      if (sizes.size() == 1) {
+        add("member_intervals_per_s_null", per_s);
+        add("null_members", static_cast<double>(n));
+      } else {
+        add("member_intervals_per_s_null_" + nn, per_s);
+        if (n == sizes.front()) add("member_intervals_per_s_null", per_s);
+        if (n == sizes.back()) {
+          add("null_cost_ratio_" + nn + "_vs_" + std::to_string(sizes.front()),
+              per_s > 0 ? per_s_first / per_s : NAN);
+        }
       }
     }
-    peak_workers = std::max(peak_workers, r->workers_peak_rss);
+    if (per_s_by_mode.size() == 2 && per_s_by_mode[false] > 0) {
+      add("null_run_ahead_speedup_" + nn, per_s_by_mode[true] / per_s_by_mode[false]);
+    }
   }
   add("peak_rss_bytes_scheduler", static_cast<double>(PeakRssBytes()));
   add("peak_rss_bytes_workers", static_cast<double>(peak_workers));
@@ -532,6 +555,11 @@ BenchRun PopulationFlags(CLI::App& cmd) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   cmd.add_flag("--scale", o->scale, "null runs of 30, 300 and 3000 members");
+  cmd.add_option("--barriers", o->barriers,
+                 "null runs: run ahead of sync barriers (ahead), wait at each (wait), or both, "
+                 "waiting first, with null_run_ahead_speedup_N")
+      ->check(CLI::IsMember({"ahead", "wait", "both"}))
+      ->capture_default_str();
   cmd.add_option("--null-sizes", o->null_sizes, "null runs of these populations, e.g. 30,10000")
       ->delimiter(',')
       ->check(CLI::PositiveNumber);

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <optional>
 #include <utility>
 
 #include "ckpt/format/kill_point.h"
@@ -139,33 +141,37 @@ void Experiment::MaybeAdvance() {
   const auto& c = config_;
   if (!training_closed_) {
     if (policy_->synchronous()) {
-      int gen = c.intervals;
+      const int gen = SyncGeneration();
+      // A member running ahead of this barrier neither holds it nor is past it.
+      auto runs_ahead = [gen](const Member& m) { return m.state.ahead_of == gen; };
       bool busy = false;
-      for (const auto& m : members_) {
-        if (!m.active()) continue;
-        gen = std::min(gen, m.state.interval);
-        busy = busy || m.state.status == records::MemberStatus::kRunning ||
-               m.state.status == records::MemberStatus::kQueued;
-      }
       // A member past the generation (only in a resumed run) means its barrier
       // was already applied: deciding it again would rank the laggards against
       // newer scores and exploit them a second time. Finished members count:
       // they are the usual case when a run is killed in its last generation.
       bool ahead = false;
       for (const auto& m : members_) {
-        if (m.active() && m.state.interval > gen) ahead = true;
+        if (!m.active() || runs_ahead(m)) continue;
+        busy = busy || m.state.status == records::MemberStatus::kRunning ||
+               m.state.status == records::MemberStatus::kQueued;
+        ahead = ahead || m.state.interval > gen;
       }
-      if (!busy && gen < c.intervals) {
-        if (!ahead && gen > 0 && gen != generation_) {
+      // Once gen is decided, its idle members are queued even while others
+      // run (those that ran ahead of it, when a decision was deferred).
+      if ((!busy || gen == generation_) && gen < c.intervals) {
+        if (!busy && !ahead && gen > 0 && gen != generation_) {
           std::vector<MemberProgress> all, at_gen;
           for (const auto& o : members_) {
-            all.push_back(Progress(o));
-            if (o.active() && o.state.interval == gen) at_gen.push_back(Progress(o));
+            all.push_back(BarrierProgress(o, gen));
+            if (all.back().active && all.back().intervals_done == gen) at_gen.push_back(all.back());
           }
           // Decided once: a refused exploit is retried from deferred_, never
           // decided again (the policy would see the ones already applied).
           generation_ = gen;
           ApplyDecisions(policy_->Decide(gen, at_gen, all));
+          for (auto& o : members_) {
+            if (runs_ahead(o)) o.state.ahead_of = -1;  // ranked at gen: done
+          }
         }
         if (!deferred_.empty()) return;  // the generation waits for the store
         generation_ = gen;
@@ -178,6 +184,7 @@ void Experiment::MaybeAdvance() {
           }
         }
       }
+      RunAheadOfBarrier();
     } else {
       for (size_t i = 0; i < members_.size(); ++i) {
         Member& m = members_[i];
@@ -205,6 +212,103 @@ void Experiment::MaybeAdvance() {
     }
   }
   if (!open && in_flight_ == 0) StartFinalEval();
+}
+
+int Experiment::SyncGeneration() {
+  constexpr int kNone = std::numeric_limits<int>::max();
+  int unmarked = kNone, marked = kNone;
+  for (const auto& m : members_) {
+    if (!m.active()) continue;
+    if (m.state.ahead()) {
+      marked = std::min(marked, m.state.ahead_of);
+    } else {
+      unmarked = std::min(unmarked, m.state.interval);
+    }
+  }
+  // Every active member is past a barrier it was marked ahead of once the
+  // others are: that barrier was decided before (a resumed run).
+  const int base = unmarked != kNone ? unmarked : marked;
+  int gen = config_.intervals;
+  for (auto& m : members_) {
+    if (m.state.ahead() && m.state.ahead_of < base) m.state.ahead_of = -1;
+    if (m.active()) gen = std::min(gen, m.state.ahead() ? m.state.ahead_of : m.state.interval);
+  }
+  return gen;
+}
+
+MemberProgress Experiment::BarrierProgress(const Member& m, int gen) const {
+  if (m.state.ahead_of != gen) return Progress(m);
+  // Whatever it did since (committed gen+1, failed there): at gen it had
+  // this score and took part.
+  return MemberProgress{m.name,    m.state.index, gen, m.state.last_exploit, m.state.ahead_score,
+                        m.hparams, true};
+}
+
+void Experiment::RunAheadOfBarrier() {
+  if (!options_.run_ahead || training_closed_ || !deferred_.empty() || phase_ != Phase::kTraining) {
+    return;
+  }
+  const int g = generation_ + 1;  // the barrier not decided yet
+  if (g <= 0 || g >= config_.intervals) return;
+  // The members ranked at g: those that finished it (or run ahead of it) and
+  // those still running towards it, whose scores are unknown.
+  struct Finished {
+    double score;
+    const std::string* name;
+  };
+  std::vector<Finished> finished;
+  finished.reserve(members_.size());
+  std::vector<int> waiting;
+  int running = 0;
+  for (size_t i = 0; i < members_.size(); ++i) {
+    const Member& m = members_[i];
+    if (m.state.ahead_of == g) {
+      finished.push_back({m.state.ahead_score, &m.name});
+    } else if (!m.active()) {
+      continue;
+    } else if (m.state.interval < g) {
+      ++running;
+    } else if (m.state.interval == g) {
+      finished.push_back({m.state.score, &m.name});
+      if (m.state.status == records::MemberStatus::kIdle) waiting.push_back(static_cast<int>(i));
+    }
+  }
+  // With nothing running the barrier is decided as soon as it may be.
+  if (waiting.empty() || running == 0) return;
+  const int active = static_cast<int>(finished.size()) + running;
+  const auto before = [](const Finished& a, const Finished& b) {
+    return RanksBefore(a.score, *a.name, b.score, *b.name);
+  };
+  // The finished member ranked `n`-th from the top (1-based), found once per n.
+  std::map<int, Finished> nth_cache;
+  const auto nth = [&](int n) -> const Finished& {
+    auto it = nth_cache.find(n);
+    if (it != nth_cache.end()) return it->second;
+    std::nth_element(finished.begin(), finished.begin() + (n - 1), finished.end(), before);
+    return nth_cache.emplace(n, finished[static_cast<size_t>(n - 1)]).first->second;
+  };
+  const int f = static_cast<int>(finished.size());
+  // The policies' margins depend on a member's place in the schedule, not on
+  // its name or hyperparameters: asked once per (interval, last exploit).
+  std::map<std::pair<int, int>, std::optional<RunAheadMargins>> margins_cache;
+  for (int i : waiting) {
+    Member& m = members_[i];
+    const std::pair<int, int> key{m.state.interval, m.state.last_exploit};
+    auto cached = margins_cache.find(key);
+    if (cached == margins_cache.end()) {
+      cached = margins_cache.emplace(key, policy_->RunAhead(g, Progress(m), active)).first;
+    }
+    const std::optional<RunAheadMargins>& margins = cached->second;
+    if (!margins || margins->above + margins->below >= f) continue;
+    const Finished self{m.state.score, &m.name};
+    // `above` members rank before it: it ranks after the above-th; `below`
+    // after it: it ranks before the (below)-th from the bottom.
+    if (margins->above > 0 && !before(nth(margins->above), self)) continue;
+    if (margins->below > 0 && !before(self, nth(f - margins->below + 1))) continue;
+    m.state.ahead_of = g;
+    m.state.ahead_score = m.state.score;
+    Enqueue(i, false);
+  }
 }
 
 bool Experiment::ApplyDecisions(const std::map<std::string, Decision>& decisions) {
@@ -338,6 +442,7 @@ bool Experiment::FallBackFromCorruptHead(int member, const WorkItem& item,
   // The state record goes first: a crash before the restore leaves the damaged
   // head, which the next dispatch finds again.
   m.state.interval = interval;
+  m.state.ahead_of = -1;  // it is behind its barrier now
   m.state.last_exploit = std::min(m.state.last_exploit, interval);
   m.state.score = good->score;
   m.state.status = records::MemberStatus::kIdle;

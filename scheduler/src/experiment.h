@@ -16,6 +16,14 @@
 // barrier of g was already applied before the crash: it is not decided again.
 // Decisions are pure functions of the committed generation and the seed, so an
 // interrupted run ends with the same heads as an uninterrupted one.
+// Running ahead (sync): a member that finished g while others still run it
+// starts g+1 at once when the policy's margins (Policy::RunAhead) show that
+// g's barrier can neither exploit it nor take it as a donor, whatever the
+// others score. Its record is marked (MemberRecord::ahead_of = g, with its
+// score at g), so that barrier g still ranks it at g (even after it committed
+// g+1, or failed there), neither waits for it nor takes it for a sign that g
+// was decided; the mark is kept in its stored record, so a resumed run decides
+// g the same way. Deciding is then the same as without running ahead.
 // Async mode: each member is decided on as soon as its own interval ends.
 //
 // Ownership: the caller owns the ExperimentIo, which must outlive this.
@@ -117,6 +125,9 @@ struct ExperimentOptions {
   int max_member_failures = 3;
   // Members evaluated on the test split when the experiment ends. Default: 5.
   int final_eval_top = 5;
+  // Sync mode: members certain to continue start their next interval before
+  // the barrier (see the top). Default: true; false waits for every barrier.
+  bool run_ahead = true;
 };
 
 using Phase = ExperimentPhase;  // ckpt/scheduler/summary.h
@@ -207,6 +218,15 @@ class Experiment {
   // could not be made (the failure is then counted as usual).
   bool FallBackFromCorruptHead(int member, const WorkItem& item, const std::string& reason);
   void MaybeAdvance();
+  // Sync mode: the generation whose barrier is next (the lowest interval of
+  // an active member, one running ahead counted at the barrier it ran ahead
+  // of); drops marks of barriers already decided (left by a resumed run).
+  int SyncGeneration();
+  // `m` as barrier `gen` ranks it: at gen, and active, when it runs ahead of it.
+  MemberProgress BarrierProgress(const Member& m, int gen) const;
+  // Sync mode: queues the idle members at the undecided barrier that the
+  // policy's margins let run ahead of it.
+  void RunAheadOfBarrier();
   // False when the store refused one for want of space: it and the ones
   // after it are in deferred_.
   bool ApplyDecisions(const std::map<std::string, Decision>& decisions);

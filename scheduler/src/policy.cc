@@ -31,6 +31,15 @@ std::string Fmt(double v) {
   return os.str();
 }
 
+// Truncation selection's k: the members in the bottom (and in the top)
+// quantile of `n` active ones. Never decreases as n grows.
+size_t Truncation(double quantile, size_t n) {
+  size_t k = static_cast<size_t>(std::floor(quantile * static_cast<double>(n)));
+  if (k == 0) k = 1;
+  if (2 * k > n) k = n / 2;
+  return k;
+}
+
 // PBT: truncation selection among members ready for exploit.
 class PbtPolicy : public Policy {
  public:
@@ -48,9 +57,7 @@ class PbtPolicy : public Policy {
     if (active.size() < 2) return out;
     const auto ranked = RankByScore(active);
     const size_t n = ranked.size();
-    size_t k = static_cast<size_t>(std::floor(config_.policy.quantile * static_cast<double>(n)));
-    if (k == 0) k = 1;
-    if (2 * k > n) k = n / 2;
+    const size_t k = Truncation(config_.policy.quantile, n);
     std::map<std::string, size_t> rank;
     for (size_t i = 0; i < n; ++i) rank[ranked[i]->member] = i;
     for (const auto& m : members) {
@@ -72,6 +79,23 @@ class PbtPolicy : public Policy {
     return out;
   }
 
+  // Donors are the top k, the exploited come from the bottom k among those
+  // ready; k is largest when no running member fails, so that case bounds all.
+  std::optional<RunAheadMargins> RunAhead(int /*generation*/, const MemberProgress& member,
+                                          int active) const override {
+    if (!synchronous()) return std::nullopt;
+    if (active < 2) return RunAheadMargins{};  // no decisions at all
+    const int k =
+        static_cast<int>(Truncation(config_.policy.quantile, static_cast<size_t>(active)));
+    RunAheadMargins r;
+    r.above = k;
+    if (member.intervals_done < config_.intervals &&
+        member.intervals_done - member.last_exploit >= config_.policy.ready_intervals) {
+      r.below = k;
+    }
+    return r;
+  }
+
  private:
   const records::ExperimentConfig config_;
 };
@@ -83,6 +107,10 @@ class RandomSearchPolicy : public Policy {
   std::map<std::string, Decision> Decide(int, const std::vector<MemberProgress>&,
                                          const std::vector<MemberProgress>&) const override {
     return {};
+  }
+  std::optional<RunAheadMargins> RunAhead(int, const MemberProgress&, int) const override {
+    if (!synchronous()) return std::nullopt;
+    return RunAheadMargins{};  // never decides anything
   }
 
  private:
@@ -128,11 +156,26 @@ class SuccessiveHalvingPolicy : public Policy {
     return out;
   }
 
+  // Between rungs nothing is decided; at a rung the member waits.
+  std::optional<RunAheadMargins> RunAhead(int generation, const MemberProgress& /*member*/,
+                                          int /*active*/) const override {
+    if (!synchronous() || (IsRung(generation) && generation < config_.intervals)) {
+      return std::nullopt;
+    }
+    return RunAheadMargins{};
+  }
+
  private:
   const records::ExperimentConfig config_;
 };
 
 }  // namespace
+
+std::optional<RunAheadMargins> Policy::RunAhead(int /*generation*/,
+                                                const MemberProgress& /*member*/,
+                                                int /*active*/) const {
+  return std::nullopt;
+}
 
 uint64_t MixSeed(uint64_t a, uint64_t b, uint64_t c) {
   auto mix = [](uint64_t z) {
@@ -144,15 +187,18 @@ uint64_t MixSeed(uint64_t a, uint64_t b, uint64_t c) {
   return mix(mix(mix(a) ^ b) ^ c);
 }
 
+bool RanksBefore(double score_a, const std::string& a, double score_b, const std::string& b) {
+  const bool an = std::isnan(score_a), bn = std::isnan(score_b);
+  if (an != bn) return bn;
+  if (!an && score_a != score_b) return score_a > score_b;
+  return a < b;
+}
+
 std::vector<const MemberProgress*> RankByScore(const std::vector<MemberProgress>& members) {
   std::vector<const MemberProgress*> out;
   for (const auto& m : members) out.push_back(&m);
-  std::sort(out.begin(), out.end(), [](const MemberProgress* a, const MemberProgress* b) {
-    const bool an = std::isnan(a->score), bn = std::isnan(b->score);
-    if (an != bn) return bn;
-    if (!an && a->score != b->score) return a->score > b->score;
-    return a->member < b->member;
-  });
+  std::sort(out.begin(), out.end(),
+            [](const MemberProgress* a, const MemberProgress* b) { return RanksBefore(*a, *b); });
   return out;
 }
 

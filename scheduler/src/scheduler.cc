@@ -271,6 +271,7 @@ Status SchedulerImpl::Submit(const records::ExperimentConfig& config) {
   ExperimentOptions eo;
   eo.max_member_failures = options_.supervision.max_member_failures;
   eo.final_eval_top = options_.final_eval_top;
+  eo.run_ahead = options_.run_ahead;
   entry.experiment = std::make_unique<Experiment>(config, std::move(policy), std::move(members),
                                                   status, eo, entry.io.get(), Clock::now());
   entry.announced_end = entry.experiment->ended();

@@ -67,6 +67,10 @@ class RecordingPolicy : public Policy {
     if (synchronous()) ++(*decided_)[generation];
     return inner_->Decide(generation, members, population);
   }
+  std::optional<RunAheadMargins> RunAhead(int generation, const MemberProgress& member,
+                                          int active) const override {
+    return inner_->RunAhead(generation, member, active);
+  }
 
  private:
   std::unique_ptr<Policy> inner_;
@@ -184,7 +188,10 @@ class Harness {
   // state record; then the loop hears of it. `crash_before_state`: the process
   // dies between the two (the record is reconciled at the next Open).
   void Commit(const WorkItem& w, double score, bool crash_before_state = false) {
-    const std::string blob = store::testing::MakeBlob(++blob_seed_, 64, 0);
+    // The blob is a function of what was trained (member, interval), as real
+    // training's is of its starting state, whatever order results come in.
+    const std::string blob = store::testing::MakeBlob(
+        std::hash<std::string>{}(w.member + "@" + std::to_string(w.interval_after)), 64, 0);
     store::CommitRequest c;
     c.exp = config_.name;
     c.member = w.member;
@@ -251,7 +258,6 @@ class Harness {
   Clock::time_point now_ = Clock::time_point() + std::chrono::hours(1);
   std::string crash_at_;
   int crash_countdown_ = 0;
-  uint64_t blob_seed_ = 0;
   std::map<std::pair<std::string, int>, int> trained_;
   std::map<std::pair<std::string, int>, HParams> trained_hparams_;
 };
@@ -547,46 +553,61 @@ json RunOutcome(Harness& h, int population) {
   return out;
 }
 
+// Members running ahead of the barrier are not held: the policy's margins
+// made them certain to continue before anything was decided.
 TEST(ExperimentTest, ExploitRefusedForWantOfSpaceHoldsTheGenerationAndEndsAsTheUndisturbedRun) {
   auto c = BaseConfig(8, 4);
-  Harness calm(c);
+  ExperimentOptions waits;
+  waits.run_ahead = false;
+  Harness calm(c, waits);
   calm.RunToEnd();
   ASSERT_TRUE(calm.e().ended());
 
-  Harness h(c);
-  std::vector<WorkItem> first;
-  while (h.e().Runnable()) first.push_back(h.Take());
-  ASSERT_EQ(first.size(), 8u);
-  // The disk fills between the barrier's two exploits: the first is written,
-  // the second refused.
-  h.io().FillDisk(/*allow=*/1, /*refuse=*/1);
-  for (const auto& w : first) h.Commit(w, ScoreOf(w.hparams, 1));
-  EXPECT_EQ(h.io().refused(), 1);
-  EXPECT_TRUE(h.e().WaitingForStore());
-  EXPECT_NE(h.e().store_refusal().find("no space left"), std::string::npos)
-      << h.e().store_refusal();
-  EXPECT_FALSE(h.e().Runnable()) << "the generation must wait for the refused exploit";
-  EXPECT_EQ(h.e().queued(), 0u);
-  EXPECT_EQ(h.Events("exploit").size(), 1u);
-  // Still full at the first retry: still waiting, nothing queued.
-  h.io().FillDisk(0, 1);
-  h.e().RetryDeferred();
-  EXPECT_EQ(h.io().refused(), 2);
-  EXPECT_TRUE(h.e().WaitingForStore());
-  EXPECT_FALSE(h.e().Runnable());
-  // Space again: the kept decision is applied (not decided a second time),
-  // the generation is queued and the run ends with the undisturbed heads.
-  h.e().RetryDeferred();
-  EXPECT_FALSE(h.e().WaitingForStore());
-  EXPECT_TRUE(h.e().store_refusal().empty());
-  EXPECT_EQ(h.e().queued(), 8u);
-  EXPECT_EQ(h.Events("exploit").size(), 2u);
-  h.RunToEnd();
-  ASSERT_TRUE(h.e().ended());
-  EXPECT_EQ(h.decided(), calm.decided());
-  for (const auto& [gen, n] : h.decided()) EXPECT_EQ(n, 1) << "generation " << gen;
-  EXPECT_EQ(RunOutcome(h, 8), RunOutcome(calm, 8));
-  EXPECT_EQ(h.trained_hparams(), calm.trained_hparams());
+  for (const bool run_ahead : {false, true}) {
+    SCOPED_TRACE(run_ahead ? "running ahead" : "waiting at every barrier");
+    ExperimentOptions opts;
+    opts.run_ahead = run_ahead;
+    Harness h(c, opts);
+    std::vector<WorkItem> first;
+    while (h.e().Runnable()) first.push_back(h.Take());
+    ASSERT_EQ(first.size(), 8u);
+    // The disk fills between the barrier's two exploits: the first is written,
+    // the second refused.
+    h.io().FillDisk(/*allow=*/1, /*refuse=*/1);
+    for (const auto& w : first) h.Commit(w, ScoreOf(w.hparams, 1));
+    EXPECT_EQ(h.io().refused(), 1);
+    EXPECT_TRUE(h.e().WaitingForStore());
+    EXPECT_NE(h.e().store_refusal().find("no space left"), std::string::npos)
+        << h.e().store_refusal();
+    // 8 members, k = 2: once five have finished, the middle of them is sure.
+    const size_t ahead = h.e().queued();
+    if (run_ahead) {
+      EXPECT_GT(ahead, 0u);
+      EXPECT_LE(ahead, 4u);
+    } else {
+      EXPECT_EQ(ahead, 0u) << "the generation must wait for the refused exploit";
+    }
+    EXPECT_EQ(h.Events("exploit").size(), 1u);
+    // Still full at the first retry: still waiting, nothing more queued.
+    h.io().FillDisk(0, 1);
+    h.e().RetryDeferred();
+    EXPECT_EQ(h.io().refused(), 2);
+    EXPECT_TRUE(h.e().WaitingForStore());
+    EXPECT_EQ(h.e().queued(), ahead);
+    // Space again: the kept decision is applied (not decided a second time),
+    // the generation is queued and the run ends with the undisturbed heads.
+    h.e().RetryDeferred();
+    EXPECT_FALSE(h.e().WaitingForStore());
+    EXPECT_TRUE(h.e().store_refusal().empty());
+    EXPECT_EQ(h.e().queued(), 8u);
+    EXPECT_EQ(h.Events("exploit").size(), 2u);
+    h.RunToEnd();
+    ASSERT_TRUE(h.e().ended());
+    EXPECT_EQ(h.decided(), calm.decided());
+    for (const auto& [gen, n] : h.decided()) EXPECT_EQ(n, 1) << "generation " << gen;
+    EXPECT_EQ(RunOutcome(h, 8), RunOutcome(calm, 8));
+    EXPECT_EQ(h.trained_hparams(), calm.trained_hparams());
+  }
 }
 
 TEST(ExperimentTest, AsyncExploitRefusedForWantOfSpaceHoldsOnlyThatMember) {
@@ -976,6 +997,112 @@ TEST(ExperimentTest, CrashMidBarrierEndsAsTheUndisturbedRun) {
   EXPECT_EQ(undisturbed.Events("exploit").size(), h.Events("exploit").size());
 }
 
+// --- Running ahead of a barrier ---------------------------------------------------
+
+// Scores of generation 1 by member (positions 0..7), and one high score for
+// position 2's second interval; everything else from ScoreOf.
+double AheadScore(const WorkItem& w) {
+  static const double kFirst[8] = {0.9, 0.8, 0.7, 0.6, 0.5, 0.95, 0.4, 0.3};
+  const int i = std::stoi(w.member.substr(1));
+  if (w.interval_after == 1) return kFirst[i];
+  if (w.interval_after == 2 && i == 2) return 0.99;
+  return ScoreOf(w.hparams, w.interval_after);
+}
+
+void RunToEndWithAheadScores(Harness& h) {
+  while (h.e().Runnable()) {
+    WorkItem w = h.Take();
+    if (w.eval_only) {
+      h.e().OnEvaluated(w, 0.5);
+    } else {
+      h.Commit(w, AheadScore(w));
+    }
+  }
+}
+
+// 8 members, k = 2 (the top two donate, the bottom two are exploited). Once
+// five have finished generation 1 (scores 0.9 0.8 0.7 0.6 0.5), the third
+// (0.7) has two above and two below it for certain: it starts interval 2
+// before the barrier. It commits 0.99 there, and the scheduler restarts,
+// before the last three finish; the barrier still ranks it at 0.7 (not a
+// donor), and the run ends as one that waited at every barrier.
+TEST(ExperimentTest, AMemberSureToContinueRunsAheadOfTheBarrierAndTheRunEndsTheSame) {
+  auto c = BaseConfig(8, 3);
+  ExperimentOptions waits;
+  waits.run_ahead = false;
+  Harness calm(c, waits);
+  RunToEndWithAheadScores(calm);
+  ASSERT_TRUE(calm.e().ended());
+  ASSERT_EQ(calm.Events("exploit").size(), 4u);  // two at each of barriers 1 and 2
+
+  Harness h(c);
+  std::vector<WorkItem> first;
+  while (h.e().Runnable()) first.push_back(h.Take());
+  ASSERT_EQ(first.size(), 8u);
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_FALSE(h.e().Runnable()) << "after " << i << " results";
+    h.Commit(first[static_cast<size_t>(i)], AheadScore(first[static_cast<size_t>(i)]));
+  }
+  ASSERT_TRUE(h.e().Runnable());
+  EXPECT_EQ(h.e().queued(), 1u);
+  WorkItem ahead = h.Take();
+  EXPECT_EQ(ahead.member, first[2].member);
+  EXPECT_EQ(ahead.interval_after, 2);
+  EXPECT_EQ(ahead.state_after.ahead_of, 1);
+  EXPECT_TRUE(h.decided().empty()) << "barrier 1 must not be decided yet";
+  h.Commit(ahead, AheadScore(ahead));  // 0.99 at interval 2, barrier 1 still open
+  EXPECT_TRUE(h.decided().empty());
+  // The stored record keeps the mark and the score at 1.
+  auto head = h.store().GetMember("exp", ahead.member);
+  ASSERT_TRUE(head.ok());
+  auto rec = records::DecodeMemberRecord(head->state, "exp", ahead.member);
+  ASSERT_TRUE(rec.ok()) << rec.status().ToString();
+  EXPECT_EQ(rec->interval, 2);
+  EXPECT_EQ(rec->ahead_of, 1);
+  EXPECT_DOUBLE_EQ(rec->ahead_score, 0.7);
+  // The scheduler restarts; the last three members' intervals were lost.
+  h.Open();
+  RunToEndWithAheadScores(h);
+  ASSERT_TRUE(h.e().ended());
+  int at_barrier_1 = 0;
+  for (const auto& ev : h.Events("exploit")) {
+    if (ev["interval"] != 1) continue;
+    ++at_barrier_1;
+    EXPECT_NE(ev["donor"], ahead.member) << ev.dump();
+    EXPECT_NE(ev["member"], ahead.member) << ev.dump();
+  }
+  EXPECT_EQ(at_barrier_1, 2);
+  EXPECT_EQ(RunOutcome(h, 8), RunOutcome(calm, 8));
+  EXPECT_EQ(h.trained_hparams(), calm.trained_hparams());
+  for (const auto& [key, times] : h.trained())
+    EXPECT_EQ(times, 1) << key.first << "@" << key.second;
+}
+
+TEST(MemberStateTest, TheRunAheadMarkReadsBackAndIsCheckedAgainstTheInterval) {
+  records::MemberRecord s;
+  s.index = 2;
+  s.interval = 2;
+  s.ahead_of = 1;
+  s.ahead_score = -0.25;
+  auto back = records::DecodeMemberRecord(records::EncodeMemberRecord(s), "e", "m2");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, s);
+  s.ahead_score = std::nan("");
+  back = records::DecodeMemberRecord(records::EncodeMemberRecord(s), "e", "m2");
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(*back, s);
+  // Unmarked records carry no field at all.
+  EXPECT_EQ(records::EncodeMemberRecord(records::MemberRecord{}).find("ahead"), std::string::npos);
+  for (const char* bad :
+       {R"({"v":3,"interval":4,"ahead":{"of":1,"score":0.5}})",
+        R"({"v":3,"interval":1,"ahead":{"of":2,"score":0.5}})",
+        R"({"v":3,"interval":2,"ahead":{"of":1}})", R"({"v":3,"interval":2,"ahead":[1,0.5]})"}) {
+    auto r = records::DecodeMemberRecord(bad, "e", "m2");
+    EXPECT_TRUE(r.status().IsCorruption()) << bad;
+    EXPECT_NE(r.status().message().find("m2"), std::string::npos) << r.status().ToString();
+  }
+}
+
 // --- Random event orders -------------------------------------------------------
 
 struct Outcome {
@@ -1005,7 +1132,7 @@ TEST(ExperimentRandomTest, InvariantsHoldUnderRandomEventOrders) {
   auto shared = store::Store::Open(so);
   ASSERT_TRUE(shared.ok());
   std::mt19937_64 rng(20261203);
-  int sequences = 0, events = 0, restarts = 0;
+  int sequences = 0, events = 0, restarts = 0, ran_ahead = 0;
   for (int seq = 0; seq < kSequences; ++seq) {
     const int population = 2 + static_cast<int>(rng() % 7);
     const int intervals = 1 + static_cast<int>(rng() % 4);
@@ -1028,7 +1155,9 @@ TEST(ExperimentRandomTest, InvariantsHoldUnderRandomEventOrders) {
     if (sync) {
       records::ExperimentConfig rc = c;
       rc.name = "ref" + std::to_string(seq);
-      Harness ref(rc, opts, shared->get());
+      ExperimentOptions waits = opts;
+      waits.run_ahead = false;  // the run below runs ahead of barriers and must end the same
+      Harness ref(rc, waits, shared->get());
       ref.RunToEnd();
       ASSERT_TRUE(ref.e().ended());
       expected = OutcomeOf(ref);
@@ -1042,6 +1171,7 @@ TEST(ExperimentRandomTest, InvariantsHoldUnderRandomEventOrders) {
       const int action = static_cast<int>(rng() % 10);
       if (action < 4 && h.e().Runnable()) {
         in_flight.push_back(h.Take());
+        if (in_flight.back().state_after.ahead()) ++ran_ahead;
       } else if (!in_flight.empty() && action < 8) {
         const size_t i = rng() % in_flight.size();
         WorkItem w = in_flight[i];
@@ -1111,8 +1241,10 @@ TEST(ExperimentRandomTest, InvariantsHoldUnderRandomEventOrders) {
     }
     ++sequences;
   }
-  std::printf("%d sequences, %d events, %d scheduler restarts\n", sequences, events, restarts);
+  std::printf("%d sequences, %d events, %d scheduler restarts, %d intervals run ahead\n", sequences,
+              events, restarts, ran_ahead);
   EXPECT_EQ(sequences, kSequences);
+  EXPECT_GT(ran_ahead, kSequences / 10);
   EXPECT_GT(restarts, 5 * kSequences / 40);
 }
 

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <random>
 
 namespace ckpt::scheduler {
 namespace {
@@ -115,6 +116,85 @@ TEST(PolicyTest, SuccessiveHalvingStopsAllButTheTopThirdAtARung) {
   EXPECT_EQ(d.count("m100"), 1u);
   auto not_rung = Population(c, 2);
   EXPECT_TRUE((*policy)->Decide(2, not_rung, not_rung).empty());
+}
+
+// The margins RunAhead asks for, checked against the decisions themselves:
+// for random populations, a member whose margins hold among the finished ones
+// is neither exploited nor a donor however the unfinished ones end (any
+// scores, NaN included, or dropping out), for every quantile and readiness.
+TEST(PolicyTest, PbtRunAheadMarginsHoldHoweverTheUnfinishedEnd) {
+  std::mt19937_64 rng(4711);
+  int checked = 0, eligible = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    const int n = 2 + static_cast<int>(rng() % 14);
+    auto c = PbtConfig(n);
+    c.policy.quantile = 0.05 + 0.05 * static_cast<double>(rng() % 10);
+    c.policy.ready_intervals = 1 + static_cast<int>(rng() % 2);
+    auto policy = Policy::Create(c);
+    ASSERT_TRUE(policy.ok());
+    const int gen = 3;
+    std::vector<MemberProgress> pop = Population(c, gen);
+    const int unfinished = static_cast<int>(rng() % static_cast<uint64_t>(n));
+    for (auto& m : pop) {
+      m.score = static_cast<double>(rng() % 8) / 8.0;  // ties on purpose
+      m.last_exploit = static_cast<int>(rng() % 3) + 1;
+    }
+    // The first `unfinished` members are still running: their scores unknown.
+    const std::vector<MemberProgress> finished(pop.begin() + unfinished, pop.end());
+    for (const auto& m : finished) {
+      auto margins = (*policy)->RunAhead(gen, m, n);
+      ASSERT_TRUE(margins.has_value());
+      int above = 0, below = 0;
+      for (const auto& o : finished) {
+        if (o.member == m.member) continue;
+        (RanksBefore(o, m) ? above : below)++;
+      }
+      if (above < margins->above || below < margins->below) continue;
+      ++eligible;
+      for (int completion = 0; completion < 40; ++completion) {
+        std::vector<MemberProgress> done = pop;
+        for (int u = 0; u < unfinished; ++u) {
+          const uint64_t r = rng() % 10;
+          if (r == 0) {
+            done[static_cast<size_t>(u)].active = false;
+          } else if (r == 1) {
+            done[static_cast<size_t>(u)].score = std::nan("");
+          } else {
+            done[static_cast<size_t>(u)].score = static_cast<double>(rng() % 10) / 8.0 - 0.1;
+          }
+        }
+        std::vector<MemberProgress> at_gen;
+        for (const auto& o : done) {
+          if (o.active) at_gen.push_back(o);
+        }
+        const auto decisions = (*policy)->Decide(gen, at_gen, done);
+        ++checked;
+        ASSERT_EQ(decisions.count(m.member), 0u) << "trial " << trial << ": " << m.member;
+        for (const auto& [name, d] : decisions) {
+          ASSERT_NE(d.donor, m.member) << "trial " << trial << ": donor " << m.member;
+        }
+      }
+    }
+  }
+  EXPECT_GT(eligible, 200);
+  EXPECT_GT(checked, 8000);
+}
+
+TEST(PolicyTest, RunAheadIsNeverAllowedAtARungOrInAsyncMode) {
+  auto c = PbtConfig(9);
+  c.policy.kind = records::PolicyKind::kSuccessiveHalving;
+  c.policy.min_intervals = 1;
+  c.policy.eta = 3;
+  auto sh = Policy::Create(c);
+  ASSERT_TRUE(sh.ok());
+  const MemberProgress m = Population(c, 3)[0];
+  EXPECT_FALSE((*sh)->RunAhead(3, m, 9).has_value());  // rung 3: stops are decided
+  EXPECT_TRUE((*sh)->RunAhead(2, m, 9).has_value());   // between rungs: nothing is
+  c.policy.mode = records::PolicyMode::kAsync;
+  c.policy.kind = records::PolicyKind::kPbt;
+  auto async = Policy::Create(c);
+  ASSERT_TRUE(async.ok());
+  EXPECT_FALSE((*async)->RunAhead(2, m, 9).has_value());
 }
 
 TEST(PolicyTest, RandomSearchNeverIntervenes) {

@@ -346,10 +346,12 @@ TEST_F(ServeTest, SigtermAbandonsIntervalsLongerThanTheGraceAndTheyRerun) {
   std::string slow = Experiment("slow", "random");
   slow.replace(slow.find("steps_per_interval = 4"), 22, "steps_per_interval = 1500");
   ASSERT_TRUE(client_->Submit(slow, "slow.toml").ok());
+  // Both slots training (up to two more tasks wait in the worker: random
+  // search lets a member that finished run ahead of the barrier at once).
   ASSERT_TRUE(WaitUntil(
       [&] {
         auto d = client_->Devices();
-        return d.ok() && !d->empty() && (*d)[0].busy == 2;
+        return d.ok() && !d->empty() && (*d)[0].busy >= 2;
       },
       milliseconds(60000)));
   const int64_t before = Done("slow");

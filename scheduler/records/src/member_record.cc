@@ -21,7 +21,8 @@ bool operator==(const MemberRecord& a, const MemberRecord& b) {
   return a.index == b.index && a.interval == b.interval && a.last_exploit == b.last_exploit &&
          SameDouble(a.score, b.score) &&
          StoredMemberStatus(a.status) == StoredMemberStatus(b.status) && a.failures == b.failures &&
-         SameDouble(a.test_score, b.test_score);
+         SameDouble(a.test_score, b.test_score) && a.ahead_of == b.ahead_of &&
+         (!a.ahead() || SameDouble(a.ahead_score, b.ahead_score));
 }
 
 std::string EncodeMemberRecord(const MemberRecord& s) {
@@ -30,6 +31,7 @@ std::string EncodeMemberRecord(const MemberRecord& s) {
       {"interval", s.interval},         {"last_exploit", s.last_exploit},
       {"score", NumberOrNull(s.score)}, {"status", MemberStatusName(StoredMemberStatus(s.status))},
       {"failures", s.failures},         {"test_score", NumberOrNull(s.test_score)}};
+  if (s.ahead()) j["ahead"] = {{"of", s.ahead_of}, {"score", NumberOrNull(s.ahead_score)}};
   return j.dump();
 }
 
@@ -83,6 +85,21 @@ StatusOr<MemberRecord> DecodeMemberRecord(std::string_view bytes, const std::str
   if (s.last_exploit > s.interval) {
     return bad("has last_exploit " + std::to_string(s.last_exploit) + " after interval " +
                std::to_string(s.interval));
+  }
+  if (auto it = j.find("ahead"); it != j.end()) {
+    auto of = it->is_object() ? it->find("of") : it->end();
+    auto score = it->is_object() ? it->find("score") : it->end();
+    if (!it->is_object() || of == it->end() || !of->is_number_integer() || score == it->end() ||
+        !(score->is_number() || score->is_null())) {
+      return bad("field 'ahead' is not {\"of\": integer, \"score\": number or null}");
+    }
+    const int64_t g = of->get<int64_t>();
+    if (g < 0 || g > s.interval || s.interval > g + 1) {
+      return bad("is ahead of generation " + std::to_string(g) + " at interval " +
+                 std::to_string(s.interval));
+    }
+    s.ahead_of = static_cast<int>(g);
+    if (score->is_number()) s.ahead_score = score->get<double>();
   }
   if (auto it = j.find("status"); it != j.end()) {
     if (!it->is_string()) return bad("field 'status' is not a string");

@@ -282,7 +282,12 @@ class TcpChannelImpl final : public Channel {
       tail_.clear();
       tail_sent_ = 0;
     }
-    if (s.IsUnavailable()) MarkDead(s.message());
+    if (s.IsUnavailable()) {
+      // The first reason wins: a heartbeat timeout shuts the socket down,
+      // which fails a write in flight with EPIPE, and that is not the cause.
+      MarkDead(s.message());
+      s = DeadStatus();
+    }
     return s;
   }
 
@@ -371,7 +376,10 @@ class TcpChannelImpl final : public Channel {
   }
 
   void EndReader(Status s) {
-    if (s.IsUnavailable()) MarkDead(s.message());
+    if (s.IsUnavailable()) {
+      MarkDead(s.message());
+      s = DeadStatus();  // the first reason (see FlushTailLocked)
+    }
     std::lock_guard<std::mutex> lock(rx_mu_);
     reader_end_ = s.IsUnavailable() || s.IsCorruption() ? s : Status::Aborted(s.message());
     rx_cv_.notify_all();

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,15 @@ struct MemberProgress {
   double score = 0;        // latest validation score; NaN when none
   HParams hparams;
   bool active = true;  // false once stopped or failed
+};
+
+// How sure a synchronous barrier must be of a member before it may start its
+// next interval early (Policy::RunAheadMargins): at least `above` of the
+// members that finished the generation rank above it and at least `below`
+// rank below it (RanksBefore), however the unfinished ones end.
+struct RunAheadMargins {
+  int above = 0;
+  int below = 0;
 };
 
 struct Decision {
@@ -61,6 +71,17 @@ class Policy {
   virtual std::map<std::string, Decision> Decide(
       int generation, const std::vector<MemberProgress>& members,
       const std::vector<MemberProgress>& population) const = 0;
+
+  // Sync policies: what makes `member` (finished interval `generation`)
+  // certain to continue at that generation's barrier and to be no one's donor,
+  // with `active` members taking part (those finished and those still running;
+  // fewer if some fail): once the margins hold among the finished ones, the
+  // member may start its next interval before the barrier and the barrier
+  // decides the same (Experiment). nullopt: it must wait (the default). A
+  // function of the member's intervals_done and last_exploit only (callers
+  // ask once per pair).
+  virtual std::optional<RunAheadMargins> RunAhead(int generation, const MemberProgress& member,
+                                                  int active) const;
 };
 
 // Samples a member's initial hyperparameters from the search space (plus the
@@ -75,7 +96,14 @@ HParams Explore(const records::ExperimentConfig& config, const HParams& from, ui
 // 64-bit mix of several values (SplitMix64), for per-decision seeds.
 uint64_t MixSeed(uint64_t a, uint64_t b, uint64_t c = 0);
 
-// Orders members by score, best first; NaN ranks last; ties by member name.
+// Whether member `a` with `score_a` ranks before `b` with `score_b`: higher
+// score first, NaN last, ties by member name (a strict total order).
+bool RanksBefore(double score_a, const std::string& a, double score_b, const std::string& b);
+inline bool RanksBefore(const MemberProgress& a, const MemberProgress& b) {
+  return RanksBefore(a.score, a.member, b.score, b.member);
+}
+
+// Orders members by score, best first (RanksBefore).
 std::vector<const MemberProgress*> RankByScore(const std::vector<MemberProgress>& members);
 
 }  // namespace ckpt::scheduler

@@ -111,6 +111,10 @@ struct SchedulerOptions {
   records::RemoteWorkersConfig remote;
   // Members evaluated on the test split when an experiment ends. Default: 5.
   int final_eval_top = 5;
+  // Sync mode: members certain to continue start their next interval before
+  // the barrier, with the same decisions (ExperimentOptions::run_ahead).
+  // Default: true.
+  bool run_ahead = true;
   // Progress output (nullptr: none). Lines are rewritten in place on a TTY.
   // Default: stdout.
   FILE* progress = stdout;

@@ -12,8 +12,13 @@
 //                            reads back as written
 //    "status": "running" | "done" | "stopped" | "failed",
 //    "failures": 0,          FAILED intervals in a row
-//    "test_score": 0.87 | null}  the experiment's metric on the test split
+//    "test_score": 0.87 | null,  the experiment's metric on the test split
 //                            (final evaluation), null until then
+//    "ahead": {"of": 3, "score": 0.79 | null}}  only while the member runs
+//                            ahead of a synchronous barrier (Experiment): it
+//                            started interval of+1 before generation `of`'s
+//                            barrier was decided, which ranks it by `score`,
+//                            its score at `of`; `interval` is `of` or of+1
 //
 // Readers: the store's initial state "created" (and "") is a fresh member.
 // A record without "v" was written before this codec (version 1): its score -1
@@ -22,7 +27,9 @@
 // version 3 "test_score", whatever the metric. A version above 3 is refused:
 // a newer scheduler wrote it. Anything that is not
 // one of these shapes is Corruption naming the experiment and member; decoding
-// never throws. Unknown fields are ignored (a newer minor writer may add some).
+// never throws. Unknown fields are ignored (a newer minor writer may add some:
+// "ahead" is one, so a scheduler that does not know it reads the record, and
+// only its resume of an undecided barrier differs).
 //
 // Thread-safety: values and pure functions.
 #ifndef CKPT_RECORDS_MEMBER_RECORD_H_
@@ -47,6 +54,12 @@ struct MemberRecord {
   MemberStatus status = MemberStatus::kIdle;
   int failures = 0;
   double test_score = std::nan("");
+  // Running ahead of the barrier of generation `ahead_of` (-1: not), ranked
+  // there by `ahead_score`.
+  int ahead_of = -1;
+  double ahead_score = std::nan("");
+
+  bool ahead() const { return ahead_of >= 0; }
 
   // Exact comparison (NaN equals NaN), for tests and round trips.
   friend bool operator==(const MemberRecord& a, const MemberRecord& b);
