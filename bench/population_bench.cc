@@ -454,13 +454,14 @@ int Population(const PopulationBenchOptions& o) {
       // This process is the scheduler: its peak RSS is reset before each size,
       // so that each size reports its own.
       ResetPeakRss();
-      const std::string store = root + "/null-" + nn;
+      std::string store = root;
+      store.append("/null-").append(nn);
       auto r = RunPipeline(z, store, workers, slots, ring_bytes, /*tcp=*/false, run_ahead);
       if (!r.ok()) {
         std::fprintf(stderr, "population (null): %s\n", r.status().ToString().c_str());
         return 1;
       }
-      const long long scheduler_peak = PeakRssBytes();
+      const auto scheduler_peak = PeakRssBytes();
       std::error_code ec;
       uint64_t store_bytes = 0;
       for (const auto& f : std::filesystem::recursive_directory_iterator(store, ec)) {
