@@ -481,17 +481,16 @@ void WorkerHandle::ReportLost(const std::string& reason) {
   on_event_(std::move(e));
 }
 
+std::string WorkerHandle::ExitDescription(int wait_status) const {
+  std::string why = "worker " + std::to_string(spec_.index) + " (pid " + std::to_string(pid_) + ")";
+  if (WIFSIGNALED(wait_status))
+    return why + " killed by signal " + std::to_string(WTERMSIG(wait_status));
+  return why + " exited with status " + std::to_string(WEXITSTATUS(wait_status));
+}
+
 void WorkerHandle::MarkExited(int wait_status) {
   exited_.store(true);
-  std::string why;
-  if (WIFSIGNALED(wait_status)) {
-    why = "worker " + std::to_string(spec_.index) + " (pid " + std::to_string(pid_) +
-          ") killed by signal " + std::to_string(WTERMSIG(wait_status));
-  } else {
-    why = "worker " + std::to_string(spec_.index) + " (pid " + std::to_string(pid_) +
-          ") exited with status " + std::to_string(WEXITSTATUS(wait_status));
-  }
-  ReportLost(why);
+  ReportLost(ExitDescription(wait_status));
 }
 
 void WorkerHandle::Stop(bool graceful, std::chrono::milliseconds grace) {
@@ -517,9 +516,17 @@ void WorkerHandle::Stop(bool graceful, std::chrono::milliseconds grace) {
       pid_t r = waitpid(pid_, &status, WNOHANG);
       if (r == pid_ || (r < 0 && errno == ECHILD)) {
         exited_.store(true);
+        // A crash at exit is said: the pool no longer reports losses.
+        if (r == pid_ && graceful && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+          Logger().warn("{} ended abnormally while the scheduler stopped: {}", Name(),
+                        ExitDescription(status));
+        }
         break;
       }
       if (std::chrono::steady_clock::now() >= until) {
+        if (graceful) {
+          Logger().warn("{} did not exit within {} ms of SHUTDOWN; killed", Name(), grace.count());
+        }
         kill(pid_, SIGKILL);
         if (waitpid(pid_, &status, 0) == pid_ || errno == ECHILD) exited_.store(true);
         break;

@@ -204,6 +204,8 @@ class WorkerHandle {
   void RefuseResult(WorkerEvent e, const Status& why);
   // "worker 3 (r0@10.0.0.7:41234)".
   std::string Name() const;
+  // "worker N (pid P) killed by signal S" or "... exited with status X".
+  std::string ExitDescription(int wait_status) const;
   void ReportLost(const std::string& reason);
 
   const WorkerSpec spec_;

@@ -363,7 +363,15 @@ void WorkerPool::AddRemote(ipc::Accepted accepted) {
 
 void WorkerPool::OnEvent(size_t i, uint64_t inc, WorkerEvent ev) {
   Worker& w = *workers_[i];
-  if (stopped_) return;
+  if (stopped_) {
+    // Nothing is requeued any more, but a worker that dies now (reaped before
+    // WorkerHandle::Stop could see its exit) is still said.
+    if (ev.kind == WorkerEvent::Kind::kLost && inc == w.incarnation) {
+      Logger().warn("worker {} ({}) lost while the scheduler stopped: {}", i, w.spec.device.device,
+                    ev.reason);
+    }
+    return;
+  }
   if (inc != w.incarnation || w.handle == nullptr) {
     // The worker was lost (dropped by the pool, or timed out) while this
     // event was queued. A task's outcome was taken out of the handle's

@@ -89,8 +89,8 @@ TEST(KillPointTest, PointNamesAreDistinctAndParseBack) {
       kp::kPinAfterWrite,      kp::kDeleteBeforeWrite,  kp::kDeleteAfterWrite,
       kp::kRetentionRelease,   kp::kSchedulerCommitted, kp::kSchedulerExploited,
       kp::kWorkerDecode,       kp::kWorkerTrain,        kp::kWorkerEncode,
-      kp::kWorkerResultSent};
-  EXPECT_EQ(names.size(), 19u);
+      kp::kWorkerResultSent,   kp::kWorkerShutdown};
+  EXPECT_EQ(names.size(), 20u);
   for (const std::string& name : names) {
     auto at = ParseKillAt(name + ":1");
     ASSERT_TRUE(at.ok()) << name;

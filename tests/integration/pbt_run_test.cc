@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "ckpt/format/checksum.h"
+#include "ckpt/format/kill_point.h"
 #include "ckpt/store/store.h"
 #include "process_util.h"
 #include "run_heads.h"
@@ -173,6 +174,26 @@ TEST_F(PbtRunTest, SyncPbtIsDeterministic) {
   auto b = Heads(dir_ + "/b", "det");
   ASSERT_EQ(a.size(), 6u);
   EXPECT_TRUE(a == b);
+}
+
+// A worker that dies at shutdown (it SIGKILLs itself on SHUTDOWN) loses
+// nothing, and the scheduler's log says so: an operator can tell a crash at
+// exit from a clean exit.
+TEST_F(PbtRunTest, AWorkerDyingAtShutdownIsSaidInTheLog) {
+  const std::string config = WriteConfig("sd.toml", Config("sd", "sync", 1, 4, 2));
+  setenv(format::kKillAtVariable,
+         (std::string(format::kill_points::kWorkerShutdown) + ":1").c_str(), 1);
+  Child c(RunArgs(config, dir_ + "/sd"), dir_ + "/sd.log");
+  unsetenv(format::kKillAtVariable);
+  ASSERT_TRUE(c.WaitFor(milliseconds(300000))) << c.Log();
+  const int st = c.Wait();
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << c.Log();
+  EXPECT_NE(c.Log().find("kill point worker.shutdown"), std::string::npos) << c.Log();
+  EXPECT_NE(c.Log().find("while the scheduler stopped: worker 0"), std::string::npos) << c.Log();
+  EXPECT_NE(c.Log().find("killed by signal 9"), std::string::npos) << c.Log();
+  const auto heads = Heads(dir_ + "/sd", "sd");
+  ASSERT_EQ(heads.size(), 4u);
+  for (const auto& [m, h] : heads) EXPECT_EQ(h.step, 12) << m;
 }
 
 TEST_F(PbtRunTest, KilledWorkersAreReplacedAndTheRunEndsAsUndisturbed) {

@@ -570,6 +570,7 @@ Status WorkerLoop::Run() {
       if (!s.ok()) Logger().error("ckpt-worker {}: bad CONFIGURE: {}", name_, s.ToString());
     } else if (rec->type == ipc::RecordType::kShutdown) {
       channel_->Release();
+      WorkerKillPoints().At(format::kill_points::kWorkerShutdown);
       break;
     } else {
       channel_->Release();

@@ -58,6 +58,9 @@ inline constexpr char kWorkerEncode[] = "worker.encode";
 inline constexpr char kWorkerResultSent[] = "worker.result_sent";
 inline constexpr std::array<const char*, 4> kWorkerPoints = {kWorkerDecode, kWorkerTrain,
                                                              kWorkerEncode, kWorkerResultSent};
+// A SHUTDOWN received: the worker dies instead of exiting cleanly (not among
+// kWorkerPoints: nothing is in flight then, so chaos has nothing to check).
+inline constexpr char kWorkerShutdown[] = "worker.shutdown";
 
 // The structured trace's event (ckpt/logging/trace_file.h) a worker writes,
 // with "point", just before it kills itself at an armed kill point.
