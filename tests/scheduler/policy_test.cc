@@ -22,6 +22,15 @@ records::ExperimentConfig PbtConfig(int population) {
   return c;
 }
 
+// Successive halving with rungs at 1, 3, 9, ... keeping a third.
+records::ExperimentConfig HalvingConfig(int population) {
+  auto c = PbtConfig(population);
+  c.policy.kind = records::PolicyKind::kSuccessiveHalving;
+  c.policy.eta = 3;
+  c.policy.min_intervals = 1;
+  return c;
+}
+
 std::vector<MemberProgress> Population(const records::ExperimentConfig& c, int interval) {
   std::vector<MemberProgress> v;
   for (int i = 0; i < c.population; ++i) {
@@ -103,10 +112,7 @@ TEST(PolicyTest, ExplorePerturbsWithinBounds) {
 }
 
 TEST(PolicyTest, SuccessiveHalvingStopsAllButTheTopThirdAtARung) {
-  auto c = PbtConfig(9);
-  c.policy.kind = records::PolicyKind::kSuccessiveHalving;
-  c.policy.eta = 3;
-  c.policy.min_intervals = 1;
+  auto c = HalvingConfig(9);
   auto policy = Policy::Create(c);
   ASSERT_TRUE(policy.ok());
   auto pop = Population(c, 3);  // rung 3 = 1 * 3
@@ -181,10 +187,7 @@ TEST(PolicyTest, PbtRunAheadMarginsHoldHoweverTheUnfinishedEnd) {
 }
 
 TEST(PolicyTest, RunAheadIsNeverAllowedAtARungOrInAsyncMode) {
-  auto c = PbtConfig(9);
-  c.policy.kind = records::PolicyKind::kSuccessiveHalving;
-  c.policy.min_intervals = 1;
-  c.policy.eta = 3;
+  auto c = HalvingConfig(9);
   auto sh = Policy::Create(c);
   ASSERT_TRUE(sh.ok());
   const MemberProgress m = Population(c, 3)[0];
