@@ -1,19 +1,25 @@
 // ckpt-bench ring: the shared-memory transport between two processes.
 //
 // For record sizes 0.5 MiB and 16 MiB: ring_gb_s, bytes per second from a
-// producer process that writes each record in place (Reserve, copy the state
-// in, Commit) to a consumer process that reads every byte (and releases),
-// against memcpy_gb_s, the same bytes copied within one process in the same
-// run, to a destination as large as the ring (the same memory footprint; the
-// copy into one fixed, cache-hot destination is reported as memcpy_hot_gb_s).
-// Then roundtrip_us: a 0.5 MiB TRAIN answered by a 0.5 MiB RESULT, each read
-// whole by its receiver (median and p99 over the iterations). Also
-// one_thread_transport_gb_s: the same records through a channel with both ends
-// in this process, one thread doing both halves (the transport's CPU cost per
-// byte, free of scheduling between processes).
+// producer process that sends each record from its source in two parts (a
+// 256-byte header and the state: SendParts, the scheduler's TRAIN) to a
+// consumer process that reads every byte (and releases); ring_in_place_gb_s,
+// the same with each record written in place (Reserve, copy the state in,
+// Commit: the worker's RESULT); both against memcpy_gb_s, the same bytes copied within one process
+// in the same run, to a destination as large as the ring (the same memory footprint; the copy into
+// one fixed, cache-hot destination is reported as memcpy_hot_gb_s). Then roundtrip_us: a 0.5 MiB
+// TRAIN answered by a 0.5 MiB RESULT, each read whole by its receiver (median and p99 over the
+// iterations). Also one_thread_transport_gb_s: the same records through a channel with both ends in
+// this process, one thread doing both halves (the transport's CPU cost per byte, free of scheduling
+// between processes).
 //
-//   ckpt-bench ring [--ring-mib 16] [--mib-per-trial 1024] [--trials 3]
-//                   [--roundtrips 300]
+// segment_bytes_allocated: the shared memory the segment holds at the end
+// (st_blocks of /dev/shm/NAME), the rings' windows (ChannelOptions::
+// min_window_bytes) and what they cost.
+//
+//   ckpt-bench ring [--ring-mib 64] [--min-window-kib 1024] [--mib-per-trial 1024]
+//                   [--trials 3] [--roundtrips 300]
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -62,6 +68,21 @@ Status WriteInPlace(Channel* ch, RecordType type, const std::vector<uint8_t>& sr
   return ch->Commit(r, ipc::DeadlineIn(kWait));
 }
 
+// As the scheduler sends a TRAIN: a small encoded header, then the state.
+constexpr size_t kHeaderPart = 256;
+Status SendInParts(Channel* ch, RecordType type, const std::vector<uint8_t>& src) {
+  const size_t head = std::min(kHeaderPart, src.size());
+  const ipc::PayloadPart parts[2] = {{src.data(), head}, {src.data() + head, src.size() - head}};
+  uint64_t sent = 0;
+  return ch->SendParts(type, parts, 2, ipc::DeadlineIn(kWait), &sent);
+}
+
+enum class Way { kParts, kInPlace };
+
+Status SendRecord(Way way, Channel* ch, RecordType type, const std::vector<uint8_t>& src) {
+  return way == Way::kParts ? SendInParts(ch, type, src) : WriteInPlace(ch, type, src);
+}
+
 int ConsumerMain(const std::string& name, int go_fd) {
   char go;
   if (::read(go_fd, &go, 1) != 1) return 1;
@@ -102,9 +123,10 @@ int ConsumerMain(const std::string& name, int go_fd) {
 
 // Seconds to push `count` records of `src` through the ring and have the
 // consumer confirm it read them all.
-StatusOr<double> RingTrial(Channel* ch, const std::vector<uint8_t>& src, int count) {
+StatusOr<double> RingTrial(Way way, Channel* ch, const std::vector<uint8_t>& src, int count) {
   const auto start = std::chrono::steady_clock::now();
-  for (int i = 0; i < count; ++i) CKPT_RETURN_IF_ERROR(WriteInPlace(ch, RecordType::kTrain, src));
+  for (int i = 0; i < count; ++i)
+    CKPT_RETURN_IF_ERROR(SendRecord(way, ch, RecordType::kTrain, src));
   CKPT_RETURN_IF_ERROR(ch->Send(RecordType::kConfigure, nullptr, 0, ipc::DeadlineIn(kWait)));
   CKPT_ASSIGN_OR_RETURN(ipc::Received ack, ch->Receive(ipc::DeadlineIn(kWait)));
   if (ack.type != RecordType::kStats) return Status::Internal("ring bench: unexpected reply");
@@ -113,14 +135,14 @@ StatusOr<double> RingTrial(Channel* ch, const std::vector<uint8_t>& src, int cou
 }
 
 // Seconds for the same records through a channel whose two ends are in this
-// process and driven by this one thread: write, commit, receive, read,
-// release. The transport's per-byte CPU cost without any scheduling between
-// processes; two idle cores running ring_gb_s overlap the two halves.
+// process and driven by this one thread: send, receive, read, release. The transport's per-byte CPU
+// cost without any scheduling between processes; two idle cores running ring_gb_s overlap the two
+// halves.
 StatusOr<double> SerialTrial(Channel* owner, Channel* worker, const std::vector<uint8_t>& src,
                              int count) {
   const auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < count; ++i) {
-    CKPT_RETURN_IF_ERROR(WriteInPlace(owner, RecordType::kTrain, src));
+    CKPT_RETURN_IF_ERROR(SendInParts(owner, RecordType::kTrain, src));
     CKPT_ASSIGN_OR_RETURN(ipc::Received r, worker->Receive(ipc::DeadlineIn(kWait)));
     g_sink = ReadAll(r.payload, r.size);
     worker->Release();
@@ -146,7 +168,8 @@ int Fail(const Status& s) {
 }
 
 struct RingBenchOptions {
-  size_t ring_mib = 16;  // the scheduler's default
+  size_t ring_mib = 64;          // the scheduler's default
+  size_t min_window_kib = 1024;  // ChannelOptions' default
   double mib_per_trial = 1024;
   int trials = 3;
   int roundtrips = 300;
@@ -172,7 +195,7 @@ int RingBench(const RingBenchOptions& o) {
 
   ipc::ChannelOptions options;
   options.ring_bytes = ring_bytes;
-  options.populate = true;
+  options.min_window_bytes = o.min_window_kib << 10;
   auto created = Channel::Create(name, options);
   if (!created.ok()) return Fail(created.status());
   std::unique_ptr<Channel> ch = std::move(*created);
@@ -189,7 +212,8 @@ int RingBench(const RingBenchOptions& o) {
   struct Row {
     const char* label;
     size_t bytes;
-    double ring_gb_s = 0, memcpy_gb_s = 0, memcpy_hot_gb_s = 0, serial_gb_s = 0;
+    double ring_gb_s = 0, in_place_gb_s = 0, memcpy_gb_s = 0, memcpy_hot_gb_s = 0, serial_gb_s = 0;
+    size_t window_bytes = 0;
   };
   std::vector<Row> rows = {{"0.5MB", size_t{1} << 19}, {"16MB", size_t{16} << 20}};
   // As large as the ring, and at least one record.
@@ -201,8 +225,10 @@ int RingBench(const RingBenchOptions& o) {
     const int count =
         std::max(4, static_cast<int>(mib_per_trial * (1 << 20) / static_cast<double>(row.bytes)));
     // Warm-up: every page of both rings and of the copy destination touched.
-    auto warm = RingTrial(ch.get(), src, static_cast<int>(2 * ring_bytes / row.bytes) + 2);
-    if (!warm.ok()) return Fail(warm.status());
+    for (Way way : {Way::kParts, Way::kInPlace}) {
+      auto warm = RingTrial(way, ch.get(), src, static_cast<int>(2 * ring_bytes / row.bytes) + 2);
+      if (!warm.ok()) return Fail(warm.status());
+    }
     MemcpyTrial(src, &dst, count, false);
     // One thread cannot both send and receive a fragmented record.
     const bool serial_fits = row.bytes <= ring_bytes / 2 - 64;
@@ -211,11 +237,15 @@ int RingBench(const RingBenchOptions& o) {
                                      static_cast<int>(2 * ring_bytes / row.bytes) + 2);
       if (!warm_serial.ok()) return Fail(warm_serial.status());
     }
-    double best_ring = 1e30, best_copy = 1e30, best_hot = 1e30, best_serial = 1e30;
+    double best_ring = 1e30, best_in_place = 1e30, best_copy = 1e30, best_hot = 1e30,
+           best_serial = 1e30;
     for (int t = 0; t < trials; ++t) {
-      auto s = RingTrial(ch.get(), src, count);
+      auto s = RingTrial(Way::kParts, ch.get(), src, count);
       if (!s.ok()) return Fail(s.status());
       best_ring = std::min(best_ring, *s);
+      auto in_place = RingTrial(Way::kInPlace, ch.get(), src, count);
+      if (!in_place.ok()) return Fail(in_place.status());
+      best_in_place = std::min(best_in_place, *in_place);
       best_copy = std::min(best_copy, MemcpyTrial(src, &dst, count, false));
       best_hot = std::min(best_hot, MemcpyTrial(src, &dst, count, true));
       if (serial_fits) {
@@ -226,12 +256,16 @@ int RingBench(const RingBenchOptions& o) {
     }
     const double total = static_cast<double>(row.bytes) * count;
     row.ring_gb_s = total / best_ring / 1e9;
+    row.in_place_gb_s = total / best_in_place / 1e9;
+    row.window_bytes = ch->Stats().send_window_bytes;
     row.memcpy_gb_s = total / best_copy / 1e9;
     row.memcpy_hot_gb_s = total / best_hot / 1e9;
     row.serial_gb_s = serial_fits ? total / best_serial / 1e9 : 0;
-    std::printf("ring %-6s x %5d: ring %.2f GB/s  memcpy %.2f GB/s (hot %.2f)  ratio %.2f\n",
-                row.label, count, row.ring_gb_s, row.memcpy_gb_s, row.memcpy_hot_gb_s,
-                row.ring_gb_s / row.memcpy_gb_s);
+    std::printf(
+        "ring %-6s x %5d: ring %.2f GB/s (in place %.2f)  memcpy %.2f GB/s (hot %.2f)  ratio %.2f"
+        "  window %zu KiB\n",
+        row.label, count, row.ring_gb_s, row.in_place_gb_s, row.memcpy_gb_s, row.memcpy_hot_gb_s,
+        row.ring_gb_s / row.memcpy_gb_s, row.window_bytes >> 10);
     if (serial_fits)
       std::printf("  one thread through the transport: %.2f GB/s\n", row.serial_gb_s);
   }
@@ -255,6 +289,11 @@ int RingBench(const RingBenchOptions& o) {
   const double p99 = us[std::min(us.size() - 1, us.size() * 99 / 100)];
   std::printf("roundtrip 0.5MB -> 0.5MB: median %.1f us, p99 %.1f us\n", median, p99);
 
+  // The shared memory the segment holds: the pages its records touched.
+  struct stat st {};
+  const std::string shm_path = "/dev/shm/" + name;
+  const int64_t segment_allocated =
+      ::stat(shm_path.c_str(), &st) == 0 ? static_cast<int64_t>(st.st_blocks) * 512 : -1;
   serial_worker->reset();
   serial_owner->reset();
   (void)Channel::Remove(serial_name);
@@ -273,6 +312,9 @@ int RingBench(const RingBenchOptions& o) {
     records[r.label] = {
         {"bytes", r.bytes},
         {"ring_gb_s", r.ring_gb_s},
+        {"ring_in_place_gb_s", r.in_place_gb_s},
+        {"in_place_ratio", r.in_place_gb_s / r.memcpy_gb_s},
+        {"send_window_bytes", r.window_bytes},
         {"memcpy_gb_s", r.memcpy_gb_s},
         {"memcpy_hot_gb_s", r.memcpy_hot_gb_s},
         {"ratio", r.ring_gb_s / r.memcpy_gb_s},
@@ -282,6 +324,8 @@ int RingBench(const RingBenchOptions& o) {
   }
   const nlohmann::json out = {{"bench", "ring"},
                               {"ring_bytes", ring_bytes},
+                              {"min_window_bytes", options.min_window_bytes},
+                              {"segment_bytes_allocated", segment_allocated},
                               {"records", records},
                               {"roundtrip_bytes", request.size()},
                               {"roundtrip_us", median},
@@ -296,6 +340,10 @@ BenchRun RingFlags(CLI::App& cmd) {
   auto o = std::make_shared<RingBenchOptions>();
   cmd.add_option("--ring-mib", o->ring_mib, "bytes of each ring, in MiB")
       ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  cmd.add_option("--min-window-kib", o->min_window_kib,
+                 "each ring's first window, in KiB (0: the whole ring)")
+      ->check(CLI::Range(0, 4 << 20))
       ->capture_default_str();
   cmd.add_option("--mib-per-trial", o->mib_per_trial, "MiB sent per throughput trial")
       ->check(CLI::PositiveNumber)

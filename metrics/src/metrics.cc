@@ -586,7 +586,7 @@ Status Metrics::Impl::Init() {
                       .Register(r);
     ring_capacity_ = &prometheus::BuildGauge()
                           .Name("ckpt_ring_capacity_bytes")
-                          .Help("Data area of a worker's request ring, in bytes.")
+                          .Help("Part of a worker's request ring in use (its window), in bytes.")
                           .Register(r);
     ring_bad_ = &prometheus::BuildCounter()
                      .Name("ckpt_ring_bad_records_total")

@@ -138,8 +138,9 @@ int Main(int argc, char** argv) {
                   "first worker restart delay (default 10000)");
   run->add_option("--grace-ms", f.grace_ms, "wait for in-flight intervals on stop (default 10000)");
   run->add_option("--ring-mib", f.ring_mib,
-                  "each worker's two shared-memory rings, MiB each; states larger than half a "
-                  "ring travel in fragments")
+                  "each worker's two shared-memory rings, MiB each: the most each may use "
+                  "(its memory grows with the states sent, to four of them); states larger "
+                  "than half a ring travel in fragments")
       ->check(CLI::Range(1, 16384))
       ->capture_default_str();
   run->add_flag("--quiet", f.quiet, "no progress output");

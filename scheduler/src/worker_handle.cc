@@ -248,27 +248,22 @@ Status WorkerHandle::SendTask(const Task& task) {
       }
     }
   }
-  const size_t size = ipc::EncodedSize(t);
+  // The encoded header and the store's pinned blob go as two parts, each
+  // byte copied once into the ring (no staging, however large the state).
+  CKPT_ASSIGN_OR_RETURN(std::vector<uint8_t> prefix, ipc::EncodeStatePrefix(t));
+  const ipc::PayloadPart parts[2] = {{prefix.data(), prefix.size()}, {blob.data(), blob.size()}};
   const auto send_start = std::chrono::steady_clock::now();
+  uint64_t sent = 0;
   while (true) {
-    auto r = channel_->Reserve(ipc::RecordType::kTrain, size, ipc::DeadlineIn(milliseconds(500)));
-    if (!r.ok()) {
-      if (r.status().IsResourceExhausted() && !stopping_.load()) continue;
-      return r.status();
-    }
-    CKPT_ASSIGN_OR_RETURN(size_t offset, ipc::EncodeHeaderOnly(t, r->data, r->size));
-    if (blob.size() > 0) std::memcpy(r->data + offset, blob.data(), blob.size());
-    while (true) {
-      Status s = channel_->Commit(*r, ipc::DeadlineIn(milliseconds(500)));
-      if (s.ok()) {
-        if (spec_.metrics) {
-          spec_.metrics->RingSendObserved(spec_.name, spec_.device.device,
-                                          SecondsSince(send_start));
-        }
-        return s;
+    Status s = channel_->SendParts(ipc::RecordType::kTrain, parts, 2,
+                                   ipc::DeadlineIn(milliseconds(500)), &sent);
+    if (s.ok()) {
+      if (spec_.metrics) {
+        spec_.metrics->RingSendObserved(spec_.name, spec_.device.device, SecondsSince(send_start));
       }
-      if (!s.IsResourceExhausted() || stopping_.load()) return s;
+      return s;
     }
+    if (!s.IsResourceExhausted() || stopping_.load()) return s;
   }
 }
 

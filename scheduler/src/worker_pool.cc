@@ -537,7 +537,7 @@ void WorkerPool::ReportRingStats() const {
     r.bytes_from_worker_total = c.bytes_received;
     r.bad_records_total = c.bad_records;
     r.used_bytes = c.send_ring_used;
-    r.capacity_bytes = c.ring_bytes;
+    r.capacity_bytes = c.send_window_bytes;
     options_.metrics->SetRingStats(w->spec.name, w->spec.device.device, r);
   }
 }

@@ -153,6 +153,27 @@ TEST(MessagesTest, HeaderOnlyEncodingLeavesTheStateToTheCaller) {
   EXPECT_TRUE(Encode(r, buf.data(), buf.size()).IsInvalidArgument());
 }
 
+TEST(MessagesTest, StatePrefixAndStateAreTheEncodedMessage) {
+  std::vector<uint8_t> state(5000);
+  for (size_t i = 0; i < state.size(); ++i) state[i] = static_cast<uint8_t>(i * 13);
+  Train t;
+  t.task_id = 9;
+  t.member = "exp/3";
+  t.hparams = {{"lr", 0.01}};
+  t.state = {state.data(), state.size()};
+  auto prefix = EncodeStatePrefix(t);
+  ASSERT_TRUE(prefix.ok()) << prefix.status().ToString();
+  std::vector<uint8_t> joined = *prefix;
+  joined.insert(joined.end(), state.begin(), state.end());
+  EXPECT_EQ(joined, EncodeToVector(t));
+  Result r;
+  r.member = "exp/3";
+  r.state = {nullptr, state.size()};  // only its size is read
+  auto rp = EncodeStatePrefix(r);
+  ASSERT_TRUE(rp.ok()) << rp.status().ToString();
+  EXPECT_EQ(rp->size() + state.size(), EncodedSize(r));
+}
+
 TEST(MessagesTest, StateOffsetStaysConsistentAcrossDigitBoundaries) {
   // JSON lengths around multiples of 64 change the offset's digit count.
   for (size_t len = 0; len < 300; ++len) {

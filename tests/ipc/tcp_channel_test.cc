@@ -192,6 +192,38 @@ TEST(TcpChannelTest, RoundTripsEveryRecordTypeIncludingMultiMegabyteState) {
   EXPECT_TRUE(p.worker->Send(RecordType::kFragment, nullptr, 0, d()).IsInvalidArgument());
 }
 
+TEST(TcpChannelTest, ATrainSentInPartsArrivesAsOneMessage) {
+  Pair p = Connected();
+  ASSERT_TRUE(p.scheduler && p.worker);
+  const auto d = [] { return DeadlineIn(milliseconds(10000)); };
+  // As the scheduler sends it: the encoded header, then the state (3 MB:
+  // more than one frame).
+  std::vector<uint8_t> state(3 * 1000 * 1000 + 5);
+  for (size_t i = 0; i < state.size(); ++i) state[i] = static_cast<uint8_t>(i * 31 + 1);
+  Train t;
+  t.task_id = 7;
+  t.member = "exp1/m1";
+  t.state.size = state.size();
+  auto prefix = EncodeStatePrefix(t);
+  ASSERT_TRUE(prefix.ok()) << prefix.status().ToString();
+  const PayloadPart parts[2] = {{prefix->data(), prefix->size()}, {state.data(), state.size()}};
+  uint64_t sent = 0;
+  ASSERT_TRUE(p.scheduler->SendParts(RecordType::kTrain, parts, 2, d(), &sent).ok());
+  EXPECT_EQ(sent, prefix->size() + state.size());
+  auto rt = p.worker->Receive(d());
+  ASSERT_TRUE(rt.ok()) << rt.status().ToString();
+  ASSERT_EQ(rt->type, RecordType::kTrain);
+  auto dt = DecodeTrain(rt->payload, rt->size);
+  ASSERT_TRUE(dt.ok()) << dt.status().ToString();
+  EXPECT_EQ(dt->task_id, 7u);
+  ASSERT_EQ(dt->state.size, state.size());
+  EXPECT_EQ(std::memcmp(dt->state.data, state.data(), state.size()), 0);
+  const PayloadPart null_part[1] = {{nullptr, 3}};
+  sent = 0;
+  EXPECT_TRUE(
+      p.scheduler->SendParts(RecordType::kTrain, null_part, 1, d(), &sent).IsInvalidArgument());
+}
+
 TEST(TcpChannelTest, ReceiveDeadlineIsResourceExhaustedAndCloseAborts) {
   Pair p = Connected();
   ASSERT_TRUE(p.scheduler && p.worker);

@@ -119,6 +119,15 @@ Owner OwnerOf(const SharedSegment& segment, std::string* who) {
   return internal::ProcessAlive(IdentityOf(cb.owner), &why) ? Owner::kAlive : Owner::kDead;
 }
 
+// ChannelOptions::min_window_bytes as RingWriter takes it: 0 (the whole ring),
+// else a power of two of at least 4 KiB. REQUIRES: CheckOptions passed.
+uint64_t MinWindow(uint64_t bytes) {
+  if (bytes == 0) return 0;
+  uint64_t n = layout::kMinRingBytes;
+  while (n < bytes) n <<= 1;
+  return n;
+}
+
 class ChannelImpl final : public Channel {
  public:
   // REQUIRES: `segment` passed CheckGeometry with ring size `ring_bytes`; the
@@ -136,7 +145,8 @@ class ChannelImpl final : public Channel {
         writer_(Ring(owner ? layout::kRequestRingOffset : layout::kResultRingOffset),
                 Data(owner ? layout::RequestDataOffset(ring_bytes)
                            : layout::ResultDataOffset(ring_bytes)),
-                ring_bytes, name_ + (owner ? " request ring" : " result ring")),
+                ring_bytes, name_ + (owner ? " request ring" : " result ring"),
+                MinWindow(options.min_window_bytes)),
         reader_(Ring(owner ? layout::kResultRingOffset : layout::kRequestRingOffset),
                 Data(owner ? layout::ResultDataOffset(ring_bytes)
                            : layout::RequestDataOffset(ring_bytes)),
@@ -166,25 +176,39 @@ class ChannelImpl final : public Channel {
   }
 
   Status Send(RecordType type, const void* payload, size_t size, Deadline deadline) override {
+    const PayloadPart part{payload, size};
+    uint64_t sent = 0;
+    return SendParts(type, &part, 1, deadline, &sent);
+  }
+
+  Status SendParts(RecordType type, const PayloadPart* parts, size_t count, Deadline deadline,
+                   uint64_t* sent) override {
     if (!internal::IsMessageType(static_cast<uint16_t>(type))) {
       return Status::InvalidArgument(name_ + ": cannot send a record of type " +
                                      RecordTypeName(type));
     }
-    if (size != 0 && payload == nullptr) {
-      return Status::InvalidArgument(name_ + ": null payload of " + std::to_string(size) +
-                                     " bytes");
+    uint64_t size = 0;
+    for (size_t i = 0; i < count; ++i) {
+      if (parts[i].size != 0 && parts[i].data == nullptr) {
+        return Status::InvalidArgument(name_ + ": null payload part " + std::to_string(i) + " of " +
+                                       std::to_string(parts[i].size) + " bytes");
+      }
+      size += parts[i].size;
     }
     Abandon();
     CKPT_RETURN_IF_ERROR(SendCheck());
-    const auto* bytes = static_cast<const uint8_t*>(payload);
-    if (size > writer_.max_payload()) {
-      uint64_t sent = 0;
-      return SendFragments(type, bytes, size, &sent, deadline);
+    if (size > writer_.max_payload())
+      return SendFragments(type, parts, count, size, sent, deadline);
+    if (*sent != 0) {
+      return Status::InvalidArgument(name_ + ": " + std::to_string(*sent) + " bytes of a " +
+                                     std::to_string(size) +
+                                     "-byte record sent: it goes whole or not at all");
     }
     internal::RecordSpec spec{type, 0, size, type, size, 0};
     uint8_t* dst = nullptr;
     CKPT_RETURN_IF_ERROR(ReserveInRing(spec, deadline, &dst));
-    CommitInRing(size, internal::CopyAndXxh3(dst, bytes, size));
+    CommitInRing(size, internal::GatherAndXxh3(dst, parts, count, 0, size));
+    *sent = size;
     return Status::OK();
   }
 
@@ -239,7 +263,8 @@ class ChannelImpl final : public Channel {
     // pending with its progress, so Commit again resumes where this one stopped.
     Status s = SendCheck();
     if (s.ok()) {
-      s = SendFragments(pending_type_, staging_.get(), reservation.size, &staged_sent_, deadline);
+      const PayloadPart staged{staging_.get(), reservation.size};
+      s = SendFragments(pending_type_, &staged, 1, reservation.size, &staged_sent_, deadline);
     }
     if (!s.IsResourceExhausted()) pending_ = Pending::kNone;
     return s;
@@ -308,6 +333,7 @@ class ChannelImpl final : public Channel {
     s.dropped_messages = dropped_messages_.load(std::memory_order_relaxed);
     s.send_ring_used = send_ring_used_.load(std::memory_order_relaxed);
     s.ring_bytes = ring_bytes_;
+    s.send_window_bytes = send_window_.load(std::memory_order_relaxed);
     return s;
   }
 
@@ -399,12 +425,17 @@ class ChannelImpl final : public Channel {
     records_sent_.fetch_add(1, std::memory_order_relaxed);
     bytes_sent_.fetch_add(size, std::memory_order_relaxed);
     send_ring_used_.store(writer_.used(), std::memory_order_relaxed);
+    send_window_.store(writer_.window(), std::memory_order_relaxed);
   }
 
-  // Sends `bytes` as fragments from offset *sent on, advancing *sent past each
-  // fragment committed.
-  Status SendFragments(RecordType type, const uint8_t* bytes, size_t size, uint64_t* sent,
-                       Deadline deadline) {
+  // Sends the `size` payload bytes of `parts` as fragments from offset *sent
+  // on, advancing *sent past each fragment committed.
+  Status SendFragments(RecordType type, const PayloadPart* parts, size_t count, uint64_t size,
+                       uint64_t* sent, Deadline deadline) {
+    if (*sent > size) {
+      return Status::InvalidArgument(name_ + ": resuming at byte " + std::to_string(*sent) +
+                                     " of a " + std::to_string(size) + "-byte payload");
+    }
     const uint64_t chunk = writer_.max_payload();
     while (*sent < size) {
       const uint64_t off = *sent;
@@ -415,12 +446,13 @@ class ChannelImpl final : public Channel {
       internal::RecordSpec spec{RecordType::kFragment, flags, n, type, size, off};
       uint8_t* dst = nullptr;
       CKPT_RETURN_IF_ERROR(ReserveInRing(spec, deadline, &dst));
-      writer_.Commit(internal::CopyAndXxh3(dst, bytes + off, n));
+      writer_.Commit(internal::GatherAndXxh3(dst, parts, count, off, n));
       *sent = off + n;
     }
     records_sent_.fetch_add(1, std::memory_order_relaxed);
     bytes_sent_.fetch_add(size, std::memory_order_relaxed);
     send_ring_used_.store(writer_.used(), std::memory_order_relaxed);
+    send_window_.store(writer_.window(), std::memory_order_relaxed);
     return Status::OK();
   }
 
@@ -540,6 +572,7 @@ class ChannelImpl final : public Channel {
   std::atomic<uint64_t> bad_records_{0};
   std::atomic<uint64_t> dropped_messages_{0};
   std::atomic<size_t> send_ring_used_{0};
+  std::atomic<size_t> send_window_{writer_.window()};
 };
 
 StatusOr<uint64_t> RingBytesFor(const ChannelOptions& options) {
@@ -557,6 +590,10 @@ Status CheckOptions(const ChannelOptions& options) {
     return Status::InvalidArgument("heartbeat_interval and heartbeat_timeout must be positive");
   }
   if (options.spin.count() < 0) return Status::InvalidArgument("spin must not be negative");
+  if (options.min_window_bytes > layout::kMaxRingBytes) {
+    return Status::InvalidArgument("min_window_bytes " + std::to_string(options.min_window_bytes) +
+                                   " exceeds 1 TiB");
+  }
   return Status::OK();
 }
 

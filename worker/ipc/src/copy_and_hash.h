@@ -1,4 +1,4 @@
-// The body of CopyAndXxh3 (payload_checksum.h), included by the translation
+// The bodies of CopyAndXxh3 and GatherAndXxh3 (payload_checksum.h), included by the translation
 // unit of each instruction set it is compiled for (the default one in
 // payload_checksum.cc, -mavx2 in payload_checksum_avx2.cc), so xxhash's
 // streaming code is inlined with that unit's vector width.
@@ -17,6 +17,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "payload_checksum.h"
+
 namespace ckpt::ipc::internal {
 namespace {
 
@@ -25,24 +27,42 @@ namespace {
 // cost of XXH3's streaming update is noise.
 constexpr size_t kCopyHashChunk = 16 * 1024;
 
-// XXH3's streaming digest equals its one-shot value for the same bytes, so a
-// receiver checking with PayloadXxh3 agrees with a sender using this.
-[[maybe_unused]] uint64_t CopyAndXxh3Generic(void* dst, const void* src, size_t size) {
-  if (size <= kCopyHashChunk) {
-    if (size != 0) std::memcpy(dst, src, size);
-    return XXH3_64bits(dst, size);
-  }
-  XXH3_state_t state;
-  XXH3_INITSTATE(&state);
-  XXH3_64bits_reset(&state);
+// Copies bytes [offset, offset + size) of the concatenation of `parts` to
+// `dst` and returns their XXH3. XXH3's streaming digest equals its one-shot
+// value for the same bytes, so a receiver checking with PayloadXxh3 agrees
+// with a sender using this. REQUIRES: the parts hold offset + size bytes.
+[[maybe_unused]] uint64_t GatherAndXxh3Generic(void* dst, const PayloadPart* parts, size_t count,
+                                               uint64_t offset, size_t size) {
   auto* d = static_cast<uint8_t*>(dst);
-  const auto* s = static_cast<const uint8_t*>(src);
-  for (size_t off = 0; off < size; off += kCopyHashChunk) {
-    const size_t n = std::min(kCopyHashChunk, size - off);
-    std::memcpy(d + off, s + off, n);
-    XXH3_64bits_update(&state, d + off, n);
+  const bool one_shot = size <= kCopyHashChunk;
+  XXH3_state_t state;
+  if (!one_shot) {
+    XXH3_INITSTATE(&state);
+    XXH3_64bits_reset(&state);
   }
-  return XXH3_64bits_digest(&state);
+  size_t done = 0;
+  for (size_t i = 0; i < count && done < size; ++i) {
+    uint64_t n = parts[i].size;
+    if (offset >= n) {
+      offset -= n;
+      continue;
+    }
+    const auto* s = static_cast<const uint8_t*>(parts[i].data) + offset;
+    n = std::min<uint64_t>(n - offset, size - done);
+    offset = 0;
+    for (uint64_t off = 0; off < n; off += kCopyHashChunk) {
+      const size_t c = static_cast<size_t>(std::min<uint64_t>(kCopyHashChunk, n - off));
+      std::memcpy(d + done, s + off, c);
+      if (!one_shot) XXH3_64bits_update(&state, d + done, c);
+      done += c;
+    }
+  }
+  return one_shot ? XXH3_64bits(dst, size) : XXH3_64bits_digest(&state);
+}
+
+[[maybe_unused]] uint64_t CopyAndXxh3Generic(void* dst, const void* src, size_t size) {
+  const PayloadPart part{src, size};
+  return GatherAndXxh3Generic(dst, &part, 1, 0, size);
 }
 
 }  // namespace

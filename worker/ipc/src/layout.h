@@ -40,7 +40,11 @@
 // Records. Every record starts at a position that is a multiple of 64 and
 // occupies 64 + RoundUp64(payload_bytes) bytes; a record never straddles the end
 // of the data area: when the next one does not fit, the producer first writes a
-// padding record (type kPadding) that fills exactly to the end. A payload
+// padding record (type kPadding) that fills exactly to the end. A producer may
+// wrap earlier, at the end of a window of the data area it keeps its records
+// in (ring.h): the padding record then starts inside the window and still
+// fills exactly to the end, and as the consumer never reads a padding
+// payload, the pages past the window are never touched. A payload
 // larger than MaxRecordPayload(N) = N/2 - 64 travels as a run of kFragment
 // records (flags kFlagFirst on the first, kFlagLast on the last, fragment_offset
 // counting payload bytes of the message so far); the consumer delivers it whole.

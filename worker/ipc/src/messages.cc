@@ -206,6 +206,20 @@ StatusOr<size_t> EncodeStateful(const M& m, const char* type, uint8_t* dst, size
   }
 }
 
+// The bytes before the state: everything WriteJson writes.
+template <typename M>
+StatusOr<std::vector<uint8_t>> EncodePrefix(const M& m, const char* type) {
+  try {
+    Plan plan = PlanWithState(ToJson(m), m.state.size);
+    plan.total = plan.state_offset;
+    std::vector<uint8_t> out(plan.total);
+    CKPT_RETURN_IF_ERROR(WriteJson(plan, type, out.data(), out.size()));
+    return out;
+  } catch (const std::exception& e) {
+    return Status::InvalidArgument(std::string(type) + ": cannot encode: " + e.what());
+  }
+}
+
 template <typename M>
 size_t SizePlain(const M& m) {
   try {
@@ -455,6 +469,13 @@ StatusOr<size_t> EncodeHeaderOnly(const Train& m, uint8_t* dst, size_t size) {
 }
 StatusOr<size_t> EncodeHeaderOnly(const Result& m, uint8_t* dst, size_t size) {
   return EncodeStateful(m, "RESULT", dst, size, false);
+}
+
+StatusOr<std::vector<uint8_t>> EncodeStatePrefix(const Train& m) {
+  return EncodePrefix(m, "TRAIN");
+}
+StatusOr<std::vector<uint8_t>> EncodeStatePrefix(const Result& m) {
+  return EncodePrefix(m, "RESULT");
 }
 
 StatusOr<Hello> DecodeHello(const uint8_t* p, size_t n) {

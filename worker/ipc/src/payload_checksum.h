@@ -10,6 +10,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "ckpt/ipc/channel.h"
+
 namespace ckpt::ipc::internal {
 
 uint64_t PayloadXxh3(const void* data, size_t size);
@@ -21,6 +23,12 @@ uint64_t PayloadXxh3(const void* data, size_t size);
 // (the ring, for a receiver) cannot change what the checksum covers.
 // REQUIRES: the ranges do not overlap.
 uint64_t CopyAndXxh3(void* dst, const void* src, size_t size);
+
+// CopyAndXxh3 of bytes [offset, offset + size) of the concatenation of
+// `parts` (count of them): a payload sent in pieces, or a fragment of it.
+// REQUIRES: the parts hold offset + size bytes; no part overlaps dst.
+uint64_t GatherAndXxh3(void* dst, const PayloadPart* parts, size_t count, uint64_t offset,
+                       size_t size);
 
 }  // namespace ckpt::ipc::internal
 

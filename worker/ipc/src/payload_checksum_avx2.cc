@@ -17,4 +17,9 @@ uint64_t CopyAndXxh3Avx2(void* dst, const void* src, size_t size) {
   return CopyAndXxh3Generic(dst, src, size);
 }
 
+uint64_t GatherAndXxh3Avx2(void* dst, const PayloadPart* parts, size_t count, uint64_t offset,
+                           size_t size) {
+  return GatherAndXxh3Generic(dst, parts, count, offset, size);
+}
+
 }  // namespace ckpt::ipc::internal

@@ -27,23 +27,38 @@ std::string At(const std::string& ring, uint64_t position) {
 // ---------------------------------------------------------------- RingWriter
 
 RingWriter::RingWriter(layout::RingHeader* header, uint8_t* data, uint64_t ring_bytes,
-                       std::string name)
+                       std::string name, uint64_t min_window)
     : header_(header),
       data_(data),
       ring_bytes_(ring_bytes),
       name_(std::move(name)),
+      grow_(min_window != 0 && min_window < ring_bytes),
+      window_(grow_ ? min_window : ring_bytes),
       head_(header->head.LoadRelaxed()) {}
 
-uint64_t RingWriter::Need(uint64_t payload_bytes, uint64_t* pad) const {
+uint64_t RingWriter::WindowFor(uint64_t payload_bytes) const {
+  if (!grow_) return window_;
+  const uint64_t wanted = kWindowRecords * (kAlign + layout::RoundUp64(payload_bytes));
+  uint64_t w = window_;
+  while (w < wanted && w < ring_bytes_) w <<= 1;
+  return w;
+}
+
+uint64_t RingWriter::Need(uint64_t payload_bytes, uint64_t window, uint64_t* pad) const {
   const uint64_t need = kAlign + layout::RoundUp64(payload_bytes);
   const uint64_t offset = head_ & (ring_bytes_ - 1);
-  *pad = offset + need > ring_bytes_ ? ring_bytes_ - offset : 0;
+  // A record that does not end below the window's end goes to the start; the
+  // padding fills to the data area's end, as the consumer demands. In a window
+  // smaller than the ring a record also leaves room below the end for that
+  // padding's header, so nothing at all is written past the window.
+  const uint64_t end = window < ring_bytes_ ? window - kAlign : window;
+  *pad = offset + need > end ? ring_bytes_ - offset : 0;
   return need;
 }
 
 bool RingWriter::HasRoom(uint64_t payload_bytes) const {
   uint64_t pad = 0;
-  const uint64_t need = Need(payload_bytes, &pad);
+  const uint64_t need = Need(payload_bytes, WindowFor(payload_bytes), &pad);
   const uint64_t tail = header_->tail.LoadSeqCst();
   if (tail > head_ || head_ - tail > ring_bytes_) return true;  // let TryReserve report it
   return ring_bytes_ - (head_ - tail) >= pad + need;
@@ -51,13 +66,18 @@ bool RingWriter::HasRoom(uint64_t payload_bytes) const {
 
 uint64_t RingWriter::used() const {
   const uint64_t tail = header_->tail.LoadRelaxed();
-  return tail <= head_ ? head_ - tail : 0;
+  if (tail > head_) return 0;
+  uint64_t used = head_ - tail;
+  // The latest padding, while unreleased, is not records' bytes.
+  if (tail < pad_end_) used -= std::min(used, pad_end_ - std::max(tail, pad_start_));
+  return used;
 }
 
 RingWriter::Result RingWriter::TryReserve(const RecordSpec& spec, uint8_t** payload,
                                           std::string* error) {
   uint64_t pad = 0;
-  const uint64_t need = Need(spec.payload_bytes, &pad);
+  const uint64_t window = WindowFor(spec.payload_bytes);
+  const uint64_t need = Need(spec.payload_bytes, window, &pad);
   // Acquire: the consumer is done with the bytes before tail.
   const uint64_t tail = header_->tail.LoadAcquire();
   if (tail > head_ || head_ - tail > ring_bytes_ || tail % kAlign != 0) {
@@ -66,6 +86,7 @@ RingWriter::Result RingWriter::TryReserve(const RecordSpec& spec, uint8_t** payl
     return Result::kBroken;
   }
   if (ring_bytes_ - (head_ - tail) < pad + need) return Result::kFull;
+  window_ = window;
   if (pad != 0) {
     RecordHeader h{};
     h.magic = layout::kRecordMagic;
@@ -106,6 +127,10 @@ void RingWriter::Commit(uint64_t payload_xxh3) {
   SealHeader(&h);
   std::memcpy(record, &h, sizeof(h));
   sequence_ = h.sequence + 1;
+  if (pending_pad_ != 0) {
+    pad_start_ = pending_pos_ - pending_pad_;
+    pad_end_ = pending_pos_;
+  }
   head_ = pending_pos_ + kAlign + layout::RoundUp64(s.payload_bytes);
   pending_ = false;
   // Seq_cst store: publishes the record (release) and orders against the

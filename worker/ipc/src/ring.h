@@ -29,16 +29,34 @@ struct RecordSpec {
   uint64_t fragment_offset = 0;
 };
 
+// The window: a writer places its records in the first window() bytes of the
+// data area and, when the next record does not fit below the window's end,
+// pads to the end of the data area (a padding record the consumer skips
+// unread; see layout.h). No byte past the window is written, so the shared
+// memory a ring costs is its window, not ring_bytes. A growing window
+// starts at `min_window` and doubles, before a record is placed, until it holds
+// kWindowRecords records of that size (at most ring_bytes); it never shrinks.
+// The consumer needs no part of this: every record still lies inside the data
+// area and every padding record fills exactly to its end.
 class RingWriter {
  public:
   enum class Result { kReserved, kFull, kBroken };
 
+  // Records of the largest size sent so far that a growing window holds.
+  static constexpr uint64_t kWindowRecords = 4;
+
   // REQUIRES: ring_bytes is a power of two >= kMinRecordRingBytes; `data` holds
-  // ring_bytes bytes. Starts at the header's current head, sequence 1.
-  RingWriter(layout::RingHeader* header, uint8_t* data, uint64_t ring_bytes, std::string name);
+  // ring_bytes bytes; min_window is 0 (the whole ring from the start, never
+  // growing) or a power of two >= kMinRecordRingBytes (taken as ring_bytes when
+  // larger). Starts at the header's current head, sequence 1.
+  RingWriter(layout::RingHeader* header, uint8_t* data, uint64_t ring_bytes, std::string name,
+             uint64_t min_window = 0);
 
   uint64_t ring_bytes() const { return ring_bytes_; }
   uint64_t max_payload() const { return layout::MaxRecordPayload(ring_bytes_); }
+  // Bytes at the start of the data area that records have been placed in, or
+  // will be: the ring's memory footprint.
+  uint64_t window() const { return window_; }
 
   // Reserves room for one record (and the padding before a wrap, written now
   // but published with the record). kReserved: *payload points at
@@ -60,22 +78,31 @@ class RingWriter {
   void Abandon() { pending_ = false; }
   bool pending() const { return pending_; }
 
-  // Bytes published and not yet released, as of the last read of tail.
+  // Bytes of records published and not yet released, as of the last read of
+  // tail (the padding before the latest wrap is not counted).
   uint64_t used() const;
   layout::RingHeader* header() const { return header_; }
 
  private:
-  uint64_t Need(uint64_t payload_bytes, uint64_t* pad) const;
+  // The window a record of `payload_bytes` is placed in: window_, grown for it.
+  uint64_t WindowFor(uint64_t payload_bytes) const;
+  // Bytes the record takes; *pad: padding before it (to the end of the data
+  // area) when it does not fit below the end of `window`.
+  uint64_t Need(uint64_t payload_bytes, uint64_t window, uint64_t* pad) const;
 
   layout::RingHeader* const header_;
   uint8_t* const data_;
   const uint64_t ring_bytes_;
   const std::string name_;
+  const bool grow_;
+  uint64_t window_;
   uint64_t head_;          // authoritative; only stored to the header
   uint64_t sequence_ = 1;  // of the next record
   bool pending_ = false;
   uint64_t pending_pad_ = 0;
   uint64_t pending_pos_ = 0;  // position of the pending record (after padding)
+  uint64_t pad_start_ = 0;    // the latest padding record: [pad_start_, pad_end_)
+  uint64_t pad_end_ = 0;
   RecordSpec pending_spec_;
 };
 

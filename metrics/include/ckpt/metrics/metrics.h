@@ -49,7 +49,7 @@
 //     ckpt_worker_resident_memory_bytes gauge      RSS (process sampler)
 //     ckpt_ring_send_duration_seconds   histogram  writing one record into the request ring
 //     ckpt_ring_used_bytes              gauge      bytes in flight on the request ring
-//     ckpt_ring_capacity_bytes          gauge      ring data area
+//     ckpt_ring_capacity_bytes          gauge      request ring's window (grows with its records)
 //     ckpt_ring_bad_records_total       counter    records rejected as corrupt
 //   labels {worker, device, direction}: direction "to_worker" | "from_worker"
 //     ckpt_ring_bytes_total             counter    record bytes moved
@@ -193,7 +193,7 @@ struct RingStats {
   uint64_t bytes_from_worker_total = 0;  // running total
   uint64_t bad_records_total = 0;        // running total
   uint64_t used_bytes = 0;               // in flight on the request ring now
-  uint64_t capacity_bytes = 0;           // the ring's data area
+  uint64_t capacity_bytes = 0;           // the request ring's window: what its records use
 };
 
 class Metrics {

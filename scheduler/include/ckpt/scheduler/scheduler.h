@@ -87,7 +87,8 @@ struct SchedulerOptions {
   // Prefix of the workers' shared-memory segment names. Default: "" =
   // "ckpt-<hash of the store path>".
   std::string instance;
-  // Bytes of each ring. Default: kDefaultRingBytes (16 MiB).
+  // Bytes of each ring, the most its memory grows to (records::
+  // kDefaultRingBytes). Default: 64 MiB.
   size_t ring_bytes = records::kDefaultRingBytes;
   // Prometheus endpoint "HOST:PORT" (numeric IPv4; ckpt::metrics), "" for
   // none. `run` takes an experiment file's `metrics`, `serve` its file's.

@@ -11,7 +11,7 @@
 //   allowed_model_dirs = ["/var/lib/ckpt/models"]   # default: ["<store>/models"]
 //   [control]  allowed_users = ["alice"]; allowed_groups = ["ckpt"];
 //              max_request_bytes = 1048576; max_clients = 64; client_idle_timeout_s = 30
-//   [workers]  binary = ""; ring_mib = 16; heartbeat_timeout_s = 10; restart_backoff_s = 10;
+//   [workers]  binary = ""; ring_mib = 64; heartbeat_timeout_s = 10; restart_backoff_s = 10;
 //              max_restart_backoff_s = 300; healthy_reset_s = 600; max_restarts = 10;
 //              max_member_failures = 3; listen = ""; secret_file = ""; local = true
 //              (workers on other hosts; RemoteWorkersConfig in config.h)

@@ -111,10 +111,12 @@ struct DeviceConfig {
 
 // Bytes of each shared-memory ring (request and result) per worker when
 // nothing sets them. A ring holds records up to half its size whole and larger
-// ones in fragments; 16 MiB carries several LeNet-5-sized states (0.5 MB) per
-// direction while keeping what the two processes touch (both rings, 32 MiB)
-// small: a ring is reused in a cycle, so all of it ends up resident.
-inline constexpr size_t kDefaultRingBytes = size_t{16} << 20;
+// ones in fragments. What a ring costs is not its size but its window
+// (ipc::ChannelOptions::min_window_bytes): each side writes within the start
+// of its send ring, sized to four of the largest records it has sent, so the
+// rings of LeNet-5 (0.5 MB states) hold 2 MiB each, and a 64 MiB ring carries
+// states up to 16 MB whole, four at a time, when a model has them.
+inline constexpr size_t kDefaultRingBytes = size_t{64} << 20;
 
 // How workers and members are supervised: the [supervision] table of an
 // experiment file, the [workers] table (and grace_s) of the service file, and

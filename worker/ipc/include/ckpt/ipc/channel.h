@@ -59,6 +59,13 @@ struct ChannelOptions {
   // How long a blocking call polls before it sleeps on a futex; trades CPU for
   // latency. Default: 50 us.
   std::chrono::microseconds spin{50};
+  // Each side writes its send ring within a window at the start of the ring's
+  // data area: this many bytes at first, doubled whenever the record being
+  // sent would not fit four times (at most ring_bytes). The shared memory a
+  // ring costs is its window, however large ring_bytes is, so a large ring
+  // costs only what the records sent through it need. 0: the whole ring from
+  // the start. Rounded up to a power of two, at least 4 KiB. Default: 1 MiB.
+  size_t min_window_bytes = size_t{1} << 20;
   // Fault in the whole segment at Create rather than on first touch.
   // Default: false.
   bool populate = false;
@@ -89,6 +96,12 @@ struct Reservation {
   size_t size = 0;
 };
 
+// One piece of a payload sent in pieces (Channel::SendParts).
+struct PayloadPart {
+  const void* data = nullptr;
+  size_t size = 0;
+};
+
 struct ChannelStats {
   uint64_t records_sent = 0;
   uint64_t records_received = 0;
@@ -100,6 +113,9 @@ struct ChannelStats {
   uint64_t dropped_messages = 0;
   size_t send_ring_used = 0;  // bytes in flight on the send ring
   size_t ring_bytes = 0;
+  // The part of the send ring's data area in use (ChannelOptions::
+  // min_window_bytes): its memory. TCP: ring_bytes.
+  size_t send_window_bytes = 0;
 };
 
 class Channel {
@@ -140,6 +156,19 @@ class Channel {
   // the ring's positions. A payload larger than half the ring goes as
   // fragments; if it fails part way, the peer drops the part it got.
   virtual Status Send(RecordType type, const void* payload, size_t size, Deadline deadline) = 0;
+
+  // Sends one record whose payload is `parts[0..count)` one after another
+  // (a message's encoded header and the state it carries, say), reading each
+  // byte once: copied into the ring and checksummed in the same pass, never
+  // staged, however large. `*sent`: payload bytes of this message sent so far,
+  // 0 to start. At the deadline a payload larger than half the ring may have
+  // gone out in part (ResourceExhausted, *sent past 0): SendParts again with
+  // the same parts and *sent resumes it, while Send, Reserve or a SendParts
+  // from 0 leave the peer to drop the part it got. InvalidArgument when a part
+  // is null but not empty, or *sent is past the payload; otherwise errors as
+  // Send.
+  virtual Status SendParts(RecordType type, const PayloadPart* parts, size_t count,
+                           Deadline deadline, uint64_t* sent) = 0;
 
   // Reserves `size` payload bytes to write in place (zero-copy): the bytes are
   // in the ring, not yet visible to the peer. Payloads larger than half the

@@ -170,6 +170,11 @@ Status Encode(const Shutdown& m, uint8_t* dst, size_t size);
 // offset at which the caller writes the state bytes. REQUIRES: size == EncodedSize(m).
 StatusOr<size_t> EncodeHeaderOnly(const Train& m, uint8_t* dst, size_t size);
 StatusOr<size_t> EncodeHeaderOnly(const Result& m, uint8_t* dst, size_t size);
+// For a TRAIN/RESULT sent in two parts (Channel::SendParts): the bytes before
+// the state, which EncodeHeaderOnly would write; the state follows them as is.
+// Its size plus state.size is EncodedSize(m); state.data is not read.
+StatusOr<std::vector<uint8_t>> EncodeStatePrefix(const Train& m);
+StatusOr<std::vector<uint8_t>> EncodeStatePrefix(const Result& m);
 
 StatusOr<Hello> DecodeHello(const uint8_t* p, size_t n);
 StatusOr<Configure> DecodeConfigure(const uint8_t* p, size_t n);
