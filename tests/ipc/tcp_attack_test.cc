@@ -73,7 +73,9 @@ class Relay {
         }
         if (tamper_) tamper_(&chunk, offset);
         offset += static_cast<uint64_t>(n);
-        testing::WriteRaw(up, chunk.data(), chunk.size());
+        // The listener may have dropped the connection already (that is
+        // what a tampered record earns): the relay then stops, as a wire would.
+        if (!testing::TryWriteRaw(up, chunk.data(), chunk.size())) break;
       }
     }
     close(down);

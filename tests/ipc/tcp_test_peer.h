@@ -59,15 +59,19 @@ inline int RawConnect(uint16_t port, const char* from = nullptr) {
   return fd;
 }
 
-inline void WriteRaw(int fd, const void* p, size_t n) {
+// Writes all n bytes; false when the peer is gone (reset, closed) first.
+inline bool TryWriteRaw(int fd, const void* p, size_t n) {
   const auto* b = static_cast<const uint8_t*>(p);
   while (n > 0) {
     ssize_t w = send(fd, b, n, MSG_NOSIGNAL);
-    ASSERT_GT(w, 0);
+    if (w <= 0) return false;
     b += w;
     n -= static_cast<size_t>(w);
   }
+  return true;
 }
+
+inline void WriteRaw(int fd, const void* p, size_t n) { ASSERT_TRUE(TryWriteRaw(fd, p, n)); }
 
 inline bool ReadRaw(int fd, void* p, size_t n) {
   auto* b = static_cast<uint8_t*>(p);
