@@ -215,22 +215,23 @@ void Experiment::MaybeAdvance() {
 }
 
 int Experiment::SyncGeneration() {
-  constexpr int kNone = std::numeric_limits<int>::max();
-  int unmarked = kNone, marked = kNone;
+  // Every barrier up to `decided` was decided: an unmarked member at interval
+  // u was handed u after barrier u-1 (or ran ahead of it and was unmarked when
+  // it was decided), and a mark of g was given once barrier g-1 was. A mark of
+  // a barrier decided since is dropped: left in a record by a resumed run
+  // (the record written after a commit carries the mark the interval was
+  // given with), it would hold the generation at a barrier already decided.
+  int decided = -1;
   for (const auto& m : members_) {
-    if (!m.active()) continue;
     if (m.state.ahead()) {
-      marked = std::min(marked, m.state.ahead_of);
-    } else {
-      unmarked = std::min(unmarked, m.state.interval);
+      decided = std::max(decided, m.state.ahead_of - 1);
+    } else if (m.active()) {
+      decided = std::max(decided, m.state.interval - 1);
     }
   }
-  // Every active member is past a barrier it was marked ahead of once the
-  // others are: that barrier was decided before (a resumed run).
-  const int base = unmarked != kNone ? unmarked : marked;
   int gen = config_.intervals;
   for (auto& m : members_) {
-    if (m.state.ahead() && m.state.ahead_of < base) m.state.ahead_of = -1;
+    if (m.state.ahead() && m.state.ahead_of <= decided) m.state.ahead_of = -1;
     if (m.active()) gen = std::min(gen, m.state.ahead() ? m.state.ahead_of : m.state.interval);
   }
   return gen;
@@ -305,8 +306,18 @@ void Experiment::RunAheadOfBarrier() {
     // after it: it ranks before the (below)-th from the bottom.
     if (margins->above > 0 && !before(nth(margins->above), self)) continue;
     if (margins->below > 0 && !before(self, nth(f - margins->below + 1))) continue;
+    // The mark is stored before the interval is given: its result may be
+    // committed and the scheduler killed before the record after it is
+    // written, and the record reconciled from that head must still say that
+    // it ran ahead of g, not that g was decided (found by ckpt-chaos: a
+    // barrier that made no exploits). Not stored, not given.
     m.state.ahead_of = g;
     m.state.ahead_score = m.state.score;
+    if (!io_->SaveState(m.name, m.state).ok()) {
+      m.state.ahead_of = -1;
+      m.state.ahead_score = std::nan("");
+      continue;
+    }
     Enqueue(i, false);
   }
 }
@@ -342,10 +353,10 @@ bool Experiment::ApplyDecisions(const std::map<std::string, Decision>& decisions
       m.state.last_exploit = m.state.interval;
       ++exploits_;
       io_->KillPoint(format::kill_points::kSchedulerExploited);
-      io_->SaveState(name, m.state);
+      (void)io_->SaveState(name, m.state);
     } else if (d.kind == Decision::Kind::kStop) {
       m.state.status = records::MemberStatus::kStopped;
-      io_->SaveState(name, m.state);
+      (void)io_->SaveState(name, m.state);
       io_->AppendEvent(
           records::EncodeEvent(records::MemberStoppedEvent{name, d.why, std::nullopt}));
     }
@@ -389,7 +400,7 @@ void Experiment::OnFailed(const WorkItem& item, records::FailureCode code,
     ++m->state.failures;
     // Kept in its record, so that a restarted scheduler goes on counting
     // failures in a row instead of starting again from zero.
-    io_->SaveState(m->name, m->state);
+    (void)io_->SaveState(m->name, m->state);
   }
   io_->AppendEvent(
       records::EncodeEvent(records::FailedEvent{m->name, code, reason, m->state.failures}));
@@ -407,7 +418,7 @@ void Experiment::OnFailed(const WorkItem& item, records::FailureCode code,
   }
   if (m->state.failures >= options_.max_member_failures) {
     m->state.status = records::MemberStatus::kFailed;
-    io_->SaveState(m->name, m->state);
+    (void)io_->SaveState(m->name, m->state);
     io_->AppendEvent(records::EncodeEvent(records::MemberStoppedEvent{
         m->name, "failed " + std::to_string(m->state.failures) + " times; last: " + reason,
         m->version}));
@@ -446,7 +457,7 @@ bool Experiment::FallBackFromCorruptHead(int member, const WorkItem& item,
   m.state.last_exploit = std::min(m.state.last_exploit, interval);
   m.state.score = good->score;
   m.state.status = records::MemberStatus::kIdle;
-  io_->SaveState(m.name, m.state);
+  (void)io_->SaveState(m.name, m.state);
   auto v = io_->Restore(m.name, good->version);
   if (!v.ok()) {
     Logger().error("{}: member {}: restoring v{} after a damaged v{}: {}", config_.name, m.name,
@@ -569,7 +580,7 @@ void Experiment::Finish() {
   final_eval.metric = config_.Metric();
   for (const auto& m : members_) {
     if (std::isnan(m.state.test_score)) continue;
-    io_->SaveState(m.name, m.state);
+    (void)io_->SaveState(m.name, m.state);
     final_eval.results.push_back({m.name, m.state.score, m.state.test_score, m.version});
   }
   io_->AppendEvent(records::EncodeEvent(final_eval));

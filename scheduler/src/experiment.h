@@ -22,8 +22,14 @@
 // others score. Its record is marked (MemberRecord::ahead_of = g, with its
 // score at g), so that barrier g still ranks it at g (even after it committed
 // g+1, or failed there), neither waits for it nor takes it for a sign that g
-// was decided; the mark is kept in its stored record, so a resumed run decides
-// g the same way. Deciding is then the same as without running ahead.
+// was decided. The mark is stored in its record before g+1 is handed out, so
+// that a resumed run decides g the same way, even when the scheduler died
+// between g+1's commit and the record after it. Deciding is then the same as
+// without running ahead. A mark left in a record after g was decided (the
+// record written after the commit carries the mark given with the interval)
+// is harmless: a resumed run either sees members past g (decided) or decides
+// g again, to the same decisions minus those applied (an exploited member is
+// not ready again; scores at g do not change).
 // Async mode: each member is decided on as soon as its own interval ends.
 //
 // Ownership: the caller owns the ExperimentIo, which must outlive this.
@@ -100,8 +106,11 @@ class ExperimentIo {
   // `hparams`; logs `event_json`. Returns the new version.
   virtual StatusOr<int64_t> Exploit(const std::string& member, const std::string& donor,
                                     const HParams& hparams, const std::string& event_json) = 0;
-  // Writes a member's state record. Failures are logged by the implementation.
-  virtual void SaveState(const std::string& member, const records::MemberRecord& state) = 0;
+  // Writes a member's state record. Failures are logged by the implementation
+  // and returned (the store's errors); most callers go on, as the record is
+  // reconciled from the head at the next start, but a run-ahead mark that is
+  // not stored is not given.
+  virtual Status SaveState(const std::string& member, const records::MemberRecord& state) = 0;
   // Appends one event (a JSON object) to the experiment's log.
   virtual void AppendEvent(const std::string& json) = 0;
   // Records the experiment's status. Errors: the store's.
@@ -220,7 +229,8 @@ class Experiment {
   void MaybeAdvance();
   // Sync mode: the generation whose barrier is next (the lowest interval of
   // an active member, one running ahead counted at the barrier it ran ahead
-  // of); drops marks of barriers already decided (left by a resumed run).
+  // of); drops marks of barriers already decided (left in records by a
+  // resumed run).
   int SyncGeneration();
   // `m` as barrier `gen` ranks it: at gen, and active, when it runs ahead of it.
   MemberProgress BarrierProgress(const Member& m, int gen) const;

@@ -116,13 +116,14 @@ StatusOr<int64_t> StoreExperimentIo::Exploit(const std::string& member, const st
   return v;
 }
 
-void StoreExperimentIo::SaveState(const std::string& member, const records::MemberRecord& state) {
+Status StoreExperimentIo::SaveState(const std::string& member, const records::MemberRecord& state) {
   const std::string bytes = records::EncodeMemberRecord(state);
   StoreTimer t(metrics_, metrics::StoreOp::kSetMemberState, bytes.size());
   Status s = store_->SetMemberState(exp_, member, bytes);
   if (!s.ok()) {
     Logger().error("{}: writing the state record of {}: {}", exp_, member, s.ToString());
   }
+  return s;
 }
 
 void StoreExperimentIo::AppendEvent(const std::string& json) {

@@ -52,7 +52,7 @@ class StoreExperimentIo : public ExperimentIo {
 
   StatusOr<int64_t> Exploit(const std::string& member, const std::string& donor,
                             const HParams& hparams, const std::string& event_json) override;
-  void SaveState(const std::string& member, const records::MemberRecord& state) override;
+  Status SaveState(const std::string& member, const records::MemberRecord& state) override;
   void AppendEvent(const std::string& json) override;
   Status SetStatus(records::ExperimentStatus status) override;
   void KillPoint(std::string_view point) override;
