@@ -671,6 +671,12 @@ class ChaosRun {
                                  plan_[next_].kind == Kind::kWorkerKillPoint)) {
       const std::string armed = DrawKillPoint(plan_[next_]);
       armed_scheduler_point_ = plan_[next_].kind == Kind::kSchedulerKillPoint;
+      // N commits, or N exploits: the next barrier (a generation's results)
+      // makes up to a quantile of the population's worth.
+      const int n = std::stoi(armed.substr(armed.rfind(':') + 1));
+      const bool at_exploit = std::find(kExploitPoints.begin(), kExploitPoints.end(),
+                                        armed.substr(0, armed.rfind(':'))) != kExploitPoints.end();
+      armed_wait_results_ = at_exploit ? n * s_.calm_results / s_.o.intervals + 1 : n + 1;
       env.push_back("CKPT_KILL_AT=" + armed);
       // One worker kill per arming, not one per worker incarnation.
       const std::string once = base_ + "-killonce-" + std::to_string(incarnation_);
@@ -810,6 +816,11 @@ class ChaosRun {
         results_before_ + results_now_ < plan_[next_].at) {
       return true;
     }
+    // A scheduler kill point armed in this incarnation fires only when the
+    // run reaches it (the N-th commit or exploit from its start): the next
+    // fault waits the results that takes, or one due soon after would end the
+    // incarnation first and the point would go uninjected (CI saw 1 of 4).
+    if (armed_scheduler_point_ && results_now_ < armed_wait_results_) return true;
     const Kind k = plan_[next_].kind;
     switch (k) {
       case Kind::kDiskFull: {
@@ -1098,6 +1109,7 @@ class ChaosRun {
   int results_now_ = 0;
   bool we_killed_ = false;
   bool armed_scheduler_point_ = false;
+  int armed_wait_results_ = 0;  // results the armed point may take to be reached
   std::set<pid_t> stopped_;
   // Recovery clocks: per worker index, for the scheduler, for a full disk.
   std::map<int, Pending> worker_fault_;
