@@ -187,14 +187,9 @@ class ChannelImpl final : public Channel {
       return Status::InvalidArgument(name_ + ": cannot send a record of type " +
                                      RecordTypeName(type));
     }
-    uint64_t size = 0;
-    for (size_t i = 0; i < count; ++i) {
-      if (parts[i].size != 0 && parts[i].data == nullptr) {
-        return Status::InvalidArgument(name_ + ": null payload part " + std::to_string(i) + " of " +
-                                       std::to_string(parts[i].size) + " bytes");
-      }
-      size += parts[i].size;
-    }
+    auto total = PayloadPartsSize(parts, count);
+    if (!total.ok()) return total.status().WithPrefix(name_);
+    const uint64_t size = *total;
     Abandon();
     CKPT_RETURN_IF_ERROR(SendCheck());
     if (size > writer_.max_payload())
@@ -687,6 +682,18 @@ StatusOr<std::unique_ptr<Channel>> Channel::Open(const std::string& name,
 }
 
 Status Channel::Remove(const std::string& name) { return SharedSegment::Remove(name); }
+
+StatusOr<uint64_t> PayloadPartsSize(const PayloadPart* parts, size_t count) {
+  uint64_t size = 0;
+  for (size_t i = 0; i < count; ++i) {
+    if (parts[i].size != 0 && parts[i].data == nullptr) {
+      return Status::InvalidArgument("null payload part " + std::to_string(i) + " of " +
+                                     std::to_string(parts[i].size) + " bytes");
+    }
+    size += parts[i].size;
+  }
+  return size;
+}
 
 StatusOr<std::vector<std::string>> Channel::RemoveStale(
     const std::function<bool(const std::string& name)>& select, const std::string& shm_dir) {

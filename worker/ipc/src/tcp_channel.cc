@@ -84,14 +84,8 @@ class TcpChannelImpl final : public Channel {
       return Status::InvalidArgument(std::string("cannot send a record of type ") +
                                      RecordTypeName(type));
     }
-    size_t size = 0;
-    for (size_t i = 0; i < count; ++i) {
-      if (parts[i].size != 0 && parts[i].data == nullptr) {
-        return Status::InvalidArgument("null payload part " + std::to_string(i) + " of " +
-                                       std::to_string(parts[i].size) + " bytes");
-      }
-      size += parts[i].size;
-    }
+    CKPT_ASSIGN_OR_RETURN(const uint64_t total, PayloadPartsSize(parts, count));
+    const size_t size = total;
     if (*sent > size) {
       return Status::InvalidArgument("resuming at byte " + std::to_string(*sent) + " of a " +
                                      std::to_string(size) + "-byte payload");

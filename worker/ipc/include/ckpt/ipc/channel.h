@@ -102,6 +102,10 @@ struct PayloadPart {
   size_t size = 0;
 };
 
+// The bytes of `count` parts together. InvalidArgument naming the part (its
+// position and size) when one has bytes but no data.
+StatusOr<uint64_t> PayloadPartsSize(const PayloadPart* parts, size_t count);
+
 struct ChannelStats {
   uint64_t records_sent = 0;
   uint64_t records_received = 0;
