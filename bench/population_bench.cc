@@ -62,6 +62,19 @@ using json = nlohmann::json;
 // Resets this process's peak RSS (VmHWM) to its current RSS (Linux >= 4.0).
 void ResetPeakRss() { std::ofstream("/proc/self/clear_refs") << "5"; }
 
+// Bytes this process has caused to be written to storage (/proc/self/io
+// write_bytes: the store's WAL, blob and table files; the scheduler runs in
+// this process). 0 when the kernel does not account it.
+uint64_t WrittenBytes() {
+  std::ifstream io("/proc/self/io");
+  std::string key;
+  uint64_t value = 0;
+  while (io >> key >> value) {
+    if (key == "write_bytes:") return value;
+  }
+  return 0;
+}
+
 double CpuSeconds(int who) {
   rusage u{};
   getrusage(who, &u);
@@ -456,7 +469,9 @@ int Population(const PopulationBenchOptions& o) {
       ResetPeakRss();
       std::string store = root;
       store.append("/null-").append(nn);
+      const uint64_t written_before = WrittenBytes();
       auto r = RunPipeline(z, store, workers, slots, ring_bytes, /*tcp=*/false, run_ahead);
+      const uint64_t written = WrittenBytes() - written_before;
       if (!r.ok()) {
         std::fprintf(stderr, "population (null): %s\n", r.status().ToString().c_str());
         return 1;
@@ -478,9 +493,9 @@ int Population(const PopulationBenchOptions& o) {
       per_s_by_mode[run_ahead] = per_s;
       std::fprintf(stderr,
                    "null run, %lld members%s: %.0f member-intervals/s, scheduler peak RSS %.0f "
-                   "MB, store %.0f MB\n",
+                   "MB, store %.0f MB, %.0f MB written\n",
                    n, run_ahead ? "" : " (waiting at every barrier)", per_s, scheduler_peak / 1e6,
-                   store_bytes / 1e6);
+                   store_bytes / 1e6, written / 1e6);
       peak_workers = std::max(peak_workers, r->workers_peak_rss);
       if (!run_ahead) {
         add("member_intervals_per_s_null_waiting_" + nn, per_s);
@@ -490,6 +505,8 @@ int Population(const PopulationBenchOptions& o) {
       add("null_first_result_s_" + nn, ns.first_result_s);
       add("null_scheduler_peak_rss_bytes_" + nn, static_cast<double>(scheduler_peak));
       add("null_store_bytes_" + nn, static_cast<double>(store_bytes));
+      // What the store wrote to reach that size (WAL, blob files, tables).
+      add("null_store_written_bytes_" + nn, static_cast<double>(written));
       if (sizes.size() == 1) {
         add("member_intervals_per_s_null", per_s);
         add("null_members", static_cast<double>(n));

@@ -194,6 +194,46 @@ TEST_F(RetentionTest, DeletingTheExperimentFreesEveryBlobAndItsSpace) {
   EXPECT_EQ(store_->Stats()->blobs, 0u);
 }
 
+// Live blobs are not relocated by ordinary compactions (store.h, Compact):
+// blob files whose blobs all died go by themselves, one that an old pinned
+// blob keeps holds its dead neighbours' space until Compact() moves it.
+TEST_F(RetentionTest, DeadBlobFilesGoByThemselvesAndCompactReclaimsOnesAPinKeeps) {
+  Open(1, 0);
+  const std::vector<std::string> members = {"a", "b", "c", "d", "e"};
+  Population(members);
+  // The first flush writes one blob file with five blobs; a's is pinned.
+  std::vector<BlobId> first;
+  for (size_t i = 0; i < members.size(); ++i) first.push_back(Commit(members[i], i, 0));
+  ASSERT_TRUE(store_->Pin("e", "a", 1).ok());
+  ASSERT_TRUE(store_->Flush().ok());
+  // Twelve more generations, a blob file each; keep_last_n = 1 releases the
+  // older ones.
+  constexpr int kGenerations = 12;
+  for (int g = 1; g <= kGenerations; ++g) {
+    for (size_t i = 0; i < members.size(); ++i) Commit(members[i], 1000 * g + i, g);
+    ASSERT_TRUE(store_->Flush().ok());
+  }
+  const uint64_t blob = MakeBlob(0).size();
+  auto before = store_->Stats();
+  ASSERT_TRUE(before.ok());
+  EXPECT_EQ(before->blobs, 6u);  // 5 heads and the pinned one
+  const uint64_t live = 6 * blob;
+  const uint64_t files = before->families[3].blob_file_bytes;
+  // The dead generations' files are gone without a compaction being asked
+  // for (13 files were written).
+  EXPECT_LT(files, (kGenerations + 1) * members.size() * blob / 2) << files;
+  // The first file is still there for its pinned blob, dead neighbours and all.
+  EXPECT_GE(files, live + 4 * blob) << files;
+  ASSERT_TRUE(store_->Compact().ok());
+  auto after = store_->Stats();
+  ASSERT_TRUE(after.ok());
+  EXPECT_LE(after->families[3].blob_file_bytes + 3 * blob, files)
+      << "the pinned blob's file kept its dead neighbours after Compact()";
+  EXPECT_TRUE(BlobExists(first[0]));
+  for (size_t i = 1; i < first.size(); ++i) EXPECT_FALSE(BlobExists(first[i])) << i;
+  ExpectVerifies();
+}
+
 TEST_F(RetentionTest, ReopenWithSmallerWindowAppliesIt) {
   Open(5, 0);
   Population({"a"});

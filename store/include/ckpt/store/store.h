@@ -442,7 +442,11 @@ class Store {
   virtual uint64_t blob_cache_capacity() const = 0;
   virtual uint64_t blob_memtable_bytes() const = 0;
   // Compacts every family, forcing blob garbage collection, so the space of
-  // deleted blobs is returned to the file system (writer only).
+  // deleted blobs is returned to the file system (writer only). Without it, a
+  // blob file is deleted only once none of its blobs is referenced: live
+  // blobs are not relocated during ordinary compactions (they would be
+  // rewritten about once more each), so a file that a few old blobs keep
+  // (pinned versions, stopped members' heads) keeps its space until this runs.
   virtual Status Compact() = 0;
   // Makes the store accept writes again after a no-space failure (see "Failed
   // writes" above): OK when writes are accepted (also when nothing had
