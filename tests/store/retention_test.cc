@@ -210,7 +210,8 @@ TEST_F(RetentionTest, DeadBlobFilesGoByThemselvesAndCompactReclaimsOnesAPinKeeps
   // older ones.
   constexpr int kGenerations = 12;
   for (int g = 1; g <= kGenerations; ++g) {
-    for (size_t i = 0; i < members.size(); ++i) Commit(members[i], 1000 * g + i, g);
+    for (size_t i = 0; i < members.size(); ++i)
+      Commit(members[i], static_cast<uint64_t>(1000 * g) + i, g);
     ASSERT_TRUE(store_->Flush().ok());
   }
   const uint64_t blob = MakeBlob(0).size();
