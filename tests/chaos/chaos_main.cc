@@ -48,6 +48,7 @@
 #include "../integration/run_heads.h"
 #include "ckpt/format/kill_point.h"
 #include "ckpt/records/events.h"
+#include "ckpt/records/member_record.h"
 #include "ckpt/records/status.h"
 #include "ckpt/store/store.h"
 
@@ -341,7 +342,14 @@ std::string DamageAHeadBlob(const std::string& path, const std::string& exp, int
         if (it != man->metrics.end()) interval = static_cast<int>(it->second);
       }
       interval_of[m.member] = interval;
-      max_interval = std::max(max_interval, interval);
+      // A member that ran ahead of barrier g counts at g: past a victim's
+      // interval only once that barrier was decided, so that no exploit can
+      // still copy the damaged blob before it is found (an exploit shares the
+      // donor's blob, and the exploited member then falls back to its own
+      // older version: a different run).
+      auto record = records::DecodeMemberRecord(m.state, exp, m.member);
+      const int counted = record.ok() && record->ahead() ? record->ahead_of : interval;
+      max_interval = std::max(max_interval, counted);
     }
     std::vector<const store::MemberHead*> fit;
     for (const auto& m : *members) {
@@ -429,7 +437,9 @@ class PrivateTmpfs {
 
 // Writes `path` until its file system is full. Returns the bytes written.
 uint64_t FillWithBallast(const std::string& path) {
-  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // Appended to: a refill takes what the store freed since without first
+  // giving back what the ballast holds.
+  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd < 0) return 0;
   std::vector<char> chunk(1 << 20, 'b');
   uint64_t written = 0;
@@ -721,12 +731,23 @@ class ChaosRun {
     const int last_barrier = s_.calm_results * (s_.o.intervals - 1) / s_.o.intervals;
     const bool exploit = f.at + 2 < last_barrier && rng_() % 2 == 0;
     const auto& points = exploit ? kExploitPoints : kCommitPoints;
-    return points[rng_() % points.size()] + ":" + std::to_string(1 + rng_() % (exploit ? 2 : 4));
+    // A commit point's N within the commits left (the last few results are
+    // the final evaluation's, which commit nothing).
+    const int left = s_.calm_results - results_before_ - results_now_;
+    const int max_n = exploit ? 2 : std::clamp(left / 4, 1, 4);
+    return points[rng_() % points.size()] + ":" + std::to_string(1 + rng_() % max_n);
   }
 
   void Watch() {
     while (child_->Running()) {
       for (const auto& e : PollTrace(trace_.get())) OnTrace(e);
+      // The store frees space as retention's dead blob files are deleted, and
+      // its next writes may fit there: the ballast takes it back as it
+      // appears, so that the disk stays full until a write is refused.
+      if (ballast_in_ && SecondsSince(ballast_refilled_) > 0.05) {
+        FillWithBallast(ballast_);
+        ballast_refilled_ = Clock::now();
+      }
       if (ballast_in_ && SecondsSince(ballast_since_) > 60) {
         std::printf("  disk full: no write refused within 60 s; ballast removed\n");
         RemoveBallast();
@@ -826,7 +847,7 @@ class ChaosRun {
       case Kind::kDiskFull: {
         const uint64_t bytes = FillWithBallast(ballast_);
         ballast_in_ = true;
-        ballast_since_ = Clock::now();
+        ballast_since_ = ballast_refilled_ = Clock::now();
         std::printf("  disk full: %.1f MB of ballast\n", static_cast<double>(bytes) / 1e6);
         ++next_;
         return true;
@@ -1119,6 +1140,7 @@ class ChaosRun {
   std::set<std::string> damaged_;  // blob ids damaged on purpose
   bool ballast_in_ = false;
   Clock::time_point ballast_since_;
+  Clock::time_point ballast_refilled_;
   // Hostile workers: whether the run's schedulers listen for remote workers
   // (a hostile_worker fault is planned), the forger of this incarnation, and
   // its clock until its first refused RESULT.
