@@ -36,6 +36,7 @@
 
 #include "bench.h"
 #include "ckpt/ipc/channel.h"
+#include "echo_peer.h"
 
 namespace ckpt::bench {
 namespace {
@@ -44,30 +45,10 @@ using ipc::Channel;
 using ipc::RecordType;
 using Seconds = std::chrono::duration<double>;
 
-// Consumer protocol: TRAIN = read and drop; CONFIGURE = end of a batch, answer
-// STATS; HELLO = a round trip, answer a RESULT of the same size; SHUTDOWN = exit.
-constexpr auto kWait = std::chrono::seconds(60);
-
-// Reads every byte (8 at a time); the result is kept so nothing is elided.
-uint64_t ReadAll(const uint8_t* p, size_t n) {
-  uint64_t acc = 0;
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    uint64_t w;
-    std::memcpy(&w, p + i, 8);
-    acc ^= w;
-  }
-  for (; i < n; ++i) acc += p[i];
-  return acc;
-}
+// The consumer is EchoPeer (echo_peer.h).
+constexpr auto kWait = kPeerWait;
 
 volatile uint64_t g_sink;
-
-Status WriteInPlace(Channel* ch, RecordType type, const std::vector<uint8_t>& src) {
-  CKPT_ASSIGN_OR_RETURN(ipc::Reservation r, ch->Reserve(type, src.size(), ipc::DeadlineIn(kWait)));
-  std::memcpy(r.data, src.data(), src.size());
-  return ch->Commit(r, ipc::DeadlineIn(kWait));
-}
 
 // As the scheduler sends a TRAIN: a small encoded header, then the state.
 constexpr size_t kHeaderPart = 256;
@@ -92,34 +73,7 @@ int ConsumerMain(const std::string& name, int go_fd) {
     std::fprintf(stderr, "ring bench consumer: %s\n", opened.status().ToString().c_str());
     return 1;
   }
-  std::unique_ptr<Channel> ch = std::move(*opened);
-  std::vector<uint8_t> reply;
-  uint64_t acc = 0;
-  for (;;) {
-    auto r = ch->Receive(ipc::DeadlineIn(kWait));
-    if (!r.ok()) {
-      std::fprintf(stderr, "ring bench consumer: %s\n", r.status().ToString().c_str());
-      return 1;
-    }
-    const RecordType type = r->type;
-    const size_t size = r->size;
-    acc ^= ReadAll(r->payload, size);
-    ch->Release();
-    Status s;
-    if (type == RecordType::kShutdown) break;
-    if (type == RecordType::kConfigure) {
-      s = ch->Send(RecordType::kStats, &acc, sizeof(acc), ipc::DeadlineIn(kWait));
-    } else if (type == RecordType::kHello) {
-      if (reply.size() != size) reply.assign(size, 0x5a);
-      s = WriteInPlace(ch.get(), RecordType::kResult, reply);
-    }
-    if (!s.ok()) {
-      std::fprintf(stderr, "ring bench consumer: %s\n", s.ToString().c_str());
-      return 1;
-    }
-  }
-  g_sink = acc;
-  return 0;
+  return EchoPeer(opened->get(), "ring bench consumer");
 }
 
 // Seconds to push `count` records of `src` through the ring and have the

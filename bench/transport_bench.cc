@@ -37,6 +37,7 @@
 #include "bench.h"
 #include "ckpt/ipc/channel.h"
 #include "ckpt/ipc/tcp_channel.h"
+#include "echo_peer.h"
 
 namespace ckpt::bench {
 namespace {
@@ -44,59 +45,9 @@ namespace {
 using ipc::Channel;
 using ipc::RecordType;
 using Seconds = std::chrono::duration<double>;
-constexpr auto kWait = std::chrono::seconds(60);
+constexpr auto kWait = kPeerWait;
 
 volatile uint64_t g_sink;
-
-uint64_t ReadAll(const uint8_t* p, size_t n) {
-  uint64_t acc = 0;
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    uint64_t w;
-    std::memcpy(&w, p + i, 8);
-    acc ^= w;
-  }
-  for (; i < n; ++i) acc += p[i];
-  return acc;
-}
-
-Status WriteInPlace(Channel* ch, RecordType type, const std::vector<uint8_t>& src) {
-  CKPT_ASSIGN_OR_RETURN(ipc::Reservation r, ch->Reserve(type, src.size(), ipc::DeadlineIn(kWait)));
-  std::memcpy(r.data, src.data(), src.size());
-  return ch->Commit(r, ipc::DeadlineIn(kWait));
-}
-
-// The worker side: HELLO = answer a RESULT of the same size; TRAIN = read and
-// drop; CONFIGURE = answer STATS (end of a batch); SHUTDOWN = exit.
-int Echo(Channel* ch) {
-  std::vector<uint8_t> reply;
-  uint64_t acc = 0;
-  for (;;) {
-    auto r = ch->Receive(ipc::DeadlineIn(kWait));
-    if (!r.ok()) {
-      std::fprintf(stderr, "transport bench peer: %s\n", r.status().ToString().c_str());
-      return 1;
-    }
-    const RecordType type = r->type;
-    const size_t size = r->size;
-    acc ^= ReadAll(r->payload, size);
-    ch->Release();
-    Status s;
-    if (type == RecordType::kShutdown) break;
-    if (type == RecordType::kHello) {
-      if (reply.size() != size) reply.assign(size, 0x5a);
-      s = WriteInPlace(ch, RecordType::kResult, reply);
-    } else if (type == RecordType::kConfigure) {
-      s = ch->Send(RecordType::kStats, &acc, sizeof(acc), ipc::DeadlineIn(kWait));
-    }
-    if (!s.ok()) {
-      std::fprintf(stderr, "transport bench peer: %s\n", s.ToString().c_str());
-      return 1;
-    }
-  }
-  g_sink = acc;
-  return 0;
-}
 
 struct Figures {
   double median_us = 0;
@@ -318,7 +269,7 @@ int TransportBench(const TransportBenchOptions& o) {
     if (::read(go[0][0], &c, 1) != 1) ::_exit(1);
     auto opened = Channel::Open(name, ipc::ChannelOptions());
     if (!opened.ok()) ::_exit(1);
-    ::_exit(Echo(opened->get()));
+    ::_exit(EchoPeer(opened->get(), "transport bench peer"));
   }
   const pid_t tcp_child = ::fork();
   if (tcp_child == 0) {
@@ -329,7 +280,7 @@ int TransportBench(const TransportBenchOptions& o) {
       std::fprintf(stderr, "transport bench peer: %s\n", ch.status().ToString().c_str());
       ::_exit(1);
     }
-    ::_exit(Echo(ch->get()));
+    ::_exit(EchoPeer(ch->get(), "transport bench peer"));
   }
   const pid_t raw_child = ::fork();
   if (raw_child == 0) {
