@@ -330,6 +330,8 @@ std::string DamageAHeadBlob(const std::string& path, const std::string& exp, int
     auto members = (*s)->ListMembers(exp);
     if (!members.ok()) return "";
     std::map<std::string, int> interval_of, heads_with_blob;
+    std::map<std::string, int> ahead_of;  // marks in the members' records
+    int decided = -1;
     int max_interval = 0;
     for (const auto& m : *members) {
       if (!m.blob) continue;
@@ -348,14 +350,29 @@ std::string DamageAHeadBlob(const std::string& path, const std::string& exp, int
       // donor's blob, and the exploited member then falls back to its own
       // older version: a different run).
       auto record = records::DecodeMemberRecord(m.state, exp, m.member);
-      const int counted = record.ok() && record->ahead() ? record->ahead_of : interval;
+      const bool ahead = record.ok() && record->ahead();
+      if (ahead) ahead_of[m.member] = record->ahead_of;
+      // The record's interval may lag its head's by one (a crash between
+      // the commit and the record), an exploit head has none: the larger.
+      const int at = std::max(interval, record.ok() ? record->interval : 0);
+      const int counted = ahead ? record->ahead_of : at;
+      // Barriers up to `decided` were decided (the scheduler's rule,
+      // Experiment::SyncGeneration): a mark at or below it is stale.
+      decided = std::max(decided, counted - 1);
       max_interval = std::max(max_interval, counted);
+    }
+    std::set<std::string> running_ahead;
+    for (const auto& [member, g] : ahead_of) {
+      if (g > decided) running_ahead.insert(member);
     }
     std::vector<const store::MemberHead*> fit;
     for (const auto& m : *members) {
       const int iv = interval_of.count(m.member) ? interval_of[m.member] : -1;
-      // iv > 1: an older trained version exists to fall back to.
-      if (m.blob && iv > 1 && iv < intervals && iv < max_interval &&
+      // iv > 1: an older trained version exists to fall back to. A member
+      // running ahead of a barrier is never its donor, and trains (finding
+      // the damage) before the next one.
+      if (m.blob && iv > 1 && iv < intervals &&
+          (iv < max_interval || running_ahead.count(m.member) > 0) &&
           heads_with_blob[m.blob->Hex()] == 1) {
         fit.push_back(&m);
       }
