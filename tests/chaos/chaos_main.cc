@@ -351,7 +351,11 @@ std::string DamageAHeadBlob(const std::string& path, const std::string& exp, int
       // older version: a different run).
       auto record = records::DecodeMemberRecord(m.state, exp, m.member);
       const bool ahead = record.ok() && record->ahead();
-      if (ahead) ahead_of[m.member] = record->ahead_of;
+      // Marked and not yet past its barrier (the interval it was given is
+      // still to be committed): it trains before any exploit can copy it.
+      if (ahead && std::max(interval, record->interval) == record->ahead_of) {
+        ahead_of[m.member] = record->ahead_of;
+      }
       // The record's interval may lag its head's by one (a crash between
       // the commit and the record), an exploit head has none: the larger.
       const int at = std::max(interval, record.ok() ? record->interval : 0);
@@ -369,8 +373,9 @@ std::string DamageAHeadBlob(const std::string& path, const std::string& exp, int
     for (const auto& m : *members) {
       const int iv = interval_of.count(m.member) ? interval_of[m.member] : -1;
       // iv > 1: an older trained version exists to fall back to. A member
-      // running ahead of a barrier is never its donor, and trains (finding
-      // the damage) before the next one.
+      // given an interval ahead of a barrier is never that barrier's donor,
+      // and trains that interval (finding the damage) before the next one;
+      // once it committed it, it waits at the next barrier like the others.
       if (m.blob && iv > 1 && iv < intervals &&
           (iv < max_interval || running_ahead.count(m.member) > 0) &&
           heads_with_blob[m.blob->Hex()] == 1) {
