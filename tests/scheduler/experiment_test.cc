@@ -1026,23 +1026,36 @@ void RunToEndWithAheadScores(Harness& h) {
 // before the barrier. It commits 0.99 there, and the scheduler restarts,
 // before the last three finish; the barrier still ranks it at 0.7 (not a
 // donor), and the run ends as one that waited at every barrier.
-TEST(ExperimentTest, AMemberSureToContinueRunsAheadOfTheBarrierAndTheRunEndsTheSame) {
-  auto c = BaseConfig(8, 3);
+// The run that waits at every barrier, to the end, with AheadScore's scores.
+std::unique_ptr<Harness> WaitingRun(const records::ExperimentConfig& c) {
   ExperimentOptions waits;
   waits.run_ahead = false;
-  Harness calm(c, waits);
-  RunToEndWithAheadScores(calm);
+  auto calm = std::make_unique<Harness>(c, waits);
+  RunToEndWithAheadScores(*calm);
+  return calm;
+}
+
+// Eight members' first intervals handed out, the first five committed (with
+// AheadScore's scores): nothing is queued until the fifth.
+void FirstFiveOfEightCommitted(Harness& h, std::vector<WorkItem>* first) {
+  while (h.e().Runnable()) first->push_back(h.Take());
+  ASSERT_EQ(first->size(), 8u);
+  for (size_t i = 0; i < 5; ++i) {
+    EXPECT_FALSE(h.e().Runnable()) << "after " << i << " results";
+    h.Commit((*first)[i], AheadScore((*first)[i]));
+  }
+}
+
+TEST(ExperimentTest, AMemberSureToContinueRunsAheadOfTheBarrierAndTheRunEndsTheSame) {
+  auto c = BaseConfig(8, 3);
+  auto calm_run = WaitingRun(c);
+  Harness& calm = *calm_run;
   ASSERT_TRUE(calm.e().ended());
   ASSERT_EQ(calm.Events("exploit").size(), 4u);  // two at each of barriers 1 and 2
 
   Harness h(c);
   std::vector<WorkItem> first;
-  while (h.e().Runnable()) first.push_back(h.Take());
-  ASSERT_EQ(first.size(), 8u);
-  for (int i = 0; i < 5; ++i) {
-    EXPECT_FALSE(h.e().Runnable()) << "after " << i << " results";
-    h.Commit(first[static_cast<size_t>(i)], AheadScore(first[static_cast<size_t>(i)]));
-  }
+  ASSERT_NO_FATAL_FAILURE(FirstFiveOfEightCommitted(h, &first));
   ASSERT_TRUE(h.e().Runnable());
   EXPECT_EQ(h.e().queued(), 1u);
   WorkItem ahead = h.Take();
@@ -1085,19 +1098,13 @@ TEST(ExperimentTest, AMemberSureToContinueRunsAheadOfTheBarrierAndTheRunEndsTheS
 // barrier 1 for decided, and it made no exploits.
 TEST(ExperimentTest, ARunAheadCommitWhoseRecordWasLostStillWaitsForItsBarrier) {
   auto c = BaseConfig(8, 3);
-  ExperimentOptions waits;
-  waits.run_ahead = false;
-  Harness calm(c, waits);
-  RunToEndWithAheadScores(calm);
+  auto calm_run = WaitingRun(c);
+  Harness& calm = *calm_run;
   ASSERT_TRUE(calm.e().ended());
 
   Harness h(c);
   std::vector<WorkItem> first;
-  while (h.e().Runnable()) first.push_back(h.Take());
-  ASSERT_EQ(first.size(), 8u);
-  for (int i = 0; i < 5; ++i) {
-    h.Commit(first[static_cast<size_t>(i)], AheadScore(first[static_cast<size_t>(i)]));
-  }
+  ASSERT_NO_FATAL_FAILURE(FirstFiveOfEightCommitted(h, &first));
   ASSERT_EQ(h.e().queued(), 1u);
   WorkItem ahead = h.Take();
   ASSERT_EQ(ahead.interval_after, 2);
