@@ -115,14 +115,14 @@ void Experiment::AfterInterval(Member* m, Clock::time_point now) {
     training_closed_ = true;
     Logger().info("{}: {} reached the target {} (score {:.4f}); no new intervals", c.name, m->name,
                   *c.target_metric, m->state.score);
-    io_->AppendEvent(records::EncodeEvent(
+    LogEvent(records::EncodeEvent(
         records::TargetReachedEvent{m->name, m->state.score, *c.target_metric}));
   }
   if (c.max_wall_s > 0 && !training_closed_ &&
       std::chrono::duration<double>(now - start_).count() >= c.max_wall_s) {
     training_closed_ = true;
     Logger().info("{}: wall-time limit of {} s reached; no new intervals", c.name, c.max_wall_s);
-    io_->AppendEvent(records::EncodeEvent(records::WallTimeReachedEvent{c.max_wall_s}));
+    LogEvent(records::EncodeEvent(records::WallTimeReachedEvent{c.max_wall_s}));
   }
   if (!policy_->synchronous() && !training_closed_ &&
       m->state.status == records::MemberStatus::kIdle) {
@@ -313,7 +313,7 @@ void Experiment::RunAheadOfBarrier() {
     // barrier that made no exploits). Not stored, not given.
     m.state.ahead_of = g;
     m.state.ahead_score = m.state.score;
-    if (!io_->SaveState(m.name, m.state).ok()) {
+    if (!SaveRecord(m).ok()) {
       m.state.ahead_of = -1;
       m.state.ahead_score = std::nan("");
       continue;
@@ -335,7 +335,7 @@ bool Experiment::ApplyDecisions(const std::map<std::string, Decision>& decisions
                             records::EncodeEvent(records::ExploitEvent{
                                 name, d.donor, m.state.interval, d.why, d.hparams, 0}));
       if (v.status().IsResourceExhausted()) {
-        if (deferred_.empty()) store_refusal_ = v.status().ToString();
+        NoteRefusal(v.status());
         deferred_.insert(it, decisions.end());
         Logger().warn("{}: exploit {} <- {} deferred until the store has space: {}", config_.name,
                       name, d.donor, v.status().ToString());
@@ -353,21 +353,21 @@ bool Experiment::ApplyDecisions(const std::map<std::string, Decision>& decisions
       m.state.last_exploit = m.state.interval;
       ++exploits_;
       io_->KillPoint(format::kill_points::kSchedulerExploited);
-      (void)io_->SaveState(name, m.state);
+      (void)SaveRecord(m);
     } else if (d.kind == Decision::Kind::kStop) {
       m.state.status = records::MemberStatus::kStopped;
-      (void)io_->SaveState(name, m.state);
-      io_->AppendEvent(
-          records::EncodeEvent(records::MemberStoppedEvent{name, d.why, std::nullopt}));
+      (void)SaveRecord(m);
+      LogEvent(records::EncodeEvent(records::MemberStoppedEvent{name, d.why, std::nullopt}));
     }
   }
   return true;
 }
 
 void Experiment::RetryDeferred() {
-  if (deferred_.empty()) return;
-  const std::map<std::string, Decision> decisions = std::exchange(deferred_, {});
+  if (!WaitingForStore()) return;
   store_refusal_.clear();
+  if (!WriteKept() || deferred_.empty()) return;
+  const std::map<std::string, Decision> decisions = std::exchange(deferred_, {});
   if (phase_ != Phase::kTraining) return;
   if (!ApplyDecisions(decisions)) return;
   Logger().info("{}: {} deferred decision(s) applied; the store has space again", config_.name,
@@ -400,10 +400,9 @@ void Experiment::OnFailed(const WorkItem& item, records::FailureCode code,
     ++m->state.failures;
     // Kept in its record, so that a restarted scheduler goes on counting
     // failures in a row instead of starting again from zero.
-    (void)io_->SaveState(m->name, m->state);
+    (void)SaveRecord(*m);
   }
-  io_->AppendEvent(
-      records::EncodeEvent(records::FailedEvent{m->name, code, reason, m->state.failures}));
+  LogEvent(records::EncodeEvent(records::FailedEvent{m->name, code, reason, m->state.failures}));
   Logger().warn("{}: member {} failed ({}): {}", config_.name, m->name,
                 records::FailureCodeName(code), reason);
   if (item.eval_only) {
@@ -418,8 +417,8 @@ void Experiment::OnFailed(const WorkItem& item, records::FailureCode code,
   }
   if (m->state.failures >= options_.max_member_failures) {
     m->state.status = records::MemberStatus::kFailed;
-    (void)io_->SaveState(m->name, m->state);
-    io_->AppendEvent(records::EncodeEvent(records::MemberStoppedEvent{
+    (void)SaveRecord(*m);
+    LogEvent(records::EncodeEvent(records::MemberStoppedEvent{
         m->name, "failed " + std::to_string(m->state.failures) + " times; last: " + reason,
         m->version}));
     Logger().warn("{}: member {} stopped after {} failures; its last good version {} is kept",
@@ -457,7 +456,7 @@ bool Experiment::FallBackFromCorruptHead(int member, const WorkItem& item,
   m.state.last_exploit = std::min(m.state.last_exploit, interval);
   m.state.score = good->score;
   m.state.status = records::MemberStatus::kIdle;
-  (void)io_->SaveState(m.name, m.state);
+  (void)SaveRecord(m);
   auto v = io_->Restore(m.name, good->version);
   if (!v.ok()) {
     Logger().error("{}: member {}: restoring v{} after a damaged v{}: {}", config_.name, m.name,
@@ -467,7 +466,7 @@ bool Experiment::FallBackFromCorruptHead(int member, const WorkItem& item,
   m.version = *v;
   m.step = good->step;
   m.hparams = good->hparams;
-  io_->AppendEvent(records::EncodeEvent(
+  LogEvent(records::EncodeEvent(
       records::CorruptStateEvent{m.name, item.head_version, good->version, *v, interval, reason}));
   Logger().warn(
       "{}: member {} v{} is damaged in the store ({}); it falls back to v{} (interval "
@@ -490,7 +489,7 @@ void Experiment::OnConfigureRefused(const std::string& reason) {
   if (phase_ == Phase::kDone) return;
   Logger().error("{}: a worker refused the experiment: {}; the experiment has failed", config_.name,
                  reason);
-  io_->AppendEvent(records::EncodeEvent(records::ConfigureRefusedEvent{reason}));
+  LogEvent(records::EncodeEvent(records::ConfigureRefusedEvent{reason}));
   End(records::ExperimentStatus::kFailed);
 }
 
@@ -503,11 +502,77 @@ void Experiment::End(records::ExperimentStatus status) {
   ready_.clear();
   phase_ = Phase::kDone;
   status_ = status;
-  Status s = io_->SetStatus(status);
-  if (!s.ok()) {
-    Logger().error("{}: recording its end ({}): {}", id(), records::ExperimentStatusName(status),
-                   s.ToString());
+  // Recorded after the records and events before it (the test scores are in
+  // the records of a done experiment).
+  end_unrecorded_ = true;
+  (void)WriteKept();
+}
+
+Status Experiment::SaveRecord(const Member& m) {
+  const int i = Find(m.name);
+  Status s = io_->SaveState(m.name, m.state);
+  if (s.IsResourceExhausted()) {
+    unsaved_records_.insert(i);
+    NoteRefusal(s);
+  } else {
+    unsaved_records_.erase(i);  // written, or refused for good (logged by io_)
   }
+  return s;
+}
+
+void Experiment::LogEvent(std::string json) {
+  if (unlogged_events_.empty()) {
+    Status s = io_->AppendEvent(json);
+    if (!s.IsResourceExhausted()) return;  // appended, or refused for good (logged by io_)
+    NoteRefusal(s);
+  }
+  unlogged_events_.push_back(std::move(json));  // after those kept before it
+}
+
+void Experiment::NoteRefusal(const Status& s) {
+  if (store_refusal_.empty()) store_refusal_ = s.ToString();
+}
+
+void Experiment::OnRecordRefused(const std::string& member, const Status& refusal) {
+  const int i = Find(member);
+  if (i < 0 || !refusal.IsResourceExhausted()) return;
+  unsaved_records_.insert(i);
+  NoteRefusal(refusal);
+}
+
+bool Experiment::WriteKept() {
+  while (!unsaved_records_.empty()) {
+    const Member& m = members_[*unsaved_records_.begin()];
+    const Status s = io_->SaveState(m.name, m.state);
+    if (s.IsResourceExhausted()) {
+      NoteRefusal(s);
+      return false;
+    }
+    unsaved_records_.erase(unsaved_records_.begin());
+  }
+  while (!unlogged_events_.empty()) {
+    const Status s = io_->AppendEvent(unlogged_events_.front());
+    if (s.IsResourceExhausted()) {
+      NoteRefusal(s);
+      return false;
+    }
+    unlogged_events_.pop_front();
+  }
+  if (end_unrecorded_) {
+    const Status s = io_->SetStatus(status_);
+    if (s.IsResourceExhausted()) {
+      NoteRefusal(s);
+      Logger().warn("{}: recording its end ({}) waits for the store to have space: {}", id(),
+                    records::ExperimentStatusName(status_), s.ToString());
+      return false;
+    }
+    end_unrecorded_ = false;
+    if (!s.ok()) {
+      Logger().error("{}: recording its end ({}): {}", id(), records::ExperimentStatusName(status_),
+                     s.ToString());
+    }
+  }
+  return true;
 }
 
 Status Experiment::Pause() {
@@ -517,7 +582,7 @@ Status Experiment::Pause() {
   }
   CKPT_RETURN_IF_ERROR(io_->SetStatus(records::ExperimentStatus::kPaused));
   status_ = records::ExperimentStatus::kPaused;
-  io_->AppendEvent(records::EncodeEvent(records::PausedEvent{}));
+  LogEvent(records::EncodeEvent(records::PausedEvent{}));
   return Status::OK();
 }
 
@@ -528,7 +593,7 @@ Status Experiment::Resume() {
   }
   CKPT_RETURN_IF_ERROR(io_->SetStatus(records::ExperimentStatus::kRunning));
   status_ = records::ExperimentStatus::kRunning;
-  io_->AppendEvent(records::EncodeEvent(records::ResumedEvent{}));
+  LogEvent(records::EncodeEvent(records::ResumedEvent{}));
   return Status::OK();
 }
 
@@ -538,7 +603,7 @@ Status Experiment::Stop() {
                                       records::ExperimentStatusName(status_) + ")");
   }
   CKPT_RETURN_IF_ERROR(io_->SetStatus(records::ExperimentStatus::kStopped));
-  io_->AppendEvent(records::EncodeEvent(records::StoppedEvent{}));
+  LogEvent(records::EncodeEvent(records::StoppedEvent{}));
   End(records::ExperimentStatus::kStopped);
   return Status::OK();
 }
@@ -580,10 +645,10 @@ void Experiment::Finish() {
   final_eval.metric = config_.Metric();
   for (const auto& m : members_) {
     if (std::isnan(m.state.test_score)) continue;
-    (void)io_->SaveState(m.name, m.state);
+    (void)SaveRecord(m);
     final_eval.results.push_back({m.name, m.state.score, m.state.test_score, m.version});
   }
-  io_->AppendEvent(records::EncodeEvent(final_eval));
+  LogEvent(records::EncodeEvent(final_eval));
   End(records::ExperimentStatus::kDone);
 }
 

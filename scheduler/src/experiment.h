@@ -42,6 +42,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -111,8 +112,9 @@ class ExperimentIo {
   // reconciled from the head at the next start, but a run-ahead mark that is
   // not stored is not given.
   virtual Status SaveState(const std::string& member, const records::MemberRecord& state) = 0;
-  // Appends one event (a JSON object) to the experiment's log.
-  virtual void AppendEvent(const std::string& json) = 0;
+  // Appends one event (a JSON object) to the experiment's log. Failures are
+  // logged by the implementation and returned (the store's errors).
+  virtual Status AppendEvent(const std::string& json) = 0;
   // Records the experiment's status. Errors: the store's.
   virtual Status SetStatus(records::ExperimentStatus status) = 0;
   // Crash-test seam (SchedulerOptions::kill_point).
@@ -157,7 +159,8 @@ class Experiment {
   const records::ExperimentConfig& config() const { return config_; }
   records::ExperimentStatus status() const { return status_; }
   Phase phase() const { return phase_; }
-  bool ended() const { return phase_ == Phase::kDone; }
+  // Ended, and its end stored (see WaitingForStore).
+  bool ended() const { return phase_ == Phase::kDone && !WaitingForStore(); }
   // Whether TakeNext has work to give (running, not paused, queue not empty).
   bool Runnable() const {
     return status_ == records::ExperimentStatus::kRunning && !ready_.empty();
@@ -194,19 +197,34 @@ class Experiment {
   // be loaded): the experiment ends at once as failed, with the reason.
   void OnConfigureRefused(const std::string& reason);
 
-  // Decisions the store refused for want of space (an exploit it could not
-  // write: ResourceExhausted) are kept, not dropped: the members they concern
-  // (in sync mode, the whole generation) are not queued until they are
-  // applied, so a full disk changes when the run ends, never what it ends
-  // with. The caller pauses dispatch while WaitingForStore() and calls
-  // RetryDeferred() once the store takes writes again; a decision refused
-  // for any other reason is logged and skipped, as before.
-  bool WaitingForStore() const { return !deferred_.empty(); }
-  // The store's refusal of the first deferred decision (empty when none).
+  // Writes the store refused for want of space (ResourceExhausted) are kept,
+  // not dropped, so a full disk changes when the run ends, never what it ends
+  // with:
+  // - a decision (an exploit it could not write): the members it concerns
+  //   (in sync mode, the whole generation) are not queued until it is
+  //   applied;
+  // - a member's state record (its failures in a row, its test score), an
+  //   event, the experiment's end (its status): written again later, events
+  //   in their order. The experiment has not ended() until its end and the
+  //   records and events before it are stored (the final evaluation's test
+  //   scores are not lost to a full disk).
+  // The caller pauses dispatch while WaitingForStore() and calls
+  // RetryDeferred() once the store takes writes again; a write refused for
+  // any other reason is logged and skipped, as before (the records are
+  // reconciled from the heads at the next start).
+  bool WaitingForStore() const {
+    return !deferred_.empty() || !unsaved_records_.empty() || !unlogged_events_.empty() ||
+           end_unrecorded_;
+  }
+  // The store's refusal of the first write kept (empty when none).
   const std::string& store_refusal() const { return store_refusal_; }
-  // Applies the deferred decisions in their order and queues what they held
-  // back; those refused again stay deferred.
+  // Writes what was kept (records, events, the end), then applies the
+  // deferred decisions in their order and queues what they held back; what
+  // is refused again stays kept.
   void RetryDeferred();
+  // The state record the scheduler wrote for `member` after a commit was
+  // refused for want of space: it is written again with the rest.
+  void OnRecordRefused(const std::string& member, const Status& refusal);
 
   // Control verbs. FailedPrecondition when the experiment has ended.
   Status Pause();
@@ -241,6 +259,15 @@ class Experiment {
   // after it are in deferred_.
   bool ApplyDecisions(const std::map<std::string, Decision>& decisions);
   void Enqueue(int member, bool eval, bool front = false);
+  // The experiment's writes (ExperimentIo) that keep a refusal for want of
+  // space to redo (see WaitingForStore); they return the store's status.
+  Status SaveRecord(const Member& m);
+  void LogEvent(std::string json);
+  // Keeps `s`'s message as store_refusal() when it is the first kept.
+  void NoteRefusal(const Status& s);
+  // Writes what was kept, oldest first; false when the store refused one for
+  // want of space again (it and those after it stay kept).
+  bool WriteKept();
   void StartFinalEval();
   void Finish();
   void End(records::ExperimentStatus status);
@@ -266,6 +293,9 @@ class Experiment {
   int evals_pending_ = 0;
   int64_t exploits_ = 0;
   std::map<std::string, Decision> deferred_;  // refused for want of space
+  std::set<int> unsaved_records_;             // members whose record is to write again
+  std::deque<std::string> unlogged_events_;   // events to append, in order
+  bool end_unrecorded_ = false;               // status_ (an end) is to record
   std::string store_refusal_;
   int64_t samples_ = 0;
   int64_t intervals_this_run_ = 0;

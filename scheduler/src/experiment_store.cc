@@ -126,10 +126,11 @@ Status StoreExperimentIo::SaveState(const std::string& member, const records::Me
   return s;
 }
 
-void StoreExperimentIo::AppendEvent(const std::string& json) {
+Status StoreExperimentIo::AppendEvent(const std::string& json) {
   StoreTimer t(metrics_, metrics::StoreOp::kAppendEvent, json.size());
   auto s = store_->AppendEvent(exp_, json);
   if (!s.ok()) Logger().error("{}: appending an event: {}", exp_, s.status().ToString());
+  return s.status();
 }
 
 Status StoreExperimentIo::SetStatus(records::ExperimentStatus status) {

@@ -53,7 +53,7 @@ class StoreExperimentIo : public ExperimentIo {
   StatusOr<int64_t> Exploit(const std::string& member, const std::string& donor,
                             const HParams& hparams, const std::string& event_json) override;
   Status SaveState(const std::string& member, const records::MemberRecord& state) override;
-  void AppendEvent(const std::string& json) override;
+  Status AppendEvent(const std::string& json) override;
   Status SetStatus(records::ExperimentStatus status) override;
   void KillPoint(std::string_view point) override;
   StatusOr<GoodVersion> NewestGoodVersion(const std::string& member, int64_t bad_version) override;

@@ -357,6 +357,7 @@ void SchedulerImpl::OnTaskEvent(size_t worker, WorkerEvent ev) {
         NoteStateSize(entries_[e->id()], ev.result.state.size);
         e->OnCommitted(item, ev.version, ev.result.step, ev.result.val_score, ev.result.samples,
                        Clock::now());
+        if (!ev.record_status.ok()) e->OnRecordRefused(item.member, ev.record_status);
         break;
       case WorkerEvent::Kind::kEvaluated:
         e->OnEvaluated(item, ev.result.test_score);

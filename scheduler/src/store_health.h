@@ -1,8 +1,9 @@
 // StoreHealth: the scheduler's watch over its store (private to
 // ckpt::scheduler), out of the event loop's way.
 //
-// - A full disk: when the store refuses a write for want of space (a commit
-//   or an exploit: ResourceExhausted), WaitForSpace pauses dispatch
+// - A full disk: when the store refuses a write for want of space (a commit,
+//   or a write an experiment keeps to redo: an exploit, a state record, an
+//   event, its end; ResourceExhausted), WaitForSpace pauses dispatch
 //   (waiting_for_space()) and probes the store (Store::Recover) every 1 s,
 //   doubling to 30 s, warning with the free bytes each time; once it takes
 //   writes again (or refuses them for good, which is logged) `on_writable`

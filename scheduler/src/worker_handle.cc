@@ -420,16 +420,17 @@ void WorkerHandle::HandleResult(const ipc::Received& rec) {
   // reconciled from the head manifest at start-up.
   records::MemberRecord state = e.task.state_after;
   state.score = r->val_score;
-  Status saved =
+  const Status saved =
       store_->SetMemberState(e.task.exp, e.task.member, records::EncodeMemberRecord(state));
   if (!saved.ok()) {
     Logger().error(
         "{}/{}: writing the state record after v{}: {} (reconciled from the head at "
-        "the next start)",
+        "the next start, or written again once the store has space)",
         e.task.exp, e.task.member, *version, saved.ToString());
   }
   e.kind = WorkerEvent::Kind::kCommitted;
   e.version = *version;
+  e.record_status = saved;
   on_event_(std::move(e));
 }
 

@@ -128,8 +128,12 @@ struct WorkerEvent {
   // committed, and like a head that moved the member is not charged).
   records::FailureCode code = records::FailureCode::kInternal;
   StatusCode commit_status = StatusCode::kOk;  // kCommitError: why the store refused
-  std::string reason;                          // kFailed / kCommitError / kLost / kConfigureRefused
-  std::string exp;                             // kConfigureRefused
+  // kCommitted: the store's answer to the member's state record written
+  // after the commit (a refusal for want of space is written again later:
+  // Experiment::OnRecordRefused).
+  Status record_status;
+  std::string reason;  // kFailed / kCommitError / kLost / kConfigureRefused
+  std::string exp;     // kConfigureRefused
 };
 
 struct WorkerSpec {

@@ -77,10 +77,10 @@ class RecordingPolicy : public Policy {
   std::map<int, int>* decided_;
 };
 
-// The store's writes as the experiment makes them, except that exploits can
-// be refused as a full disk refuses them (ResourceExhausted, nothing
-// written). A real full disk is chaos.disk_full's (a tmpfs filled with
-// ballast); this places the refusal at an exact exploit.
+// The store's writes as the experiment makes them, except that they can be
+// refused as a full disk refuses them (ResourceExhausted, nothing written). A
+// real full disk is chaos.disk_full's (a tmpfs filled with ballast); this
+// places the refusal at an exact write.
 class SpaceIo : public ExperimentIo {
  public:
   explicit SpaceIo(std::unique_ptr<StoreExperimentIo> io) : io_(std::move(io)) {}
@@ -89,35 +89,58 @@ class SpaceIo : public ExperimentIo {
     allow_ = allow;
     refuse_ = refuse;
   }
+  // While full, every write is refused (records, events, status, exploits).
+  void SetFull(bool full) { full_ = full; }
   int refused() const { return refused_; }
+
+  static Status NoSpace(const std::string& what) {
+    return Status::ResourceExhausted("store: no space left on the device to write " + what);
+  }
 
   StatusOr<int64_t> Exploit(const std::string& member, const std::string& donor,
                             const HParams& hparams, const std::string& event_json) override {
+    if (full_) {
+      ++refused_;
+      return NoSpace("exploit " + member + " <- " + donor);
+    }
     if (allow_ > 0) {
       --allow_;
     } else if (refuse_ > 0) {
       --refuse_;
       ++refused_;
-      return Status::ResourceExhausted("store: no space left on the device to write exploit " +
-                                       member + " <- " + donor);
+      return NoSpace("exploit " + member + " <- " + donor);
     }
     return io_->Exploit(member, donor, hparams, event_json);
   }
   Status SaveState(const std::string& member, const records::MemberRecord& state) override {
+    if (full_) return Refuse("the state record of " + member);
     return io_->SaveState(member, state);
   }
-  void AppendEvent(const std::string& json) override { io_->AppendEvent(json); }
-  Status SetStatus(records::ExperimentStatus status) override { return io_->SetStatus(status); }
+  Status AppendEvent(const std::string& json) override {
+    if (full_) return Refuse("an event");
+    return io_->AppendEvent(json);
+  }
+  Status SetStatus(records::ExperimentStatus status) override {
+    if (full_) return Refuse("the experiment's status");
+    return io_->SetStatus(status);
+  }
   void KillPoint(std::string_view point) override { io_->KillPoint(point); }
   StatusOr<GoodVersion> NewestGoodVersion(const std::string& member, int64_t bad_version) override {
     return io_->NewestGoodVersion(member, bad_version);
   }
   StatusOr<int64_t> Restore(const std::string& member, int64_t version) override {
+    if (full_) return Refuse("a restore of " + member);
     return io_->Restore(member, version);
   }
 
  private:
+  Status Refuse(const std::string& what) {
+    ++refused_;
+    return NoSpace(what);
+  }
+
   std::unique_ptr<StoreExperimentIo> io_;
+  bool full_ = false;
   int allow_ = 0;
   int refuse_ = 0;
   int refused_ = 0;
@@ -152,6 +175,7 @@ class Harness {
         std::make_unique<StoreExperimentIo>(store_, config_.name, [this](std::string_view p) {
           if (p == crash_at_ && --crash_countdown_ == 0) throw Crash{};
         }));
+    io_->SetFull(full_);
     auto members = LoadMembers(store_, config_);
     CKPT_CHECK(members.ok());
     auto info = store_->GetExperiment(config_.name);
@@ -184,6 +208,14 @@ class Harness {
 
   WorkItem Take() { return e_->TakeNext(now_); }
 
+  // The disk fills (every write of the experiment's refused, across
+  // restarts) or has space again.
+  void SetFull(bool full) {
+    full_ = full;
+    io_->SetFull(full);
+  }
+  bool full() const { return full_; }
+
   // What the worker handle does with a RESULT: commit the blob, then the
   // state record; then the loop hears of it. `crash_before_state`: the process
   // dies between the two (the record is reconciled at the next Open).
@@ -206,6 +238,12 @@ class Harness {
     trained_[{w.member, w.interval_after}]++;
     trained_hparams_[{w.member, w.interval_after}] = w.hparams;
     if (crash_before_state) throw Crash{};
+    if (full_) {
+      // The disk filled right after the commit: the record after it is refused.
+      e_->OnCommitted(w, *v, c.step, score, w.steps * 64, now_);
+      e_->OnRecordRefused(w.member, SpaceIo::NoSpace("the state record of " + w.member));
+      return;
+    }
     records::MemberRecord st = w.state_after;
     st.score = score;
     ASSERT_TRUE(
@@ -258,6 +296,7 @@ class Harness {
   Clock::time_point now_ = Clock::time_point() + std::chrono::hours(1);
   std::string crash_at_;
   int crash_countdown_ = 0;
+  bool full_ = false;
   std::map<std::pair<std::string, int>, int> trained_;
   std::map<std::pair<std::string, int>, HParams> trained_hparams_;
 };
@@ -644,6 +683,99 @@ TEST(ExperimentTest, AsyncExploitRefusedForWantOfSpaceHoldsOnlyThatMember) {
   } while (next.member != "m000");
   EXPECT_EQ(next.head_version, h.e().members()[0].version);
   EXPECT_EQ(next.interval_after, 3);
+}
+
+// The disk fills during the final evaluation: the test scores (in the
+// members' records), the final evaluation's event and the end are kept and
+// written once the store has space again, and only then has the experiment
+// ended. Before, the scheduler ended (exiting 0, printing the results) with
+// the store still saying it runs and the test scores lost (ckpt-chaos seed
+// 16, its full disks late in the run).
+TEST(ExperimentTest, AFullDiskDuringTheFinalEvaluationEndsTheRunOnlyOnceItsEndIsStored) {
+  const auto c = BaseConfig(4, 2);
+  Harness calm(c);
+  calm.RunToEnd();
+  ASSERT_TRUE(calm.e().ended());
+  const auto test_score_of = [](Harness& x, const WorkItem& w) {
+    return 0.5 + 0.001 * x.e().members()[x.e().Find(w.member)].state.index;
+  };
+
+  Harness h(c);
+  std::vector<WorkItem> evals;
+  while (h.e().Runnable()) {
+    WorkItem w = h.Take();
+    if (w.eval_only) {
+      evals.push_back(w);
+    } else {
+      h.Commit(w, ScoreOf(w.hparams, w.interval_after));
+    }
+  }
+  ASSERT_EQ(evals.size(), 4u);
+  h.SetFull(true);
+  for (const auto& w : evals) h.e().OnEvaluated(w, test_score_of(h, w));
+  EXPECT_FALSE(h.e().ended()) << "its end is not stored";
+  EXPECT_TRUE(h.e().WaitingForStore());
+  EXPECT_NE(h.e().store_refusal().find("no space left"), std::string::npos)
+      << h.e().store_refusal();
+  EXPECT_NE(h.store().GetExperiment("exp")->status, "done");
+  EXPECT_TRUE(h.Events("final_eval").empty());
+  // Still full at the first retry.
+  h.e().RetryDeferred();
+  EXPECT_FALSE(h.e().ended());
+  EXPECT_TRUE(h.e().WaitingForStore());
+  // Space again: everything kept is written, in order, and the run ends.
+  h.SetFull(false);
+  h.e().RetryDeferred();
+  EXPECT_TRUE(h.e().ended());
+  EXPECT_FALSE(h.e().WaitingForStore());
+  EXPECT_TRUE(h.e().store_refusal().empty());
+  EXPECT_EQ(h.store().GetExperiment("exp")->status, "done");
+  auto strip = [](std::vector<json> events) {
+    for (auto& ev : events) ev.erase("unix_ms");
+    return events;
+  };
+  EXPECT_EQ(strip(h.Events("final_eval")), strip(calm.Events("final_eval")));
+  // A restarted scheduler reads the test scores back from the records.
+  h.Open();
+  calm.Open();
+  ASSERT_TRUE(h.e().ended());
+  int scored = 0;
+  for (size_t i = 0; i < h.e().members().size(); ++i) {
+    const double got = h.e().members()[i].state.test_score;
+    const double want = calm.e().members()[i].state.test_score;
+    if (std::isnan(want)) {
+      EXPECT_TRUE(std::isnan(got)) << h.e().members()[i].name;
+    } else {
+      EXPECT_EQ(got, want) << h.e().members()[i].name;
+      ++scored;
+    }
+  }
+  EXPECT_EQ(scored, 4);
+}
+
+// A member's failure count and events refused on a full disk are written
+// once it has space, in their order, before anything logged after them.
+TEST(ExperimentTest, RecordsAndEventsRefusedForWantOfSpaceAreWrittenLaterInTheirOrder) {
+  Harness h(BaseConfig(4, 2));
+  WorkItem a = h.Take();
+  WorkItem b = h.Take();
+  h.SetFull(true);
+  h.e().OnFailed(a, records::FailureCode::kNonFinite, "first", false);
+  EXPECT_TRUE(h.e().WaitingForStore());
+  h.SetFull(false);
+  // Written while the first is still kept: it waits behind it.
+  h.e().OnFailed(b, records::FailureCode::kNonFinite, "second", false);
+  EXPECT_TRUE(h.Events("failed").empty());
+  h.e().RetryDeferred();
+  EXPECT_FALSE(h.e().WaitingForStore());
+  const auto failed = h.Events("failed");
+  ASSERT_EQ(failed.size(), 2u);
+  EXPECT_EQ(failed[0]["reason"], "first");
+  EXPECT_EQ(failed[1]["reason"], "second");
+  // The failure count is in the stored record: a restart goes on from it.
+  h.Open();
+  EXPECT_EQ(h.e().members()[h.e().Find(a.member)].state.failures, 1);
+  EXPECT_EQ(h.e().members()[h.e().Find(b.member)].state.failures, 1);
 }
 
 // --- Async PBT ---------------------------------------------------------------
@@ -1182,7 +1314,8 @@ TEST(ExperimentRandomTest, InvariantsHoldUnderRandomEventOrders) {
   auto shared = store::Store::Open(so);
   ASSERT_TRUE(shared.ok());
   std::mt19937_64 rng(20261203);
-  int sequences = 0, events = 0, restarts = 0, ran_ahead = 0, commits_lost = 0;
+  int sequences = 0, events = 0, restarts = 0, ran_ahead = 0, commits_lost = 0, full_disks = 0,
+      writes_refused = 0;
   for (int seq = 0; seq < kSequences; ++seq) {
     const int population = 2 + static_cast<int>(rng() % 7);
     const int intervals = 1 + static_cast<int>(rng() % 4);
@@ -1216,10 +1349,30 @@ TEST(ExperimentRandomTest, InvariantsHoldUnderRandomEventOrders) {
     Harness h(c, opts, shared->get());
     std::vector<WorkItem> in_flight;
     std::set<std::tuple<std::string, int>> exploited;
+    int full_for = 0;  // steps the disk stays full
+    // What the scheduler does with a result while the disk is full: the
+    // commit is refused (the interval reruns from its committed head) or, the
+    // disk having filled just after it, the writes after it are.
+    const auto commit = [&](const WorkItem& w) {
+      if (h.full() && rng() % 2 == 0) {
+        h.e().OnReturned(w);
+      } else {
+        h.Commit(w, ScoreOf(w.hparams, w.interval_after));
+      }
+    };
+    // Dispatch pauses once a write was refused (StoreHealth) until space returns.
+    const auto runnable = [&] {
+      return h.e().Runnable() && !(h.full() && h.e().WaitingForStore());
+    };
     for (int step = 0; step < 5000 && !h.e().ended(); ++step) {
       ++events;
+      if (full_for > 0 && --full_for == 0) {
+        writes_refused += h.io().refused();
+        h.SetFull(false);
+        h.e().RetryDeferred();  // StoreHealth's probe found space
+      }
       const int action = static_cast<int>(rng() % 10);
-      if (action < 4 && h.e().Runnable()) {
+      if (action < 4 && runnable()) {
         in_flight.push_back(h.Take());
         if (in_flight.back().state_after.ahead()) ++ran_ahead;
       } else if (!in_flight.empty() && action < 8) {
@@ -1232,7 +1385,7 @@ TEST(ExperimentRandomTest, InvariantsHoldUnderRandomEventOrders) {
         } else if (w.eval_only) {
           h.e().OnEvaluated(w, 0.5);
         } else {
-          h.Commit(w, ScoreOf(w.hparams, w.interval_after));
+          commit(w);
         }
       } else if (!in_flight.empty() && action == 8) {
         // A worker is lost with everything it held.
@@ -1258,7 +1411,13 @@ TEST(ExperimentRandomTest, InvariantsHoldUnderRandomEventOrders) {
         in_flight.clear();
         ++restarts;
         h.Open();
-      } else if (h.e().Runnable()) {
+      } else if (action == 9 && full_for == 0 && rng() % 6 == 0) {
+        // The disk fills for a while: every write of the experiment is
+        // refused (records, events, exploits, its end).
+        full_for = 1 + static_cast<int>(rng() % 30);
+        ++full_disks;
+        h.SetFull(true);
+      } else if (runnable()) {
         in_flight.push_back(h.Take());
       } else if (!in_flight.empty()) {
         WorkItem w = in_flight.front();
@@ -1266,8 +1425,10 @@ TEST(ExperimentRandomTest, InvariantsHoldUnderRandomEventOrders) {
         if (w.eval_only) {
           h.e().OnEvaluated(w, 0.5);
         } else {
-          h.Commit(w, ScoreOf(w.hparams, w.interval_after));
+          commit(w);
         }
+      } else if (h.full()) {
+        full_for = 1;  // nothing left to do but wait for space
       }
       // Invariants.
       for (const auto& [key, times] : h.trained()) {
@@ -1313,16 +1474,23 @@ TEST(ExperimentRandomTest, InvariantsHoldUnderRandomEventOrders) {
       EXPECT_EQ(got.members, expected.members) << "seq " << seq;
       EXPECT_EQ(got.exploits, expected.exploits) << "seq " << seq;
     }
+    // Its end is stored (a full disk at the end only delays it).
+    EXPECT_EQ(h.store().GetExperiment(c.name)->status,
+              records::ExperimentStatusName(h.e().status()))
+        << "seq " << seq;
+    EXPECT_FALSE(h.Events("final_eval").empty()) << "seq " << seq;
     ++sequences;
   }
   std::printf(
       "%d sequences, %d events, %d scheduler restarts (%d right after a commit, before its "
-      "state record), %d intervals run ahead\n",
-      sequences, events, restarts, commits_lost, ran_ahead);
+      "state record), %d intervals run ahead, %d full disks (%d writes refused)\n",
+      sequences, events, restarts, commits_lost, ran_ahead, full_disks, writes_refused);
   EXPECT_EQ(sequences, kSequences);
   EXPECT_GT(ran_ahead, kSequences / 10);
   EXPECT_GT(restarts, 5 * kSequences / 40);
   EXPECT_GT(commits_lost, restarts / 8);
+  EXPECT_GT(full_disks, kSequences / 10);
+  EXPECT_GT(writes_refused, full_disks);
 }
 
 }  // namespace
