@@ -85,6 +85,41 @@ def read_idx(path):
     return torch.frombuffer(bytearray(data[4 + 4 * rank:]), dtype=torch.uint8).reshape(dims)
 
 
+def cpu_has_avx512():
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and " avx512f" in line for line in f)
+    except OSError:
+        return False
+
+
+CPU_HAS_AVX512 = cpu_has_avx512()
+
+
+class OneChannelConv2d(nn.Conv2d):
+    """nn.Conv2d that, on a CPU without AVX-512, trains on a one-channel input
+    through LibTorch's im2col and matrix product (thnn_conv2d), as ckpt does
+    (worker/src/forward.cc: oneDNN's AVX2 kernels for that shape are slow).
+    The same sums in another order, so the comparison stays bit-close instead
+    of drifting by float rounding (with oneDNN's conv here, on an AMD EPYC of
+    the first Zen generation, the runs end 7e-7 to 4e-5 apart, and an Adam
+    second moment of a bias before BatchNorm, a gradient that is rounding
+    noise, 7e-3). TorchScript-able: the choice is an attribute of the module,
+    so a scripted model keeps the one made on the machine that scripted it."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.use_thnn = not CPU_HAS_AVX512
+
+    def forward(self, x):
+        if (self.use_thnn and torch.is_grad_enabled() and self.weight.requires_grad
+                and x.device.type == "cpu" and x.dim() == 4 and x.size(1) == 1
+                and x.dtype == torch.float32):
+            return torch._C._nn.thnn_conv2d(x, self.weight, self.kernel_size, self.bias,
+                                            self.stride, self.padding)
+        return self._conv_forward(x, self.weight, self.bias)
+
+
 class SpecModel(nn.Module):
     """A ckpt model spec as a torch module with ckpt's state_dict names."""
 
@@ -102,7 +137,8 @@ class SpecModel(nn.Module):
                 name = layer.get("name", prefix + str(counters[kind]))
             if kind == "conv2d":
                 k, s, p = layer["kernel"], layer.get("stride", 1), layer.get("padding", 0)
-                mod = nn.Conv2d(shape[0], layer["out"], k, s, p, bias=layer.get("bias", True))
+                conv = OneChannelConv2d if shape[0] == 1 else nn.Conv2d
+                mod = conv(shape[0], layer["out"], k, s, p, bias=layer.get("bias", True))
                 shape = [layer["out"], (shape[1] + 2 * p - k) // s + 1, (shape[2] + 2 * p - k) // s + 1]
             elif kind == "linear":
                 mod = nn.Linear(shape[0], layer["out"], bias=layer.get("bias", True))
@@ -135,11 +171,15 @@ class SpecModel(nn.Module):
 
 
 class LeNet5(nn.Module):
-    """LeNet-5 written as one would in Python; TorchScript-able."""
+    """LeNet-5 written as one would in Python; TorchScript-able. Its conv1
+    computes as ckpt's built-in lenet5 does (OneChannelConv2d: the same
+    kernels on the same CPU), so the two train bit-close; with nn.Conv2d the
+    runs differ by float rounding on CPUs without AVX-512 (1.1e-6 after
+    eight steps under LibTorch 2.11)."""
 
     def __init__(self):
         super().__init__()
-        self.conv1 = nn.Conv2d(1, 6, 5, padding=2)
+        self.conv1 = OneChannelConv2d(1, 6, 5, padding=2)
         self.conv2 = nn.Conv2d(6, 16, 5)
         self.fc1 = nn.Linear(400, 120)
         self.fc2 = nn.Linear(120, 84)
