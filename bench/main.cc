@@ -10,6 +10,7 @@
 
 #include "bench.h"
 #ifdef CKPT_BENCH_WITH_MODEL
+#include "ckpt/model/blas_kernels.h"
 #include "ckpt/worker/allocator.h"
 #endif
 
@@ -74,19 +75,44 @@ nlohmann::json CpuDescription() {
   for (const char* f : kSimd) {
     if (flags.find(std::string(" ") + f + " ") != std::string::npos) simd.push_back(f);
   }
-  return {{"model_name", first["model name"]},
-          {"vendor", first["vendor_id"]},
-          {"family", first["cpu family"]},
-          {"model", first["model"]},
-          {"logical_cpus", logical},
-          {"cores_per_socket", first["cpu cores"]},
-          {"simd", simd}};
+  nlohmann::json cpu = {{"model_name", first["model name"]},
+                        {"vendor", first["vendor_id"]},
+                        {"family", first["cpu family"]},
+                        {"model", first["model"]},
+                        {"logical_cpus", logical},
+                        {"cores_per_socket", first["cpu cores"]},
+                        {"simd", simd}};
+#ifdef CKPT_BENCH_WITH_MODEL
+  // The kernels of LibTorch's CPU matrix products (OpenBLAS picks them when it
+  // loads, unless OPENBLAS_CORETYPE names them: blas_kernels.h).
+  const auto blas = ckpt::model::DescribeBlasKernels();
+  const char* coretype = std::getenv("OPENBLAS_CORETYPE");
+  cpu["blas"] = {{"library", blas.library.empty() ? "not OpenBLAS" : blas.library},
+                 {"config", blas.config},
+                 {"core", blas.core},
+                 {"openblas_coretype", coretype == nullptr ? "" : coretype},
+                 {"better_core", blas.better_core}};
+  if (!blas.better_core.empty()) {
+    std::fprintf(stderr,
+                 "ckpt-bench: OpenBLAS runs its %s kernels on this CPU, which has AVX2 (%s): its "
+                 "matrix products and the peak measured from them are understated; "
+                 "OPENBLAS_CORETYPE=%s runs the CPU's own\n",
+                 blas.core.c_str(), blas.config.c_str(), blas.better_core.c_str());
+  }
+#endif
+  return cpu;
 }
 
 }  // namespace ckpt::bench
 
 int main(int argc, char** argv) {
 #ifdef CKPT_BENCH_WITH_MODEL
+  // The BLAS kernels ckpt-worker runs (blas_kernels.h), for the in-process
+  // loops and the peak measured here and for the processes started (the
+  // Python pool inherits OPENBLAS_CORETYPE): may execute ckpt-bench again.
+  if (const std::string e = ckpt::model::UseTheCpusBlasKernels(argv); !e.empty()) {
+    std::fprintf(stderr, "ckpt-bench: %s\n", e.c_str());
+  }
   // The allocator policy of ckpt-worker, so that the in-process loops measured
   // here (the bare loop, `train`) run as the worker does (allocator.h).
   ckpt::worker::TuneAllocatorForTraining();

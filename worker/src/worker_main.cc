@@ -1,11 +1,14 @@
 // ckpt-worker (--segment NAME | --connect HOST:PORT --secret-file PATH)
 //             --device cpu|cuda:N|auto [--slots N] [--fusion auto|plain|fused]
 //             [--fusion-width K] [--intra-op-threads T] [--connect-timeout-s S]
+// ckpt-worker --blas-kernels
 // --segment: started by ckpt-scheduler, one per device. --connect: started by
 // hand or by a cluster's resource manager (Slurm), on any host that reaches
 // the scheduler's [workers] listen address. Thin: flags -> WorkerOptions ->
-// RunWorker. Exit status: 0 after SHUTDOWN, 3 when the scheduler is gone or
-// unreachable, 1 otherwise.
+// RunWorker. --blas-kernels prints the BLAS kernels it runs (blas_kernels.h:
+// where OpenBLAS does not know the CPU, the worker starts again with
+// OPENBLAS_CORETYPE naming the CPU's own). Exit status: 0 after SHUTDOWN, 3 when the scheduler is
+// gone or unreachable, 1 otherwise.
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
@@ -15,10 +18,14 @@
 #include <string>
 
 #include "ckpt/logging/logging.h"
+#include "ckpt/model/blas_kernels.h"
 #include "ckpt/worker/allocator.h"
 #include "ckpt/worker/worker_loop.h"
 
 int main(int argc, char** argv) {
+  // OpenBLAS's kernels for this CPU where it fell back to SSE3 ones: may
+  // execute the worker again, first of all (blas_kernels.h).
+  const std::string blas_exec_error = ckpt::model::UseTheCpusBlasKernels(argv);
   // CUDA reads this once, when the process first calls it: load each kernel
   // on first use instead of all of LibTorch's at context creation (hundreds
   // of MB of device memory). ckpt-scheduler sets it for its workers; this
@@ -55,13 +62,31 @@ int main(int argc, char** argv) {
   app.add_option("--intra-op-threads", o.intra_op_threads, "threads per slot")
       ->check(CLI::Range(1, 256));
   app.add_option("--probe-seconds", o.probe_seconds, "plain-vs-fused measurement per mode");
+  bool print_blas = false;
+  app.add_flag(
+      "--blas-kernels", print_blas,
+      "print the BLAS and the CPU kernels it runs (LIBRARY CORE BETTER_CORE, tab-separated) "
+      "and exit");
   CLI11_PARSE(app, argc, argv);
+  const auto blas = ckpt::model::DescribeBlasKernels();
+  if (print_blas) {
+    std::printf("%s\t%s\t%s\n", blas.library.c_str(), blas.core.c_str(), blas.better_core.c_str());
+    return 0;
+  }
   if (o.segment.empty() == o.connect.empty()) {
     std::fprintf(stderr, "ckpt-worker: give exactly one of --segment and --connect\n");
     return 2;
   }
   o.connect_timeout = std::chrono::milliseconds(static_cast<int64_t>(connect_timeout_s * 1000));
   const std::string name = o.connect.empty() ? o.segment : "tcp:" + o.connect;
+  if (!blas.better_core.empty()) {
+    // OPENBLAS_CORETYPE was set to a fallback, or the exec failed.
+    ckpt::logging::Logger().warn(
+        "ckpt-worker {}: OpenBLAS ({}) runs its {} kernels, without AVX2, on a CPU with AVX2: "
+        "the linear layers train several times slower than with OPENBLAS_CORETYPE={}{}{}",
+        name, blas.config, blas.core, blas.better_core, blas_exec_error.empty() ? "" : "; ",
+        blas_exec_error);
+  }
   ckpt::Status s;
   // Process root: an escaping exception (none is expected) is reported and
   // the worker exits non-zero; the scheduler restarts it.

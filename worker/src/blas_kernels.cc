@@ -1,0 +1,74 @@
+// The BLAS kernels of the process, from OpenBLAS's own API (no LibTorch).
+#include "ckpt/model/blas_kernels.h"
+
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <array>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+namespace ckpt::model {
+namespace {
+
+// OpenBLAS's core names (driver/others/dynamic.c) whose kernels use AVX2 or
+// AVX-512.
+constexpr std::array<std::string_view, 6> kAvx2Cores = {"Haswell",  "Excavator",  "Zen",
+                                                        "SkylakeX", "Cooperlake", "SapphireRapids"};
+
+bool CpuHasAvx512() {
+  return __builtin_cpu_supports("avx512f") != 0 && __builtin_cpu_supports("avx512bw") != 0 &&
+         __builtin_cpu_supports("avx512vl") != 0 && __builtin_cpu_supports("avx512dq") != 0 &&
+         __builtin_cpu_supports("avx512cd") != 0;
+}
+
+bool CpuHasAvx2Fma() {
+  return __builtin_cpu_supports("avx2") != 0 && __builtin_cpu_supports("fma") != 0;
+}
+
+// An OpenBLAS entry point `char* name(void)`, when OpenBLAS is loaded.
+const char* CallOpenBlas(const char* name) {
+  using Fn = char* (*)();
+  // NOLINTNEXTLINE(cppcoreguidelines-pro-type-reinterpret-cast): dlsym's void*
+  auto fn = reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, name));
+  return fn == nullptr ? nullptr : fn();
+}
+
+}  // namespace
+
+std::string BetterBlasCore(std::string_view core, bool cpu_avx512, bool cpu_avx2_fma) {
+  if (core.empty() || !cpu_avx2_fma) return "";
+  for (std::string_view c : kAvx2Cores) {
+    if (c == core) return "";
+  }
+  return cpu_avx512 ? "SkylakeX" : "Haswell";
+}
+
+BlasKernels DescribeBlasKernels() {
+  BlasKernels b;
+  const char* core = CallOpenBlas("openblas_get_corename");
+  if (core == nullptr) return b;
+  b.library = "OpenBLAS";
+  b.core = core;
+  const char* config = CallOpenBlas("openblas_get_config");
+  if (config != nullptr) b.config = config;
+  b.better_core = BetterBlasCore(b.core, CpuHasAvx512(), CpuHasAvx2Fma());
+  return b;
+}
+
+std::string UseTheCpusBlasKernels(char** argv) {
+  if (std::getenv("OPENBLAS_CORETYPE") != nullptr) return "";
+  const BlasKernels b = DescribeBlasKernels();
+  if (b.better_core.empty()) return "";
+  if (setenv("OPENBLAS_CORETYPE", b.better_core.c_str(), /*overwrite=*/1) != 0) {
+    return std::string("setenv OPENBLAS_CORETYPE: ") + std::strerror(errno);
+  }
+  execv("/proc/self/exe", argv);
+  const int err = errno;
+  unsetenv("OPENBLAS_CORETYPE");  // this process still runs b.core
+  return "executing /proc/self/exe with OPENBLAS_CORETYPE=" + b.better_core + ": " +
+         std::strerror(err);
+}
+
+}  // namespace ckpt::model
