@@ -7,8 +7,8 @@
 // the scheduler's [workers] listen address. Thin: flags -> WorkerOptions ->
 // RunWorker. --blas-kernels prints the BLAS kernels it runs (blas_kernels.h:
 // where OpenBLAS does not know the CPU, the worker starts again with
-// OPENBLAS_CORETYPE naming the CPU's own). Exit status: 0 after SHUTDOWN, 3 when the scheduler is
-// gone or unreachable, 1 otherwise.
+// OPENBLAS_CORETYPE naming the CPU's own). Exit status: 0 after SHUTDOWN, 3
+// when the scheduler is gone or unreachable, 1 otherwise.
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>

@@ -7,8 +7,9 @@
 // the environment overrides the pick). On a CPU newer than its release it
 // falls back to its SSE3 kernels ("Prescott"): Debian 12's OpenBLAS 0.3.21 on
 // an Intel Xeon of family 6 model 207 (AVX-512) ran a float32 matrix product
-// at 16 GFLOP/s on one thread, and at 148 with OPENBLAS_CORETYPE=SkylakeX; a
-// plain LeNet-5 population trained 1.29x faster (bench/RESULTS.md). The pick
+// at 16-31 GFLOP/s on one thread, and at 119-154 with
+// OPENBLAS_CORETYPE=SkylakeX; a plain LeNet-5 population trained 1.10-1.32x
+// faster, the seed workload 1.35x (bench/RESULTS.md). The pick
 // is made as the library loads, before main(): ckpt-worker and ckpt-bench
 // start again (UseTheCpusBlasKernels) with OPENBLAS_CORETYPE naming the
 // CPU's kernels when OpenBLAS fell back and nobody set it, and record the
