@@ -122,6 +122,25 @@ TEST_F(TorchReferenceTest, OverlappingMaxPoolsMatchTorch) {
   CrossCheck(kOverlappingPools, "sgd", {{"lr", 0.05}, {"momentum", 0.9}}, 2, 5);
 }
 
+// 2x2 pools of stride 2 without a relu before them: one on an odd map (25
+// wide: the last row and column are in no window, the gradient's scatter
+// path) and one on a map the windows tile (10 wide: the gradient written once,
+// and on AVX-512 CPUs sixteen windows at a time).
+constexpr const char* kTwoByTwoPools = R"([
+  {"type": "conv2d", "out": 4, "kernel": 4},
+  {"type": "tanh"},
+  {"type": "maxpool2d", "kernel": 2},
+  {"type": "conv2d", "out": 6, "kernel": 3},
+  {"type": "maxpool2d", "kernel": 2},
+  {"type": "relu"},
+  {"type": "flatten"},
+  {"type": "linear", "out": 10}
+])";
+
+TEST_F(TorchReferenceTest, TwoByTwoMaxPoolsOnOddAndTiledMapsMatchTorch) {
+  CrossCheck(kTwoByTwoPools, "sgd", {{"lr", 0.05}, {"momentum", 0.9}}, 2, 5);
+}
+
 TEST_F(TorchReferenceTest, SgdNesterovWeightDecayMatchesTorchOptim) {
   CrossCheck("lenet5", "sgd",
              {{"lr", 0.05}, {"momentum", 0.9}, {"weight_decay", 5e-4}, {"nesterov", 1}}, 0, 6);
