@@ -6,11 +6,19 @@
 #include "ckpt/model/blas_kernels.h"
 
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
 
 namespace ckpt::model {
 namespace {
@@ -81,6 +89,54 @@ TEST(BlasKernelsTest, TheWorkerRunsTheCpusKernelsUnlessToldOtherwise) {
   const Report better = RunWorker(sse3.better_core);
   EXPECT_EQ(better.core, sse3.better_core);
   EXPECT_EQ(better.better_core, "");
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// A worker that starts again keeps the name it started with: `ps`, `pkill
+// ckpt-worker` and systemd see "ckpt-worker", not the "exe" of
+// /proc/self/exe. It runs with OPENBLAS_CORETYPE unset (it starts again on a
+// CPU whose OpenBLAS falls back) and waits for a scheduler that is not there,
+// which it says once its main is under way; then its name is read.
+TEST(BlasKernelsTest, AWorkerThatStartsAgainKeepsItsName) {
+  char dir_template[] = "/tmp/ckpt-blas-name-XXXXXX";
+  ASSERT_NE(mkdtemp(dir_template), nullptr);
+  const std::string dir = dir_template;
+  const std::string secret = dir + "/secret", log = dir + "/worker.log";
+  { std::ofstream(secret) << std::string(48, 's'); }
+  ASSERT_EQ(chmod(secret.c_str(), 0600), 0);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    unsetenv("OPENBLAS_CORETYPE");
+    FILE* out = std::freopen(log.c_str(), "w", stderr);
+    if (out == nullptr) _exit(126);
+    execl(CKPT_WORKER_BIN, CKPT_WORKER_BIN, "--connect", "127.0.0.1:1", "--secret-file",
+          secret.c_str(), "--connect-timeout-s", "60", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  const std::string proc = "/proc/" + std::to_string(pid);
+  bool waiting = false;
+  for (int i = 0; i < 1200 && !waiting; ++i) {  // up to 60 s
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    waiting = ReadFile(log).find("retrying") != std::string::npos;
+  }
+  const std::string name = ReadFile(proc + "/comm");
+  const bool started_again =
+      ReadFile(proc + "/environ").find("OPENBLAS_CORETYPE=") != std::string::npos;
+  kill(pid, SIGKILL);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  EXPECT_TRUE(waiting) << ReadFile(log);
+  EXPECT_EQ(name, "ckpt-worker\n") << (started_again ? "started again" : "not started again");
+  std::remove(secret.c_str());
+  std::remove(log.c_str());
+  rmdir(dir.c_str());
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 #include "ckpt/model/blas_kernels.h"
 
 #include <dlfcn.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <array>
@@ -16,6 +17,11 @@ namespace {
 // AVX-512.
 constexpr std::array<std::string_view, 6> kAvx2Cores = {"Haswell",  "Excavator",  "Zen",
                                                         "SkylakeX", "Cooperlake", "SapphireRapids"};
+
+// The name the process started with (its comm, as `ps`, `top`, `pkill` and
+// systemd show it), carried across the exec: a program executed as
+// /proc/self/exe is named "exe".
+constexpr const char* kNameVariable = "CKPT_BLAS_STARTED_AS";
 
 bool CpuHasAvx512() {
   return __builtin_cpu_supports("avx512f") != 0 && __builtin_cpu_supports("avx512bw") != 0 &&
@@ -58,15 +64,26 @@ BlasKernels DescribeBlasKernels() {
 }
 
 std::string UseTheCpusBlasKernels(char** argv) {
+  if (const char* name = std::getenv(kNameVariable); name != nullptr) {
+    // Started again below: the name it had, and nothing left for its children.
+    prctl(PR_SET_NAME, name, 0, 0, 0);
+    unsetenv(kNameVariable);
+  }
   if (std::getenv("OPENBLAS_CORETYPE") != nullptr) return "";
   const BlasKernels b = DescribeBlasKernels();
   if (b.better_core.empty()) return "";
-  if (setenv("OPENBLAS_CORETYPE", b.better_core.c_str(), /*overwrite=*/1) != 0) {
-    return std::string("setenv OPENBLAS_CORETYPE: ") + std::strerror(errno);
+  std::array<char, 17> name{};  // PR_GET_NAME writes up to 16 bytes, its NUL included
+  if (prctl(PR_GET_NAME, name.data(), 0, 0, 0) != 0 ||
+      setenv(kNameVariable, name.data(), /*overwrite=*/1) != 0 ||
+      setenv("OPENBLAS_CORETYPE", b.better_core.c_str(), /*overwrite=*/1) != 0) {
+    const int err = errno;
+    unsetenv(kNameVariable);
+    return std::string("preparing to start again with OPENBLAS_CORETYPE: ") + std::strerror(err);
   }
   execv("/proc/self/exe", argv);
   const int err = errno;
   unsetenv("OPENBLAS_CORETYPE");  // this process still runs b.core
+  unsetenv(kNameVariable);
   return "executing /proc/self/exe with OPENBLAS_CORETYPE=" + b.better_core + ": " +
          std::strerror(err);
 }

@@ -46,8 +46,9 @@ BlasKernels DescribeBlasKernels();
 // When OpenBLAS runs a fallback without AVX2 on a CPU with AVX2 and FMA
 // (BlasKernels::better_core) and OPENBLAS_CORETYPE is not set, sets it to the
 // CPU's kernels and executes the program again (/proc/self/exe, the same
-// argv, the same process id), so that OpenBLAS picks again as it loads;
-// otherwise returns at once. An OPENBLAS_CORETYPE already set wins, so a run
+// argv, the same process id, the same process name: `ps`, `pkill` and
+// systemd see the program's name, not "exe"), so that OpenBLAS picks again
+// as it loads; otherwise returns at once. An OPENBLAS_CORETYPE already set wins, so a run
 // that wants OpenBLAS's own pick sets it to that. Returns the exec's error
 // when it fails (the process goes on with the kernels it has).
 // REQUIRES: argv is main's, with argv[argc] == nullptr.
