@@ -94,10 +94,9 @@ nlohmann::json CpuDescription() {
                  {"better_core", blas.better_core}};
   if (!blas.better_core.empty()) {
     std::fprintf(stderr,
-                 "ckpt-bench: OpenBLAS runs its %s kernels on this CPU, which has AVX2 (%s): its "
-                 "matrix products and the peak measured from them are understated; "
-                 "OPENBLAS_CORETYPE=%s runs the CPU's own\n",
-                 blas.core.c_str(), blas.config.c_str(), blas.better_core.c_str());
+                 "ckpt-bench: %s (the figures measured here, the peak among them, are "
+                 "understated)\n",
+                 ckpt::model::DescribeFallback(blas).c_str());
   }
 #endif
   return cpu;

@@ -34,6 +34,19 @@ TEST(BlasKernelsTest, AFallbackWithoutAvx2IsFlaggedOnlyWhereTheCpuHasAvx2) {
   EXPECT_EQ(BetterBlasCore("", true, true), "");  // not OpenBLAS
 }
 
+TEST(BlasKernelsTest, TheFallbackWarningNamesTheKernelsAndTheVariable) {
+  BlasKernels b;
+  b.library = "OpenBLAS";
+  b.config = "OpenBLAS 0.3.21 DYNAMIC_ARCH";
+  b.core = "Prescott";
+  EXPECT_EQ(DescribeFallback(b), "");  // nothing flagged
+  b.better_core = "SkylakeX";
+  EXPECT_EQ(DescribeFallback(b),
+            "OpenBLAS (OpenBLAS 0.3.21 DYNAMIC_ARCH) runs its Prescott kernels, without AVX2, on a "
+            "CPU with AVX2 and FMA: its matrix products run several times slower than with "
+            "OPENBLAS_CORETYPE=SkylakeX");
+}
+
 struct Report {
   std::string library, core, better_core;
 };

@@ -63,6 +63,14 @@ BlasKernels DescribeBlasKernels() {
   return b;
 }
 
+std::string DescribeFallback(const BlasKernels& b) {
+  if (b.better_core.empty()) return "";
+  return "OpenBLAS (" + b.config + ") runs its " + b.core +
+         " kernels, without AVX2, on a CPU with AVX2 and FMA: its matrix products run several "
+         "times slower than with OPENBLAS_CORETYPE=" +
+         b.better_core;
+}
+
 std::string UseTheCpusBlasKernels(char** argv) {
   if (const char* name = std::getenv(kNameVariable); name != nullptr) {
     // Started again below: the name it had, and nothing left for its children.

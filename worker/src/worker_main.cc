@@ -82,10 +82,8 @@ int main(int argc, char** argv) {
   if (!blas.better_core.empty()) {
     // OPENBLAS_CORETYPE was set to a fallback, or the exec failed.
     ckpt::logging::Logger().warn(
-        "ckpt-worker {}: OpenBLAS ({}) runs its {} kernels, without AVX2, on a CPU with AVX2: "
-        "the linear layers train several times slower than with OPENBLAS_CORETYPE={}{}{}",
-        name, blas.config, blas.core, blas.better_core, blas_exec_error.empty() ? "" : "; ",
-        blas_exec_error);
+        "ckpt-worker {}: {} (the linear layers train that much slower){}{}", name,
+        ckpt::model::DescribeFallback(blas), blas_exec_error.empty() ? "" : "; ", blas_exec_error);
   }
   ckpt::Status s;
   // Process root: an escaping exception (none is expected) is reported and

@@ -43,6 +43,12 @@ struct BlasKernels {
 // The process's BLAS kernels, read from OpenBLAS's own API when it is loaded.
 BlasKernels DescribeBlasKernels();
 
+// The warning for kernels that BlasKernels::better_core flags, one wording for
+// every program: "OpenBLAS (CONFIG) runs its CORE kernels, without AVX2, on a
+// CPU with AVX2 and FMA: its matrix products run several times slower than
+// with OPENBLAS_CORETYPE=BETTER_CORE". Empty when nothing is flagged.
+std::string DescribeFallback(const BlasKernels& b);
+
 // When OpenBLAS runs a fallback without AVX2 on a CPU with AVX2 and FMA
 // (BlasKernels::better_core) and OPENBLAS_CORETYPE is not set, sets it to the
 // CPU's kernels and executes the program again (/proc/self/exe, the same
