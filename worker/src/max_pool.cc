@@ -264,9 +264,14 @@ CKPT_AVX512 void UnpoolPlane2x2Avx512(const float* g, const int32_t* offsets, in
 }
 #undef CKPT_AVX512
 
-const bool kAvx512 = __builtin_cpu_supports("avx512f") != 0;
+// Read once, on the first pool (not in a static initializer, which could run
+// before libgcc has read the CPU's features).
+bool UseAvx512() {
+  static const bool avx512 = __builtin_cpu_supports("avx512f") != 0;
+  return avx512;
+}
 #else
-constexpr bool kAvx512 = false;
+constexpr bool UseAvx512() { return false; }
 #endif
 
 // Fills `out` [N, C, OH, OW] and, when `offsets` is defined, the window's
@@ -280,12 +285,13 @@ void PoolForward(const at::Tensor& x, int64_t kernel, int64_t stride, at::Tensor
   float* o = out.data_ptr<float>();
   int32_t* off = offsets.defined() ? offsets.data_ptr<int32_t>() : nullptr;
   const bool two = kernel == 2 && stride == 2;
+  const bool avx512 = two && UseAvx512();
   at::parallel_for(0, planes, 16, [&](int64_t begin, int64_t end) {
     for (int64_t p = begin; p < end; ++p) {
       const float* plane = in + p * height * width;
       float* plane_out = o + p * oh * ow;
       int32_t* plane_off = off != nullptr ? off + p * oh * ow : nullptr;
-      if (two && kAvx512) {
+      if (avx512) {
 #if defined(__x86_64__)
         PoolPlane2x2Avx512<kReluFirst>(plane, width, oh, ow, plane_out, plane_off);
 #endif
@@ -337,9 +343,10 @@ class MaxPool2dFunction : public torch::autograd::Function<MaxPool2dFunction> {
       at::Tensor gin = at::empty({offsets.size(0), offsets.size(1), height, width}, grad.options());
       float* gi = gin.data_ptr<float>();
       const int64_t oh = offsets.size(2), ow = offsets.size(3);
+      const bool avx512 = UseAvx512();
       at::parallel_for(0, planes, 16, [&](int64_t begin, int64_t end) {
         for (int64_t p = begin; p < end; ++p) {
-          if (kAvx512) {
+          if (avx512) {
 #if defined(__x86_64__)
             UnpoolPlane2x2Avx512(g + p * per_out, off + p * per_out, width, oh, ow,
                                  gi + p * height * width);
