@@ -92,19 +92,6 @@ struct RunResult {
   int64_t workers_peak_rss = 0;
 };
 
-// ckpt-worker as the scheduler finds it: $CKPT_WORKER, else ../bin from this
-// program (build/bench -> build/bin).
-std::string WorkerBinary() {
-  if (const char* env = std::getenv("CKPT_WORKER"); env != nullptr && *env) return env;
-  std::error_code ec;
-  auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
-  for (const char* rel : {"ckpt-worker", "../bin/ckpt-worker"}) {
-    auto p = self.parent_path() / rel;
-    if (!ec && access(p.c_str(), X_OK) == 0) return p.string();
-  }
-  return "ckpt-worker";
-}
-
 // Starts `workers` ckpt-worker --connect processes once the scheduler of
 // `store` writes its address; returns their pids (reaped by the caller).
 std::vector<pid_t> ConnectWorkers(const std::string& store, const std::string& secret_file,
@@ -120,7 +107,7 @@ std::vector<pid_t> ConnectWorkers(const std::string& store, const std::string& s
     std::fprintf(stderr, "population: the scheduler never listened\n");
     return pids;
   }
-  const std::string bin = WorkerBinary();
+  const std::string bin = scheduler::FindWorkerBinary("");
   for (int w = 0; w < workers; ++w) {
     std::vector<std::string> args = {bin,
                                      "--connect",

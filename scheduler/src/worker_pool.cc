@@ -14,6 +14,7 @@
 
 #include "ckpt/format/visible_devices.h"
 #include "ckpt/records/fusion_mode.h"
+#include "ckpt/scheduler/scheduler.h"
 #include "log.h"
 #include "trace.h"
 

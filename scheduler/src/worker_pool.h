@@ -59,10 +59,6 @@ using Clock = std::chrono::steady_clock;
 // CUDA_VISIBLE_DEVICES), else the CPU; `count` workers each.
 std::vector<records::DeviceConfig> ExpandDevices(const std::vector<records::DeviceConfig>& devices);
 
-// The ckpt-worker to run: `configured` when set, else $CKPT_WORKER, else one
-// beside this executable (or in ../bin, ../lib/ckpt), else "ckpt-worker".
-std::string FindWorkerBinary(const std::string& configured);
-
 // The delay before restarting a worker that was lost after `uptime`, whose
 // previous delay was `previous` (0: none yet).
 std::chrono::milliseconds NextRestartDelay(std::chrono::milliseconds previous,

@@ -81,8 +81,7 @@ struct SchedulerOptions {
   std::string store_path;
   // Workers to run. Default: one "cpu" worker.
   std::vector<records::DeviceConfig> devices = {records::DeviceConfig{}};
-  // Path of ckpt-worker. Default: "" = $CKPT_WORKER, else ckpt-worker next to
-  // this executable, else ../bin/ckpt-worker from it.
+  // Path of ckpt-worker. Default: "" = FindWorkerBinary's.
   std::string worker_binary;
   // Prefix of the workers' shared-memory segment names. Default: "" =
   // "ckpt-<hash of the store path>".
@@ -181,6 +180,12 @@ class Scheduler {
 // Prints the table of best members (hyperparameters, validation and test
 // accuracy) and where the store is.
 void PrintSummary(const ExperimentSummary& summary, FILE* out);
+
+// The ckpt-worker a scheduler starts: `configured` when set, else
+// $CKPT_WORKER, else one beside this executable (or in ../bin, ../lib/ckpt),
+// else "ckpt-worker". For programs that start workers themselves (ckpt-bench's
+// TCP workers), so that they start the same one.
+std::string FindWorkerBinary(const std::string& configured);
 
 }  // namespace ckpt::scheduler
 
