@@ -166,15 +166,28 @@ TEST_F(NetnsWorkersTest, CuttingAWorkersLinkLosesNothingAndTheOtherHostRetrainsI
 
   Child worker_a(WorkerArgs(a_, addr), dir_ + "/worker-a.log");
   Child worker_b(WorkerArgs(b_, addr), dir_ + "/worker-b.log");
+  // Both are connected before the results are counted: one worker's start
+  // (a second or more on a loaded machine, where it starts again for its
+  // BLAS kernels) can outlast the other's first third of the results.
+  int a = -1, b = -1;
+  const auto connect_until = std::chrono::steady_clock::now() + std::chrono::minutes(2);
+  while ((a < 0 || b < 0) && std::chrono::steady_clock::now() < connect_until) {
+    const auto trace = testing::ParseTrace(scheduler.Log());
+    a = testing::WorkerConnectedFrom(trace, "10.77.0.2");
+    b = testing::WorkerConnectedFrom(trace, "10.77.0.3");
+    if (a < 0 || b < 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_GE(a, 0) << "no worker connected from ckpt-a (10.77.0.2):\n"
+                  << scheduler.Log() << "\nworker a:\n"
+                  << worker_a.Log();
+  ASSERT_GE(b, 0) << "no worker connected from ckpt-b (10.77.0.3):\n"
+                  << scheduler.Log() << "\nworker b:\n"
+                  << worker_b.Log();
   const int total = kPopulation * kIntervals;
   ASSERT_TRUE(testing::WaitForResults(scheduler, total / 3)) << scheduler.Log() << "\nworker a:\n"
                                                              << worker_a.Log() << "\nworker b:\n"
                                                              << worker_b.Log();
   const auto early = testing::ParseTrace(scheduler.Log());
-  const int a = testing::WorkerConnectedFrom(early, "10.77.0.2");
-  const int b = testing::WorkerConnectedFrom(early, "10.77.0.3");
-  ASSERT_GE(a, 0) << "no worker connected from ckpt-a (10.77.0.2):\n" << scheduler.Log();
-  ASSERT_GE(b, 0) << "no worker connected from ckpt-b (10.77.0.3):\n" << scheduler.Log();
   ASSERT_GT(testing::CountTrace(early, TraceLine::kResult, a), 0) << "a trained nothing";
 
   // Mid-interval: the cut follows a fresh TRAIN to a at once (an interval
