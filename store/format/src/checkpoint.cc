@@ -7,6 +7,7 @@
 
 #include "ckpt/format/checksum.h"
 #include "ckpt/format/safetensors.h"
+#include "safetensors_header.h"
 
 namespace ckpt::format {
 namespace {
@@ -188,25 +189,25 @@ StatusOr<SafetensorsView> ParseSafetensors(const void* data, size_t size,
                std::to_string(options.max_header_bytes));
   }
   const size_t header_end = 8 + static_cast<size_t>(n);
-  json header = json::parse(bytes + 8, bytes + header_end, nullptr, /*allow_exceptions=*/false);
-  if (header.is_discarded()) return bad("header is not valid JSON");
-  if (!header.is_object()) return bad("header is not a JSON object");
+  internal::SafetensorsHeader header;
+  if (!internal::ParseSafetensorsHeader(bytes + 8, bytes + header_end, &header)) {
+    return bad("header is not valid JSON");
+  }
+  if (!header.is_object) return bad("header is not a JSON object");
 
   SafetensorsView view;
   view.header_bytes = header_end;
   view.total_bytes = size;
-  auto meta_it = header.find(kMetadataKey);
-  if (meta_it != header.end()) {
+  if (header.has_metadata) {
     view.has_metadata = true;
-    if (!meta_it->is_object()) return bad("__metadata__ is not an object");
-    for (auto it = meta_it->begin(); it != meta_it->end(); ++it) {
-      if (!it.value().is_string()) {
-        return bad("__metadata__ value of " + it.key() + " is not a string");
-      }
-      view.metadata[it.key()] = it.value().get<std::string>();
+    if (!header.metadata_is_object) return bad("__metadata__ is not an object");
+    for (auto& [key, value] : header.metadata) {
+      if (!value) return bad("__metadata__ value of " + key + " is not a string");
+      view.metadata.emplace_hint(view.metadata.end(), key, std::move(*value));
     }
   }
 
+  using Kind = internal::HeaderField::Kind;
   const size_t data_size = size - header_end;
   struct Range {
     uint64_t begin, end;
@@ -214,42 +215,35 @@ StatusOr<SafetensorsView> ParseSafetensors(const void* data, size_t size,
   };
   std::vector<Range> ranges;
   std::vector<TensorView> tensors;
-  for (auto it = header.begin(); it != header.end(); ++it) {
-    const std::string& name = it.key();
-    if (name == kMetadataKey) continue;
-    const json& t = it.value();
-    if (!t.is_object()) return bad_tensor(name, "entry is not an object");
-    auto dt = t.find("dtype");
-    auto sh = t.find("shape");
-    auto off = t.find("data_offsets");
-    if (dt == t.end() || !dt->is_string()) return bad_tensor(name, "missing or non-string dtype");
-    if (sh == t.end() || !sh->is_array()) return bad_tensor(name, "missing or non-array shape");
-    if (off == t.end() || !off->is_array() || off->size() != 2) {
+  ranges.reserve(header.entries.size());
+  tensors.reserve(header.entries.size());
+  for (auto& [name, t] : header.entries) {
+    if (!t.is_object) return bad_tensor(name, "entry is not an object");
+    if (t.dtype.kind != Kind::kString) return bad_tensor(name, "missing or non-string dtype");
+    if (t.shape.kind != Kind::kArray) return bad_tensor(name, "missing or non-array shape");
+    if (t.data_offsets.kind != Kind::kArray || t.data_offsets.items.size() != 2) {
       return bad_tensor(name, "data_offsets is not a pair");
     }
     TensorView tv;
     tv.name = name;
-    auto dtype = ParseDType(dt->get_ref<const std::string&>());
+    auto dtype = ParseDType(t.dtype.text);
     if (!dtype.ok()) return bad_tensor(name, dtype.status().message());
     tv.dtype = *dtype;
-    if (sh->size() > static_cast<size_t>(kMaxRank)) {
-      return bad_tensor(
-          name, "rank " + std::to_string(sh->size()) + " above " + std::to_string(kMaxRank));
+    if (t.shape.items.size() > static_cast<size_t>(kMaxRank)) {
+      return bad_tensor(name, "rank " + std::to_string(t.shape.items.size()) + " above " +
+                                  std::to_string(kMaxRank));
     }
-    for (const auto& d : *sh) {
-      if (!d.is_number_unsigned()) return bad_tensor(name, "shape has a non-natural dimension");
-      uint64_t v = d.get<uint64_t>();
-      if (v > (uint64_t{1} << 62)) return bad_tensor(name, "dimension too large");
-      tv.shape.push_back(static_cast<int64_t>(v));
+    for (const auto& d : t.shape.items) {
+      if (!d) return bad_tensor(name, "shape has a non-natural dimension");
+      if (*d > (uint64_t{1} << 62)) return bad_tensor(name, "dimension too large");
+      tv.shape.push_back(static_cast<int64_t>(*d));
     }
     int64_t numel;
     if (!ShapeNumel(tv.shape, &numel)) return bad_tensor(name, "shape product overflows");
-    const auto& b = (*off)[0];
-    const auto& e = (*off)[1];
-    if (!b.is_number_unsigned() || !e.is_number_unsigned()) {
-      return bad_tensor(name, "data_offsets are not natural numbers");
-    }
-    uint64_t begin = b.get<uint64_t>(), end = e.get<uint64_t>();
+    const auto& b = t.data_offsets.items[0];
+    const auto& e = t.data_offsets.items[1];
+    if (!b || !e) return bad_tensor(name, "data_offsets are not natural numbers");
+    const uint64_t begin = *b, end = *e;
     if (begin > end || end > data_size) {
       return bad_tensor(name, "data_offsets [" + std::to_string(begin) + ", " +
                                   std::to_string(end) + "] out of bounds of " +
