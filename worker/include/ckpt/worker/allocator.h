@@ -1,4 +1,5 @@
-// Process-wide allocator settings for a training process (glibc malloc).
+// Process-wide allocator settings for a training process (glibc malloc or
+// jemalloc).
 //
 // A LeNet-5 training step allocates and frees activations and gradients of
 // 0.1-2 MB every step. With glibc's defaults, blocks that large are mmap'd and
@@ -16,19 +17,37 @@
 // An explicit setting in the environment wins (MALLOC_MMAP_THRESHOLD_,
 // MALLOC_TRIM_THRESHOLD_, GLIBC_TUNABLES): those are left alone.
 // Call once at process start, before threads allocate. Not thread-safe.
+//
+// Under jemalloc (ckpt links glibc's malloc, but an operator may LD_PRELOAD
+// jemalloc, as is common for RocksDB services) the same trap has another
+// form: jemalloc hands freed pages back to the kernel over the following
+// seconds (its "decay"), so an evaluation's buffers, idle between intervals,
+// were returned and faulted in again, and the seed workload's evaluation took
+// 2.1-2.4x its thread-seconds under glibc's tuned malloc (bench/RESULTS.md).
+// TuneAllocatorForTraining turns jemalloc's decay off (dirty_decay_ms and
+// muzzy_decay_ms -1, for every arena, those made later included): freed
+// memory stays with the process, as with the glibc settings above. A
+// MALLOC_CONF in the environment that sets either decay wins.
 #ifndef CKPT_WORKER_ALLOCATOR_H_
 #define CKPT_WORKER_ALLOCATOR_H_
 
 #include <cstddef>
+#include <string>
 
 namespace ckpt::worker {
 
 inline constexpr size_t kTrainingMmapThresholdBytes = size_t{32} << 20;
 inline constexpr size_t kTrainingTrimThresholdBytes = size_t{64} << 20;
 
-// Returns false when the environment already configures malloc (nothing done)
-// or glibc refused a setting.
+// Returns false when the environment already configures the process's malloc
+// (nothing done) or the malloc refused a setting.
 bool TuneAllocatorForTraining();
+
+// The malloc this process runs, for logs and benchmark records: "jemalloc "
+// and its version where jemalloc replaced glibc's (LD_PRELOAD or linked),
+// else "glibc " and glibc's version (also under a sanitizer, whose allocator
+// it does not tell apart). Thread-safe.
+std::string MallocName();
 
 }  // namespace ckpt::worker
 
