@@ -37,7 +37,9 @@ long long PeakRssChildrenBytes();
 // The CPU the figures were measured on, from /proc/cpuinfo as lscpu shows
 // it: {"model_name", "vendor", "family", "model", "logical_cpus",
 // "cores_per_socket", "simd": [the SIMD flags among avx2, fma, avx512f,
-// avx512bw, avx512vl, avx512_vnni, avx512_bf16, amx_tile, amx_bf16, ...]}.
+// avx512bw, avx512vl, avx512_vnni, avx512_bf16, amx_tile, amx_bf16, ...]},
+// and where the benchmark trains: "blas" (LibTorch's OpenBLAS and the kernels
+// it runs) and "malloc" ("jemalloc 5.3.0-..." or "glibc 2.36").
 nlohmann::json CpuDescription();
 
 }  // namespace ckpt::bench

@@ -92,6 +92,9 @@ nlohmann::json CpuDescription() {
                  {"core", blas.core},
                  {"openblas_coretype", coretype == nullptr ? "" : coretype},
                  {"better_core", blas.better_core}};
+  // The malloc this process runs, as ckpt-worker does: glibc's, or jemalloc
+  // where LD_PRELOAD brings it (allocator.h).
+  cpu["malloc"] = ckpt::worker::MallocName();
   if (!blas.better_core.empty()) {
     std::fprintf(stderr,
                  "ckpt-bench: %s (the figures measured here, the peak among them, are "

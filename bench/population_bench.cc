@@ -280,11 +280,8 @@ struct PopulationBenchOptions {
 // --transport tcp: each run over the ring, then over TCP.
 int PopulationOverTcp(const PopulationBenchOptions& o, const records::ExperimentConfig& c,
                       int workers, int slots, size_t ring_bytes, const std::string& root) {
-  json out = {{"bench", "population"},
-              {"transport", "tcp"},
-              {"device", "cpu"},
-              {"workers", workers},
-              {"slots", slots}};
+  json out = {{"bench", "population"}, {"transport", "tcp"}, {"device", "cpu"},
+              {"workers", workers},    {"slots", slots},     {"cpu", CpuDescription()}};
   auto add = [&](const std::string& key, double v) {
     out[key] = std::isfinite(v) ? json(v) : json(nullptr);
   };
@@ -380,7 +377,7 @@ int Population(const PopulationBenchOptions& o) {
   std::filesystem::remove_all(root);
   if (o.transport == "tcp") return PopulationOverTcp(o, c, workers, slots, ring_bytes, root);
 
-  json out = {{"bench", "population"}};
+  json out = {{"bench", "population"}, {"cpu", CpuDescription()}};
   auto add = [&](const std::string& key, double v) {
     out[key] = std::isfinite(v) ? json(v) : json(nullptr);
   };

@@ -609,7 +609,8 @@ int Seed(const SeedBenchOptions& options) {
            {"eval_size", w.eval_size},
            {"slots", w.slots},
            {"fusion", w.fusion},
-           {"train_samples", w.TrainSamples()}};
+           {"train_samples", w.TrainSamples()},
+           {"cpu", CpuDescription()}};
   for (const Contender* c : {&ckpt, &python_run, &bare}) {
     if (c->wall_s.empty()) continue;
     out[c->name + "_samples_per_s"] = Median(c->samples_per_s);
