@@ -100,6 +100,13 @@ TEST(SafetensorsTest, EveryValueThatIsNotWhatAFieldNeedsIsNamed) {
                 "f: tensor t: data_offsets is not a pair");
   ExpectRefused(R"({"t":{"dtype":"U8","shape":[1],"data_offsets":{"0":1}}})", "a",
                 "f: tensor t: data_offsets is not a pair");
+  // A long array is refused by its length (and not held while it is read).
+  std::string long_shape = "[1";
+  for (int i = 1; i < 1000000; ++i) long_shape += ",1";
+  ExpectRefused(R"({"t":{"dtype":"U8","shape":)" + long_shape + R"(],"data_offsets":[0,1]}})", "a",
+                "f: tensor t: rank 1000000 above 8");
+  ExpectRefused(R"({"t":{"dtype":"U8","shape":[1],"data_offsets":[0,1,2,3,4,5,6,7,8,9,1]}})", "a",
+                "f: tensor t: data_offsets is not a pair");
   ExpectRefused(R"({"t":{"dtype":"U8","shape":{},"data_offsets":[0,1]}})", "a",
                 "f: tensor t: missing or non-array shape");
   ExpectRefused(R"({"t":{"shape":[1],"data_offsets":[0,1]}})", "a",

@@ -221,7 +221,7 @@ StatusOr<SafetensorsView> ParseSafetensors(const void* data, size_t size,
     if (!t.is_object) return bad_tensor(name, "entry is not an object");
     if (t.dtype.kind != Kind::kString) return bad_tensor(name, "missing or non-string dtype");
     if (t.shape.kind != Kind::kArray) return bad_tensor(name, "missing or non-array shape");
-    if (t.data_offsets.kind != Kind::kArray || t.data_offsets.items.size() != 2) {
+    if (t.data_offsets.kind != Kind::kArray || t.data_offsets.count != 2) {
       return bad_tensor(name, "data_offsets is not a pair");
     }
     TensorView tv;
@@ -229,9 +229,9 @@ StatusOr<SafetensorsView> ParseSafetensors(const void* data, size_t size,
     auto dtype = ParseDType(t.dtype.text);
     if (!dtype.ok()) return bad_tensor(name, dtype.status().message());
     tv.dtype = *dtype;
-    if (t.shape.items.size() > static_cast<size_t>(kMaxRank)) {
-      return bad_tensor(name, "rank " + std::to_string(t.shape.items.size()) + " above " +
-                                  std::to_string(kMaxRank));
+    if (t.shape.count > static_cast<size_t>(kMaxRank)) {
+      return bad_tensor(
+          name, "rank " + std::to_string(t.shape.count) + " above " + std::to_string(kMaxRank));
     }
     for (const auto& d : t.shape.items) {
       if (!d) return bad_tensor(name, "shape has a non-natural dimension");

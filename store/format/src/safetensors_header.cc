@@ -123,8 +123,10 @@ class HeaderSax {
         }
         return Frame::kSkipped;
       case Frame::kField:
-        field_->items.push_back(v == Value::kNatural ? std::optional<uint64_t>(natural)
-                                                     : std::nullopt);
+        if (++field_->count <= kKeptItems) {
+          field_->items.push_back(v == Value::kNatural ? std::optional<uint64_t>(natural)
+                                                       : std::nullopt);
+        }
         return Frame::kSkipped;
       case Frame::kSkipped:
         return Frame::kSkipped;

@@ -15,21 +15,30 @@
 #ifndef CKPT_FORMAT_SAFETENSORS_HEADER_H_
 #define CKPT_FORMAT_SAFETENSORS_HEADER_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "ckpt/format/checkpoint.h"
+
 namespace ckpt::format::internal {
+
+inline constexpr size_t kKeptItems = kMaxRank + 1;
 
 // One field of a tensor's entry ("dtype", "shape", "data_offsets").
 struct HeaderField {
   enum class Kind { kAbsent, kString, kArray, kOther };
   Kind kind = Kind::kAbsent;
   std::string text;  // kString
-  // kArray: each element, nullopt where it is not a natural number (a
-  // negative or fractional number, a string, a nested array or object...).
+  // kArray: how many elements it has, and the first kKeptItems of them,
+  // nullopt where one is not a natural number (a negative or fractional
+  // number, a string, a nested array or object...). Enough for any shape or
+  // offset pair that can be accepted: a longer array is refused by its count,
+  // and costs no memory while it is read.
+  size_t count = 0;
   std::vector<std::optional<uint64_t>> items;
 };
 
