@@ -107,7 +107,12 @@ std::vector<pid_t> ConnectWorkers(const std::string& store, const std::string& s
     std::fprintf(stderr, "population: the scheduler never listened\n");
     return pids;
   }
-  const std::string bin = scheduler::FindWorkerBinary("");
+  auto found = scheduler::FindWorkerBinary("");
+  if (!found.ok()) {
+    std::fprintf(stderr, "population: %s\n", found.status().ToString().c_str());
+    return pids;
+  }
+  const std::string& bin = *found;
   for (int w = 0; w < workers; ++w) {
     std::vector<std::string> args = {bin,
                                      "--connect",

@@ -87,8 +87,10 @@ int Run(const RunFlags& f) {
   }
   auto scheduler = ckpt::scheduler::Scheduler::Create(options);
   if (!scheduler.ok()) {
-    std::fprintf(stderr, "ckpt-scheduler: %s\n", scheduler.status().ToString().c_str());
-    return 1;
+    const ckpt::Status& s = scheduler.status();
+    std::fprintf(stderr, "ckpt-scheduler: %s\n", s.ToString().c_str());
+    // A mistake in the command or the file (the worker binary): as Serve's.
+    return s.IsInvalidArgument() || s.IsNotFound() ? 2 : 1;
   }
   if (auto s = (*scheduler)->Submit(*config); !s.ok()) {
     std::fprintf(stderr, "ckpt-scheduler: %s\n", s.ToString().c_str());
@@ -133,7 +135,9 @@ int Main(int argc, char** argv) {
   CLI::App* run = app.add_subcommand("run", "run one experiment in the foreground (resumes it)");
   run->add_option("experiment", f.path, "experiment TOML file")->required();
   run->add_option("--store", f.store, "store directory (default: the file's `store`, else ./var)");
-  run->add_option("--worker", f.worker, "path of ckpt-worker (default: next to this program)");
+  run->add_option("--worker", f.worker,
+                  "ckpt-worker to start: a path, or a name on PATH (default: $CKPT_WORKER, "
+                  "else the one next to this program, else ckpt-worker on PATH)");
   run->add_option("--restart-backoff-ms", f.backoff_ms,
                   "first worker restart delay (default 10000)");
   run->add_option("--grace-ms", f.grace_ms, "wait for in-flight intervals on stop (default 10000)");

@@ -115,7 +115,6 @@ class SchedulerImpl : public Scheduler, public ControlTarget, public WorkerPoolL
       std::string abs = std::filesystem::absolute(options_.store_path).lexically_normal().string();
       options_.instance = "ckpt-" + HexU64(Xxh3_64(abs.data(), abs.size())).substr(0, 10);
     }
-    options_.worker_binary = FindWorkerBinary(options_.worker_binary);
   }
 
   ~SchedulerImpl() override {
@@ -781,8 +780,15 @@ StatusOr<ExperimentSummary> SchedulerImpl::Summary(const std::string& id) {
 
 }  // namespace
 
-StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(const SchedulerOptions& options) {
-  if (options.store_path.empty()) return Status::InvalidArgument("store path is empty");
+StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(const SchedulerOptions& given) {
+  if (given.store_path.empty()) return Status::InvalidArgument("store path is empty");
+  SchedulerOptions options = given;
+  // A worker binary that is not there is a mistake in the command or the
+  // configuration, refused before the store is opened: restarting a worker
+  // that cannot start would only fill the log.
+  if (options.remote.local && !ExpandDevices(options.devices).empty()) {
+    CKPT_ASSIGN_OR_RETURN(options.worker_binary, FindWorkerBinary(options.worker_binary));
+  }
   std::error_code ec;
   const auto parent = std::filesystem::absolute(options.store_path).parent_path();
   std::filesystem::create_directories(parent, ec);

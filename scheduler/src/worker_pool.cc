@@ -5,12 +5,15 @@
 
 #include <algorithm>
 #include <boost/asio/post.hpp>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <filesystem>
 #include <fstream>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "ckpt/format/visible_devices.h"
 #include "ckpt/records/fusion_mode.h"
@@ -157,9 +160,63 @@ std::vector<records::DeviceConfig> ExpandDevices(const std::vector<records::Devi
   return out;
 }
 
-std::string FindWorkerBinary(const std::string& configured) {
-  if (!configured.empty()) return configured;
-  if (const char* env = std::getenv("CKPT_WORKER"); env != nullptr && *env) return env;
+namespace {
+
+// An executable regular file at `path`, else why not.
+Status CheckExecutable(const std::filesystem::path& path, const std::string& what) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) {
+    return Status::NotFound(what + " " + path.string() + " does not exist");
+  }
+  if (std::filesystem::is_directory(path, ec)) {
+    return Status::InvalidArgument(what + " " + path.string() + " is a directory");
+  }
+  if (access(path.c_str(), X_OK) != 0) {
+    return Status::InvalidArgument(what + " " + path.string() +
+                                   " is not executable: " + std::strerror(errno));
+  }
+  return Status::OK();
+}
+
+// `name` (no '/') in the directories of $PATH, as execvp would find it.
+std::optional<std::filesystem::path> SearchPath(const std::string& name) {
+  const char* path = std::getenv("PATH");
+  std::string_view rest = path != nullptr ? path : "/usr/local/bin:/usr/bin:/bin";
+  while (true) {
+    const size_t colon = rest.find(':');
+    std::string dir(rest.substr(0, colon));
+    if (dir.empty()) dir = ".";
+    const std::filesystem::path p = std::filesystem::path(dir) / name;
+    std::error_code ec;
+    if (std::filesystem::is_regular_file(p, ec) && access(p.c_str(), X_OK) == 0) return p;
+    if (colon == std::string_view::npos) return std::nullopt;
+    rest.remove_prefix(colon + 1);
+  }
+}
+
+// `configured` as a path (with a '/') or a name on $PATH; `origin` says where
+// it was set, for the error.
+StatusOr<std::string> ResolveConfigured(const std::string& configured, const std::string& origin) {
+  const std::string what = "worker binary (" + origin + ")";
+  std::filesystem::path p = configured;
+  if (configured.find('/') == std::string::npos) {
+    auto found = SearchPath(configured);
+    if (!found) return Status::NotFound(what + " " + configured + " is not on PATH");
+    p = *found;
+  }
+  CKPT_RETURN_IF_ERROR(CheckExecutable(p, what));
+  std::error_code ec;
+  auto absolute = std::filesystem::absolute(p, ec);
+  return ec ? p.string() : absolute.lexically_normal().string();
+}
+
+}  // namespace
+
+StatusOr<std::string> FindWorkerBinary(const std::string& configured) {
+  if (!configured.empty()) return ResolveConfigured(configured, "--worker or [workers] binary");
+  if (const char* env = std::getenv("CKPT_WORKER"); env != nullptr && *env) {
+    return ResolveConfigured(env, "CKPT_WORKER");
+  }
   std::error_code ec;
   auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
   if (!ec) {
@@ -168,7 +225,11 @@ std::string FindWorkerBinary(const std::string& configured) {
       if (access(p.c_str(), X_OK) == 0) return std::filesystem::weakly_canonical(p, ec).string();
     }
   }
-  return "ckpt-worker";
+  if (auto on_path = SearchPath("ckpt-worker")) return on_path->string();
+  return Status::NotFound("no ckpt-worker beside " +
+                          (ec ? std::string("this program") : self.string()) +
+                          " (nor in ../bin or ../lib/ckpt) nor on PATH; give its path with "
+                          "--worker, [workers] binary or CKPT_WORKER");
 }
 
 milliseconds NextRestartDelay(milliseconds previous, Clock::duration uptime,

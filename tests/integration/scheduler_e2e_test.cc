@@ -406,6 +406,21 @@ TEST_F(SchedulerE2eTest, WorkerThatKeepsDyingIsGivenUpAndTheRunSaysSo) {
   EXPECT_TRUE(lost.back().value("given_up", false));
 }
 
+// A worker binary that is not there is refused before anything starts: exit
+// 2, the message names the path, no store is created (it used to be restarted
+// with back-off until max_restarts, an hour with the defaults).
+TEST_F(SchedulerE2eTest, MissingWorkerBinaryIsRefusedBeforeAnythingStarts) {
+  Spec spec;
+  spec.name = "noworker";
+  std::string log;
+  EXPECT_EQ(Run(Write("n.toml", Toml(spec)), dir_ + "/store", &log,
+                {"--worker", dir_ + "/missing/ckpt-worker"}),
+            2)
+      << log;
+  EXPECT_NE(log.find(dir_ + "/missing/ckpt-worker does not exist"), std::string::npos) << log;
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/store"));
+}
+
 TEST_F(SchedulerE2eTest, TargetMetricEndsTheExperimentEarly) {
   Spec spec;
   spec.name = "target";

@@ -181,11 +181,15 @@ class Scheduler {
 // accuracy) and where the store is.
 void PrintSummary(const ExperimentSummary& summary, FILE* out);
 
-// The ckpt-worker a scheduler starts: `configured` when set, else
-// $CKPT_WORKER, else one beside this executable (or in ../bin, ../lib/ckpt),
-// else "ckpt-worker". For programs that start workers themselves (ckpt-bench's
-// TCP workers), so that they start the same one.
-std::string FindWorkerBinary(const std::string& configured);
+// The ckpt-worker a scheduler starts, as an absolute path: `configured` when
+// set, else $CKPT_WORKER (either a path, or a name looked up on $PATH), else
+// one beside this executable (or in ../bin, ../lib/ckpt), else "ckpt-worker"
+// on $PATH. Errors: NotFound (no such file, or nothing found; the message
+// names the path or the places searched and where it was set),
+// InvalidArgument (a directory, or not executable). For programs that start
+// workers themselves (ckpt-bench's TCP workers), so that they start the same
+// one.
+StatusOr<std::string> FindWorkerBinary(const std::string& configured);
 
 }  // namespace ckpt::scheduler
 
