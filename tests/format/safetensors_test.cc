@@ -9,15 +9,12 @@
 #include <cstdint>
 #include <string>
 
+#include "format/tensor_files.h"
+
 namespace ckpt::format {
 namespace {
 
-std::string File(const std::string& header, const std::string& data) {
-  std::string out(8, '\0');
-  const uint64_t n = header.size();
-  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((n >> (8 * i)) & 0xff);
-  return out + header + data;
-}
+using testing::SafetensorsFile;
 
 StatusOr<SafetensorsView> Parse(const std::string& file) {
   SafetensorsOptions o;
@@ -26,7 +23,7 @@ StatusOr<SafetensorsView> Parse(const std::string& file) {
 }
 
 void ExpectRefused(const std::string& header, const std::string& data, const std::string& message) {
-  const std::string file = File(header, data);
+  const std::string file = SafetensorsFile(header, data);
   auto v = Parse(file);
   ASSERT_FALSE(v.ok()) << header;
   EXPECT_TRUE(v.status().IsCorruption()) << v.status().ToString();
@@ -34,10 +31,11 @@ void ExpectRefused(const std::string& header, const std::string& data, const std
 }
 
 TEST(SafetensorsTest, ReadsTensorsInDataOrderAndTheMetadata) {
-  const std::string file = File(R"({"b":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},)"
-                                R"("__metadata__":{"k":"v","a":""},)"
-                                R"("a":{"shape":[1,1],"data_offsets":[2,3],"dtype":"U8"}})",
-                                "xyz");
+  const std::string file =
+      SafetensorsFile(R"({"b":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},)"
+                      R"("__metadata__":{"k":"v","a":""},)"
+                      R"("a":{"shape":[1,1],"data_offsets":[2,3],"dtype":"U8"}})",
+                      "xyz");
   auto v = Parse(file);
   ASSERT_TRUE(v.ok()) << v.status().ToString();
   ASSERT_EQ(v->tensors.size(), 2u);
@@ -51,12 +49,12 @@ TEST(SafetensorsTest, ReadsTensorsInDataOrderAndTheMetadata) {
 
 TEST(SafetensorsTest, ALaterDuplicateKeyReplacesTheEarlierOne) {
   // A tensor's entry, one of its fields, a metadata value, __metadata__.
-  auto v = Parse(File(R"({"t":{"dtype":"F32","shape":[9],"data_offsets":[0,36]},)"
-                      R"("t":{"dtype":"F32","dtype":"U8","shape":[5],"shape":[2],)"
-                      R"("data_offsets":[0,2]},)"
-                      R"("__metadata__":{"gone":"1"},)"
-                      R"("__metadata__":{"k":"1","k":"2"}})",
-                      "ab"));
+  auto v = Parse(SafetensorsFile(R"({"t":{"dtype":"F32","shape":[9],"data_offsets":[0,36]},)"
+                                 R"("t":{"dtype":"F32","dtype":"U8","shape":[5],"shape":[2],)"
+                                 R"("data_offsets":[0,2]},)"
+                                 R"("__metadata__":{"gone":"1"},)"
+                                 R"("__metadata__":{"k":"1","k":"2"}})",
+                                 "ab"));
   ASSERT_TRUE(v.ok()) << v.status().ToString();
   ASSERT_EQ(v->tensors.size(), 1u);
   EXPECT_EQ(v->tensors[0].dtype, DType::kU8);
@@ -74,10 +72,10 @@ TEST(SafetensorsTest, ALaterDuplicateKeyReplacesTheEarlierOne) {
 }
 
 TEST(SafetensorsTest, ATensorsOtherKeysAreSkippedWhateverTheyHold) {
-  auto v = Parse(File(R"({"t":{"x":{"shape":[-1],"dtype":[],"data_offsets":{}},)"
-                      R"("dtype":"U8","y":[[1,[2]],{"z":null}],"shape":[1],)"
-                      R"("data_offsets":[0,1],"w":-1.5e3}})",
-                      "a"));
+  auto v = Parse(SafetensorsFile(R"({"t":{"x":{"shape":[-1],"dtype":[],"data_offsets":{}},)"
+                                 R"("dtype":"U8","y":[[1,[2]],{"z":null}],"shape":[1],)"
+                                 R"("data_offsets":[0,1],"w":-1.5e3}})",
+                                 "a"));
   ASSERT_TRUE(v.ok()) << v.status().ToString();
   EXPECT_EQ(v->tensors[0].shape, (std::vector<int64_t>{1}));
   EXPECT_FALSE(v->has_metadata);
@@ -135,9 +133,9 @@ TEST(SafetensorsTest, TheHeaderIsOneJsonObjectAndNothingElse) {
   // Deeply nested values (skipped ones too) take no stack of their own.
   const std::string deep(100000, '[');
   ExpectRefused(R"({"t":{"x":)" + deep, "", "f: header is not valid JSON");
-  auto v = Parse(File(R"({"t":{"x":)" + deep + std::string(100000, ']') +
-                          R"(,"dtype":"U8","shape":[],"data_offsets":[0,1]}})",
-                      "a"));
+  auto v = Parse(SafetensorsFile(R"({"t":{"x":)" + deep + std::string(100000, ']') +
+                                     R"(,"dtype":"U8","shape":[],"data_offsets":[0,1]}})",
+                                 "a"));
   EXPECT_TRUE(v.ok()) << v.status().ToString();
 }
 

@@ -1,5 +1,6 @@
 // Dataset files as Python writes them, built byte by byte for tests of
-// ckpt::format::TensorDataset and of what reads it (the tool's export).
+// ckpt::format::TensorDataset and of what reads it (the tool's export), and
+// safetensors files of hand-written headers for the readers' tests.
 #ifndef CKPT_TESTS_FORMAT_TENSOR_FILES_H_
 #define CKPT_TESTS_FORMAT_TENSOR_FILES_H_
 
@@ -25,6 +26,15 @@ Array Make(std::string name, std::string dtype, std::vector<int64_t> shape,
                std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T))};
 }
 
+// A safetensors file of this header text, as given (no padding, any bytes:
+// for headers a writer would not make), and these data bytes.
+inline std::string SafetensorsFile(const std::string& header, const std::string& data) {
+  std::string out(8, '\0');
+  const uint64_t n = header.size();
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>(n >> (8 * i));
+  return out + header + data;
+}
+
 // The layout of safetensors' writer: u64 header length, JSON padded with
 // spaces to a multiple of 8, the tensors in order.
 inline std::string Safetensors(const std::vector<Array>& arrays) {
@@ -38,12 +48,9 @@ inline std::string Safetensors(const std::vector<Array>& arrays) {
   }
   std::string json = h.dump();
   while (json.size() % 8 != 0) json += ' ';
-  std::string out(8, '\0');
-  const uint64_t n = json.size();
-  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>(n >> (8 * i));
-  out += json;
-  for (const Array& a : arrays) out += a.bytes;
-  return out;
+  std::string data;
+  for (const Array& a : arrays) data += a.bytes;
+  return SafetensorsFile(json, data);
 }
 
 }  // namespace ckpt::testing

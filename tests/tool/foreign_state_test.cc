@@ -8,15 +8,12 @@
 #include <cstdint>
 #include <string>
 
+#include "format/tensor_files.h"
+
 namespace ckpt::tool {
 namespace {
 
-std::string Safetensors(const std::string& header, const std::string& data) {
-  std::string out(8, '\0');
-  const uint64_t n = header.size();
-  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((n >> (8 * i)) & 0xff);
-  return out + header + data;
-}
+using testing::SafetensorsFile;
 
 std::string Tensor(const std::string& shape, size_t bytes) {
   return R"({"t":{"dtype":"U8","shape":)" + shape + R"(,"data_offsets":[0,)" +
@@ -32,7 +29,7 @@ void ExpectCorruption(const std::string& file, const std::string& needle) {
 }
 
 TEST(ForeignStateTest, ReadsASafetensorsFile) {
-  auto st = ParseSafetensors(Safetensors(Tensor("[2,3]", 6), "abcdef"), "f.safetensors");
+  auto st = ParseSafetensors(SafetensorsFile(Tensor("[2,3]", 6), "abcdef"), "f.safetensors");
   ASSERT_TRUE(st.ok()) << st.status().ToString();
   ASSERT_EQ(st->tensors.count("t"), 1u);
   EXPECT_EQ(st->tensors["t"].data, "abcdef");
@@ -43,35 +40,37 @@ TEST(ForeignStateTest, HeaderLengthAtAndPastTheLimit) {
   // A header of exactly 16 MiB (JSON padded with spaces, as the format allows).
   std::string header = Tensor("[1]", 1);
   header += std::string(format::kDefaultMaxHeaderBytes - header.size(), ' ');
-  auto st = ParseSafetensors(Safetensors(header, "x"), "f.safetensors");
+  auto st = ParseSafetensors(SafetensorsFile(header, "x"), "f.safetensors");
   ASSERT_TRUE(st.ok()) << st.status().ToString();
   header += " ";
-  ExpectCorruption(Safetensors(header, "x"),
+  ExpectCorruption(SafetensorsFile(header, "x"),
                    "f.safetensors: header length 16777217 is above the limit of 16777216 bytes");
-  ExpectCorruption(Safetensors(Tensor("[1]", 1), "x").substr(0, 20), "exceeds the file");
+  ExpectCorruption(SafetensorsFile(Tensor("[1]", 1), "x").substr(0, 20), "exceeds the file");
 }
 
 TEST(ForeignStateTest, RankAtAndPastTheLimit) {
-  auto st = ParseSafetensors(Safetensors(Tensor("[1,1,1,1,1,1,1,1]", 1), "x"), "f.safetensors");
+  auto st = ParseSafetensors(SafetensorsFile(Tensor("[1,1,1,1,1,1,1,1]", 1), "x"), "f.safetensors");
   ASSERT_TRUE(st.ok()) << st.status().ToString();
-  ExpectCorruption(Safetensors(Tensor("[1,1,1,1,1,1,1,1,1]", 1), "x"), "tensor t: rank above 8");
+  ExpectCorruption(SafetensorsFile(Tensor("[1,1,1,1,1,1,1,1,1]", 1), "x"),
+                   "tensor t: rank above 8");
 }
 
 TEST(ForeignStateTest, ElementsAtAndPastTheLimit) {
   // 2^40 elements is a shape the reader accepts (the file then lacks its bytes).
-  ExpectCorruption(Safetensors(Tensor("[1099511627776]", 1), "x"),
+  ExpectCorruption(SafetensorsFile(Tensor("[1099511627776]", 1), "x"),
                    "1 bytes for U8 [1099511627776]");
-  ExpectCorruption(Safetensors(Tensor("[1099511627777]", 1), "x"), "tensor t: bad shape");
-  ExpectCorruption(Safetensors(Tensor("[1048576,1048577]", 1), "x"), "tensor t: shape too large");
+  ExpectCorruption(SafetensorsFile(Tensor("[1099511627777]", 1), "x"), "tensor t: bad shape");
+  ExpectCorruption(SafetensorsFile(Tensor("[1048576,1048577]", 1), "x"),
+                   "tensor t: shape too large");
 }
 
 TEST(ForeignStateTest, OffsetsOutsideTheDataAreRefused) {
-  ExpectCorruption(Safetensors(Tensor("[4]", 4), "abc"), "outside the 3 data bytes");
-  ExpectCorruption(Safetensors(R"({"t":{"dtype":"F32","shape":[1],"data_offsets":[4,0]}})", "x"),
-                   "outside");
-  ExpectCorruption(Safetensors(R"({"t":{"dtype":"Q8","shape":[1],"data_offsets":[0,1]}})", "x"),
+  ExpectCorruption(SafetensorsFile(Tensor("[4]", 4), "abc"), "outside the 3 data bytes");
+  ExpectCorruption(
+      SafetensorsFile(R"({"t":{"dtype":"F32","shape":[1],"data_offsets":[4,0]}})", "x"), "outside");
+  ExpectCorruption(SafetensorsFile(R"({"t":{"dtype":"Q8","shape":[1],"data_offsets":[0,1]}})", "x"),
                    "unknown dtype");
-  ExpectCorruption(Safetensors("[1]", ""), "the header is not a JSON object");
+  ExpectCorruption(SafetensorsFile("[1]", ""), "the header is not a JSON object");
 }
 
 TEST(ForeignStateTest, PtObjectsOfAnotherShapeAreRefused) {
