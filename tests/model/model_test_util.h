@@ -60,6 +60,23 @@ inline constexpr const char* kLenet5Bn = R"([
 // after BatchNorm (which divides by a small deviation) one such event moves a
 // 20-step trajectory by ~1e-4. Comparisons at 1e-5 over 20 steps need a
 // smooth network to be meaningful.
+// kSmoothBn without BatchNorm, its convolutions with biases.
+inline constexpr const char* kSmooth = R"([
+  {"type": "conv2d", "out": 6, "kernel": 5, "padding": 2},
+  {"type": "tanh"},
+  {"type": "avgpool2d", "kernel": 2},
+  {"type": "conv2d", "out": 16, "kernel": 5},
+  {"type": "tanh"},
+  {"type": "avgpool2d", "kernel": 2},
+  {"type": "flatten"},
+  {"type": "linear", "out": 120},
+  {"type": "tanh"},
+  {"type": "dropout", "p": 0.25},
+  {"type": "linear", "out": 84},
+  {"type": "tanh"},
+  {"type": "linear", "out": 10}
+])";
+
 inline constexpr const char* kSmoothBn = R"([
   {"type": "conv2d", "out": 6, "kernel": 5, "padding": 2, "bias": false},
   {"type": "batchnorm2d"},

@@ -88,7 +88,11 @@ class FusedEqualsSeparateTest : public ::testing::TestWithParam<FusedCase> {};
 
 TEST_P(FusedEqualsSeparateTest, ParametersMatchAfterTwentySteps) {
   const FusedCase& c = GetParam();
-  auto trainer = MakeTrainer(BaseOptions(c.batchnorm ? testing::kSmoothBn : "lenet5", c.optimizer));
+  // Smooth networks (model_test_util.h): with LeNet-5's ReLUs and max pools
+  // these comparisons passed or failed by the members' seeds, whatever the
+  // kernels (seeds 200 + i failed three of its cases, 400 + i three others).
+  auto trainer =
+      MakeTrainer(BaseOptions(c.batchnorm ? testing::kSmoothBn : testing::kSmooth, c.optimizer));
   ASSERT_NE(trainer, nullptr);
   // Members start from different points: fresh, then a few plain steps each,
   // so step counts, momentum buffers and Adam moments differ per member.
