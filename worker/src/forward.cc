@@ -10,8 +10,10 @@ at::Tensor OptionalTensor(const std::vector<at::Tensor>& t, int index) {
   return index >= 0 ? t[index] : at::Tensor();
 }
 
-// On a CPU without AVX-512, a convolution of a one-channel input (LeNet-5's
-// conv1) runs as LibTorch's own per-sample im2col and matrix product
+// Where ckpt's own one-input-channel kernels do not run (a CPU without AVX2,
+// or CKPT_ONE_CHANNEL_CONV=off: one_channel_conv.cc) and the CPU has no
+// AVX-512, a convolution of a one-channel input (LeNet-5's conv1) in training
+// runs as LibTorch's own per-sample im2col and matrix product
 // (thnn_conv2d, with its autograd) instead of oneDNN: oneDNN 2.6's AVX2
 // kernels pad the one input channel to a block of eight, and ran that shape
 // at 2-10 GFLOP/s (the weight gradient of a batch of 64: 7.4 ms of a ~16 ms
@@ -43,8 +45,13 @@ at::Tensor RunLayers(const Context& ctx, const ForwardPass& pass, at::Tensor x, 
     const LayerSpec& l = layers[i];
     const LayerTensors& lt = ctx.layer_tensors[i];
     switch (l.kind) {
-      case LayerKind::kConv2d:
-        if (fused) {
+      case LayerKind::kConv2d: {
+        // Plain: one group; fused: K, member k's weights [out, in, k, k] at k.
+        const at::Tensor w = fused ? t[lt.weight].flatten(0, 1) : t[lt.weight];
+        const at::Tensor b = lt.bias < 0 ? at::Tensor() : fused ? t[lt.bias].flatten() : t[lt.bias];
+        if (FastOneChannelConvApplies(x, w, b, K, l.stride, l.padding)) {
+          x = FastOneChannelConv(x, w, b, K, l.padding);
+        } else if (fused) {
           at::Tensor bias = lt.bias >= 0 ? t[lt.bias].flatten() : at::Tensor();
           x = at::conv2d(x, t[lt.weight].flatten(0, 1), bias, {l.stride, l.stride},
                          {l.padding, l.padding}, {1, 1}, K);
@@ -57,6 +64,7 @@ at::Tensor RunLayers(const Context& ctx, const ForwardPass& pass, at::Tensor x, 
                          {l.padding, l.padding});
         }
         break;
+      }
       case LayerKind::kLinear:
         if (fused) {
           at::Tensor wt = t[lt.weight].transpose(1, 2);

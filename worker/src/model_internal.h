@@ -218,6 +218,18 @@ void SetThreadIntraOpThreads(int n);
 at::Tensor FastMaxPool2d(const at::Tensor& x, int64_t kernel, int64_t stride, bool relu_first);
 bool FastMaxPool2dApplies(const at::Tensor& x, int64_t kernel, int64_t stride, int64_t padding);
 
+// A convolution whose groups each read one input channel: x [N, groups, H, W],
+// weight [groups * out, 1, k, k] (k 3 or 5), stride 1, zero padding
+// `padding`, bias [groups * out] or undefined; LibTorch's conv2d within float
+// rounding, with the weight and bias gradients (not x's: x must not need one)
+// (one_channel_conv.cc). Applies on CPUs with AVX-512 or AVX2 and FMA.
+// REQUIRES: FastOneChannelConvApplies(x, weight, bias, groups, 1, padding).
+at::Tensor FastOneChannelConv(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                              int64_t groups, int64_t padding);
+bool FastOneChannelConvApplies(const at::Tensor& x, const at::Tensor& weight,
+                               const at::Tensor& bias, int64_t groups, int64_t stride,
+                               int64_t padding);
+
 }  // namespace ckpt::model::internal
 
 #endif  // CKPT_WORKER_SRC_MODEL_INTERNAL_H_
