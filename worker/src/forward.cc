@@ -51,17 +51,11 @@ at::Tensor RunLayers(const Context& ctx, const ForwardPass& pass, at::Tensor x, 
         const at::Tensor b = lt.bias < 0 ? at::Tensor() : fused ? t[lt.bias].flatten() : t[lt.bias];
         if (FastOneChannelConvApplies(x, w, b, K, l.stride, l.padding)) {
           x = FastOneChannelConv(x, w, b, K, l.padding);
-        } else if (fused) {
-          at::Tensor bias = lt.bias >= 0 ? t[lt.bias].flatten() : at::Tensor();
-          x = at::conv2d(x, t[lt.weight].flatten(0, 1), bias, {l.stride, l.stride},
-                         {l.padding, l.padding}, {1, 1}, K);
-        } else if (OneChannelCpuConvForTraining(x, t[lt.weight])) {
-          const at::Tensor& w = t[lt.weight];
-          x = at::thnn_conv2d(x, w, {w.size(2), w.size(3)}, OptionalTensor(t, lt.bias),
-                              {l.stride, l.stride}, {l.padding, l.padding});
+        } else if (!fused && OneChannelCpuConvForTraining(x, w)) {
+          x = at::thnn_conv2d(x, w, {w.size(2), w.size(3)}, b, {l.stride, l.stride},
+                              {l.padding, l.padding});
         } else {
-          x = at::conv2d(x, t[lt.weight], OptionalTensor(t, lt.bias), {l.stride, l.stride},
-                         {l.padding, l.padding});
+          x = at::conv2d(x, w, b, {l.stride, l.stride}, {l.padding, l.padding}, {1, 1}, K);
         }
         break;
       }
