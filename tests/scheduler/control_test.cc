@@ -462,6 +462,7 @@ TEST_F(ControlTest, StaleSocketIsReplacedLiveOneIsLeftAloneShutdownRemovesIt) {
   {
     SchedulerOptions o;
     o.store_path = dir_ + "/store";
+    o.worker_binary = CKPT_WORKER_BIN;
     auto second = Scheduler::Create(o);
     ASSERT_FALSE(second.ok());
     EXPECT_TRUE(second.status().IsUnavailable()) << second.status().ToString();
