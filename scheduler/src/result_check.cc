@@ -112,7 +112,8 @@ Status CompareLayouts(std::string_view who, const StateLayout& want, const State
   return Status::OK();
 }
 
-Status CheckResult(const SentTask& sent, const ipc::Result& r, StateLayout* result_layout) {
+Status CheckResult(const SentTask& sent, const ipc::Result& r, StateLayout* result_layout,
+                   std::optional<format::CheckpointView>* state_view) {
   if (r.member != sent.member) {
     return Status::InvalidArgument(Who(sent) + ": member \"" + r.member + "\", expected \"" +
                                    sent.member + "\"");
@@ -161,6 +162,7 @@ Status CheckResult(const SentTask& sent, const ipc::Result& r, StateLayout* resu
   StateLayout got = LayoutOf(*view);
   if (sent.layout) CKPT_RETURN_IF_ERROR(CompareLayouts(Who(sent), *sent.layout, got));
   if (result_layout != nullptr) *result_layout = std::move(got);
+  if (state_view != nullptr) *state_view = std::move(*view);
   return Status::OK();
 }
 

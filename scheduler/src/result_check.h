@@ -55,6 +55,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -113,13 +114,17 @@ struct SentTask {
 
 // OK when `result` (its state bytes included, read in place) answers `sent`
 // by every rule of the file comment; then, for a training result, sets
-// `*result_layout` (when not null) to its state's layout. Otherwise
+// `*result_layout` (when not null) to its state's layout and `*state_view`
+// (when not null) to the verified parse of its state, which the store's
+// commit takes instead of parsing the bytes again (store::CommitRequest::
+// verified; it points into the result's bytes). Otherwise
 // InvalidArgument for a value out of its rule, or Corruption for a state that
 // does not parse, the message naming member, worker, field and both values:
 //   "member e/m3, worker 2 (cpu): val_accuracy 1e+308 outside [0, 1]".
 // Never throws.
 Status CheckResult(const SentTask& sent, const ipc::Result& result,
-                   StateLayout* result_layout = nullptr);
+                   StateLayout* result_layout = nullptr,
+                   std::optional<format::CheckpointView>* state_view = nullptr);
 
 // The refusal of a result whose state's layout is not `want`: the first
 // tensor that differs (missing, unexpected, other dtype or shape), both ways.

@@ -46,6 +46,21 @@ std::shared_ptr<const StateLayout> StateLayouts::Establish(const std::string& ex
   return known;
 }
 
+void StateLayouts::RememberCommitted(const std::string& exp, const std::string& member,
+                                     Header header) {
+  std::lock_guard<std::mutex> lock(mu_);
+  committed_[{exp, member}] = std::move(header);
+}
+
+std::optional<StateLayouts::Header> StateLayouts::Committed(const std::string& exp,
+                                                            const std::string& member,
+                                                            const BlobId& blob) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = committed_.find({exp, member});
+  if (it == committed_.end() || it->second.blob != blob) return std::nullopt;
+  return it->second;
+}
+
 int64_t WorkerSpec::MaxHelloSlots() const {
   if (segment.empty()) return kMaxHelloSlots;
   return std::min<int64_t>(kMaxHelloSlots, int64_t{std::max(1, device.slots)} *
@@ -229,22 +244,29 @@ Status WorkerHandle::SendTask(const Task& task) {
     }
     t.state.size = blob.size();
     // What the result is checked against: the header alone (the worker
-    // verifies the tensors). A state that does not parse is sent as before:
-    // the worker refuses it as bad_state, which the experiment handles.
-    format::ReadOptions header_only;
-    header_only.verify_checksums = false;
-    auto view = format::ParseCheckpoint(blob.data(), blob.size(), header_only);
-    if (view.ok()) {
-      std::shared_ptr<const StateLayout> layout =
-          std::make_shared<const StateLayout>(LayoutOf(*view));
-      if (spec_.layouts && !spec_.layouts->Find(task.exp)) {
-        (void)spec_.layouts->Establish(task.exp, *layout);
+    // verifies the tensors), as the member's last commit of this very blob
+    // recorded it, else parsed here. A state that does not parse is sent as
+    // before: the worker refuses it as bad_state, which the experiment handles.
+    std::optional<StateLayouts::Header> header;
+    if (spec_.layouts) header = spec_.layouts->Committed(task.exp, task.member, blob.id());
+    if (!header) {
+      format::ReadOptions header_only;
+      header_only.verify_checksums = false;
+      auto view = format::ParseCheckpoint(blob.data(), blob.size(), header_only);
+      if (view.ok()) {
+        header = StateLayouts::Header{blob.id(), view->meta().step,
+                                      std::make_shared<const StateLayout>(LayoutOf(*view))};
+        if (spec_.layouts && !spec_.layouts->Find(task.exp)) {
+          (void)spec_.layouts->Establish(task.exp, *header->layout);
+        }
       }
+    }
+    if (header) {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = in_flight_.find(task.id);
       if (it != in_flight_.end()) {
-        it->second.sent_step = view->meta().step;
-        it->second.sent_layout = std::move(layout);
+        it->second.sent_step = header->step;
+        it->second.sent_layout = std::move(header->layout);
       }
     }
   }
@@ -367,8 +389,11 @@ void WorkerHandle::HandleResult(const ipc::Received& rec) {
   }
   e.result = *r;
   e.result.state = ipc::ByteSpan{nullptr, r->state.size};  // the ring's bytes are released
-  // Checked while the state is still in the ring.
-  Status answers = CheckAgainstTask(e.task, *r);
+  // Checked while the state is still in the ring; the check's parse of it is
+  // the store's validation too.
+  std::optional<format::CheckpointView> view;
+  std::shared_ptr<const StateLayout> layout;
+  Status answers = CheckAgainstTask(e.task, *r, &view, &layout);
   if (!answers.ok()) {
     channel_->Release();
     RefuseResult(std::move(e), answers);
@@ -398,8 +423,12 @@ void WorkerHandle::HandleResult(const ipc::Received& rec) {
   c.hparams = e.task.hparams;
   c.event_json = records::EncodeEvent(
       records::TrainedEvent{e.task.interval_after, r->val_score, spec_.index, "", 0});
+  c.verified = view ? &*view : nullptr;
+  BlobId committed;
+  c.committed_blob = &committed;
   const auto t0 = std::chrono::steady_clock::now();
   auto version = store_->CommitResult(c);
+  view.reset();  // it points into the ring's bytes
   channel_->Release();
   if (spec_.metrics && version.ok()) {
     spec_.metrics->StoreOperation(metrics::StoreOp::kCommitResult, SecondsSince(t0), c.blob_size);
@@ -412,9 +441,11 @@ void WorkerHandle::HandleResult(const ipc::Received& rec) {
     on_event_(std::move(e));
     return;
   }
+  if (spec_.layouts && layout) {
+    spec_.layouts->RememberCommitted(c.exp, c.member, {committed, r->step, std::move(layout)});
+  }
   if (trace::Enabled()) {
-    trace::Committed(c.exp, c.member, *version, e.task.interval_after,
-                     BlobId::Of(c.blob, c.blob_size).Hex());
+    trace::Committed(c.exp, c.member, *version, e.task.interval_after, committed.Hex());
   }
   // The head's state record follows the commit; a crash between the two is
   // reconciled from the head manifest at start-up.
@@ -434,7 +465,9 @@ void WorkerHandle::HandleResult(const ipc::Received& rec) {
   on_event_(std::move(e));
 }
 
-Status WorkerHandle::CheckAgainstTask(const Task& task, const ipc::Result& r) const {
+Status WorkerHandle::CheckAgainstTask(const Task& task, const ipc::Result& r,
+                                      std::optional<format::CheckpointView>* view,
+                                      std::shared_ptr<const StateLayout>* layout) const {
   SentTask sent;
   sent.member = task.exp + "/" + task.member;
   sent.worker = Name();
@@ -445,12 +478,22 @@ Status WorkerHandle::CheckAgainstTask(const Task& task, const ipc::Result& r) co
   sent.layout = task.sent_layout;
   if (!sent.layout && spec_.layouts) sent.layout = spec_.layouts->Find(task.exp);
   StateLayout got;
-  CKPT_RETURN_IF_ERROR(CheckResult(sent, r, &got));
-  if (task.eval_only || sent.layout || !spec_.layouts) return Status::OK();
+  CKPT_RETURN_IF_ERROR(CheckResult(sent, r, &got, view));
+  if (task.eval_only) return Status::OK();
+  if (sent.layout) {
+    *layout = sent.layout;  // CheckResult found them equal
+    return Status::OK();
+  }
+  if (!spec_.layouts) {
+    *layout = std::make_shared<const StateLayout>(std::move(got));
+    return Status::OK();
+  }
   // The experiment's first state seen: it becomes the reference, unless
   // another handle's result got there first.
   std::shared_ptr<const StateLayout> ref = spec_.layouts->Establish(task.exp, got);
-  return CompareLayouts("member " + sent.member + ", " + sent.worker, *ref, got);
+  CKPT_RETURN_IF_ERROR(CompareLayouts("member " + sent.member + ", " + sent.worker, *ref, got));
+  *layout = std::move(ref);
+  return Status::OK();
 }
 
 void WorkerHandle::RefuseResult(WorkerEvent e, const Status& why) {

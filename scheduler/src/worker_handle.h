@@ -48,6 +48,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "ckpt/format/checksum.h"
@@ -79,7 +80,9 @@ struct Task : WorkItem {
 // The state layout of each experiment, as far as the scheduler has seen one
 // (result_check.h: every state of an experiment has one layout): the first
 // one of a state a sender read from the store or of a result accepted.
-// Shared by a pool's handles; thread-safe.
+// And, per member, what the header of the state it last committed said (its
+// blob id, ckpt.step and layout), so that sending that state on needs no
+// parse of its header again. Shared by a pool's handles; thread-safe.
 class StateLayouts {
  public:
   // The experiment's layout; null when none was seen yet.
@@ -88,9 +91,23 @@ class StateLayouts {
   // experiment's layout after the call.
   std::shared_ptr<const StateLayout> Establish(const std::string& exp, StateLayout layout);
 
+  struct Header {
+    BlobId blob;
+    int64_t step = 0;
+    std::shared_ptr<const StateLayout> layout;
+  };
+  // The member's state `blob` was committed with this header (replacing what
+  // was remembered of the member).
+  void RememberCommitted(const std::string& exp, const std::string& member, Header header);
+  // What the member's last commit said, when that commit was of `blob`
+  // (nullopt otherwise: a head an exploit or an import set, or none seen).
+  std::optional<Header> Committed(const std::string& exp, const std::string& member,
+                                  const BlobId& blob) const;
+
  private:
   mutable std::mutex mu_;
   std::map<std::string, std::shared_ptr<const StateLayout>> by_exp_;  // GUARDED_BY(mu_)
+  std::map<std::pair<std::string, std::string>, Header> committed_;   // GUARDED_BY(mu_)
 };
 
 // The slots a HELLO may offer: at least 1, at most what a ckpt-worker can
@@ -203,7 +220,11 @@ class WorkerHandle {
   void HandleResult(const ipc::Received& rec);
   // CheckResult for `task`, and for an initialised member's first state the
   // experiment's layout (established by this result when none is known).
-  Status CheckAgainstTask(const Task& task, const ipc::Result& r) const;
+  // For a training result, sets `*view` to the verified parse of its state
+  // and `*layout` to its layout (shared with the expected one).
+  Status CheckAgainstTask(const Task& task, const ipc::Result& r,
+                          std::optional<format::CheckpointView>* view,
+                          std::shared_ptr<const StateLayout>* layout) const;
   // A RESULT that does not answer its task: logged, counted, reported.
   void RefuseResult(WorkerEvent e, const Status& why);
   // "worker 3 (r0@10.0.0.7:41234)".

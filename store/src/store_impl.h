@@ -210,7 +210,8 @@ class StoreImpl final : public Store {
                                    size_t size, std::optional<int64_t> step,
                                    const std::map<std::string, double>& metrics,
                                    const std::map<std::string, double>& hparams, const char* reason,
-                                   const std::string& event_json, bool sync);
+                                   const std::string& event_json, bool sync,
+                                   const format::CheckpointView* verified, BlobId* id_out);
 
   void KillPoint(const char* point) const {
     if (options_.kill_point && point != nullptr) options_.kill_point(point);

@@ -234,7 +234,8 @@ StatusOr<int64_t> StoreImpl::AddBlobVersion(const std::string& exp, const std::s
                                             const std::map<std::string, double>& metrics,
                                             const std::map<std::string, double>& hparams,
                                             const char* reason, const std::string& event_json,
-                                            bool sync) {
+                                            bool sync, const format::CheckpointView* verified,
+                                            BlobId* id_out) {
   CKPT_RETURN_IF_ERROR(CheckWritable());
   CKPT_RETURN_IF_ERROR(keys::ValidateId("experiment id", exp));
   CKPT_RETURN_IF_ERROR(keys::ValidateId("member id", member));
@@ -247,12 +248,28 @@ StatusOr<int64_t> StoreImpl::AddBlobVersion(const std::string& exp, const std::s
                                    std::to_string(options_.max_blob_bytes));
   }
   // Validation and hashing run before taking the lock: they read every byte.
-  auto parsed = format::ParseCheckpoint(blob, size);
-  if (!parsed.ok()) {
-    return Status::Corruption(Id(exp, member) + ": " + reason +
-                              " rejected: " + parsed.status().message());
+  // A caller's verified parse of these very bytes stands for the store's own.
+  std::optional<format::CheckpointView> parsed;
+  if (verified != nullptr) {
+    if (verified->bytes() != blob || verified->total_bytes() != size) {
+      return Status::InvalidArgument(Id(exp, member) + ": " + reason +
+                                     " rejected: the verified view given is of other bytes");
+    }
+    if (!verified->fully_verified()) {
+      return Status::InvalidArgument(Id(exp, member) + ": " + reason +
+                                     " rejected: the view given was parsed without verifying "
+                                     "its checksums");
+    }
+  } else {
+    auto p = format::ParseCheckpoint(blob, size);
+    if (!p.ok()) {
+      return Status::Corruption(Id(exp, member) + ": " + reason +
+                                " rejected: " + p.status().message());
+    }
+    parsed = std::move(*p);
+    verified = &*parsed;
   }
-  const int64_t blob_step = step ? *step : parsed->meta().step;
+  const int64_t blob_step = step ? *step : verified->meta().step;
   const BlobId id = BlobId::Of(blob, size);
 
   std::lock_guard<std::mutex> lock(mu_);
@@ -297,22 +314,24 @@ StatusOr<int64_t> StoreImpl::AddBlobVersion(const std::string& exp, const std::s
   PendingWrite w;
   w.new_blob = id;
   w.new_blob_bytes = rocksdb::Slice(static_cast<const char*>(blob), size);
-  return AddVersionLocked(exp, member, std::move(m), std::move(head), std::move(event), &w, sync,
-                          trained ? kp::kCommitBeforeWrite : kp::kImportBeforeWrite,
-                          trained ? kp::kCommitAfterWrite : kp::kImportAfterWrite);
+  auto added = AddVersionLocked(exp, member, std::move(m), std::move(head), std::move(event), &w,
+                                sync, trained ? kp::kCommitBeforeWrite : kp::kImportBeforeWrite,
+                                trained ? kp::kCommitAfterWrite : kp::kImportAfterWrite);
+  if (added.ok() && id_out != nullptr) *id_out = id;
+  return added;
 }
 
 StatusOr<int64_t> StoreImpl::CommitResult(const CommitRequest& r) {
   return AddBlobVersion(r.exp, r.member, r.expected_head_version, r.blob, r.blob_size, r.step,
                         r.metrics, r.hparams, kReasonTrained, r.event_json,
-                        options_.sync_interval_commits);
+                        options_.sync_interval_commits, r.verified, r.committed_blob);
 }
 
 StatusOr<int64_t> StoreImpl::Import(const std::string& exp, const std::string& member,
                                     const void* blob, size_t blob_size,
                                     const std::map<std::string, double>& hparams) {
   return AddBlobVersion(exp, member, std::nullopt, blob, blob_size, std::nullopt, {}, hparams,
-                        kReasonImport, "", /*sync=*/true);
+                        kReasonImport, "", /*sync=*/true, /*verified=*/nullptr, /*id_out=*/nullptr);
 }
 
 StatusOr<int64_t> StoreImpl::Exploit(const std::string& exp, const std::string& dst,

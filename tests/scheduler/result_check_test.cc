@@ -7,6 +7,8 @@
 
 #include <cmath>
 #include <limits>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -106,6 +108,28 @@ TEST_F(ResultCheckTest, AnHonestResultPassesAndGivesItsLayout) {
   EXPECT_TRUE(s.ok()) << s.ToString();
   EXPECT_EQ(got, *sent_.layout);
   EXPECT_EQ(got.tensors.size(), 4u);
+}
+
+// The parse the check made is handed out for the store's commit: of the
+// result's own bytes, every checksum verified.
+TEST_F(ResultCheckTest, AnHonestResultGivesTheVerifiedParseOfItsState) {
+  std::optional<format::CheckpointView> view;
+  Status s = CheckResult(sent_, result_, nullptr, &view);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  ASSERT_TRUE(view.has_value());
+  EXPECT_EQ(static_cast<const void*>(view->bytes()), result_.state.data);
+  EXPECT_EQ(view->total_bytes(), result_.state.size);
+  EXPECT_TRUE(view->fully_verified());
+  EXPECT_EQ(view->meta().step, result_.step);
+  // An evaluation reads no state and gives none.
+  std::optional<format::CheckpointView> none;
+  sent_.eval_only = true;
+  sent_.steps = 0;
+  result_.samples = 0;
+  result_.step = sent_.start_step;
+  s = CheckResult(sent_, result_, nullptr, &none);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_FALSE(none.has_value());
 }
 
 TEST_F(ResultCheckTest, AccuracyMustLieInZeroToOne) {
@@ -312,6 +336,32 @@ TEST(StateLayoutsTest, TheFirstLayoutSeenStaysTheExperiments) {
   EXPECT_EQ(*layouts.Find("e"), first);
   EXPECT_EQ(*layouts.Establish("f", other), other);
   EXPECT_EQ(layouts.Find("g"), nullptr);
+}
+
+// What a member's last commit said of its state, recalled when that very
+// blob is sent on (so its header is not parsed again), and only then.
+TEST(StateLayoutsTest, ACommittedHeaderIsRecalledForItsOwnBlobOnly) {
+  StateLayouts layouts;
+  const std::string a = Blob(Lenetish(), 20), b = Blob(Lenetish(), 40);
+  const BlobId id_a = BlobId::Of(a.data(), a.size()), id_b = BlobId::Of(b.data(), b.size());
+  auto layout = std::make_shared<const StateLayout>(LayoutOfBlob(a));
+  EXPECT_FALSE(layouts.Committed("e", "m1", id_a).has_value());
+  layouts.RememberCommitted("e", "m1", {id_a, 20, layout});
+  auto got = layouts.Committed("e", "m1", id_a);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->blob, id_a);
+  EXPECT_EQ(got->step, 20);
+  EXPECT_EQ(got->layout, layout);
+  // Another blob as the head (an exploit's donor state, an import), another
+  // member, another experiment: not known.
+  EXPECT_FALSE(layouts.Committed("e", "m1", id_b).has_value());
+  EXPECT_FALSE(layouts.Committed("e", "m2", id_a).has_value());
+  EXPECT_FALSE(layouts.Committed("f", "m1", id_a).has_value());
+  // The member's next commit replaces it.
+  layouts.RememberCommitted("e", "m1", {id_b, 40, layout});
+  EXPECT_FALSE(layouts.Committed("e", "m1", id_a).has_value());
+  ASSERT_TRUE(layouts.Committed("e", "m1", id_b).has_value());
+  EXPECT_EQ(layouts.Committed("e", "m1", id_b)->step, 40);
 }
 
 TEST(ResultRulesTest, FromTheConfiguration) {

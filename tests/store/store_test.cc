@@ -168,6 +168,63 @@ TEST_F(StoreTest, CorruptResultIsRejectedNamingTheMember) {
   EXPECT_TRUE(store_->CommitResult(req).status().IsInvalidArgument());
 }
 
+// CommitRequest::verified: the caller's verified parse of the very bytes
+// stands for the store's own; a view of other bytes, or of these bytes
+// parsed without verifying, is refused (and nothing is committed).
+TEST_F(StoreTest, CommitTakesTheCallersVerifiedParseOfTheSameBytesOnly) {
+  Population({"a"});
+  std::string blob = MakeBlob(3, 256, 10);
+  auto view = format::ParseCheckpoint(blob.data(), blob.size());
+  ASSERT_TRUE(view.ok()) << view.status().ToString();
+  CommitRequest req;
+  req.exp = "e";
+  req.member = "a";
+  req.blob = blob.data();
+  req.blob_size = blob.size();
+  req.step = 10;
+
+  // A copy of the same bytes elsewhere: not the view's bytes.
+  std::string copy = blob;
+  req.blob = copy.data();
+  req.verified = &*view;
+  auto v = store_->CommitResult(req);
+  ASSERT_TRUE(v.status().IsInvalidArgument()) << v.status().ToString();
+  EXPECT_NE(v.status().message().find("e/a"), std::string::npos) << v.status().ToString();
+  EXPECT_NE(v.status().message().find("other bytes"), std::string::npos);
+  // The same address with fewer bytes.
+  req.blob = blob.data();
+  req.blob_size = blob.size() - 64;
+  EXPECT_TRUE(store_->CommitResult(req).status().IsInvalidArgument());
+  req.blob_size = blob.size();
+  // Parsed without verifying the tensors.
+  format::ReadOptions header_only;
+  header_only.verify_checksums = false;
+  auto unverified = format::ParseCheckpoint(blob.data(), blob.size(), header_only);
+  ASSERT_TRUE(unverified.ok());
+  req.verified = &*unverified;
+  v = store_->CommitResult(req);
+  ASSERT_TRUE(v.status().IsInvalidArgument()) << v.status().ToString();
+  EXPECT_NE(v.status().message().find("without verifying"), std::string::npos);
+  EXPECT_EQ(store_->GetMember("e", "a")->version, 0);
+
+  // The verified view of these bytes: committed, the id reported, the step
+  // taken from the request and the bytes read back as they were.
+  req.verified = &*view;
+  BlobId id;
+  req.committed_blob = &id;
+  v = store_->CommitResult(req);
+  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  EXPECT_EQ(*v, 1);
+  EXPECT_EQ(id, BlobId::Of(blob.data(), blob.size()));
+  auto head = store_->GetMember("e", "a");
+  ASSERT_TRUE(head.ok());
+  EXPECT_EQ(*head->blob, id);
+  EXPECT_EQ(head->step, 10);
+  auto back = store_->ReadHeadBlob("e", "a");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(back->data()), back->size()), blob);
+}
+
 TEST_F(StoreTest, OversizedResultIsRejected) {
   StoreOptions o = TestOptions(dir_.Sub("db"));
   o.max_blob_bytes = 1000;

@@ -330,6 +330,8 @@ StatusOr<CheckpointView> ParseCheckpoint(const void* data, size_t size,
   CheckpointView view;
   view.header_bytes_ = file.header_bytes;
   view.total_bytes_ = size;
+  view.bytes_ = bytes;
+  view.fully_verified_ = options.verify_checksums && options.verify_header_checksum;
   if (!file.has_metadata) return Bad("header has no __metadata__");
   std::map<std::string, uint64_t> checksums;
   CKPT_RETURN_IF_ERROR(ParseMetadata(file.metadata, &view.meta_, &checksums));

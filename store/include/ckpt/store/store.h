@@ -89,6 +89,7 @@
 #include <string_view>
 #include <vector>
 
+#include "ckpt/format/checkpoint.h"
 #include "ckpt/format/checksum.h"
 #include "ckpt/format/status.h"
 
@@ -216,6 +217,15 @@ struct CommitRequest {
   // Event to log with the commit: a JSON object, or empty for a default one.
   // The store sets "type" (when absent), "exp", "member", "version", "unix_ms".
   std::string event_json;
+  // Optional: the caller's own ParseCheckpoint of exactly `blob` (the same
+  // address and size) with every checksum verified, which the store then
+  // takes as its validation instead of parsing and hashing the bytes again
+  // (the scheduler's result check has just done both). A view of other bytes,
+  // or one parsed without verifying, is refused with InvalidArgument.
+  // REQUIRES: the bytes have not changed since that parse.
+  const format::CheckpointView* verified = nullptr;
+  // Optional: set to the committed blob's id (BlobId::Of(blob)) on success.
+  BlobId* committed_blob = nullptr;
 };
 
 // The bytes of a blob as RocksDB hands them out, not copied again: pinned in
@@ -339,7 +349,8 @@ class Store {
 
   // ---- versions ----
 
-  // Validates the blob (ckpt::format::ParseCheckpoint with checksums), then in
+  // Validates the blob (ckpt::format::ParseCheckpoint with checksums, or the
+  // caller's verified parse of it: CommitRequest::verified), then in
   // one WriteBatch: the blob (when new), one reference, manifest (reason
   // "trained", parent = previous head version), head (version+1, last_score,
   // hparams, step), the event, and retention. Returns the new version.

@@ -107,6 +107,12 @@ class CheckpointView {
   const TensorView* Find(std::string_view name) const;
   size_t header_bytes() const { return header_bytes_; }  // 8 + N
   size_t total_bytes() const { return total_bytes_; }
+  // The bytes it was parsed from (total_bytes() of them), and whether every
+  // tensor's checksum was recomputed and matched (ReadOptions::verify_checksums
+  // and verify_header_checksum both on): what lets a reader of the same bytes
+  // take this view instead of parsing them again (store::CommitRequest).
+  const uint8_t* bytes() const { return bytes_; }
+  bool fully_verified() const { return fully_verified_; }
 
  private:
   friend StatusOr<CheckpointView> ParseCheckpoint(const void*, size_t, const ReadOptions&);
@@ -114,6 +120,8 @@ class CheckpointView {
   std::vector<TensorView> tensors_;
   size_t header_bytes_ = 0;
   size_t total_bytes_ = 0;
+  const uint8_t* bytes_ = nullptr;
+  bool fully_verified_ = false;
 };
 
 // Parses and validates `size` bytes at `data`. Returns Corruption, naming the
