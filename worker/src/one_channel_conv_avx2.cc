@@ -1,7 +1,8 @@
 // The one-input-channel convolution's kernels for AVX2 with FMA (compiled
 // with -mavx2 -mfma, worker/CMakeLists.txt; called only where the CPU has
-// both): 8 columns per vector, the weight gradient one kernel row at a time
-// (16 vector registers).
+// both): 8 columns per vector, the weight gradient in blocks of 2 channels
+// (2 x 5 accumulators, 2 of the bias, 2 gradients and an input row in 16
+// vector registers).
 #include <immintrin.h>
 
 #include <cstdint>
@@ -17,6 +18,13 @@ struct Avx2 {
   static V Zero() { return _mm256_setzero_ps(); }
   static V Set1(float f) { return _mm256_set1_ps(f); }
   static V Load(const float* p) { return _mm256_loadu_ps(p); }
+  // Load, into a register the compiler may not fold back into each use as a
+  // memory operand (which would load the row once per channel again).
+  static V LoadReg(const float* p) {
+    V v = Load(p);
+    asm("" : "+v"(v));
+    return v;
+  }
   static __m256i Mask(int64_t n) {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)),
                               _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
@@ -37,7 +45,7 @@ struct Avx2 {
 
 const OneChannelConvKernels& OneChannelConvAvx2() {
   static const OneChannelConvKernels k{Avx2::kLanes, &OneChannelConvForwardOf<Avx2>,
-                                       &OneChannelConvWeightGradOf<Avx2, 1>};
+                                       &OneChannelConvWeightGradOf<Avx2, 2>};
   return k;
 }
 

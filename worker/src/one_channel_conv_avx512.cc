@@ -1,7 +1,8 @@
 // The one-input-channel convolution's kernels for AVX-512F (compiled with
 // -mavx512f -mfma, worker/CMakeLists.txt; called only where the CPU has
-// AVX-512F): 16 columns per vector, all 25 weight-gradient accumulators of a
-// 5x5 kernel in registers.
+// AVX-512F): 16 columns per vector, the weight gradient in blocks of up to
+// 4 channels (4 x 5 accumulators, 4 of the bias, 4 gradients and an input
+// row in 32 vector registers).
 #include <immintrin.h>
 
 #include <cstdint>
@@ -17,6 +18,13 @@ struct Avx512 {
   static V Zero() { return _mm512_setzero_ps(); }
   static V Set1(float f) { return _mm512_set1_ps(f); }
   static V Load(const float* p) { return _mm512_loadu_ps(p); }
+  // Load, into a register the compiler may not fold back into each use as a
+  // memory operand (which would load the row once per channel again).
+  static V LoadReg(const float* p) {
+    V v = Load(p);
+    asm("" : "+v"(v));
+    return v;
+  }
   static __mmask16 Mask(int64_t n) { return static_cast<__mmask16>((1u << n) - 1u); }
   static V LoadN(const float* p, int64_t n) { return _mm512_maskz_loadu_ps(Mask(n), p); }
   static void StoreN(float* p, V v, int64_t n) { _mm512_mask_storeu_ps(p, Mask(n), v); }
@@ -38,7 +46,7 @@ struct Avx512 {
 
 const OneChannelConvKernels& OneChannelConvAvx512() {
   static const OneChannelConvKernels k{Avx512::kLanes, &OneChannelConvForwardOf<Avx512>,
-                                       &OneChannelConvWeightGradOf<Avx512, 5>};
+                                       &OneChannelConvWeightGradOf<Avx512, 4>};
   return k;
 }
 

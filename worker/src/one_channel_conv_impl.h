@@ -8,7 +8,8 @@
 // and a store around every FMA).
 //
 // Traits T: V (the vector type), kLanes, Zero(), Set1(f), Load(p) (kLanes
-// floats), LoadN(p, n) (the first n, zeros after, reading nothing past p + n),
+// floats), LoadReg(p) (Load, kept in a register for several uses),
+// LoadN(p, n) (the first n, zeros after, reading nothing past p + n),
 // StoreN(p, v, n) (the first n lanes), Fma(a, b, c) = a * b + c, Add, Sum
 // (of the lanes).
 #ifndef CKPT_WORKER_SRC_ONE_CHANNEL_CONV_IMPL_H_
@@ -73,57 +74,119 @@ void OneChannelConvForward(const OneChannelConvShape& s, const float* padded, co
   }
 }
 
-// Weight (and bias) gradients of output channels [begin, end): for kRows
-// kernel rows at a time, kRows * K accumulators, each lane summing its
-// column's products over the batch, rows and vectors in order, then the lanes
-// summed. The lanes past the last column read a gradient of zero (LoadN).
-template <typename T, int K, int kRows>
-void OneChannelConvWeightGrad(const OneChannelConvShape& s, const float* padded,
-                              const float* grad_out, float* grad_weight, float* grad_bias,
-                              int64_t begin, int64_t end) {
-  static_assert(K % kRows == 0, "kRows divides the kernel");
+// Weight and bias gradients of kC adjacent output channels [oc, oc + kC) of
+// one group: for each sample and kernel row, kC * K accumulators (a
+// channel's gradient vector loaded once serves the row's K taps, an input
+// row segment loaded once serves the kC channels), and in the first row's
+// pass kC more for the bias, each lane summing its column's products (or
+// gradients) over the sample's rows and vectors in order; the sample's sums
+// are then added to `sums` [kC][K][K] and `bias_sums` [kC] (vectors, which
+// stay in L1 with the sample's planes). The lanes past the last column read
+// a gradient of zero (LoadN). The caller sums the lanes.
+template <typename T, int K, int kC>
+void OneChannelConvGradBlock(const OneChannelConvShape& s, const float* padded,
+                             const float* grad_out, int64_t oc, typename T::V* sums,
+                             typename T::V* bias_sums) {
   using V = typename T::V;
   constexpr int64_t kLanes = T::kLanes;
-  const int64_t plane_in = s.padded_h * s.padded_w;
-  const int64_t plane_out = s.out_h * s.out_w;
-  for (int64_t oc = begin; oc < end; ++oc) {
-    const int64_t g = oc / s.out_per_group;
-    V bias_acc = T::Zero();
-    for (int ky0 = 0; ky0 < K; ky0 += kRows) {
-      V acc[kRows][K];
+  // Locals: a store through `sums` (a vector type, which may alias anything)
+  // would otherwise make the compiler read the shape again.
+  const int64_t padded_w = s.padded_w, out_h = s.out_h, out_w = s.out_w;
+  const int64_t plane_in = s.padded_h * padded_w;
+  const int64_t plane_out = out_h * out_w;
+  const int64_t channels = s.channels(), groups = s.groups, batch = s.batch;
+  const int64_t g = oc / s.out_per_group;
+  for (int64_t n = 0; n < batch; ++n) {
+    const float* src = padded + (n * groups + g) * plane_in;
+    const float* go = grad_out + (n * channels + oc) * plane_out;
+    for (int ky = 0; ky < K; ++ky) {
+      V acc[kC][K];
+      V bias[kC];
 #pragma GCC unroll 8
-      for (int r = 0; r < kRows; ++r) {
+      for (int c = 0; c < kC; ++c) {
+        bias[c] = T::Zero();
 #pragma GCC unroll 8
-        for (int kx = 0; kx < K; ++kx) acc[r][kx] = T::Zero();
+        for (int kx = 0; kx < K; ++kx) acc[c][kx] = T::Zero();
       }
-      for (int64_t n = 0; n < s.batch; ++n) {
-        const float* src = padded + (n * s.groups + g) * plane_in + ky0 * s.padded_w;
-        const float* go = grad_out + (n * s.channels() + oc) * plane_out;
-        for (int64_t y = 0; y < s.out_h; ++y) {
-          for (int64_t x0 = 0; x0 < s.out_w; x0 += kLanes) {
-            const int64_t left = s.out_w - x0;
-            const V gv = T::LoadN(go + y * s.out_w + x0, left < kLanes ? left : kLanes);
-            const float* row = src + y * s.padded_w + x0;
+      for (int64_t y = 0; y < out_h; ++y) {
+        const float* row = src + (y + ky) * padded_w;
+        const float* gy = go + y * out_w;
+        for (int64_t x0 = 0; x0 < out_w; x0 += kLanes) {
+          const int64_t left = out_w - x0;
+          const int64_t count = left < kLanes ? left : kLanes;
+          V gv[kC];
 #pragma GCC unroll 8
-            for (int r = 0; r < kRows; ++r) {
+          for (int c = 0; c < kC; ++c) gv[c] = T::LoadN(gy + c * plane_out + x0, count);
+          if (ky == 0) {
 #pragma GCC unroll 8
-              for (int kx = 0; kx < K; ++kx) {
-                acc[r][kx] = T::Fma(gv, T::Load(row + r * s.padded_w + kx), acc[r][kx]);
-              }
-            }
-            if (ky0 == 0) bias_acc = T::Add(bias_acc, gv);
+            for (int c = 0; c < kC; ++c) bias[c] = T::Add(bias[c], gv[c]);
+          }
+#pragma GCC unroll 8
+          for (int kx = 0; kx < K; ++kx) {
+            const V in = T::LoadReg(row + x0 + kx);
+#pragma GCC unroll 8
+            for (int c = 0; c < kC; ++c) acc[c][kx] = T::Fma(gv[c], in, acc[c][kx]);
           }
         }
       }
 #pragma GCC unroll 8
-      for (int r = 0; r < kRows; ++r) {
+      for (int c = 0; c < kC; ++c) {
+        if (ky == 0) bias_sums[c] = T::Add(bias_sums[c], bias[c]);
 #pragma GCC unroll 8
         for (int kx = 0; kx < K; ++kx) {
-          grad_weight[oc * K * K + static_cast<int64_t>(ky0 + r) * K + kx] = T::Sum(acc[r][kx]);
+          V& sum = sums[(c * K + ky) * K + kx];
+          sum = T::Add(sum, acc[c][kx]);
         }
       }
     }
-    if (grad_bias != nullptr) grad_bias[oc] = T::Sum(bias_acc);
+  }
+}
+
+// Weight (and bias) gradients of output channels [begin, end), in blocks of
+// at most kMaxC channels of one group (kMaxC * (K + 2) + 1 vector registers:
+// the ISA's file picks it).
+template <typename T, int K, int kMaxC>
+void OneChannelConvWeightGrad(const OneChannelConvShape& s, const float* padded,
+                              const float* grad_out, float* grad_weight, float* grad_bias,
+                              int64_t begin, int64_t end) {
+  static_assert(kMaxC >= 1 && kMaxC <= 4, "blocks of 1 to 4 channels");
+  using V = typename T::V;
+  V sums[kMaxC * K * K];
+  V bias_sums[kMaxC];
+  for (int64_t oc = begin; oc < end;) {
+    const int64_t group_end = (oc / s.out_per_group + 1) * s.out_per_group;
+    const int64_t to = end < group_end ? end : group_end;
+    // The group's rest in blocks of at most kMaxC, as even as they go (6
+    // channels in 3 + 3 rather than 4 + 2).
+    const int64_t rest = to - oc;
+    const int64_t blocks = (rest + kMaxC - 1) / kMaxC;
+    const int c = static_cast<int>((rest + blocks - 1) / blocks);
+    for (int i = 0; i < c * K * K; ++i) sums[i] = T::Zero();
+    for (int i = 0; i < c; ++i) bias_sums[i] = T::Zero();
+    switch (c) {
+      case 4:
+        if constexpr (kMaxC >= 4) {
+          OneChannelConvGradBlock<T, K, 4>(s, padded, grad_out, oc, sums, bias_sums);
+        }
+        break;
+      case 3:
+        if constexpr (kMaxC >= 3) {
+          OneChannelConvGradBlock<T, K, 3>(s, padded, grad_out, oc, sums, bias_sums);
+        }
+        break;
+      case 2:
+        if constexpr (kMaxC >= 2) {
+          OneChannelConvGradBlock<T, K, 2>(s, padded, grad_out, oc, sums, bias_sums);
+        }
+        break;
+      default:
+        OneChannelConvGradBlock<T, K, 1>(s, padded, grad_out, oc, sums, bias_sums);
+    }
+    for (int i = 0; i < c * K * K; ++i) grad_weight[oc * K * K + i] = T::Sum(sums[i]);
+    if (grad_bias != nullptr) {
+      for (int i = 0; i < c; ++i) grad_bias[oc + i] = T::Sum(bias_sums[i]);
+    }
+    oc += c;
   }
 }
 
@@ -143,8 +206,7 @@ void OneChannelConvForwardAnyBlock(const OneChannelConvShape& s, const float* pa
 }
 
 // The entry points of one ISA: kernel 3 or 5 (one_channel_conv.cc checks);
-// the weight gradient takes kRowsOf5 kernel rows of a 5x5 kernel at a time
-// (all 3 rows of a 3x3 one when that is 5, else one).
+// the weight gradient takes blocks of at most kMaxC channels.
 template <typename T>
 void OneChannelConvForwardOf(const OneChannelConvShape& s, const float* padded, const float* weight,
                              const float* bias, float* out, int64_t begin, int64_t end) {
@@ -153,15 +215,15 @@ void OneChannelConvForwardOf(const OneChannelConvShape& s, const float* padded, 
   OneChannelConvForwardAnyBlock<T, 5>(s, padded, weight, bias, out, begin, end);
 }
 
-template <typename T, int kRowsOf5>
+template <typename T, int kMaxC>
 void OneChannelConvWeightGradOf(const OneChannelConvShape& s, const float* padded,
                                 const float* grad_out, float* grad_weight, float* grad_bias,
                                 int64_t begin, int64_t end) {
   if (s.kernel == 3) {
-    return OneChannelConvWeightGrad<T, 3, (kRowsOf5 == 5 ? 3 : 1)>(s, padded, grad_out, grad_weight,
-                                                                   grad_bias, begin, end);
+    return OneChannelConvWeightGrad<T, 3, kMaxC>(s, padded, grad_out, grad_weight, grad_bias, begin,
+                                                 end);
   }
-  OneChannelConvWeightGrad<T, 5, kRowsOf5>(s, padded, grad_out, grad_weight, grad_bias, begin, end);
+  OneChannelConvWeightGrad<T, 5, kMaxC>(s, padded, grad_out, grad_weight, grad_bias, begin, end);
 }
 
 }  // namespace ckpt::model::internal
