@@ -60,13 +60,14 @@ class TorchReferenceTest : public ::testing::Test {
     char tmpl[] = "/tmp/ckpt_torchref_XXXXXX";
     ASSERT_NE(mkdtemp(tmpl), nullptr);
     dir_ = tmpl;
-    // ckpt's trainings here run conv1 through LibTorch, the kernels the
-    // Python side runs, so that they stay bit-close; ckpt's own one-channel
-    // kernels are held to PyTorch by the *WithinTorchsOwnSpread tests.
-    setenv("CKPT_ONE_CHANNEL_CONV", "off", 1);
+    // ckpt's trainings here run their convolutions through LibTorch, the
+    // kernels the Python side runs, so that they stay bit-close; ckpt's own
+    // kernels (conv1's one-channel and conv2's batch-lane ones) are held to
+    // PyTorch by the *WithinTorchsOwnSpread tests.
+    setenv("CKPT_CONV_KERNELS", "off", 1);
   }
   void TearDown() override {
-    unsetenv("CKPT_ONE_CHANNEL_CONV");
+    unsetenv("CKPT_CONV_KERNELS");
     if (!dir_.empty()) std::system(("rm -rf " + dir_).c_str());
   }
 
@@ -77,14 +78,15 @@ class TorchReferenceTest : public ::testing::Test {
   }
 
   // Trains `steps` from a fresh member here and in Python; expects agreement.
-  // With spread_factor > 0, conv1 runs through ckpt's own kernels and every
+  // With spread_factor > 0, the convolutions run through ckpt's own kernels
+  // (conv1's and, where it applies, conv2's: sums in other orders) and every
   // tensor must be within 1e-6, or spread_factor times the distance between
   // the results of PyTorch's own two conv1 kernels (oneDNN's and im2col's)
-  // where that is larger: three orders of the same sums.
+  // where that is larger.
   void CrossCheck(const std::string& spec, const std::string& optimizer,
                   const std::map<std::string, double>& hp, int64_t warmup, int64_t steps,
                   double spread_factor = 0) {
-    if (spread_factor > 0) unsetenv("CKPT_ONE_CHANNEL_CONV");
+    if (spread_factor > 0) unsetenv("CKPT_CONV_KERNELS");
     auto trainer = MakeTrainer(BaseOptions(spec, optimizer));
     ASSERT_NE(trainer, nullptr);
     MemberOutcome init = trainer->TrainPlain(Task("ref", nullptr, 21, warmup, hp));
@@ -175,7 +177,7 @@ TEST_F(TorchReferenceTest, AdamWMatchesTorchOptim) {
   CrossCheck("lenet5", "adamw", {{"lr", 0.003}, {"weight_decay", 0.05}, {"beta1", 0.85}}, 2, 5);
 }
 
-TEST_F(TorchReferenceTest, CkptsOneChannelConvTrainsLikeTorchWithinTorchsOwnSpread) {
+TEST_F(TorchReferenceTest, CkptsConvKernelsTrainLikeTorchWithinTorchsOwnSpread) {
   CrossCheck("lenet5", "sgd", {{"lr", 0.05}, {"momentum", 0.9}, {"weight_decay", 5e-4}}, 0, 6,
              kSpreadFactor);
 }
@@ -183,7 +185,7 @@ TEST_F(TorchReferenceTest, CkptsOneChannelConvTrainsLikeTorchWithinTorchsOwnSpre
 // With BatchNorm after conv1, conv1's bias gradient is rounding noise (its
 // true value is 0): its Adam second moment is as far apart in PyTorch's own
 // two kernels.
-TEST_F(TorchReferenceTest, CkptsOneChannelConvWithBatchNormAndAdamWithinTorchsOwnSpread) {
+TEST_F(TorchReferenceTest, CkptsConvKernelsWithBatchNormAndAdamWithinTorchsOwnSpread) {
   CrossCheck(kBnNoDropout, "adam", {{"lr", 0.002}, {"weight_decay", 1e-4}}, 3, 6, kSpreadFactor);
 }
 

@@ -11,7 +11,7 @@ at::Tensor OptionalTensor(const std::vector<at::Tensor>& t, int index) {
 }
 
 // Where ckpt's own one-input-channel kernels do not run (a CPU without AVX2,
-// or CKPT_ONE_CHANNEL_CONV=off: one_channel_conv.cc) and the CPU has no
+// or CKPT_CONV_KERNELS=off: one_channel_conv.cc) and the CPU has no
 // AVX-512, a convolution of a one-channel input (LeNet-5's conv1) in training
 // runs as LibTorch's own per-sample im2col and matrix product
 // (thnn_conv2d, with its autograd) instead of oneDNN: oneDNN 2.6's AVX2
@@ -51,6 +51,8 @@ at::Tensor RunLayers(const Context& ctx, const ForwardPass& pass, at::Tensor x, 
         const at::Tensor b = lt.bias < 0 ? at::Tensor() : fused ? t[lt.bias].flatten() : t[lt.bias];
         if (FastOneChannelConvApplies(x, w, b, K, l.stride, l.padding)) {
           x = FastOneChannelConv(x, w, b, K, l.padding);
+        } else if (FastBatchLaneConvApplies(x, w, b, K, l.stride, l.padding)) {
+          x = FastBatchLaneConv(x, w, b, K, l.padding);
         } else if (!fused && OneChannelCpuConvForTraining(x, w)) {
           x = at::thnn_conv2d(x, w, {w.size(2), w.size(3)}, b, {l.stride, l.stride},
                               {l.padding, l.padding});

@@ -218,6 +218,14 @@ void SetThreadIntraOpThreads(int n);
 at::Tensor FastMaxPool2d(const at::Tensor& x, int64_t kernel, int64_t stride, bool relu_first);
 bool FastMaxPool2dApplies(const at::Tensor& x, int64_t kernel, int64_t stride, int64_t padding);
 
+// Which of ckpt's own convolution kernels run (one_channel_conv.cc): the
+// CPU's best, or what CKPT_CONV_KERNELS asks for: "off" (LibTorch's
+// convolutions, as before these kernels: to compare with PyTorch bit for
+// bit), "avx2" (the AVX2 kernels on an AVX-512 CPU). Read on every call, so a
+// test can change it between trainings.
+enum class ConvIsa : int64_t { kNone = -1, kAvx512 = 0, kAvx2 = 1 };
+ConvIsa ChosenConvIsa();
+
 // A convolution whose groups each read one input channel: x [N, groups, H, W],
 // weight [groups * out, 1, k, k] (k 3 or 5), stride 1, zero padding
 // `padding`, bias [groups * out] or undefined; LibTorch's conv2d within float
@@ -229,6 +237,19 @@ at::Tensor FastOneChannelConv(const at::Tensor& x, const at::Tensor& weight, con
 bool FastOneChannelConvApplies(const at::Tensor& x, const at::Tensor& weight,
                                const at::Tensor& bias, int64_t groups, int64_t stride,
                                int64_t padding);
+
+// A small convolution with 2 to 16 input and at most 32 output channels per
+// group: x [N, groups * in, H, W], weight [groups * out, in, k, k] (k 3 or
+// 5), stride 1, zero padding `padding`, bias [groups * out] or undefined,
+// small enough that a kernel tile's planes stay in L2 (LeNet-5's conv2, plain
+// and fused); LibTorch's conv2d within float rounding, with the gradients of
+// x, weight and bias (batch_lane_conv.cc). Applies on CPUs with AVX-512 or
+// AVX2 and FMA.
+// REQUIRES: FastBatchLaneConvApplies(x, weight, bias, groups, 1, padding).
+at::Tensor FastBatchLaneConv(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                             int64_t groups, int64_t padding);
+bool FastBatchLaneConvApplies(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                              int64_t groups, int64_t stride, int64_t padding);
 
 }  // namespace ckpt::model::internal
 

@@ -18,36 +18,15 @@
 namespace ckpt::model::internal {
 namespace {
 
-// Which kernels: an id that travels in the autograd context.
-constexpr int64_t kNone = -1, kAvx512 = 0, kAvx2 = 1;
-
-// The CPU's best kernels, or what CKPT_ONE_CHANNEL_CONV asks for: "off"
-// (LibTorch's convolution, as before these kernels: to compare with PyTorch
-// bit for bit), "avx2" (the AVX2 kernels on an AVX-512 CPU). Read on every
-// call, so a test can change it between trainings.
-int64_t ChosenKernels() {
+// REQUIRES: isa is ConvIsa::kAvx512 or kAvx2, as ChosenConvIsa gave it.
+const OneChannelConvKernels& KernelsOf(ConvIsa isa) {
 #if defined(__x86_64__)
-  static const bool avx512 = __builtin_cpu_supports("avx512f") != 0;
-  static const bool avx2 =
-      __builtin_cpu_supports("avx2") != 0 && __builtin_cpu_supports("fma") != 0;
-  const char* choice = std::getenv("CKPT_ONE_CHANNEL_CONV");
-  const std::string_view c = choice != nullptr ? choice : "";
-  if (c == "off") return kNone;
-  if (avx512 && c != "avx2") return kAvx512;
-  if (avx2) return kAvx2;
-#endif
-  return kNone;
-}
-
-// REQUIRES: id is kAvx512 or kAvx2, as ChosenKernels gave it.
-const OneChannelConvKernels& KernelsOf(int64_t id) {
-#if defined(__x86_64__)
-  if (id == kAvx512) return OneChannelConvAvx512();
-  CKPT_CHECK(id == kAvx2);
+  if (isa == ConvIsa::kAvx512) return OneChannelConvAvx512();
+  CKPT_CHECK(isa == ConvIsa::kAvx2);
   return OneChannelConvAvx2();
 #else
-  (void)id;
-  std::abort();  // ChosenKernels() is kNone off x86-64
+  (void)isa;
+  std::abort();  // ChosenConvIsa() is kNone off x86-64
 #endif
 }
 
@@ -94,12 +73,12 @@ class OneChannelConvFunction : public torch::autograd::Function<OneChannelConvFu
  public:
   // bias: defined (zeros for a layer without one: autograd takes no
   // undefined input, and 0 + the first product is that product).
-  // kernels: ChosenKernels() for this call (the backward uses the same,
+  // kernels: ChosenConvIsa() for this call (the backward uses the same,
   // whatever the environment says by then).
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
                             const at::Tensor& weight, const at::Tensor& bias, int64_t groups,
                             int64_t padding, int64_t kernels) {
-    const OneChannelConvKernels& k = KernelsOf(kernels);
+    const OneChannelConvKernels& k = KernelsOf(static_cast<ConvIsa>(kernels));
     const OneChannelConvShape s = ShapeOf(x.sizes(), weight.sizes(), groups, padding, k.lanes);
     at::Tensor padded = Pad(x, s);
     at::Tensor out = Forward(k, s, padded, weight, bias);
@@ -114,7 +93,8 @@ class OneChannelConvFunction : public torch::autograd::Function<OneChannelConvFu
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    const OneChannelConvKernels& k = KernelsOf(ctx->saved_data["kernels"].toInt());
+    const OneChannelConvKernels& k =
+        KernelsOf(static_cast<ConvIsa>(ctx->saved_data["kernels"].toInt()));
     const at::Tensor padded = ctx->get_saved_variables()[0];
     const at::Tensor grad = grads[0].contiguous();
     const std::vector<int64_t> x_sizes = ctx->saved_data["x_sizes"].toIntVector();
@@ -137,6 +117,20 @@ class OneChannelConvFunction : public torch::autograd::Function<OneChannelConvFu
 
 }  // namespace
 
+ConvIsa ChosenConvIsa() {
+#if defined(__x86_64__)
+  static const bool avx512 = __builtin_cpu_supports("avx512f") != 0;
+  static const bool avx2 =
+      __builtin_cpu_supports("avx2") != 0 && __builtin_cpu_supports("fma") != 0;
+  const char* choice = std::getenv("CKPT_CONV_KERNELS");
+  const std::string_view c = choice != nullptr ? choice : "";
+  if (c == "off") return ConvIsa::kNone;
+  if (avx512 && c != "avx2") return ConvIsa::kAvx512;
+  if (avx2) return ConvIsa::kAvx2;
+#endif
+  return ConvIsa::kNone;
+}
+
 OneChannelConvShape OneChannelConvShapeOf(int64_t batch, int64_t groups, int64_t out_per_group,
                                           int64_t height, int64_t width, int64_t kernel,
                                           int64_t padding, int64_t lanes) {
@@ -158,7 +152,7 @@ OneChannelConvShape OneChannelConvShapeOf(int64_t batch, int64_t groups, int64_t
 bool FastOneChannelConvApplies(const at::Tensor& x, const at::Tensor& weight,
                                const at::Tensor& bias, int64_t groups, int64_t stride,
                                int64_t padding) {
-  if (ChosenKernels() == kNone || stride != 1 || padding < 0 || groups < 1) return false;
+  if (ChosenConvIsa() == ConvIsa::kNone || stride != 1 || padding < 0 || groups < 1) return false;
   if (!x.device().is_cpu() || x.scalar_type() != at::kFloat || x.dim() != 4 ||
       x.size(1) != groups || x.stride(3) != 1 || x.stride(2) < x.size(3) ||
       (at::GradMode::is_enabled() && x.requires_grad())) {
@@ -179,7 +173,7 @@ bool FastOneChannelConvApplies(const at::Tensor& x, const at::Tensor& weight,
 
 at::Tensor FastOneChannelConv(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                               int64_t groups, int64_t padding) {
-  const int64_t kernels = ChosenKernels();
+  const auto kernels = static_cast<int64_t>(ChosenConvIsa());
   const bool grad = at::GradMode::is_enabled() &&
                     (weight.requires_grad() || (bias.defined() && bias.requires_grad()));
   if (grad) {
@@ -187,7 +181,7 @@ at::Tensor FastOneChannelConv(const at::Tensor& x, const at::Tensor& weight, con
         x, weight, bias.defined() ? bias : at::zeros({weight.size(0)}, weight.options()), groups,
         padding, kernels);
   }
-  const OneChannelConvKernels& k = KernelsOf(kernels);
+  const OneChannelConvKernels& k = KernelsOf(static_cast<ConvIsa>(kernels));
   const OneChannelConvShape s = ShapeOf(x.sizes(), weight.sizes(), groups, padding, k.lanes);
   return Forward(k, s, Pad(x, s), weight, bias);
 }

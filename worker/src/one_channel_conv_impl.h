@@ -1,5 +1,5 @@
 // The kernels of one_channel_conv_kernels.h, written once over a vector type:
-// included by one_channel_conv_avx512.cc and one_channel_conv_avx2.cc, each
+// included by conv_kernels_avx512.cc and conv_kernels_avx2.cc, each
 // compiled with its own -m flags and instantiating these templates with its
 // own traits type (so no instantiation is shared between the two files).
 // Only templates here: an inline function compiled under -mavx512f in one file

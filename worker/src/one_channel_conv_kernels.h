@@ -3,7 +3,7 @@
 // 1, square kernels of 3 or 5, float32, on CPUs with AVX-512 or AVX2. No
 // LibTorch here: one_channel_conv.cc checks shapes, allocates, threads and
 // runs the autograd; each ISA's kernels are compiled in a file of their own
-// with its -m flags (one_channel_conv_avx512.cc, one_channel_conv_avx2.cc)
+// with its -m flags (conv_kernels_avx512.cc, conv_kernels_avx2.cc)
 // and called only where the CPU has the ISA.
 //
 // Layouts (all contiguous float32):
