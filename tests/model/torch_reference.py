@@ -94,7 +94,8 @@ def cpu_has_avx512():
 
 
 CPU_HAS_AVX512 = cpu_has_avx512()
-# --spread-factor trains twice, conv1 through each of PyTorch's two kernels:
+# --spread-factor trains twice: conv1 through each of PyTorch's two kernels (the
+# im2col run with oneDNN off, so every convolution through im2col):
 # None follows the CPU (as below), "onednn" or "thnn" forces one.
 CONV1_KERNEL = None
 
@@ -290,14 +291,18 @@ def relative(a, b):
 def train(args):
     """ckpt's result against the reference: every tensor within --tolerance
     relative; with --spread-factor F, within F times the distance between
-    PyTorch's own two conv1 kernels' results where that is larger (ckpt's
-    own conv1 kernel sums in a third order)."""
+    the results of PyTorch's own two convolution kernels (oneDNN's and
+    im2col's, for every convolution) where that is larger (ckpt's own
+    convolution kernels sum in a third order)."""
     global CONV1_KERNEL
     result_meta, expected = read_blob(args.result)
     spread = {}
     if args.spread_factor > 0:
+        # Every convolution through im2col (oneDNN off): ckpt's own kernels
+        # replace conv2's too.
         CONV1_KERNEL = "thnn"
-        alternative = train_reference(args)
+        with torch.backends.mkldnn.flags(enabled=False):
+            alternative = train_reference(args)
         CONV1_KERNEL = "onednn"
     got = train_reference(args)
     if args.spread_factor > 0:
@@ -321,14 +326,14 @@ def train(args):
             if ratio > worst_ratio[0]:
                 worst_ratio = (ratio, name)
         if rel > limit:
-            failed.append("%s %.3g > %.3g (PyTorch's own conv1 kernels: %.3g)"
+            failed.append("%s %.3g > %.3g (PyTorch's own convolution kernels: %.3g)"
                           % (name, rel, limit, spread.get(name, 0.0)))
         if rel > worst:
             worst, worst_name = rel, name
     print("reference: %d tensors, worst relative difference %.3g (%s)" % (len(expected), worst, worst_name))
     if spread:
         name = max(spread, key=spread.get)
-        print("reference: PyTorch's two conv1 kernels' results apart by up to %.3g (%s); "
+        print("reference: PyTorch's two convolution kernels' results apart by up to %.3g (%s); "
               "past the tolerance, ckpt is at most %.3g times that spread (%s)"
               % (spread[name], name, worst_ratio[0], worst_ratio[1] or "none"))
     for line in failed:

@@ -81,8 +81,8 @@ class TorchReferenceTest : public ::testing::Test {
   // With spread_factor > 0, the convolutions run through ckpt's own kernels
   // (conv1's and, where it applies, conv2's: sums in other orders) and every
   // tensor must be within 1e-6, or spread_factor times the distance between
-  // the results of PyTorch's own two conv1 kernels (oneDNN's and im2col's)
-  // where that is larger.
+  // the results of PyTorch's own two convolution kernels (oneDNN's and
+  // im2col's, for every convolution) where that is larger.
   void CrossCheck(const std::string& spec, const std::string& optimizer,
                   const std::map<std::string, double>& hp, int64_t warmup, int64_t steps,
                   double spread_factor = 0) {
