@@ -457,7 +457,13 @@ bool Experiment::FallBackFromCorruptHead(int member, const WorkItem& item,
   m.state.score = good->score;
   m.state.status = records::MemberStatus::kIdle;
   (void)SaveRecord(m);
-  auto v = io_->Restore(m.name, good->version);
+  // The event goes in the restore's own write: a restored head without it
+  // would read, in the event log, as intervals trained twice for no reason
+  // (found by ckpt-chaos: a scheduler killed, or a full disk refusing the
+  // event, between the restore and a separate append).
+  auto v = io_->Restore(m.name, good->version,
+                        records::EncodeEvent(records::CorruptStateEvent{
+                            m.name, item.head_version, good->version, 0, interval, reason}));
   if (!v.ok()) {
     Logger().error("{}: member {}: restoring v{} after a damaged v{}: {}", config_.name, m.name,
                    good->version, item.head_version, v.status().ToString());
@@ -466,8 +472,6 @@ bool Experiment::FallBackFromCorruptHead(int member, const WorkItem& item,
   m.version = *v;
   m.step = good->step;
   m.hparams = good->hparams;
-  LogEvent(records::EncodeEvent(
-      records::CorruptStateEvent{m.name, item.head_version, good->version, *v, interval, reason}));
   Logger().warn(
       "{}: member {} v{} is damaged in the store ({}); it falls back to v{} (interval "
       "{}) as v{} and retrains from there",

@@ -126,9 +126,11 @@ class ExperimentIo {
   // errors otherwise.
   virtual StatusOr<GoodVersion> NewestGoodVersion(const std::string& member,
                                                   int64_t bad_version) = 0;
-  // Makes `version` the member's head again as a new version (a restore);
-  // returns it. Errors: the store's.
-  virtual StatusOr<int64_t> Restore(const std::string& member, int64_t version) = 0;
+  // Makes `version` the member's head again as a new version (a restore),
+  // `event_json` logged in the same write (Store::Restore); returns it.
+  // Errors: the store's.
+  virtual StatusOr<int64_t> Restore(const std::string& member, int64_t version,
+                                    const std::string& event_json) = 0;
 };
 
 struct ExperimentOptions {
@@ -186,8 +188,8 @@ class Experiment {
   // A training item refused as kBadState whose head blob is damaged in the
   // store falls back instead: the member's newest intact version becomes its
   // head again (a restore), its interval count goes back to that version's,
-  // a "corrupt_state" event is logged, and it retrains from there; no failure
-  // is counted.
+  // a "corrupt_state" event is logged (in the restore's own write), and it
+  // retrains from there; no failure is counted.
   void OnFailed(const WorkItem& item, records::FailureCode code, const std::string& reason,
                 bool head_moved);
   // A dispatched item will never be reported (its worker was lost): it goes

@@ -184,9 +184,10 @@ StatusOr<GoodVersion> StoreExperimentIo::NewestGoodVersion(const std::string& me
                                     std::to_string(bad_version) + " reads back intact");
 }
 
-StatusOr<int64_t> StoreExperimentIo::Restore(const std::string& member, int64_t version) {
+StatusOr<int64_t> StoreExperimentIo::Restore(const std::string& member, int64_t version,
+                                             const std::string& event_json) {
   StoreTimer t(metrics_, metrics::StoreOp::kRestore, 0);
-  return store_->Restore(exp_, member, version);
+  return store_->Restore(exp_, member, version, event_json);
 }
 
 }  // namespace ckpt::scheduler

@@ -57,7 +57,8 @@ class StoreExperimentIo : public ExperimentIo {
   Status SetStatus(records::ExperimentStatus status) override;
   void KillPoint(std::string_view point) override;
   StatusOr<GoodVersion> NewestGoodVersion(const std::string& member, int64_t bad_version) override;
-  StatusOr<int64_t> Restore(const std::string& member, int64_t version) override;
+  StatusOr<int64_t> Restore(const std::string& member, int64_t version,
+                            const std::string& event_json) override;
 
  private:
   store::Store* const store_;

@@ -759,12 +759,13 @@ StatusOr<int64_t> SchedulerImpl::Restore(const std::string& exp, const std::stri
   if (e == nullptr) return Status::NotFound("experiment " + exp + " is not known");
   if (e->Find(member) < 0) return Status::NotFound("member " + member + " of experiment " + exp);
   const auto t0 = Clock::now();
-  CKPT_ASSIGN_OR_RETURN(int64_t v, store_->Restore(exp, member, version));
+  CKPT_ASSIGN_OR_RETURN(
+      int64_t v,
+      store_->Restore(exp, member, version,
+                      records::EncodeEvent(records::RestoreEvent{member, version, 0, ""})));
   if (metrics_) metrics_->StoreOperation(metrics::StoreOp::kRestore, SecondsSince(t0), 0);
   CKPT_ASSIGN_OR_RETURN(store::MemberHead head, store_->GetMember(exp, member));
   CKPT_RETURN_IF_ERROR(e->OnRestored(member, v, head.hparams, head.step));
-  (void)store_->AppendEvent(exp,
-                            records::EncodeEvent(records::RestoreEvent{member, version, v, ""}));
   return v;
 }
 

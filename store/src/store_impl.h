@@ -111,8 +111,8 @@ class StoreImpl final : public Store {
   StatusOr<int64_t> Exploit(const std::string& exp, const std::string& dst, const std::string& src,
                             const std::map<std::string, double>& hparams,
                             const std::string& event_json) override;
-  StatusOr<int64_t> Restore(const std::string& exp, const std::string& member,
-                            int64_t version) override;
+  StatusOr<int64_t> Restore(const std::string& exp, const std::string& member, int64_t version,
+                            const std::string& event_json) override;
   StatusOr<int64_t> Import(const std::string& exp, const std::string& member, const void* blob,
                            size_t blob_size, const std::map<std::string, double>& hparams) override;
   Status Pin(const std::string& exp, const std::string& member, int64_t version) override {

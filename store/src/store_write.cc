@@ -380,7 +380,7 @@ StatusOr<int64_t> StoreImpl::Exploit(const std::string& exp, const std::string& 
 }
 
 StatusOr<int64_t> StoreImpl::Restore(const std::string& exp, const std::string& member,
-                                     int64_t version) {
+                                     int64_t version, const std::string& event_json) {
   CKPT_RETURN_IF_ERROR(CheckWritable());
   std::lock_guard<std::mutex> lock(mu_);
   CKPT_RETURN_IF_ERROR(WritableLocked());
@@ -390,7 +390,7 @@ StatusOr<int64_t> StoreImpl::Restore(const std::string& exp, const std::string& 
   const int64_t new_version = index_.Head(exp, member) + 1;
   CKPT_ASSIGN_OR_RETURN(
       std::string event,
-      codec::BuildEvent("", kReasonRestore, exp,
+      codec::BuildEvent(event_json, kReasonRestore, exp,
                         {{"member", member}, {"reason", kReasonRestore}, {"blob", old.blob.Hex()}},
                         {{"version", new_version}, {"restored_version", version}}));
   Manifest m = old;

@@ -117,6 +117,24 @@ TEST(EventCodecTest, OldStoresStillDecode) {
   ASSERT_TRUE(tool_restore.ok());
   EXPECT_EQ(std::get<RestoreEvent>(*tool_restore).by, "ckpt-tool");
 
+  // A fall-back from a damaged head, as the store's restore logs it (its
+  // "reason" is the store's), and as events before that named the damage.
+  auto corrupt = DecodeEvent(
+      R"({"type":"corrupt_state","member":"m6","bad_version":8,"restored_from":6,"interval":3,)"
+      R"("damage":"tensor fc3.weight: checksum mismatch","reason":"restore","blob":"ab",)"
+      R"("version":9,"restored_version":6,"exp":"e","unix_ms":1})",
+      "e");
+  ASSERT_TRUE(corrupt.ok()) << corrupt.status().ToString();
+  EXPECT_EQ(std::get<CorruptStateEvent>(*corrupt).reason, "tensor fc3.weight: checksum mismatch");
+  EXPECT_EQ(std::get<CorruptStateEvent>(*corrupt).version, 9);
+  auto old_corrupt = DecodeEvent(
+      R"({"type":"corrupt_state","member":"m6","bad_version":8,"restored_from":6,"version":9,)"
+      R"("interval":3,"reason":"tensor fc3.weight: checksum mismatch"})",
+      "e");
+  ASSERT_TRUE(old_corrupt.ok()) << old_corrupt.status().ToString();
+  EXPECT_EQ(std::get<CorruptStateEvent>(*old_corrupt).reason,
+            "tensor fc3.weight: checksum mismatch");
+
   // A member stopped by the policy has no kept_version; null scores read as NaN.
   auto stopped = DecodeEvent(R"({"type":"member_stopped","member":"m2","why":"rung 1"})", "e");
   ASSERT_TRUE(stopped.ok());

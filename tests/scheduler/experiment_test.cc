@@ -128,9 +128,10 @@ class SpaceIo : public ExperimentIo {
   StatusOr<GoodVersion> NewestGoodVersion(const std::string& member, int64_t bad_version) override {
     return io_->NewestGoodVersion(member, bad_version);
   }
-  StatusOr<int64_t> Restore(const std::string& member, int64_t version) override {
+  StatusOr<int64_t> Restore(const std::string& member, int64_t version,
+                            const std::string& event_json) override {
     if (full_) return Refuse("a restore of " + member);
-    return io_->Restore(member, version);
+    return io_->Restore(member, version, event_json);
   }
 
  private:
@@ -975,6 +976,12 @@ TEST(ExperimentTest, DamagedHeadBlobFallsBackToTheNewestIntactVersionAndRetrains
   EXPECT_EQ(events[0]["member"], bad.member);
   EXPECT_EQ(events[0]["bad_version"], bad.head_version);
   EXPECT_EQ(events[0]["version"], m.version);
+  // Logged in the restore's own write (the store's fields are in it), so no
+  // crash or full disk can leave the restore without it; and only there.
+  EXPECT_EQ(events[0]["reason"], store::kReasonRestore);
+  EXPECT_EQ(events[0]["damage"], "tensor fc3.weight: checksum mismatch");
+  EXPECT_EQ(events[0]["restored_version"], events[0]["restored_from"]);
+  EXPECT_TRUE(h.Events("restore").empty());
   const int64_t from = events[0]["restored_from"];
   EXPECT_LT(from, bad.head_version);
   auto restored = h.store().GetManifest("exp", bad.member, m.version);

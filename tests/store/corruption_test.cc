@@ -231,7 +231,7 @@ TEST(StoreCorruptionTest, DamagedBlobInCompactionDoesNotStopWrites) {
 
     // The member falls back to its newest intact version and trains on:
     // retention (keep_last_n 2) releases the damaged blob.
-    auto restored = store->Restore("e", "a", 1);
+    auto restored = store->Restore("e", "a", 1, "");
     ASSERT_TRUE(restored.ok()) << restored.status().ToString();
     heads["a"] = *restored;
     ASSERT_TRUE(store->ReadHeadBlob("e", "a").ok());
@@ -292,7 +292,7 @@ TEST(StoreCorruptionTest, CommittingTheSameBytesReplacesADamagedStoredCopy) {
   ASSERT_TRUE(store->ReadHeadBlob("e", "a").status().IsCorruption());
 
   // Fall back to v1 (v3), retrain to the same bytes as v2 (v4).
-  ASSERT_TRUE(store->Restore("e", "a", 1).ok());
+  ASSERT_TRUE(store->Restore("e", "a", 1, "").ok());
   req.expected_head_version = 3;
   auto v = store->CommitResult(req);
   ASSERT_TRUE(v.ok()) << v.status().ToString();

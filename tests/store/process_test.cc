@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
 #include <string>
@@ -13,6 +14,8 @@
 
 namespace ckpt::store::testing {
 namespace {
+
+using json = nlohmann::json;
 
 const std::string kChild = CKPT_STORE_TEST_CHILD;
 
@@ -125,10 +128,11 @@ struct KillCase {
 
 TEST(StoreProcessTest, SigkillAtKillPointsKeepsBatchesAtomic) {
   // The child commits a twice (keep_last_n = 1, so the second commit releases
-  // v1's blob) and then exploits b from a.
+  // v1's blob), exploits b from a, and restores b's head with an event.
   const KillCase cases[] = {
       {"commit.before_write", 0, 0},  {"commit.after_write", 1, 0},  {"retention.release", 1, 0},
-      {"exploit.before_write", 2, 0}, {"exploit.after_write", 2, 1},
+      {"exploit.before_write", 2, 0}, {"exploit.after_write", 2, 1}, {"restore.before_write", 2, 1},
+      {"restore.after_write", 2, 2},
   };
   for (const KillCase& c : cases) {
     SCOPED_TRACE(c.point);
@@ -159,6 +163,22 @@ TEST(StoreProcessTest, SigkillAtKillPointsKeepsBatchesAtomic) {
       ASSERT_TRUE(bm.ok() && am.ok());
       EXPECT_EQ(bm->blob, am->blob);
     }
+    // Every version's event is in its version's write: one event per version,
+    // the restore's the caller's own with the store's fields.
+    auto events = (*store)->ListEvents("crash", 0, 100);
+    ASSERT_TRUE(events.ok()) << events.status().ToString();
+    std::map<std::string, int64_t> per_member;
+    for (const auto& e : *events) {
+      const json j = json::parse(e.json);
+      ++per_member[j.value("member", "")];
+      if (j.value("reason", "") != kReasonRestore) continue;
+      EXPECT_EQ(j.value("type", ""), "corrupt_state") << e.json;
+      EXPECT_EQ(j.value("damage", ""), "test") << e.json;
+      EXPECT_EQ(j.value("version", 0), 2) << e.json;
+      EXPECT_EQ(j.value("restored_version", 0), 1) << e.json;
+    }
+    EXPECT_EQ(per_member["a"], c.a_after);
+    EXPECT_EQ(per_member["b"], c.b_after);
   }
 }
 

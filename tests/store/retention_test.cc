@@ -74,7 +74,7 @@ TEST_F(RetentionTest, KeepsLastNBlobsAndTheLineageManifests) {
   ASSERT_EQ(versions->size(), 5u);  // metadata kept: each is the parent of the next
   for (int i = 0; i < 5; ++i) EXPECT_EQ((*versions)[i].holds_blob, i >= 3) << i;
   EXPECT_EQ(store_->Lineage("e", "a")->size(), 5u);
-  EXPECT_EQ(store_->Restore("e", "a", 1).status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(store_->Restore("e", "a", 1, "").status().code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(store_->Pin("e", "a", 1).code(), StatusCode::kFailedPrecondition);
   ExpectVerifies();
 }
@@ -120,7 +120,7 @@ TEST_F(RetentionTest, PinnedVersionKeepsItsBlobUntilUnpinned) {
   for (int i = 2; i < 5; ++i) Commit("a", i, i);
   EXPECT_TRUE(BlobExists(first));
   EXPECT_TRUE(store_->GetManifest("e", "a", 1)->pinned);
-  EXPECT_TRUE(store_->Restore("e", "a", 1).ok());
+  EXPECT_TRUE(store_->Restore("e", "a", 1, "").ok());
   ASSERT_TRUE(store_->Unpin("e", "a", 1).ok());
   EXPECT_TRUE(BlobExists(first));  // the restored head holds it now
   Commit("a", 9, 1.0);
@@ -285,7 +285,7 @@ TEST_F(RetentionTest, RandomOperationsNeverLoseAReferencedBlob) {
         auto versions = store_->ListVersions("e", m);
         ASSERT_TRUE(versions.ok());
         const Manifest& pick = (*versions)[rng() % versions->size()];
-        auto r = store_->Restore("e", m, pick.version);
+        auto r = store_->Restore("e", m, pick.version, "");
         EXPECT_EQ(r.ok(), pick.holds_blob) << r.status().ToString();
       } else if (kind < 9) {
         auto versions = store_->ListVersions("e", m);

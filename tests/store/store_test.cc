@@ -289,7 +289,7 @@ TEST_F(StoreTest, RestoreMakesPastVersionTheHeadAsNewVersion) {
   std::string blob1;
   Commit("a", 1, 5.0, &blob1);
   Commit("a", 2, 1.0);
-  auto v = store_->Restore("e", "a", 1);
+  auto v = store_->Restore("e", "a", 1, "");
   ASSERT_TRUE(v.ok()) << v.status().ToString();
   EXPECT_EQ(*v, 3);
   auto head = store_->GetMember("e", "a");
@@ -299,10 +299,43 @@ TEST_F(StoreTest, RestoreMakesPastVersionTheHeadAsNewVersion) {
   auto m = store_->GetManifest("e", "a", 3);
   EXPECT_EQ(m->reason, kReasonRestore);
   EXPECT_EQ(*m->parent, (VersionRef{"a", 1}));
-  EXPECT_TRUE(store_->Restore("e", "a", 42).status().IsNotFound());
+  EXPECT_TRUE(store_->Restore("e", "a", 42, "").status().IsNotFound());
   // The restored head trains on from there.
   EXPECT_EQ(Commit("a", 3, 6.0), 4);
   EXPECT_EQ(*store_->GetManifest("e", "a", 4)->parent, (VersionRef{"a", 3}));
+}
+
+TEST_F(StoreTest, RestoreLogsTheCallersEventWithTheStoresFields) {
+  Population({"a"});
+  Commit("a", 1, 5.0);
+  Commit("a", 2, 1.0);
+  const uint64_t before = store_->ListEvents("e", 0, 100)->size();
+  // Not a JSON object: refused before anything is written.
+  auto bad = store_->Restore("e", "a", 1, "[1]");
+  EXPECT_TRUE(bad.status().IsInvalidArgument()) << bad.status().ToString();
+  EXPECT_NE(bad.status().message().find("not a JSON object"), std::string::npos);
+  EXPECT_EQ(store_->GetMember("e", "a")->version, 2);
+  EXPECT_EQ(store_->ListEvents("e", 0, 100)->size(), before);
+
+  auto v = store_->Restore("e", "a", 1,
+                           R"({"type":"corrupt_state","damage":"blob 12ab: bad","version":0})");
+  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  auto events = store_->ListEvents("e", 0, 100);
+  ASSERT_EQ(events->size(), before + 1);
+  json ev = json::parse(events->back().json);
+  EXPECT_EQ(ev["type"], "corrupt_state");
+  EXPECT_EQ(ev["damage"], "blob 12ab: bad");
+  EXPECT_EQ(ev["member"], "a");
+  EXPECT_EQ(ev["reason"], kReasonRestore);
+  EXPECT_EQ(ev["version"], *v);  // the store's, over the caller's
+  EXPECT_EQ(ev["restored_version"], 1);
+  EXPECT_EQ(ev["exp"], "e");
+
+  // Without one, the store's own restore event.
+  ASSERT_TRUE(store_->Restore("e", "a", 2, "").ok());
+  ev = json::parse(store_->ListEvents("e", 0, 100)->back().json);
+  EXPECT_EQ(ev["type"], "restore");
+  EXPECT_EQ(ev["restored_version"], 2);
 }
 
 TEST_F(StoreTest, ImportStartsAVersionWithoutParent) {

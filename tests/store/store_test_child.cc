@@ -2,7 +2,8 @@
 //
 //   store_test_child crash-loop PATH SEED   commit/exploit in a loop; after each
 //                                           call returns, print "C|E member version blobhex"
-//   store_test_child kill-at PATH POINT     run a fixed sequence with SIGKILL raised
+//   store_test_child kill-at PATH POINT     run a fixed sequence (commit, commit,
+//                                           exploit, restore) with SIGKILL raised
 //                                           at kill point POINT; prints what returned
 //   store_test_child try-open PATH          print Open's status; exit 0 ok, 3 Unavailable, 1 other
 //   store_test_child hold PATH              open, print "held", keep it until stdin closes
@@ -125,6 +126,11 @@ int KillAt(const std::string& path, const std::string& point) {
   auto v = store->Exploit(kExp, "b", "a", {{"lr", 0.2}}, "");
   if (!v.ok()) return Fail(v.status());
   Report("exploited b " + std::to_string(*v));
+  // A restore of b's head, with the caller's event (the scheduler's fall-back
+  // from a damaged head logs one so).
+  v = store->Restore(kExp, "b", *v, R"({"type":"corrupt_state","damage":"test"})");
+  if (!v.ok()) return Fail(v.status());
+  Report("restored b " + std::to_string(*v));
   return 0;
 }
 

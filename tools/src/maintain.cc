@@ -49,13 +49,13 @@ Status Restore(const ToolOptions& tool, const std::string& text) {
     via = "scheduler";
   } else {
     CKPT_ASSIGN_OR_RETURN(std::unique_ptr<store::Store> s, session.OpenWriter({}));
-    auto v = s->Restore(ref.exp, ref.member, *ref.version);
+    // The restore event the scheduler logs, by ckpt-tool, in the same write.
+    auto v = s->Restore(
+        ref.exp, ref.member, *ref.version,
+        records::EncodeEvent(records::RestoreEvent{ref.member, *ref.version, 0, "ckpt-tool"}));
     if (!v.ok())
       return Status(v.status().code(), "restore " + ref.ToString() + ": " + v.status().message());
     version = *v;
-    // The scheduler's restore event, so the event log tells the same story.
-    (void)s->AppendEvent(ref.exp, records::EncodeEvent(records::RestoreEvent{
-                                      ref.member, *ref.version, version, "ckpt-tool"}));
     via = "store";
   }
   return Done(tool,

@@ -125,9 +125,11 @@ json ToJson(const MemberStoppedEvent& e) {
   return j;
 }
 json ToJson(const CorruptStateEvent& e) {
+  // Logged by the store's restore, in its write: "reason" is the store's
+  // ("restore"), the damage found is "damage".
   return {
       {"member", e.member},   {"bad_version", e.bad_version}, {"restored_from", e.restored_from},
-      {"version", e.version}, {"interval", e.interval},       {"reason", e.reason}};
+      {"version", e.version}, {"interval", e.interval},       {"damage", e.reason}};
 }
 json ToJson(const TargetReachedEvent& e) {
   return {{"member", e.member}, {"score", Number(e.score)}, {"target", e.target}};
@@ -207,7 +209,9 @@ void Read(Fields& f, CorruptStateEvent* e) {
   f.Integer("restored_from", &e->restored_from);
   f.Integer("version", &e->version);
   f.Integer("interval", &e->interval);
-  f.Str("reason", &e->reason);
+  // Events logged before the restore carried them named the damage "reason".
+  if (f.Find("damage") == nullptr) return f.Str("reason", &e->reason);
+  f.Str("damage", &e->reason);
 }
 void Read(Fields& f, TargetReachedEvent* e) {
   f.Str("member", &e->member);

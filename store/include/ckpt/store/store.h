@@ -370,11 +370,16 @@ class Store {
                                     const std::string& event_json) = 0;
 
   // Makes past `version` of `member` its head again as a new version (same blob,
-  // parent = (member, version), reason "restore"; synced). Returns the new
+  // parent = (member, version), reason "restore"; synced), and logs
+  // `event_json` (the caller's account of why: a JSON object, "" for none) in
+  // the same WriteBatch, so that no crash leaves a restore without its event;
+  // the store sets "type" (when absent: "restore"), "member", "reason",
+  // "blob", "version" (the new one) and "restored_version". Returns the new
   // version. NotFound when the version is absent; FailedPrecondition when
-  // retention released its blob.
+  // retention released its blob; InvalidArgument when `event_json` is not a
+  // JSON object.
   virtual StatusOr<int64_t> Restore(const std::string& exp, const std::string& member,
-                                    int64_t version) = 0;
+                                    int64_t version, const std::string& event_json) = 0;
 
   // Imports a blob as `member`'s new head (reason "import", no parent,
   // hparams as given, step from the blob's metadata; synced). Returns the new

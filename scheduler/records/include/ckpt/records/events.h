@@ -59,10 +59,12 @@ struct ExploitEvent {
 };
 
 // A member's head was set back to `from_version`, as the new `version`.
+// Logged by the store's Restore in the restore's own write, which sets
+// `version` (and "restored_version", the same as `from_version`).
 struct RestoreEvent {
   std::string member;
   int64_t from_version = 0;
-  int64_t version = 0;
+  int64_t version = 0;  // filled in by the store
   // Who restored it when not the scheduler ("ckpt-tool"); "" = the scheduler.
   std::string by;
 };
@@ -82,14 +84,16 @@ struct MemberStoppedEvent {
   std::optional<int64_t> kept_version;  // after failures: its last good version
 };
 
-// A member's head blob was damaged; it fell back to an older version.
+// A member's head blob was damaged; it fell back to an older version. Logged
+// by the store's Restore in the restore's own write (Store::Restore's
+// event_json), which sets `version`.
 struct CorruptStateEvent {
   std::string member;
   int64_t bad_version = 0;
   int64_t restored_from = 0;
-  int64_t version = 0;
+  int64_t version = 0;  // the restored head's (the store's "version")
   int interval = 0;
-  std::string reason;
+  std::string reason;  // the damage found (JSON "damage")
 };
 
 struct TargetReachedEvent {
