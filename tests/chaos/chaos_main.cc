@@ -689,19 +689,27 @@ class ChaosRun {
       damaged_.insert(hex);
       Injected(Kind::kCorruptBlob);
       std::printf("  damaged blob %s on disk\n", hex.substr(0, 12).c_str());
-    } else if (results_before_ + kDamageRetryAfter < s_.calm_results - 3) {
+    } else {
       // Too early (no member past its second interval) or no head of its
       // own: the same fault again a few results on.
-      const int at = results_before_ + kDamageRetryAfter;
-      auto it = std::find_if(plan_.begin() + static_cast<std::ptrdiff_t>(next_), plan_.end(),
-                             [at](const Fault& f) { return f.at > at; });
-      plan_.insert(it, Fault{at, Kind::kCorruptBlob});
-      std::printf("  no member fit to damage: again at %d results\n", at);
-    } else {
-      std::printf("  no member fit to damage\n");
+      PlanAgain(Kind::kCorruptBlob, results_before_ + kDamageRetryAfter, "no member fit to damage");
     }
   }
   static constexpr int kDamageRetryAfter = 6;
+
+  // A fault that could not land plans itself again at `at` results, while
+  // the run has results left past it (the last few are the final
+  // evaluation's); `what` says why, on a line of its own.
+  void PlanAgain(Kind kind, int at, const char* what) {
+    if (at >= s_.calm_results - 3) {
+      std::printf("  %s\n", what);
+      return;
+    }
+    auto it = std::find_if(plan_.begin() + static_cast<std::ptrdiff_t>(next_), plan_.end(),
+                           [at](const Fault& f) { return f.at > at; });
+    plan_.insert(it, Fault{at, kind});
+    std::printf("  %s: again at %d results\n", what, at);
+  }
 
   // A scheduler incarnation, with the kill point due now armed in its
   // environment.
@@ -946,8 +954,11 @@ class ChaosRun {
     forger_->Wait();
     forger_.reset();
     if (hostile_.active) {
-      std::printf("  hostile worker: none of its RESULTs was read before it went\n");
+      // Its scheduler went (a fault, or the run's end) before it was sent a
+      // task: a forger for a later incarnation.
       hostile_.active = false;
+      PlanAgain(Kind::kHostileWorker, results_before_ + results_now_ + 1,
+                "hostile worker: none of its RESULTs was read before it went");
     }
   }
 
