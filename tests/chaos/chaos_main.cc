@@ -635,12 +635,37 @@ class ChaosRun {
     Kind kind = Kind::kSchedulerSigkill;
   };
 
+  // The last count of results at which a fault of kind `k` is planned. A
+  // signal may come at any result but the last few; the other kinds land on
+  // something still to come in training (a commit or an exploit to reach, a
+  // write to refuse, a task to answer, a member's next interval to read the
+  // damaged blob), so they fall among the results that commit (a member-
+  // interval each; the rest are the final evaluation's) and not at the last
+  // few of those: planned later, they could only go uninjected.
+  int LastAt(Kind k) const {
+    const int commits = std::min(s_.calm_results, s_.o.population * s_.o.intervals);
+    switch (k) {
+      case Kind::kWorkerSigkill:
+      case Kind::kWorkerSigstop:
+      case Kind::kSchedulerSigkill:
+      case Kind::kSchedulerSigterm:
+        return std::max(1, s_.calm_results - 3);
+      case Kind::kSchedulerKillPoint:
+      case Kind::kWorkerKillPoint:
+      case Kind::kCorruptBlob:
+      case Kind::kDiskFull:
+      case Kind::kHostileWorker:
+        break;
+    }
+    return std::max(1, commits - 3);
+  }
+
   // The faults of this run, at increasing counts of results.
   void Plan() {
     for (int i = 0; i < s_.o.faults_per_run; ++i) {
-      const int at =
-          1 + static_cast<int>(rng_() % static_cast<uint64_t>(std::max(1, s_.calm_results - 3)));
-      plan_.push_back(Fault{at, s_.kinds[rng_() % s_.kinds.size()]});
+      const Kind kind = s_.kinds[rng_() % s_.kinds.size()];
+      const int at = 1 + static_cast<int>(rng_() % static_cast<uint64_t>(LastAt(kind)));
+      plan_.push_back(Fault{at, kind});
     }
     std::sort(plan_.begin(), plan_.end(), [](const auto& a, const auto& b) { return a.at < b.at; });
     std::string text;
@@ -691,17 +716,21 @@ class ChaosRun {
       std::printf("  damaged blob %s on disk\n", hex.substr(0, 12).c_str());
     } else {
       // Too early (no member past its second interval) or no head of its
-      // own: the same fault again a few results on.
-      PlanAgain(Kind::kCorruptBlob, results_before_ + kDamageRetryAfter, "no member fit to damage");
+      // own: the same fault again 1-3 results on. Not a generation (the
+      // population's size) on: where a member fits depends on how far the
+      // generation is (none is past another right after a barrier; the last
+      // to train one may be its exploit's pair, whose blob is shared), and a
+      // retry a generation on would meet the same place in the next one.
+      PlanAgain(Kind::kCorruptBlob, results_before_ + 1 + static_cast<int>(rng_() % 3),
+                "no member fit to damage");
     }
   }
-  static constexpr int kDamageRetryAfter = 6;
 
   // A fault that could not land plans itself again at `at` results, while
   // the run has results left past it (the last few are the final
   // evaluation's); `what` says why, on a line of its own.
   void PlanAgain(Kind kind, int at, const char* what) {
-    if (at >= s_.calm_results - 3) {
+    if (at > LastAt(kind)) {
       std::printf("  %s\n", what);
       return;
     }
@@ -997,8 +1026,10 @@ class ChaosRun {
     StopForger();
     results_before_ += results_now_;
     if (ballast_in_) {
+      // Another fault (or the run's end) came first: the full disk later.
       std::printf("  disk full: the scheduler ended before a write was refused; ballast removed\n");
       RemoveBallast();
+      PlanAgain(Kind::kDiskFull, results_before_ + 1, "disk full: not met");
     }
     disk_fault_.active = false;
     const bool killed = WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL;
