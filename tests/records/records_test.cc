@@ -113,18 +113,25 @@ TEST(EventCodecTest, OldStoresStillDecode) {
   EXPECT_EQ(std::get<RestoreEvent>(*store_restore).from_version, 5);
   EXPECT_EQ(std::get<RestoreEvent>(*store_restore).version, 9);
   auto tool_restore = DecodeEvent(
-      R"({"type":"restore","member":"m1","from_version":5,"version":9,"by":"ckpt-tool"})", "e");
+      R"({"type":"restore","member":"m1","restored_version":5,"version":9,"by":"ckpt-tool"})", "e");
   ASSERT_TRUE(tool_restore.ok());
   EXPECT_EQ(std::get<RestoreEvent>(*tool_restore).by, "ckpt-tool");
+  EXPECT_EQ(std::get<RestoreEvent>(*tool_restore).from_version, 5);
+  // ckpt-tool's, before the store's restore took its event: "from_version".
+  auto old_tool_restore = DecodeEvent(
+      R"({"type":"restore","member":"m1","from_version":5,"version":9,"by":"ckpt-tool"})", "e");
+  ASSERT_TRUE(old_tool_restore.ok());
+  EXPECT_EQ(std::get<RestoreEvent>(*old_tool_restore).from_version, 5);
 
   // A fall-back from a damaged head, as the store's restore logs it (its
   // "reason" is the store's), and as events before that named the damage.
   auto corrupt = DecodeEvent(
-      R"({"type":"corrupt_state","member":"m6","bad_version":8,"restored_from":6,"interval":3,)"
+      R"({"type":"corrupt_state","member":"m6","bad_version":8,"interval":3,)"
       R"("damage":"tensor fc3.weight: checksum mismatch","reason":"restore","blob":"ab",)"
       R"("version":9,"restored_version":6,"exp":"e","unix_ms":1})",
       "e");
   ASSERT_TRUE(corrupt.ok()) << corrupt.status().ToString();
+  EXPECT_EQ(std::get<CorruptStateEvent>(*corrupt).restored_from, 6);
   EXPECT_EQ(std::get<CorruptStateEvent>(*corrupt).reason, "tensor fc3.weight: checksum mismatch");
   EXPECT_EQ(std::get<CorruptStateEvent>(*corrupt).version, 9);
   auto old_corrupt = DecodeEvent(
@@ -134,6 +141,7 @@ TEST(EventCodecTest, OldStoresStillDecode) {
   ASSERT_TRUE(old_corrupt.ok()) << old_corrupt.status().ToString();
   EXPECT_EQ(std::get<CorruptStateEvent>(*old_corrupt).reason,
             "tensor fc3.weight: checksum mismatch");
+  EXPECT_EQ(std::get<CorruptStateEvent>(*old_corrupt).restored_from, 6);
 
   // A member stopped by the policy has no kept_version; null scores read as NaN.
   auto stopped = DecodeEvent(R"({"type":"member_stopped","member":"m2","why":"rung 1"})", "e");

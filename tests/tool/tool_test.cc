@@ -870,7 +870,8 @@ TEST_F(ToolTest, RestorePinAndUnpinOnTheStore) {
     const json ev = json::parse(events->back().json);
     EXPECT_EQ(ev["type"], "restore");
     EXPECT_EQ(ev["by"], "ckpt-tool");
-    EXPECT_EQ(ev["from_version"], 2);
+    EXPECT_EQ(ev["restored_version"], 2);
+    EXPECT_FALSE(ev.contains("from_version"));
     EXPECT_EQ(ev["version"], head.version + 1);
     EXPECT_NE(json::parse((*events)[events->size() - 2].json)["type"], "restore");
   }

@@ -109,7 +109,9 @@ json ToJson(const ExploitEvent& e) {
           {"hparams", e.hparams}};
 }
 json ToJson(const RestoreEvent& e) {
-  json j = {{"member", e.member}, {"from_version", e.from_version}, {"version", e.version}};
+  // "restored_version" and "version" are the store's names; its restore
+  // sets both in the same object.
+  json j = {{"member", e.member}, {"restored_version", e.from_version}, {"version", e.version}};
   if (!e.by.empty()) j["by"] = e.by;
   return j;
 }
@@ -125,10 +127,11 @@ json ToJson(const MemberStoppedEvent& e) {
   return j;
 }
 json ToJson(const CorruptStateEvent& e) {
-  // Logged by the store's restore, in its write: "reason" is the store's
-  // ("restore"), the damage found is "damage".
+  // Logged by the store's restore, in its write: "reason", "version" and
+  // "restored_version" are the store's ("reason" is "restore"), the damage
+  // found is "damage".
   return {
-      {"member", e.member},   {"bad_version", e.bad_version}, {"restored_from", e.restored_from},
+      {"member", e.member},   {"bad_version", e.bad_version}, {"restored_version", e.restored_from},
       {"version", e.version}, {"interval", e.interval},       {"damage", e.reason}};
 }
 json ToJson(const TargetReachedEvent& e) {
@@ -176,9 +179,10 @@ void Read(Fields& f, ExploitEvent* e) {
 }
 void Read(Fields& f, RestoreEvent* e) {
   f.Str("member", &e->member);
-  // The store's own restore event names the old version restored_version.
-  f.Integer("restored_version", &e->from_version);
-  f.Integer("from_version", &e->from_version);
+  // Events logged before the store's restore took them (ckpt-tool's)
+  // named the old version "from_version".
+  f.Integer(f.Find("restored_version") != nullptr ? "restored_version" : "from_version",
+            &e->from_version);
   f.Integer("version", &e->version);
   f.Str("by", &e->by);
 }
@@ -206,7 +210,9 @@ void Read(Fields& f, MemberStoppedEvent* e) {
 void Read(Fields& f, CorruptStateEvent* e) {
   f.Str("member", &e->member);
   f.Integer("bad_version", &e->bad_version);
-  f.Integer("restored_from", &e->restored_from);
+  // Events logged before the store's restore took them: "restored_from".
+  f.Integer(f.Find("restored_version") != nullptr ? "restored_version" : "restored_from",
+            &e->restored_from);
   f.Integer("version", &e->version);
   f.Integer("interval", &e->interval);
   // Events logged before the restore carried them named the damage "reason".

@@ -58,9 +58,9 @@ struct ExploitEvent {
   int64_t version = 0;                    // filled in by the store
 };
 
-// A member's head was set back to `from_version`, as the new `version`.
-// Logged by the store's Restore in the restore's own write, which sets
-// `version` (and "restored_version", the same as `from_version`).
+// A member's head was set back to `from_version` (JSON "restored_version"),
+// as the new `version`. Logged by the store's Restore in the restore's own
+// write, which sets both (the same values).
 struct RestoreEvent {
   std::string member;
   int64_t from_version = 0;
@@ -90,8 +90,8 @@ struct MemberStoppedEvent {
 struct CorruptStateEvent {
   std::string member;
   int64_t bad_version = 0;
-  int64_t restored_from = 0;
-  int64_t version = 0;  // the restored head's (the store's "version")
+  int64_t restored_from = 0;  // JSON "restored_version", as the store names it
+  int64_t version = 0;        // the restored head's (the store's "version")
   int interval = 0;
   std::string reason;  // the damage found (JSON "damage")
 };
