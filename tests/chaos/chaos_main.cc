@@ -650,11 +650,14 @@ class ChaosRun {
       case Kind::kSchedulerSigkill:
       case Kind::kSchedulerSigterm:
         return std::max(1, s_.calm_results - 3);
+      case Kind::kHostileWorker:
+        // A forger is sent a task only while more are queued than the local
+        // workers hold: not once the last generation is handed out.
+        return std::max(1, commits - s_.o.population);
       case Kind::kSchedulerKillPoint:
       case Kind::kWorkerKillPoint:
       case Kind::kCorruptBlob:
       case Kind::kDiskFull:
-      case Kind::kHostileWorker:
         break;
     }
     return std::max(1, commits - 3);
@@ -746,17 +749,21 @@ class ChaosRun {
     ++incarnation_;
     std::vector<std::string> env = s_.base_env;
     env.push_back(std::string(trace::kEnv) + "=" + trace_path_);
-    armed_scheduler_point_ = false;
+    armed_scheduler_point_ = armed_worker_point_ = false;
     if (next_ < plan_.size() && (plan_[next_].kind == Kind::kSchedulerKillPoint ||
                                  plan_[next_].kind == Kind::kWorkerKillPoint)) {
       const std::string armed = DrawKillPoint(plan_[next_]);
       armed_scheduler_point_ = plan_[next_].kind == Kind::kSchedulerKillPoint;
+      armed_worker_point_ = !armed_scheduler_point_;
       // N commits, or N exploits: the next barrier (a generation's results)
-      // makes up to a quantile of the population's worth.
+      // makes up to a quantile of the population's worth; a worker's N-th
+      // member-interval, with the workers taking turns, N of each.
       const int n = std::stoi(armed.substr(armed.rfind(':') + 1));
       const bool at_exploit = std::find(kExploitPoints.begin(), kExploitPoints.end(),
                                         armed.substr(0, armed.rfind(':'))) != kExploitPoints.end();
-      armed_wait_results_ = at_exploit ? n * s_.calm_results / s_.o.intervals + 1 : n + 1;
+      armed_wait_results_ = armed_worker_point_ ? n * s_.o.workers + 1
+                            : at_exploit        ? n * s_.calm_results / s_.o.intervals + 1
+                                                : n + 1;
       env.push_back("CKPT_KILL_AT=" + armed);
       // One worker kill per arming, not one per worker incarnation.
       const std::string once = base_ + "-killonce-" + std::to_string(incarnation_);
@@ -853,7 +860,10 @@ class ChaosRun {
     } else if (e.Is(kp::kTraceEvent)) {
       // A worker at its armed kill point (a scheduler's is seen in its exit
       // status).
-      if (e.j.value("point", "").rfind("worker.", 0) == 0) Injected(Kind::kWorkerKillPoint);
+      if (e.j.value("point", "").rfind("worker.", 0) == 0) {
+        Injected(Kind::kWorkerKillPoint);
+        armed_worker_point_ = false;
+      }
     } else if (e.Is(trace::kEnded)) {
       const auto status = records::ParseExperimentStatus(e.j.value("status", ""));
       if (e.j.value("exp", "") == "chaos" && status.ok() &&
@@ -907,11 +917,14 @@ class ChaosRun {
         results_before_ + results_now_ < plan_[next_].at) {
       return true;
     }
-    // A scheduler kill point armed in this incarnation fires only when the
-    // run reaches it (the N-th commit or exploit from its start): the next
-    // fault waits the results that takes, or one due soon after would end the
+    // A kill point armed in this incarnation fires only when the run reaches
+    // it (the N-th commit or exploit from its start, a worker's N-th
+    // member-interval): the next fault waits the results that takes (a
+    // worker's, until it fired), or one due soon after would end the
     // incarnation first and the point would go uninjected (CI saw 1 of 4).
-    if (armed_scheduler_point_ && results_now_ < armed_wait_results_) return true;
+    if ((armed_scheduler_point_ || armed_worker_point_) && results_now_ < armed_wait_results_) {
+      return true;
+    }
     const Kind k = plan_[next_].kind;
     switch (k) {
       case Kind::kDiskFull: {
@@ -1209,7 +1222,8 @@ class ChaosRun {
   int results_now_ = 0;
   bool we_killed_ = false;
   bool armed_scheduler_point_ = false;
-  int armed_wait_results_ = 0;  // results the armed point may take to be reached
+  bool armed_worker_point_ = false;  // until a worker reached it
+  int armed_wait_results_ = 0;       // results the armed point may take to be reached
   std::set<pid_t> stopped_;
   // Recovery clocks: per worker index, for the scheduler, for a full disk.
   std::map<int, Pending> worker_fault_;
