@@ -730,8 +730,8 @@ class ChaosRun {
   }
 
   // A fault that could not land plans itself again at `at` results, while
-  // the run has results left past it (the last few are the final
-  // evaluation's); `what` says why, on a line of its own.
+  // that is within its kind's part of the run (LastAt); `what` says why, on
+  // a line of its own.
   void PlanAgain(Kind kind, int at, const char* what) {
     if (at > LastAt(kind)) {
       std::printf("  %s\n", what);
