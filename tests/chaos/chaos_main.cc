@@ -626,7 +626,7 @@ class ChaosRun {
 
  private:
   struct Fault {
-    int at;  // results (summed over incarnations) before it is due
+    int at;  // results of local workers (summed over incarnations) before it is due
     Kind kind;
   };
   struct Pending {  // a recovery clock
@@ -836,7 +836,11 @@ class ChaosRun {
 
   void OnTrace(const TraceEvent& e) {
     ledger_.Add(e);
-    if (e.Is(trace::kResult)) {
+    // The run's clock: results of its own workers. A hostile worker's
+    // forged RESULTs (up to 6 per forger) are not progress, and counted they
+    // made later faults due early and windows (LastAt) close before the
+    // training they need was over.
+    if (e.Is(trace::kResult) && e.j.value("worker", -1) < s_.o.workers) {
       ++results_now_;
       if (scheduler_fault_.active) {
         Recovered(scheduler_fault_, e.seen);
