@@ -829,6 +829,11 @@ class ChaosRun {
         std::printf("  disk full: no write refused within 60 s; ballast removed\n");
         RemoveBallast();
       }
+      if (!paused_.empty() && SecondsSince(hostile_.since) > kMaxPauseS) {
+        std::printf("  hostile worker: no hello within %.1f s; local workers resumed\n",
+                    kMaxPauseS);
+        ResumeWorkers();
+      }
       if (!InjectDue()) break;
       std::this_thread::sleep_for(milliseconds(5));
     }
@@ -882,6 +887,12 @@ class ChaosRun {
                     std::chrono::duration<double>(e.seen - hostile_.since).count(),
                     e.j.value("member", "").c_str());
       }
+    } else if (e.Is(trace::kHello) && e.j.value("worker", -1) >= s_.o.workers) {
+      if (!paused_.empty()) {
+        std::printf("  hostile worker: said hello %.2f s after it started\n",
+                    std::chrono::duration<double>(e.seen - hostile_.since).count());
+      }
+      ResumeWorkers();
     } else if (e.Is(trace::kLost) && e.j.value("worker", -1) >= s_.o.workers) {
       // A remote worker: the forger, dropped for its refused RESULTs.
       std::printf("  hostile worker %d dropped: %s\n", e.j.value("worker", -1),
@@ -929,6 +940,11 @@ class ChaosRun {
     if ((armed_scheduler_point_ || armed_worker_point_) && results_now_ < armed_wait_results_) {
       return true;
     }
+    // A forger not yet read: the next fault waits until one of its forgeries
+    // was refused, or two generations (it is sent tasks at the next barrier
+    // at the latest), or it would end the incarnation before the forger was
+    // sent a task (CI saw 0 of 3 injected where a generation took 36 ms).
+    if (hostile_.active && results_now_ < hostile_wait_results_) return true;
     const Kind k = plan_[next_].kind;
     switch (k) {
       case Kind::kDiskFull: {
@@ -990,11 +1006,27 @@ class ChaosRun {
         std::vector<std::string>{s_.o.forging_worker, addr, s_.secret, "results"},
         base_ + "-forger-" + std::to_string(forgers_) + ".log", s_.base_env);
     hostile_ = Pending{true, Clock::now(), Kind::kHostileWorker};
+    hostile_wait_results_ = results_now_ + 2 * s_.o.population;
     std::printf("  hostile worker: a forging worker connects to %s\n", addr.c_str());
+    // Its connection (a process, TCP, TLS, HELLO) takes longer than a
+    // generation of this run on a fast host, and it is sent a task only
+    // while more are queued than the local workers hold: with the workers
+    // going on, the run's last generation could be handed out before it
+    // said hello (CI: 0 of 3 injected). The local workers wait for its hello,
+    // stopped, at most kMaxPauseS (under the heartbeat timeout, 2 s).
+    for (pid_t w : ChildrenOf(child_->pid())) {
+      if (!stopped_.count(w) && kill(w, SIGSTOP) == 0) paused_.insert(w);
+    }
     return true;
   }
 
+  void ResumeWorkers() {
+    for (pid_t w : paused_) kill(w, SIGCONT);
+    paused_.clear();
+  }
+
   void StopForger() {
+    ResumeWorkers();
     if (!forger_) return;
     kill(forger_->pid(), SIGKILL);
     forger_->Wait();
@@ -1245,6 +1277,10 @@ class ChaosRun {
   std::unique_ptr<Child> forger_;
   int forgers_ = 0;
   Pending hostile_;
+  int hostile_wait_results_ = 0;  // results the next fault waits for the forger
+  // Local workers stopped until the forger's hello.
+  static constexpr double kMaxPauseS = 1.0;
+  std::set<pid_t> paused_;
 };
 
 class ChaosRunner {
