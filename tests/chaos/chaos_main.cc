@@ -942,8 +942,9 @@ class ChaosRun {
     }
     // A forger not yet read: the next fault waits until one of its forgeries
     // was refused, or two generations (it is sent tasks at the next barrier
-    // at the latest), or it would end the incarnation before the forger was
-    // sent a task (CI saw 0 of 3 injected where a generation took 36 ms).
+    // at the latest), or it may end the incarnation before the forger was
+    // sent a task (CI: a forger started 1 result before a scheduler kill,
+    // three times in one run, none read).
     if (hostile_.active && results_now_ < hostile_wait_results_) return true;
     const Kind k = plan_[next_].kind;
     switch (k) {
@@ -1008,12 +1009,12 @@ class ChaosRun {
     hostile_ = Pending{true, Clock::now(), Kind::kHostileWorker};
     hostile_wait_results_ = results_now_ + 2 * s_.o.population;
     std::printf("  hostile worker: a forging worker connects to %s\n", addr.c_str());
-    // Its connection (a process, TCP, TLS, HELLO) takes longer than a
-    // generation of this run on a fast host, and it is sent a task only
-    // while more are queued than the local workers hold: with the workers
-    // going on, the run's last generation could be handed out before it
-    // said hello (CI: 0 of 3 injected). The local workers wait for its hello,
-    // stopped, at most kMaxPauseS (under the heartbeat timeout, 2 s).
+    // From its start to its first task (a process, TCP, TLS, HELLO, then a
+    // task queued beyond what the local workers hold) a fast host's run goes
+    // on by a generation or more (0.1 s on an AMD EPYC of family 25, where a
+    // generation takes 36 ms): one started near the last generation could
+    // find it handed out. The local workers wait for its hello, stopped, at
+    // most kMaxPauseS (under the heartbeat timeout, 2 s).
     for (pid_t w : ChildrenOf(child_->pid())) {
       if (!stopped_.count(w) && kill(w, SIGSTOP) == 0) paused_.insert(w);
     }
