@@ -39,7 +39,8 @@ long long PeakRssChildrenBytes();
 // "cores_per_socket", "simd": [the SIMD flags among avx2, fma, avx512f,
 // avx512bw, avx512vl, avx512_vnni, avx512_bf16, amx_tile, amx_bf16, ...]},
 // and where the benchmark trains: "blas" (LibTorch's OpenBLAS and the kernels
-// it runs) and "malloc" ("jemalloc 5.3.0-..." or "glibc 2.36").
+// it runs) and "malloc" ("jemalloc 5.3.0-..." or "glibc 2.36"), and where it
+// commits to the store: "crc32c" ("isa-l" or "rocksdb": store.h).
 nlohmann::json CpuDescription();
 
 }  // namespace ckpt::bench

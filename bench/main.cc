@@ -9,6 +9,9 @@
 #include <vector>
 
 #include "bench.h"
+#ifdef CKPT_BENCH_WITH_STORE
+#include "ckpt/store/store.h"
+#endif
 #ifdef CKPT_BENCH_WITH_MODEL
 #include "ckpt/model/blas_kernels.h"
 #include "ckpt/worker/allocator.h"
@@ -82,6 +85,10 @@ nlohmann::json CpuDescription() {
                         {"logical_cpus", logical},
                         {"cores_per_socket", first["cpu cores"]},
                         {"simd", simd}};
+#ifdef CKPT_BENCH_WITH_STORE
+  // The code behind the CRC32C of every RocksDB record this process writes.
+  cpu["crc32c"] = ckpt::store::Crc32cImplementation();
+#endif
 #ifdef CKPT_BENCH_WITH_MODEL
   // The kernels of LibTorch's CPU matrix products (OpenBLAS picks them when it
   // loads, unless OPENBLAS_CORETYPE names them: blas_kernels.h).

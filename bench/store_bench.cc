@@ -365,7 +365,8 @@ int StoreBench(const StoreBenchOptions& o) {
       {"file_get_mb_s", cached.file},
       {"get_vs_file_get", cached.verified / std::max(1e-9, cached.file)},
       {"get_uncached_vs_file_get", uncached.verified / std::max(1e-9, uncached.file)},
-      {"peak_rss_bytes", PeakRssBytes()}};
+      {"peak_rss_bytes", PeakRssBytes()},
+      {"cpu", CpuDescription()}};
   PrintJsonLine(out);
   return 0;
 }

@@ -480,6 +480,12 @@ class Store {
   virtual std::vector<std::string> TakeBackgroundErrors() = 0;
 };
 
+// Which code computes the CRC32C that RocksDB puts on every WAL and blob-file
+// record in this process: "isa-l" (ckpt's, through ISA-L: store/src/crc32c_isal.cc),
+// or "rocksdb" (the library's own table loop) when ckpt's does not take its
+// place. The bytes on disk are the same with either. Thread-safe.
+const char* Crc32cImplementation();
+
 }  // namespace ckpt::store
 
 #endif  // CKPT_STORE_STORE_H_
