@@ -18,8 +18,9 @@
 // Same polynomial (Castagnoli), same convention (the running value inverted on
 // the way in and out), so the bytes on disk are the ones RocksDB's own code
 // writes and reads: a store written by either reads with the other.
-// `StoreCrc32c.IsRocksDbsOwnBitForBit` compares the two on random buffers,
-// RocksDB's own found with dlsym(RTLD_NEXT), and checks that this one is the
+// `StoreCrc32c.IsRocksDbsOwnBitForBit` compares the two on random buffers
+// (RocksDB's own found past this executable, RocksDbCrc32cFunctions), and
+// `StoreCrc32c.RocksDbCallsCkptsThroughItsLinkageTable` that this one is the
 // one RocksDB calls.
 //
 // Only Extend is replaced; RocksDB's Crc32cCombine and IsFastCrc32Supported
@@ -62,11 +63,19 @@ __attribute__((visibility("default"))) uint32_t Extend(uint32_t init_crc, const 
 
 namespace ckpt::store {
 
+Crc32cFunctions RocksDbCrc32cFunctions() {
+  // RocksDB's calls bind to the definition the dynamic linker finds first
+  // (this one when the executable exports it); the library's own is the
+  // next one past this executable.
+  constexpr const char* kExtend = "_ZN7rocksdb6crc32c6ExtendEjPKcm";
+  Crc32cFunctions f;
+  f.bound = reinterpret_cast<Crc32cFn>(dlsym(RTLD_DEFAULT, kExtend));
+  f.library = reinterpret_cast<Crc32cFn>(dlsym(RTLD_NEXT, kExtend));
+  return f;
+}
+
 const char* Crc32cImplementation() {
-  // RocksDB's calls bind to the definition the dynamic linker finds first:
-  // this one when the executable exports it.
-  void* bound = dlsym(RTLD_DEFAULT, "_ZN7rocksdb6crc32c6ExtendEjPKcm");
-  return bound == reinterpret_cast<void*>(&rocksdb::crc32c::Extend) ? "isa-l" : "rocksdb";
+  return RocksDbCrc32cFunctions().bound == &rocksdb::crc32c::Extend ? "isa-l" : "rocksdb";
 }
 
 }  // namespace ckpt::store

@@ -486,6 +486,15 @@ class Store {
 // place. The bytes on disk are the same with either. Thread-safe.
 const char* Crc32cImplementation();
 
+// RocksDB's CRC32C: `crc` (0 to start) extended over data[0, n).
+using Crc32cFn = uint32_t (*)(uint32_t crc, const char* data, size_t n);
+struct Crc32cFunctions {
+  Crc32cFn bound = nullptr;    // the one RocksDB's calls bind to in this process
+  Crc32cFn library = nullptr;  // librocksdb's own loop; nullptr when not found
+};
+// For tests and benchmarks, which compare the two. Thread-safe.
+Crc32cFunctions RocksDbCrc32cFunctions();
+
 }  // namespace ckpt::store
 
 #endif  // CKPT_STORE_STORE_H_
