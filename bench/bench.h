@@ -14,6 +14,7 @@
 #include <CLI/CLI.hpp>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <vector>
 
 namespace ckpt::bench {
 
@@ -33,6 +34,10 @@ void PrintJsonLine(const nlohmann::json& out);
 long long PeakRssBytes();
 // Peak RSS of waited-for children (getrusage RUSAGE_CHILDREN), in bytes.
 long long PeakRssChildrenBytes();
+
+// The median of `v` (the mean of the middle two for an even count); NaN when
+// `v` is empty.
+double Median(std::vector<double> v);
 
 // The CPU the figures were measured on, from /proc/cpuinfo as lscpu shows
 // it: {"model_name", "vendor", "family", "model", "logical_cpus",

@@ -212,12 +212,6 @@ std::string PipelineToml(const std::string& metrics, long long members, long lon
   return os.str();
 }
 
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 struct MetricsBenchOptions {
   long long updates = 2000000;
   int scrapes = 200;

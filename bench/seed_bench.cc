@@ -411,13 +411,6 @@ int BareLoop(const Workload& w) {
   return 0;
 }
 
-double Median(std::vector<double> v) {
-  if (v.empty()) return NAN;
-  std::sort(v.begin(), v.end());
-  const size_t m = v.size() / 2;
-  return v.size() % 2 == 1 ? v[m] : 0.5 * (v[m - 1] + v[m]);
-}
-
 double Mean(const std::vector<double>& v) {
   if (v.empty()) return NAN;
   double s = 0;
