@@ -157,6 +157,7 @@ class StoreImpl final : public Store {
   uint64_t blob_cache_capacity() const override {
     return blob_cache_ ? blob_cache_->GetCapacity() : 0;
   }
+  uint64_t blob_cache_usage() const override { return blob_cache_ ? blob_cache_->GetUsage() : 0; }
   uint64_t blob_memtable_bytes() const override { return blob_memtable_bytes_.load(); }
 
  private:
@@ -225,6 +226,10 @@ class StoreImpl final : public Store {
   const std::shared_ptr<rocksdb::Cache> blob_cache_;
   // The blobs family's write_buffer_size as last set (SizeForWorkingSet).
   std::atomic<uint64_t> blob_memtable_bytes_;
+  // Whether new blobs enter the blob cache (at flush: prepopulate_blob_cache;
+  // on a read that misses: fill_cache); false while the working set is past
+  // the cache's ceiling (SizeForWorkingSet).
+  std::atomic<bool> blob_cache_fills_{true};
   std::unique_ptr<rocksdb::DB> db_;
   std::vector<rocksdb::ColumnFamilyHandle*> handles_;
 

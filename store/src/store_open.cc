@@ -215,9 +215,15 @@ Status StoreImpl::SizeForWorkingSet(uint64_t head_bytes) {
     // cannot hold the cycle evicts each blob before its read and never hits,
     // so a working set past the ceiling gets the floor, not the ceiling.
     const uint64_t want = head_bytes + head_bytes / 4;
-    blob_cache_->SetCapacity(want <= options_.blob_cache_bytes
-                                 ? clamp(want, kMinWorkingSetBytes, options_.blob_cache_bytes)
-                                 : kMinWorkingSetBytes);
+    const bool fits = want <= options_.blob_cache_bytes;
+    blob_cache_->SetCapacity(fits ? clamp(want, kMinWorkingSetBytes, options_.blob_cache_bytes)
+                                  : kMinWorkingSetBytes);
+    if (fits != blob_cache_fills_.load()) {
+      rocksdb::Status s = db_->SetOptions(
+          cf(kBlobs), {{"prepopulate_blob_cache", fits ? "kFlushOnly" : "kDisable"}});
+      if (!s.ok()) return FromRocks(s, "store " + options_.path + ": blob cache prepopulation");
+      blob_cache_fills_.store(fits);
+    }
   }
   const uint64_t memtable =
       clamp(head_bytes / 4, kMinBlobMemtableBytes, options_.blob_memtable_bytes);

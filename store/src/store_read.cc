@@ -206,6 +206,10 @@ StatusOr<PinnedBlob> StoreImpl::ReadBlob(const BlobId& id, bool verify) {
   rocksdb::ReadOptions ro;
   // The content hash below covers every byte; RocksDB's CRC pass would be a second one.
   ro.verify_checksums = false;
+  // Off while the heads outgrow the blob cache (SizeForWorkingSet): a blob
+  // put in would be evicted before its next read. The blobs family's table
+  // blocks (16-byte index entries) then stay out of the block cache too.
+  ro.fill_cache = blob_cache_fills_.load();
   rocksdb::Status s = db_->Get(ro, cf(kBlobs), id.Bytes(), &out.impl_->slice);
   if (s.IsNotFound()) return Status::NotFound("blob " + id.Hex() + " not found");
   CKPT_RETURN_IF_ERROR(FromRocks(s, "blob " + id.Hex()));

@@ -549,6 +549,29 @@ TEST_F(StoreTest, SizeForWorkingSetBoundsTheCacheAndTheMemtable) {
   EXPECT_GE(read, 3);  // keep_last_n
 }
 
+// Past the cache's ceiling new blobs stay out of the cache, neither put in at
+// the flush that writes them nor on a read that misses; back under it, the
+// flush fills it again.
+TEST_F(StoreTest, ACacheThatCannotHoldTheHeadsIsNotFilled) {
+  Population({"a", "b", "c"});
+  ASSERT_TRUE(store_->SizeForWorkingSet(uint64_t{10} << 30).ok());
+  std::map<std::string, std::string> blobs;
+  uint64_t seed = 1;
+  for (const char* m : {"a", "b", "c"}) Commit(m, seed++, 0.1, &blobs[m]);
+  ASSERT_TRUE(store_->Flush().ok());
+  for (const auto& [m, bytes] : blobs) {
+    auto pinned = store_->ReadHeadBlob("e", m, /*verify=*/true);
+    ASSERT_TRUE(pinned.ok()) << pinned.status().ToString();
+    EXPECT_EQ(std::string(reinterpret_cast<const char*>(pinned->data()), pinned->size()), bytes);
+  }
+  EXPECT_EQ(store_->blob_cache_usage(), 0u) << "blobs went into a cache set to hold none";
+
+  ASSERT_TRUE(store_->SizeForWorkingSet(uint64_t{1} << 20).ok());
+  Commit("a", seed++, 0.2);
+  ASSERT_TRUE(store_->Flush().ok());
+  EXPECT_GT(store_->blob_cache_usage(), 0u) << "the flush did not fill the cache again";
+}
+
 TEST(StoreOptionsTest, TinyMemtableIsRefusedByName) {
   TempDir dir;
   StoreOptions o = TestOptions(dir.Sub("db"));

@@ -447,6 +447,10 @@ class Store {
   //     when that is more than StoreOptions::blob_cache_bytes it becomes
   //     kMinWorkingSetBytes: heads are read back in about the order they were
   //     written, and an LRU smaller than that cycle misses on every read;
+  //     and then new blobs stop entering the cache, neither at the flush that
+  //     writes them nor on a read that misses: each would cost a copy and an
+  //     allocation, and be evicted before its next read (back under the
+  //     ceiling, both fill it again);
   //   - the blobs memtable becomes head_bytes / 4, at least
   //     kMinBlobMemtableBytes and at most StoreOptions::blob_memtable_bytes
   //     (the ceiling wins when it is lower).
@@ -457,6 +461,8 @@ class Store {
   // Current capacity of the blob cache and target size of the blobs memtable.
   virtual uint64_t blob_cache_capacity() const = 0;
   virtual uint64_t blob_memtable_bytes() const = 0;
+  // Bytes the blob cache holds now (0 without one).
+  virtual uint64_t blob_cache_usage() const = 0;
   // Compacts every family, forcing blob garbage collection, so the space of
   // deleted blobs is returned to the file system (writer only). Without it, a
   // blob file is deleted only once none of its blobs is referenced: live
