@@ -22,7 +22,8 @@
 // the first committed result to the last; the start-up before the first
 // result is reported as null_first_result_s_N). --null-sizes runs it at each
 // population size and reports the cost ratio of the last size to the first,
-// with the scheduler's peak RSS (this process; reset before each size) and the
+// with the scheduler's peak RSS (this process; reset before each run, the
+// first run's reported) and the
 // store's size on disk at each. --null-repeat R runs each size R times from an
 // empty store and reports the median (member_intervals_per_s_null), with each
 // run's figure (..._runs_N) and the spread (..._min_N, ..._max_N): one run of
