@@ -69,7 +69,7 @@ tsan: deps
 	  -DCMAKE_CXX_FLAGS=-Wno-error=tsan
 	cmake --build build-tsan -j $(JOBS)
 	cd build-tsan && TSAN_OPTIONS="suppressions=$(CURDIR)/tests/tsan.supp $$TSAN_OPTIONS" \
-	  ctest --output-on-failure -j $(JOBS) --timeout 1800 -L 'format|store|ipc|scheduler|metrics'
+	  ctest --output-on-failure -j $(JOBS) --timeout 1800 -L 'base|format|store|ipc|records|scheduler|metrics'
 
 clean:
 	rm -rf $(BUILD) build-fuzz build-asan build-tsan

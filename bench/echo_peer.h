@@ -13,7 +13,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "ckpt/format/status.h"
+#include "ckpt/base/status.h"
 #include "ckpt/ipc/channel.h"
 
 namespace ckpt::bench {

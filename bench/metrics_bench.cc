@@ -129,7 +129,7 @@ struct RunFeeder {
       m->Exploited(kExperiment);
       m->StoreOperation(metrics::StoreOp::kExploit, 150e-6, 600);
     }
-    if (intervals % 25 == 0) m->MemberFailed(kExperiment, records::FailureCode::kNonFinite);
+    if (intervals % 25 == 0) m->MemberFailed(kExperiment, ipc::FailureCode::kNonFinite);
     samples[w] += 6400;
     metrics::WorkerStats stats;
     stats.samples_total = samples[w];

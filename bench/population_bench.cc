@@ -162,7 +162,7 @@ StatusOr<RunResult> RunPipeline(records::ExperimentConfig config, const std::str
   d.device = "cpu";
   d.count = workers;
   d.slots = slots;
-  d.fusion = records::FusionMode::kPlain;
+  d.fusion = ipc::FusionMode::kPlain;
   d.intra_op_threads = 1;
   o.devices = {d};
   o.progress = stderr;

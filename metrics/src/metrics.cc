@@ -381,7 +381,7 @@ class Metrics::Impl {
                          uint64_t samples);
   void SetMemberCounts(std::string_view experiment, const MemberCounts& counts);
   void Exploited(std::string_view experiment);
-  void MemberFailed(std::string_view experiment, records::FailureCode reason);
+  void MemberFailed(std::string_view experiment, ipc::FailureCode reason);
   void SetScores(std::string_view experiment, format::MetricKind metric, double best,
                  double median);
   void ForgetExperiment(std::string_view experiment);
@@ -401,7 +401,7 @@ class Metrics::Impl {
   // update, at 0, so that rate() and increase() see their first increment.
   struct ExperimentSeries {
     Counter* exploits = nullptr;
-    std::array<Counter*, records::kMemberFailureCodeCount> failures{};
+    std::array<Counter*, ipc::kMemberFailureCodeCount> failures{};
     std::array<Gauge*, records::kMemberStatusCount> members{};  // from the first SetMemberCounts
     Gauge* best = nullptr;                                      // from the first SetScores
     Gauge* median = nullptr;
@@ -665,10 +665,9 @@ Metrics::Impl::ExperimentSeries* Metrics::Impl::Experiment(std::string_view expe
   const std::string name(experiment);
   ExperimentSeries& e = experiments_[name];
   e.exploits = &exploits_->Add({{"experiment", name}});
-  for (int i = 0; i < records::kMemberFailureCodeCount; ++i) {
+  for (int i = 0; i < ipc::kMemberFailureCodeCount; ++i) {
     e.failures[i] = &failures_->Add(
-        {{"experiment", name},
-         {"reason", records::FailureCodeName(static_cast<records::FailureCode>(i))}});
+        {{"experiment", name}, {"reason", ipc::FailureCodeName(static_cast<ipc::FailureCode>(i))}});
   }
   return &e;
 }
@@ -750,11 +749,11 @@ void Metrics::Impl::Exploited(std::string_view experiment) {
   if (ExperimentSeries* e = Experiment(experiment)) e->exploits->Increment();
 }
 
-void Metrics::Impl::MemberFailed(std::string_view experiment, records::FailureCode reason) {
+void Metrics::Impl::MemberFailed(std::string_view experiment, ipc::FailureCode reason) {
   // An interval the worker abandoned (told to stop) counts as internal; a
   // refused CONFIGURE is the experiment's, not a member's.
-  if (reason == records::FailureCode::kAborted) reason = records::FailureCode::kInternal;
-  if (static_cast<int>(reason) >= records::kMemberFailureCodeCount) return;
+  if (reason == ipc::FailureCode::kAborted) reason = ipc::FailureCode::kInternal;
+  if (static_cast<int>(reason) >= ipc::kMemberFailureCodeCount) return;
   std::lock_guard<std::mutex> lock(mu_);
   if (ExperimentSeries* e = Experiment(experiment)) {
     e->failures[static_cast<int>(reason)]->Increment();
@@ -898,7 +897,7 @@ void Metrics::SetMemberCounts(std::string_view experiment, const MemberCounts& c
   impl_->SetMemberCounts(experiment, counts);
 }
 void Metrics::Exploited(std::string_view experiment) { impl_->Exploited(experiment); }
-void Metrics::MemberFailed(std::string_view experiment, records::FailureCode reason) {
+void Metrics::MemberFailed(std::string_view experiment, ipc::FailureCode reason) {
   impl_->MemberFailed(experiment, reason);
 }
 void Metrics::SetScores(std::string_view experiment, format::MetricKind metric, double best,

@@ -7,7 +7,7 @@
 #include <string_view>
 #include <utility>
 
-#include "ckpt/format/visible_devices.h"
+#include "ckpt/base/visible_devices.h"
 
 namespace ckpt::metrics {
 namespace {
@@ -139,14 +139,14 @@ StatusOr<std::unique_ptr<NvmlSampler>> NvmlSampler::Open(const std::string& libr
     all.push_back(std::move(f));
   }
   std::vector<Device> devices;
-  const char* visible = std::getenv(format::kCudaVisibleDevicesVariable);
+  const char* visible = std::getenv(base::kCudaVisibleDevicesVariable);
   if (visible == nullptr) {
     for (size_t i = 0; i < all.size(); ++i) {
       devices.push_back(Device{"cuda:" + std::to_string(i), all[i].handle});
     }
   } else {
-    for (const format::VisibleDevice& entry :
-         format::ParseVisibleDevices(visible, static_cast<int>(all.size()))) {
+    for (const base::VisibleDevice& entry :
+         base::ParseVisibleDevices(visible, static_cast<int>(all.size()))) {
       const Found* match = entry.uuid.empty() ? &all[entry.index] : nullptr;
       for (const Found& f : all) {
         if (!entry.uuid.empty() && f.uuid.rfind(entry.uuid, 0) == 0) match = &f;

@@ -11,7 +11,7 @@
 
 #include <cstdint>
 
-#include "ckpt/format/status.h"
+#include "ckpt/base/status.h"
 
 namespace ckpt::metrics {
 

@@ -8,7 +8,7 @@
 #include <stdexcept>
 #include <vector>
 
-#include "ckpt/format/json_depth.h"
+#include "ckpt/base/json_depth.h"
 #include "ckpt/scheduler/summary_text.h"
 
 namespace ckpt::scheduler::protocol {
@@ -244,7 +244,7 @@ json WorkerToJson(const WorkerStatus& w) {
           {"host", w.host},
           {"pid", w.pid},
           {"ready", w.ready},
-          {"mode", w.mode ? records::FusionModeName(*w.mode) : ""},
+          {"mode", w.mode ? ipc::FusionModeName(*w.mode) : ""},
           {"capacity", w.capacity},
           {"busy", w.busy},
           {"restarts", w.restarts},
@@ -320,7 +320,7 @@ StatusOr<WorkerStatus> WorkerFromJson(const json& j) {
     w.pid = Integer<int64_t>(j, "pid");
     w.ready = j.at("ready").get<bool>();
     if (const std::string mode = j.at("mode").get<std::string>(); !mode.empty()) {
-      auto parsed = records::ParseFusionMode(mode);
+      auto parsed = ipc::ParseFusionMode(mode);
       if (!parsed.ok()) throw BadField("field 'mode': " + parsed.status().message());
       w.mode = *parsed;
     }
@@ -405,7 +405,7 @@ Status ParseRequest(std::string_view line, Request* out) {
     // The JSON parser would stop at it and ignore the rest of the line.
     return Status::InvalidArgument("malformed request: NUL byte at offset " + std::to_string(nul));
   }
-  if (format::JsonDepth(line, kMaxRequestDepth) > kMaxRequestDepth) {
+  if (base::JsonDepth(line, kMaxRequestDepth) > kMaxRequestDepth) {
     return Status::InvalidArgument("malformed request: JSON nested deeper than " +
                                    std::to_string(kMaxRequestDepth) + " levels");
   }

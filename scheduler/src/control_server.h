@@ -17,7 +17,7 @@
 
 #include <memory>
 
-#include "ckpt/format/status.h"
+#include "ckpt/base/status.h"
 #include "ckpt/scheduler/scheduler.h"
 #include "control_target.h"
 

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "ckpt/format/status.h"
+#include "ckpt/base/status.h"
 #include "ckpt/scheduler/scheduler.h"
 
 namespace ckpt::scheduler {

@@ -6,7 +6,7 @@
 #include <optional>
 #include <utility>
 
-#include "ckpt/format/kill_point.h"
+#include "ckpt/base/kill_point.h"
 #include "log.h"
 
 namespace ckpt::scheduler {
@@ -100,7 +100,7 @@ void Experiment::OnCommitted(const WorkItem& item, int64_t version, int64_t step
   ++intervals_this_run_;
   last_result_ = now;
   if (first_result_ == Clock::time_point{}) first_result_ = now;
-  io_->KillPoint(format::kill_points::kSchedulerCommitted);
+  io_->KillPoint(base::kill_points::kSchedulerCommitted);
   if (phase_ != Phase::kTraining) {
     if (m->state.interval >= config_.intervals) m->state.status = records::MemberStatus::kDone;
     return;
@@ -352,7 +352,7 @@ bool Experiment::ApplyDecisions(const std::map<std::string, Decision>& decisions
       m.hparams = d.hparams;
       m.state.last_exploit = m.state.interval;
       ++exploits_;
-      io_->KillPoint(format::kill_points::kSchedulerExploited);
+      io_->KillPoint(base::kill_points::kSchedulerExploited);
       (void)SaveRecord(m);
     } else if (d.kind == Decision::Kind::kStop) {
       m.state.status = records::MemberStatus::kStopped;
@@ -383,15 +383,15 @@ void Experiment::OnEvaluated(const WorkItem& item, double test_score) {
   if (--evals_pending_ == 0) Finish();
 }
 
-void Experiment::OnFailed(const WorkItem& item, records::FailureCode code,
-                          const std::string& reason, bool head_moved) {
+void Experiment::OnFailed(const WorkItem& item, ipc::FailureCode code, const std::string& reason,
+                          bool head_moved) {
   --in_flight_;
   const int i = Find(item.member);
   if (i < 0) return;
   Member* m = &members_[i];
   if (!item.eval_only) m->state.status = records::MemberStatus::kIdle;
   if (phase_ == Phase::kDone) return;
-  if (!item.eval_only && !head_moved && code == records::FailureCode::kBadState &&
+  if (!item.eval_only && !head_moved && code == ipc::FailureCode::kBadState &&
       phase_ == Phase::kTraining && item.head_version > 0 && item.head_version == m->version &&
       FallBackFromCorruptHead(i, item, reason)) {
     return;
@@ -403,8 +403,8 @@ void Experiment::OnFailed(const WorkItem& item, records::FailureCode code,
     (void)SaveRecord(*m);
   }
   LogEvent(records::EncodeEvent(records::FailedEvent{m->name, code, reason, m->state.failures}));
-  Logger().warn("{}: member {} failed ({}): {}", config_.name, m->name,
-                records::FailureCodeName(code), reason);
+  Logger().warn("{}: member {} failed ({}): {}", config_.name, m->name, ipc::FailureCodeName(code),
+                reason);
   if (item.eval_only) {
     // A member that cannot be evaluated keeps its trained state; it is
     // reported without a test accuracy.

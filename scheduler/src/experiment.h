@@ -47,10 +47,10 @@
 #include <string_view>
 #include <vector>
 
-#include "ckpt/format/status.h"
+#include "ckpt/base/status.h"
+#include "ckpt/ipc/failure_code.h"
 #include "ckpt/records/config.h"
 #include "ckpt/records/events.h"
-#include "ckpt/records/failure_code.h"
 #include "ckpt/records/member_record.h"
 #include "ckpt/records/status.h"
 #include "ckpt/scheduler/policy.h"
@@ -190,7 +190,7 @@ class Experiment {
   // head again (a restore), its interval count goes back to that version's,
   // a "corrupt_state" event is logged (in the restore's own write), and it
   // retrains from there; no failure is counted.
-  void OnFailed(const WorkItem& item, records::FailureCode code, const std::string& reason,
+  void OnFailed(const WorkItem& item, ipc::FailureCode code, const std::string& reason,
                 bool head_moved);
   // A dispatched item will never be reported (its worker was lost): it goes
   // back to the front of the queue, from the committed head.

@@ -60,8 +60,8 @@
 #include <string_view>
 #include <vector>
 
+#include "ckpt/base/status.h"
 #include "ckpt/format/checkpoint.h"
-#include "ckpt/format/status.h"
 #include "ckpt/format/task.h"
 #include "ckpt/ipc/messages.h"
 #include "ckpt/records/config.h"

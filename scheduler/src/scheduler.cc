@@ -18,8 +18,8 @@
 #include <mutex>
 #include <optional>
 
+#include "ckpt/base/kill_point.h"
 #include "ckpt/format/checksum.h"
-#include "ckpt/format/kill_point.h"
 #include "ckpt/format/optimizer.h"
 #include "ckpt/ipc/channel.h"
 #include "ckpt/metrics/metrics.h"
@@ -367,14 +367,14 @@ void SchedulerImpl::OnTaskEvent(size_t worker, WorkerEvent ev) {
         break;
       case WorkerEvent::Kind::kBadResult:
         // The worker's fault, not the member's: counted, rerun, not charged.
-        if (metrics_) metrics_->MemberFailed(e->id(), records::FailureCode::kBadResult);
+        if (metrics_) metrics_->MemberFailed(e->id(), ipc::FailureCode::kBadResult);
         e->OnFailed(item, ev.code, ev.reason, /*head_moved=*/true);
         break;
       case WorkerEvent::Kind::kCommitError: {
         if (ev.commit_status == StatusCode::kResourceExhausted) {
           // A full disk is no fault of the member: the interval reruns from
           // its committed head once the store has space again.
-          if (metrics_) metrics_->MemberFailed(e->id(), records::FailureCode::kStoreFull);
+          if (metrics_) metrics_->MemberFailed(e->id(), ipc::FailureCode::kStoreFull);
           e->OnReturned(item);
           store_health_.WaitForSpace(ev.reason);
           break;
@@ -387,7 +387,7 @@ void SchedulerImpl::OnTaskEvent(size_t worker, WorkerEvent ev) {
           break;
         }
         if (metrics_ && !moved) {
-          metrics_->MemberFailed(e->id(), records::FailureCode::kCommitError);
+          metrics_->MemberFailed(e->id(), ipc::FailureCode::kCommitError);
         }
         e->OnFailed(item, ev.code, ev.reason, /*head_moved=*/moved);
         break;
@@ -420,7 +420,7 @@ void SchedulerImpl::OnWorkerLost(size_t worker, const std::string& reason,
     Experiment* e = Find(t.exp);
     if (e == nullptr) continue;
     if (metrics_ && !t.eval_only && !e->ended()) {
-      metrics_->MemberFailed(e->id(), records::FailureCode::kWorkerLost);
+      metrics_->MemberFailed(e->id(), ipc::FailureCode::kWorkerLost);
     }
     e->OnReturned(t);
   }
@@ -820,7 +820,7 @@ StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(const SchedulerOptions& g
 }
 
 StatusOr<std::function<void(std::string_view)>> KillPointFromEnvironment() {
-  CKPT_ASSIGN_OR_RETURN(std::optional<format::KillAt> at, format::KillAtFromEnvironment());
+  CKPT_ASSIGN_OR_RETURN(std::optional<base::KillAt> at, base::KillAtFromEnvironment());
   if (!at) return std::function<void(std::string_view)>();
   auto hits = std::make_shared<std::atomic<int64_t>>(0);
   return std::function<void(std::string_view)>(

@@ -19,7 +19,7 @@
 //              ended (done, stopped or failed)
 // Its local workers write to the same file (they inherit the variable): a
 // worker about to kill itself at an armed kill point writes
-// format::kill_points::kTraceEvent ("kill_point") with "point".
+// base::kill_points::kTraceEvent ("kill_point") with "point".
 // Std-only on purpose: harnesses include it for the names.
 #ifndef CKPT_SCHEDULER_SRC_TRACE_H_
 #define CKPT_SCHEDULER_SRC_TRACE_H_

@@ -112,7 +112,7 @@ Status WorkerHandle::Spawn() {
                                    "--slots",
                                    std::to_string(spec_.device.slots),
                                    "--fusion",
-                                   records::FusionModeName(spec_.device.fusion),
+                                   ipc::FusionModeName(spec_.device.fusion),
                                    "--fusion-width",
                                    std::to_string(spec_.device.fusion_width),
                                    "--intra-op-threads",
@@ -310,8 +310,8 @@ void WorkerHandle::ReceiveLoopBody() {
           return;
         }
         WorkerEvent e;
-        const records::FailureCode code = records::FailureCodeFromWorker(f->code);
-        if (f->task_id == 0 && code == records::FailureCode::kConfigureRefused) {
+        const ipc::FailureCode code = ipc::FailureCodeFromWorker(f->code);
+        if (f->task_id == 0 && code == ipc::FailureCode::kConfigureRefused) {
           e.kind = WorkerEvent::Kind::kConfigureRefused;
           e.exp = f->member;
           e.reason = f->reason;
@@ -435,7 +435,7 @@ void WorkerHandle::HandleResult(const ipc::Received& rec) {
   }
   if (!version.ok()) {
     e.kind = WorkerEvent::Kind::kCommitError;
-    e.code = records::FailureCode::kCommitError;
+    e.code = ipc::FailureCode::kCommitError;
     e.commit_status = version.status().code();
     e.reason = version.status().ToString();
     on_event_(std::move(e));
@@ -503,7 +503,7 @@ void WorkerHandle::RefuseResult(WorkerEvent e, const Status& why) {
       Name(), e.task.id, why.ToString());
   trace::BadResult(spec_.index, e.task.id, e.task.exp + "/" + e.task.member);
   e.kind = WorkerEvent::Kind::kBadResult;
-  e.code = records::FailureCode::kBadResult;
+  e.code = ipc::FailureCode::kBadResult;
   e.reason = why.ToString();
   on_event_(std::move(e));
 }

@@ -53,9 +53,9 @@
 
 #include "ckpt/format/checksum.h"
 #include "ckpt/ipc/channel.h"
+#include "ckpt/ipc/failure_code.h"
 #include "ckpt/ipc/messages.h"
 #include "ckpt/metrics/metrics.h"
-#include "ckpt/records/failure_code.h"
 #include "ckpt/scheduler/policy.h"
 #include "ckpt/store/store.h"
 #include "experiment.h"
@@ -143,7 +143,7 @@ struct WorkerEvent {
   // kFailed: the worker's; kCommitError: kCommitError, or kBadResult for a
   // RESULT that CheckResult refused (with commit_status kAborted: nothing was
   // committed, and like a head that moved the member is not charged).
-  records::FailureCode code = records::FailureCode::kInternal;
+  ipc::FailureCode code = ipc::FailureCode::kInternal;
   StatusCode commit_status = StatusCode::kOk;  // kCommitError: why the store refused
   // kCommitted: the store's answer to the member's state record written
   // after the commit (a refusal for want of space is written again later:

@@ -15,8 +15,8 @@
 #include <string>
 #include <string_view>
 
-#include "ckpt/format/visible_devices.h"
-#include "ckpt/records/fusion_mode.h"
+#include "ckpt/base/visible_devices.h"
+#include "ckpt/ipc/fusion_mode.h"
 #include "ckpt/scheduler/scheduler.h"
 #include "log.h"
 #include "trace.h"
@@ -48,11 +48,11 @@ bool IsTaskOutcome(WorkerEvent::Kind kind) {
 }
 
 // A HELLO's or STATS' mode: none before the first CONFIGURE (""), else a
-// records::FusionMode name; a name this version does not know (a newer
+// ipc::FusionMode name; a name this version does not know (a newer
 // worker's) is logged and read as none.
-std::optional<records::FusionMode> WireMode(const std::string& wire, size_t worker) {
+std::optional<ipc::FusionMode> WireMode(const std::string& wire, size_t worker) {
   if (wire.empty()) return std::nullopt;
-  auto mode = records::ParseFusionMode(wire);
+  auto mode = ipc::ParseFusionMode(wire);
   if (!mode.ok()) {
     Logger().warn("worker {}: {}", worker, mode.status().message());
     return std::nullopt;
@@ -123,12 +123,12 @@ int DriverGpuCount() {
 
 // The number of devices CUDA shows a process whose environment has `visible`
 // (CUDA_VISIBLE_DEVICES) on a host with `gpus` driver GPUs: unset, all of
-// them; else as format::ParseVisibleDevices reads it (a "GPU-" or "MIG-" UUID
+// them; else as base::ParseVisibleDevices reads it (a "GPU-" or "MIG-" UUID
 // is taken on trust, so a bad UUID gives a worker that fails at start with
 // Unavailable).
 int VisibleGpuCount(int gpus, const char* visible) {
   if (visible == nullptr) return gpus;
-  return static_cast<int>(format::ParseVisibleDevices(visible, gpus).size());
+  return static_cast<int>(base::ParseVisibleDevices(visible, gpus).size());
 }
 
 }  // namespace
@@ -142,7 +142,7 @@ std::vector<records::DeviceConfig> ExpandDevices(const std::vector<records::Devi
       // must not create a context. Workers inherit this environment, so
       // "cuda:K" is the K-th device CUDA shows them.
       const int gpus =
-          VisibleGpuCount(DriverGpuCount(), std::getenv(format::kCudaVisibleDevicesVariable));
+          VisibleGpuCount(DriverGpuCount(), std::getenv(base::kCudaVisibleDevicesVariable));
       if (gpus == 0) names.push_back("cpu");
       for (int g = 0; g < gpus; ++g) names.push_back("cuda:" + std::to_string(g));
     } else {
@@ -469,7 +469,7 @@ void WorkerPool::OnEvent(size_t i, uint64_t inc, WorkerEvent ev) {
         ws.samples_total = ev.stats.samples_total;
         ws.slots = ev.stats.slots;
         ws.slots_busy = ev.stats.slots_busy;
-        ws.fused = w.mode == records::FusionMode::kFused;
+        ws.fused = w.mode == ipc::FusionMode::kFused;
         // The worker reports the allocator's bytes in use (its caching
         // allocator on a GPU); it has no separate reserved figure.
         ws.allocator_allocated_bytes = ev.stats.allocator_bytes;

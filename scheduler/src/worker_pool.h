@@ -42,7 +42,7 @@
 #include <thread>
 #include <vector>
 
-#include "ckpt/format/status.h"
+#include "ckpt/base/status.h"
 #include "ckpt/ipc/tcp_channel.h"
 #include "ckpt/records/config.h"
 #include "ckpt/scheduler/summary.h"
@@ -187,13 +187,13 @@ class WorkerPool : public TaskSink {
     std::unique_ptr<boost::asio::steady_timer> restart_timer;
     std::unique_ptr<boost::asio::steady_timer> hello_timer;  // StartDeadline
     double samples_per_s = 0;
-    int bad_results_in_row = 0;               // kBadResult events since its last commit
-    int64_t rss_bytes = 0;                    // last STATS
-    int64_t device_memory_bytes = 0;          // last STATS: the device allocator's
-    std::optional<records::FusionMode> mode;  // the worker's HELLO/STATS mode
-    int64_t peak_rss_total = 0;               // over this worker's incarnations
-    bool remote = false;                      // connected over TCP; never restarted
-    std::string peer;                         // remote: "ADDRESS:PORT"
+    int bad_results_in_row = 0;           // kBadResult events since its last commit
+    int64_t rss_bytes = 0;                // last STATS
+    int64_t device_memory_bytes = 0;      // last STATS: the device allocator's
+    std::optional<ipc::FusionMode> mode;  // the worker's HELLO/STATS mode
+    int64_t peak_rss_total = 0;           // over this worker's incarnations
+    bool remote = false;                  // connected over TCP; never restarted
+    std::string peer;                     // remote: "ADDRESS:PORT"
   };
 
   void Start(size_t i);

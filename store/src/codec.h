@@ -11,7 +11,7 @@
 #include <string>
 #include <string_view>
 
-#include "ckpt/format/status.h"
+#include "ckpt/base/status.h"
 #include "ckpt/store/store.h"
 
 namespace ckpt::store::codec {

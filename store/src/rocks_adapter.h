@@ -22,7 +22,7 @@
 #include <utility>
 #include <vector>
 
-#include "ckpt/format/status.h"
+#include "ckpt/base/status.h"
 
 namespace ckpt::store {
 

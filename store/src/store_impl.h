@@ -29,8 +29,8 @@
 #include <utility>
 #include <vector>
 
+#include "ckpt/base/status.h"
 #include "ckpt/format/checksum.h"
-#include "ckpt/format/status.h"
 #include "ckpt/store/store.h"
 #include "retention.h"
 #include "rocks_adapter.h"

@@ -17,16 +17,16 @@
 #include <utility>
 #include <vector>
 
+#include "ckpt/base/kill_point.h"
 #include "ckpt/format/checkpoint.h"
 #include "ckpt/format/checksum.h"
-#include "ckpt/format/kill_point.h"
 #include "codec.h"
 #include "keys.h"
 #include "store_impl.h"
 
 namespace ckpt::store {
 
-namespace kp = format::kill_points;
+namespace kp = base::kill_points;
 
 Status StoreImpl::SweepRetention() {
   std::lock_guard<std::mutex> lock(mu_);

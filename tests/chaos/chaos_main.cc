@@ -46,7 +46,7 @@
 #include "../../scheduler/src/trace.h"
 #include "../integration/process_util.h"
 #include "../integration/run_heads.h"
-#include "ckpt/format/kill_point.h"
+#include "ckpt/base/kill_point.h"
 #include "ckpt/records/events.h"
 #include "ckpt/records/member_record.h"
 #include "ckpt/records/status.h"
@@ -116,8 +116,8 @@ int Share(int planned) { return planned / 2; }
 // Kill points a scheduler passes on every commit (scheduler/src/experiment.cc
 // and the store's write path), on every exploit at a barrier, and a worker
 // passes on every member-interval (worker/src/worker_loop.cc); named in
-// ckpt/format/kill_point.h.
-namespace kp = format::kill_points;
+// ckpt/base/kill_point.h.
+namespace kp = base::kill_points;
 const std::vector<std::string> kCommitPoints = {kp::kCommitBeforeWrite, kp::kCommitAfterWrite,
                                                 kp::kSchedulerCommitted};
 const std::vector<std::string> kExploitPoints = {kp::kSchedulerExploited, kp::kExploitBeforeWrite,

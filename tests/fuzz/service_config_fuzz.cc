@@ -6,11 +6,11 @@
 #include <cstdlib>
 #include <string>
 
-#include "ckpt/scheduler/service.h"
+#include "ckpt/records/service_config.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);
-  auto config = ckpt::scheduler::ParseServiceConfig(text, "fuzz.toml");
+  auto config = ckpt::records::ParseServiceConfig(text, "fuzz.toml");
   if (config.ok()) {
     if (config->store.empty() || config->socket.empty() || config->socket.size() > 107 ||
         config->devices.empty() || config->max_request_bytes < 1024 || config->max_clients < 1) {

@@ -104,7 +104,7 @@ TEST_P(GpuFusedTest, FusedEqualsSeparateAndTheCpu) {
   ASSERT_EQ(fused.size(), tasks.size());
   for (int i = 0; i < kMembers; ++i) {
     ASSERT_TRUE(fused[i].ok()) << fused[i].status.ToString();
-    EXPECT_EQ(fused[i].mode, records::FusionMode::kFused);
+    EXPECT_EQ(fused[i].mode, ipc::FusionMode::kFused);
     MemberOutcome alone = gpu->TrainPlain(tasks[i]);
     ASSERT_TRUE(alone.ok()) << alone.status.ToString();
     MemberOutcome on_cpu = cpu->TrainPlain(tasks[i]);

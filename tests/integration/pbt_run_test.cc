@@ -13,8 +13,8 @@
 #include <set>
 #include <thread>
 
+#include "ckpt/base/kill_point.h"
 #include "ckpt/format/checksum.h"
-#include "ckpt/format/kill_point.h"
 #include "ckpt/store/store.h"
 #include "process_util.h"
 #include "run_heads.h"
@@ -181,10 +181,10 @@ TEST_F(PbtRunTest, SyncPbtIsDeterministic) {
 // exit from a clean exit.
 TEST_F(PbtRunTest, AWorkerDyingAtShutdownIsSaidInTheLog) {
   const std::string config = WriteConfig("sd.toml", Config("sd", "sync", 1, 4, 2));
-  setenv(format::kKillAtVariable,
-         (std::string(format::kill_points::kWorkerShutdown) + ":1").c_str(), 1);
+  setenv(base::kKillAtVariable, (std::string(base::kill_points::kWorkerShutdown) + ":1").c_str(),
+         1);
   Child c(RunArgs(config, dir_ + "/sd"), dir_ + "/sd.log");
-  unsetenv(format::kKillAtVariable);
+  unsetenv(base::kKillAtVariable);
   ASSERT_TRUE(c.WaitFor(milliseconds(300000))) << c.Log();
   const int st = c.Wait();
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << c.Log();

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "ckpt/format/status.h"
+#include "ckpt/base/status.h"
 #include "prometheus_server.h"
 
 namespace ckpt::testing {

@@ -19,7 +19,7 @@
 #include <string_view>
 #include <vector>
 
-#include "ckpt/format/status.h"
+#include "ckpt/base/status.h"
 
 namespace ckpt::testing {
 

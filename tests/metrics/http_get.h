@@ -11,7 +11,7 @@
 #include <map>
 #include <string>
 
-#include "ckpt/format/status.h"
+#include "ckpt/base/status.h"
 
 namespace ckpt::testing {
 

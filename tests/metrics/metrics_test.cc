@@ -40,7 +40,7 @@ using testing::LabelSet;
 using testing::SimulatedRun;
 using testing::SimulatedWorker;
 
-// What the issue and DESIGN.md promise, written out independently of the
+// What metrics.h and the design promise, written out independently of the
 // library: name, type, unit (the name's suffix says it), label names.
 struct ExpectedFamily {
   std::string name;
@@ -318,7 +318,7 @@ TEST(MetricsTest, LabelCardinalityStaysBoundedWith300Members) {
       for (const auto& [k, v] : s) values.insert(k + "=" + v);
     }
   }
-  // reason: one value per member failure code (records::kMemberFailureCodeCount).
+  // reason: one value per member failure code (ipc::kMemberFailureCodeCount).
   EXPECT_LE(values.size(), 1u + 4u + 1u + 6u + 9u + 7u + 2u + 1u) << "distinct label values";
   EXPECT_EQ(
       ValueOf(e, "ckpt_trained_samples_total", {{"experiment", "exp-300"}, {"device", "cpu"}}),
@@ -430,8 +430,8 @@ TEST(MetricsTest, ExperimentFiguresAreWhatWasReported) {
   ASSERT_NE(m, nullptr);
   m->IntervalCommitted("e", "cuda:1", 0.3, 640);
   m->IntervalCommitted("e", "cuda:1", 1.5, 640);
-  m->MemberFailed("e", records::FailureCodeFromWorker("out-of-memory"));
-  m->MemberFailed("e", records::FailureCodeFromWorker("something new"));
+  m->MemberFailed("e", ipc::FailureCodeFromWorker("out-of-memory"));
+  m->MemberFailed("e", ipc::FailureCodeFromWorker("something new"));
   m->Exploited("e");
   MemberCounts c;
   c.running = 3;

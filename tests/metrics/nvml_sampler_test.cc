@@ -213,7 +213,7 @@ TEST(NvmlSamplerTest, ScrapeStuckInNvmlNeverBlocksUpdates) {
   m.WorkerStarted("w0", "cuda:0", ::getpid());
   m.IntervalCommitted("e", "cuda:0", 0.5, 6400);
   m.Exploited("e");
-  m.MemberFailed("e", records::FailureCode::kOutOfMemory);
+  m.MemberFailed("e", ipc::FailureCode::kOutOfMemory);
   m.SetMemberCounts("e", MemberCounts{});
   m.SetScores("e", format::MetricKind::kAccuracy, 0.9, 0.8);
   m.StoreOperation(StoreOp::kCommitResult, 1e-3, 4096);

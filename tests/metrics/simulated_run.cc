@@ -102,7 +102,7 @@ void SimulatedRun::Step() {
       metrics_->StoreOperation(StoreOp::kExploit, 150e-6, 600);
     }
     if (intervals_ % 25 == 0) {
-      metrics_->MemberFailed(experiment_, records::FailureCode::kNonFinite);
+      metrics_->MemberFailed(experiment_, ipc::FailureCode::kNonFinite);
     }
     samples_total_[i] += kSamples;
     metrics::WorkerStats stats;

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "ckpt/format/status.h"
+#include "ckpt/base/status.h"
 #include "ckpt/metrics/metrics.h"
 
 namespace ckpt::testing {

@@ -162,7 +162,7 @@ TEST_F(TensorDataTest, DiabetesRegressionBeatsTheMean) {
   for (size_t k = 0; k < tasks.size(); ++k) {
     MemberOutcome plain = t->TrainPlain(tasks[k]);
     ASSERT_TRUE(fused[k].ok() && plain.ok());
-    EXPECT_EQ(fused[k].mode, records::FusionMode::kFused);
+    EXPECT_EQ(fused[k].mode, ipc::FusionMode::kFused);
     auto a = Decode(fused[k].EncodeState());
     auto b = Decode(plain.EncodeState());
     for (auto& tensor : a.tensors) {
@@ -305,7 +305,7 @@ TEST_F(TensorDataTest, Resnet20OnCifarShapedDataLearnsFusesAndResumes) {
   for (size_t k = 0; k < tasks.size(); ++k) {
     MemberOutcome plain = t->TrainPlain(tasks[k]);
     ASSERT_TRUE(fused[k].ok() && plain.ok()) << fused[k].status.ToString();
-    EXPECT_EQ(fused[k].mode, records::FusionMode::kFused);
+    EXPECT_EQ(fused[k].mode, ipc::FusionMode::kFused);
     auto a = Decode(fused[k].EncodeState());
     auto b = Decode(plain.EncodeState());
     for (auto& tensor : a.tensors) {

@@ -228,7 +228,7 @@ TEST_F(TorchReferenceTest, TorchScriptLenet5TrainsLikeTheBuiltInSpec) {
   // A TorchScript state refused by the spec layout is a clear error too.
   std::string bad = "not a blob";
   MemberOutcome c = script_trainer->TrainPlain(Task("m", &bad, 0, 1));
-  EXPECT_EQ(c.fail_code, records::FailureCode::kBadState);
+  EXPECT_EQ(c.fail_code, ipc::FailureCode::kBadState);
 }
 
 }  // namespace

@@ -114,7 +114,7 @@ TEST_P(FusedEqualsSeparateTest, ParametersMatchAfterTwentySteps) {
     MemberOutcome plain = trainer->TrainPlain(tasks[i]);
     ASSERT_TRUE(plain.ok()) << plain.status.ToString();
     ASSERT_TRUE(fused[i].ok()) << fused[i].status.ToString();
-    EXPECT_EQ(fused[i].mode, records::FusionMode::kFused);
+    EXPECT_EQ(fused[i].mode, ipc::FusionMode::kFused);
     EXPECT_EQ(fused[i].samples, 20 * 32);
     EXPECT_EQ(fused[i].step, plain.step);
     EXPECT_NEAR(fused[i].train_loss, plain.train_loss, 1e-4 * std::fabs(plain.train_loss));
@@ -157,7 +157,7 @@ TEST(DropoutHparamTest, EachMemberTrainsAtItsOwnProbabilityFusedAsAlone) {
     MemberOutcome plain = trainer->TrainPlain(tasks[i]);
     ASSERT_TRUE(plain.ok()) << plain.status.ToString();
     ASSERT_TRUE(fused[i].ok()) << fused[i].status.ToString();
-    EXPECT_EQ(fused[i].mode, records::FusionMode::kFused);
+    EXPECT_EQ(fused[i].mode, ipc::FusionMode::kFused);
     ExpectBlobsClose(fused[i].EncodeState(), plain.EncodeState(), 1e-5,
                      "member " + std::to_string(i));
     alone.push_back(plain.EncodeState());
@@ -184,13 +184,13 @@ TEST(DropoutHparamTest, EachMemberTrainsAtItsOwnProbabilityFusedAsAlone) {
   std::map<std::string, double> one = base;
   one["dropout"] = 1.0;
   MemberOutcome bad = trainer->TrainPlain(Task("m9", nullptr, 31, 2, one));
-  EXPECT_EQ(bad.fail_code, records::FailureCode::kBadRequest);
+  EXPECT_EQ(bad.fail_code, ipc::FailureCode::kBadRequest);
   EXPECT_NE(bad.status.message().find("\"dropout\" must be in [0, 1)"), std::string::npos)
       << bad.status.ToString();
   auto lenet = MakeTrainer(BaseOptions("lenet5", "sgd"));
   ASSERT_NE(lenet, nullptr);
   MemberOutcome none = lenet->TrainPlain(Task("m8", nullptr, 31, 2, quarter));
-  EXPECT_EQ(none.fail_code, records::FailureCode::kBadRequest);
+  EXPECT_EQ(none.fail_code, ipc::FailureCode::kBadRequest);
   EXPECT_NE(none.status.message().find("member m8: hyperparameter \"dropout\": the model has no "
                                        "dropout layer"),
             std::string::npos)
@@ -383,14 +383,14 @@ TEST(NonFiniteTest, NanInStateFailsNamingTensor) {
     std::string bad = WithValue(init.EncodeState(), tensor, 3, NAN);
     MemberOutcome o = trainer->TrainPlain(Task("m7", &bad, 0, 5));
     EXPECT_FALSE(o.ok());
-    EXPECT_EQ(o.fail_code, records::FailureCode::kNonFinite);
+    EXPECT_EQ(o.fail_code, ipc::FailureCode::kNonFinite);
     EXPECT_NE(o.status.message().find(tensor), std::string::npos) << o.status.ToString();
     EXPECT_NE(o.status.message().find("m7"), std::string::npos) << o.status.ToString();
     EXPECT_EQ(o.state_size(), 0u);
     EXPECT_EQ(o.EncodeState(), "");
   }
   std::string inf = WithValue(init.EncodeState(), "conv1.bias", 0, INFINITY);
-  EXPECT_EQ(trainer->TrainPlain(Task("m", &inf, 0, 1)).fail_code, records::FailureCode::kNonFinite);
+  EXPECT_EQ(trainer->TrainPlain(Task("m", &inf, 0, 1)).fail_code, ipc::FailureCode::kNonFinite);
   // Every position the scan treats apart (first, inside and at the edges of its
   // 64-float blocks, the tail after the last block, the last element) and
   // every kind of non-finite value, including a NaN with a payload.
@@ -402,8 +402,7 @@ TEST(NonFiniteTest, NanInStateFailsNamingTensor) {
   for (size_t index : {size_t{0}, size_t{63}, size_t{64}, size_t{2373}, n - 1}) {
     for (float v : {NAN, -NAN, INFINITY, -INFINITY, payload_nan}) {
       std::string bad = WithValue(init.EncodeState(), "fc1.weight", index, v);
-      EXPECT_EQ(trainer->TrainPlain(Task("m", &bad, 0, 0)).fail_code,
-                records::FailureCode::kNonFinite)
+      EXPECT_EQ(trainer->TrainPlain(Task("m", &bad, 0, 0)).fail_code, ipc::FailureCode::kNonFinite)
           << "index " << index << " value " << v;
     }
   }
@@ -420,7 +419,7 @@ TEST(NonFiniteTest, AbsurdLearningRateFailsNamingStep) {
     ASSERT_NE(trainer, nullptr);
     MemberOutcome o = trainer->TrainPlain(Task("wild", nullptr, 3, 60, {{"lr", 1e12}}));
     EXPECT_FALSE(o.ok()) << optimizer;
-    EXPECT_EQ(o.fail_code, records::FailureCode::kNonFinite) << o.status.ToString();
+    EXPECT_EQ(o.fail_code, ipc::FailureCode::kNonFinite) << o.status.ToString();
     EXPECT_NE(o.status.message().find("wild"), std::string::npos) << o.status.ToString();
     EXPECT_NE(o.status.message().find("step"), std::string::npos) << o.status.ToString();
     EXPECT_EQ(o.state_size(), 0u);
@@ -441,9 +440,9 @@ TEST(NonFiniteTest, FusedMemberFailsAloneAndOthersAreUntouched) {
   ASSERT_EQ(out.size(), 4u);
   EXPECT_TRUE(out[0].ok()) << out[0].status.ToString();
   EXPECT_TRUE(out[3].ok()) << out[3].status.ToString();
-  EXPECT_EQ(out[1].fail_code, records::FailureCode::kNonFinite) << out[1].status.ToString();
+  EXPECT_EQ(out[1].fail_code, ipc::FailureCode::kNonFinite) << out[1].status.ToString();
   EXPECT_NE(out[1].status.message().find("wild"), std::string::npos);
-  EXPECT_EQ(out[2].fail_code, records::FailureCode::kNonFinite) << out[2].status.ToString();
+  EXPECT_EQ(out[2].fail_code, ipc::FailureCode::kNonFinite) << out[2].status.ToString();
   EXPECT_NE(out[2].status.message().find("bn1.running_var"), std::string::npos);
   // The survivors trained as they would have alone.
   for (size_t i : {size_t{0}, size_t{3}}) {
@@ -468,7 +467,7 @@ class MalformedStateTest : public ::testing::Test {
 
   // Expects a bad-state failure whose message holds `fragment`.
   void ExpectBadState(const std::string& blob, const std::string& fragment,
-                      records::FailureCode code = records::FailureCode::kBadState) {
+                      ipc::FailureCode code = ipc::FailureCode::kBadState) {
     MemberOutcome o = trainer_->TrainPlain(Task("m3", &blob, 0, 2));
     EXPECT_FALSE(o.ok());
     EXPECT_EQ(o.fail_code, code) << o.status.ToString();
@@ -529,7 +528,7 @@ TEST_F(MalformedStateTest, OtherOptimizerAndBadHyperparameters) {
   ASSERT_TRUE(a.ok());
   ExpectBadState(a.EncodeState(), "adam");
   MemberOutcome o = trainer_->TrainPlain(Task("m3", &good_, 0, 1, {{"beta1", 0.9}}));
-  EXPECT_EQ(o.fail_code, records::FailureCode::kBadRequest) << o.status.ToString();
+  EXPECT_EQ(o.fail_code, ipc::FailureCode::kBadRequest) << o.status.ToString();
   EXPECT_NE(o.status.message().find("beta1"), std::string::npos);
   OwnedBlob b = Decode(good_);
   b.meta.hparams["lr"] = -3;
@@ -544,7 +543,7 @@ TEST_F(MalformedStateTest, AdamStepCountsMustAgree) {
   b.Find("optim.fc1.weight.step")->f32()[0] = 5;
   std::string blob = Encode(b);
   MemberOutcome o = adam->TrainPlain(Task("m3", &blob, 0, 1));
-  EXPECT_EQ(o.fail_code, records::FailureCode::kBadState);
+  EXPECT_EQ(o.fail_code, ipc::FailureCode::kBadState);
   EXPECT_NE(o.status.message().find("optim.fc1.weight.step"), std::string::npos)
       << o.status.ToString();
 }
@@ -556,7 +555,7 @@ TEST_F(MalformedStateTest, FusedGroupTrainsTheOthers) {
   auto out = trainer_->TrainFused(
       {Task("ok", &good_, 0, 3), Task("bad", &bad, 0, 3), Task("fresh", nullptr, 9, 3)});
   EXPECT_TRUE(out[0].ok()) << out[0].status.ToString();
-  EXPECT_EQ(out[1].fail_code, records::FailureCode::kBadState);
+  EXPECT_EQ(out[1].fail_code, ipc::FailureCode::kBadState);
   EXPECT_NE(out[1].status.message().find("fc1.weight"), std::string::npos);
   EXPECT_TRUE(out[2].ok());
 }
@@ -574,7 +573,7 @@ TEST_F(MalformedStateTest, RandomDamageNeverCrashesOrYieldsAResult) {
       blob[next() % blob.size()] ^= static_cast<char>(1 + next() % 255);
     MemberOutcome o = trainer_->TrainPlain(Task("fuzz", &blob, 0, 1));
     EXPECT_FALSE(o.ok());
-    EXPECT_EQ(o.fail_code, records::FailureCode::kBadState) << o.status.ToString();
+    EXPECT_EQ(o.fail_code, ipc::FailureCode::kBadState) << o.status.ToString();
   }
   for (int i = 0; i < 60; ++i) {
     OwnedBlob b = Decode(good_);
@@ -597,7 +596,7 @@ TEST_F(MalformedStateTest, RandomDamageNeverCrashesOrYieldsAResult) {
     std::string blob = Encode(b);
     MemberOutcome o = trainer_->TrainPlain(Task("fuzz", &blob, 0, 1));
     EXPECT_FALSE(o.ok()) << i;
-    EXPECT_EQ(o.fail_code, records::FailureCode::kBadState) << o.status.ToString();
+    EXPECT_EQ(o.fail_code, ipc::FailureCode::kBadState) << o.status.ToString();
   }
 }
 
@@ -656,10 +655,10 @@ TEST(TrainerTest, CancelStopsTraining) {
   auto trainer = MakeTrainer(o);
   ASSERT_NE(trainer, nullptr);
   MemberOutcome r = trainer->TrainPlain(Task("m", nullptr, 1, 100));
-  EXPECT_EQ(r.fail_code, records::FailureCode::kAborted);
+  EXPECT_EQ(r.fail_code, ipc::FailureCode::kAborted);
   auto f = trainer->TrainFused({Task("a", nullptr, 1, 100), Task("b", nullptr, 2, 100)});
-  EXPECT_EQ(f[0].fail_code, records::FailureCode::kAborted);
-  EXPECT_EQ(f[1].fail_code, records::FailureCode::kAborted);
+  EXPECT_EQ(f[0].fail_code, ipc::FailureCode::kAborted);
+  EXPECT_EQ(f[1].fail_code, ipc::FailureCode::kAborted);
 }
 
 TEST(TrainerTest, ChooseModeMeasuresBoth) {
@@ -673,7 +672,7 @@ TEST(TrainerTest, ChooseModeMeasuresBoth) {
   ASSERT_TRUE(choice.ok()) << choice.status().ToString();
   EXPECT_GT(choice->plain_samples_s, 0);
   EXPECT_GT(choice->fused_samples_s, 0);
-  EXPECT_NE(choice->mode, records::FusionMode::kAuto);  // one of the two it measured
+  EXPECT_NE(choice->mode, ipc::FusionMode::kAuto);  // one of the two it measured
   EXPECT_EQ(trainer->device(), "cpu");
   EXPECT_GT(trainer->GetDeviceMemory().total_bytes, 0);
 }

@@ -5,9 +5,9 @@
 #include <string>
 #include <vector>
 
+#include "ckpt/ipc/failure_code.h"
 #include "ckpt/records/config.h"
 #include "ckpt/records/events.h"
-#include "ckpt/records/failure_code.h"
 #include "ckpt/records/member_record.h"
 #include "ckpt/records/status.h"
 
@@ -26,7 +26,7 @@ std::vector<Event> OneOfEach() {
       TrainedEvent{3, -0.75, 1, "", 0, format::MetricKind::kNegMse},
       ExploitEvent{"m2", "m0", 4, "bottom 20%", {{"lr", 0.02}, {"momentum", 0.9}}, 0},
       RestoreEvent{"m1", 5, 9, "ckpt-tool"},
-      FailedEvent{"m3", FailureCode::kOutOfMemory, "CUDA out of memory", 2},
+      FailedEvent{"m3", ipc::FailureCode::kOutOfMemory, "CUDA out of memory", 2},
       MemberStoppedEvent{"m4", "failed 3 times; last: nan", 12},
       MemberStoppedEvent{"m5", "rung 2", std::nullopt},
       CorruptStateEvent{"m6", 8, 6, 9, 3, "tensor fc3.weight: checksum mismatch"},
@@ -61,11 +61,12 @@ TEST(EventCodecTest, EveryEventTypeRoundTrips) {
 }
 
 TEST(EventCodecTest, FieldsReadBackAsWritten) {
-  auto failed = DecodeEvent(EncodeEvent(FailedEvent{"m3", FailureCode::kNonFinite, "nan", 2}), "e");
+  auto failed =
+      DecodeEvent(EncodeEvent(FailedEvent{"m3", ipc::FailureCode::kNonFinite, "nan", 2}), "e");
   ASSERT_TRUE(failed.ok());
   const auto& f = std::get<FailedEvent>(*failed);
   EXPECT_EQ(f.member, "m3");
-  EXPECT_EQ(f.code, FailureCode::kNonFinite);
+  EXPECT_EQ(f.code, ipc::FailureCode::kNonFinite);
   EXPECT_EQ(f.reason, "nan");
   EXPECT_EQ(f.failures, 2);
 
@@ -89,14 +90,14 @@ TEST(EventCodecTest, OldStoresStillDecode) {
   EXPECT_EQ(std::get<TrainedEvent>(*trained).interval, 2);
 
   // Hyphenated worker codes, and a refused commit's Status code name.
-  for (const auto& [code, want] : std::vector<std::pair<std::string, FailureCode>>{
-           {"non-finite", FailureCode::kNonFinite},
-           {"out-of-memory", FailureCode::kOutOfMemory},
-           {"bad-state", FailureCode::kBadState},
-           {"bad-request", FailureCode::kBadRequest},
-           {"internal", FailureCode::kInternal},
-           {"Aborted", FailureCode::kCommitError},
-           {"IOError", FailureCode::kCommitError}}) {
+  for (const auto& [code, want] : std::vector<std::pair<std::string, ipc::FailureCode>>{
+           {"non-finite", ipc::FailureCode::kNonFinite},
+           {"out-of-memory", ipc::FailureCode::kOutOfMemory},
+           {"bad-state", ipc::FailureCode::kBadState},
+           {"bad-request", ipc::FailureCode::kBadRequest},
+           {"internal", ipc::FailureCode::kInternal},
+           {"Aborted", ipc::FailureCode::kCommitError},
+           {"IOError", ipc::FailureCode::kCommitError}}) {
     auto e = DecodeEvent(
         R"({"type":"failed","member":"m0","code":")" + code + R"(","reason":"r","failures":1})",
         "e");
@@ -203,19 +204,19 @@ TEST(EventCodecTest, BadEventsAreErrorsNamingTheEvent) {
 
 TEST(FailureCodeTest, EveryCodeRoundTripsThroughItsName) {
   std::set<std::string> names;
-  for (int i = 0; i < kFailureCodeCount; ++i) {
-    const auto code = static_cast<FailureCode>(i);
-    const std::string name = FailureCodeName(code);
+  for (int i = 0; i < ipc::kFailureCodeCount; ++i) {
+    const auto code = static_cast<ipc::FailureCode>(i);
+    const std::string name = ipc::FailureCodeName(code);
     names.insert(name);
-    EXPECT_EQ(ParseFailureCode(name), code) << name;
-    EXPECT_EQ(FailureCodeFromWorker(name), code) << name;
+    EXPECT_EQ(ipc::ParseFailureCode(name), code) << name;
+    EXPECT_EQ(ipc::FailureCodeFromWorker(name), code) << name;
     // One spelling: snake_case, never a hyphen.
     EXPECT_EQ(name.find('-'), std::string::npos) << name;
   }
-  EXPECT_EQ(names.size(), static_cast<size_t>(kFailureCodeCount));
-  EXPECT_EQ(ParseFailureCode("tired"), std::nullopt);
+  EXPECT_EQ(names.size(), static_cast<size_t>(ipc::kFailureCodeCount));
+  EXPECT_EQ(ipc::ParseFailureCode("tired"), std::nullopt);
   // A newer worker's code this version does not know counts as internal.
-  EXPECT_EQ(FailureCodeFromWorker("gpu-on-fire"), FailureCode::kInternal);
+  EXPECT_EQ(ipc::FailureCodeFromWorker("gpu-on-fire"), ipc::FailureCode::kInternal);
 }
 
 TEST(StatusTest, EveryStatusRoundTripsThroughItsName) {

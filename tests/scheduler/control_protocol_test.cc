@@ -135,12 +135,12 @@ TEST(ControlProtocolTest, WorkerModeRoundTripsAndUnknownModesAreRefused) {
   auto back = WorkerFromJson(j);
   ASSERT_TRUE(back.ok()) << back.status().ToString();
   EXPECT_FALSE(back->mode.has_value());
-  w.mode = records::FusionMode::kFused;
+  w.mode = ipc::FusionMode::kFused;
   j = WorkerToJson(w);
   EXPECT_EQ(j["mode"], "fused");
   back = WorkerFromJson(j);
   ASSERT_TRUE(back.ok()) << back.status().ToString();
-  EXPECT_EQ(back->mode, records::FusionMode::kFused);
+  EXPECT_EQ(back->mode, ipc::FusionMode::kFused);
   j["mode"] = "turbo";
   back = WorkerFromJson(j);
   ASSERT_FALSE(back.ok());

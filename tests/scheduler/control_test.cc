@@ -72,7 +72,7 @@ class ControlTest : public ::testing::Test {
     records::DeviceConfig d;
     d.device = "cpu";
     d.slots = 1;
-    d.fusion = records::FusionMode::kPlain;
+    d.fusion = ipc::FusionMode::kPlain;
     o.devices = {d};
     o.worker_binary = CKPT_WORKER_BIN;
     o.progress = nullptr;

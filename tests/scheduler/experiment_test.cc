@@ -761,11 +761,11 @@ TEST(ExperimentTest, RecordsAndEventsRefusedForWantOfSpaceAreWrittenLaterInTheir
   WorkItem a = h.Take();
   WorkItem b = h.Take();
   h.SetFull(true);
-  h.e().OnFailed(a, records::FailureCode::kNonFinite, "first", false);
+  h.e().OnFailed(a, ipc::FailureCode::kNonFinite, "first", false);
   EXPECT_TRUE(h.e().WaitingForStore());
   h.SetFull(false);
   // Written while the first is still kept: it waits behind it.
-  h.e().OnFailed(b, records::FailureCode::kNonFinite, "second", false);
+  h.e().OnFailed(b, ipc::FailureCode::kNonFinite, "second", false);
   EXPECT_TRUE(h.Events("failed").empty());
   h.e().RetryDeferred();
   EXPECT_FALSE(h.e().WaitingForStore());
@@ -881,7 +881,7 @@ TEST(ExperimentTest, MemberFailingMaxTimesIsStoppedAndTheGenerationGoesOn) {
     while (h.e().Runnable()) batch.push_back(h.Take());
     for (const auto& w : batch) {
       if (w.member == "m002") {
-        h.e().OnFailed(w, records::FailureCode::kNonFinite, "loss is nan at step 3", false);
+        h.e().OnFailed(w, ipc::FailureCode::kNonFinite, "loss is nan at step 3", false);
       } else {
         h.Commit(w, ScoreOf(w.hparams, w.interval_after));
       }
@@ -909,7 +909,7 @@ TEST(ExperimentTest, MemberFailingMaxTimesIsStoppedAndTheGenerationGoesOn) {
 TEST(ExperimentTest, CommitRefusedBecauseTheHeadMovedCountsNoFailure) {
   Harness h(BaseConfig(2, 1));
   WorkItem w = h.Take();
-  h.e().OnFailed(w, records::FailureCode::kCommitError, "head moved", /*head_moved=*/true);
+  h.e().OnFailed(w, ipc::FailureCode::kCommitError, "head moved", /*head_moved=*/true);
   EXPECT_EQ(h.e().members()[h.e().Find(w.member)].state.failures, 0);
   EXPECT_EQ(h.e().members()[h.e().Find(w.member)].state.status, records::MemberStatus::kQueued);
 }
@@ -965,8 +965,7 @@ TEST(ExperimentTest, DamagedHeadBlobFallsBackToTheNewestIntactVersionAndRetrains
   ASSERT_TRUE(DamageInBlobFiles(so.path, bytes, bytes.size() / 2));
   ASSERT_TRUE(h.store().ReadHeadBlob("exp", bad.member).status().IsCorruption());
 
-  h.e().OnFailed(bad, records::FailureCode::kBadState, "tensor fc3.weight: checksum mismatch",
-                 false);
+  h.e().OnFailed(bad, ipc::FailureCode::kBadState, "tensor fc3.weight: checksum mismatch", false);
   const Member& m = h.e().members()[h.e().Find(bad.member)];
   EXPECT_EQ(m.state.failures, 0);
   EXPECT_EQ(m.state.interval, 1);
@@ -1016,7 +1015,7 @@ TEST(ExperimentTest, BadStateWithAnIntactHeadIsAnOrdinaryFailure) {
   for (const auto& w : batch) h.Commit(w, ScoreOf(w.hparams, w.interval_after));
   WorkItem w = h.Take();
   ASSERT_GT(w.head_version, 0);
-  h.e().OnFailed(w, records::FailureCode::kBadState, "shape mismatch", false);
+  h.e().OnFailed(w, ipc::FailureCode::kBadState, "shape mismatch", false);
   EXPECT_EQ(h.e().members()[h.e().Find(w.member)].state.failures, 1);
   EXPECT_EQ(h.e().members()[h.e().Find(w.member)].version, w.head_version);
   EXPECT_TRUE(h.Events("corrupt_state").empty());
@@ -1046,7 +1045,7 @@ TEST(ExperimentTest, RefusedConfigureEndsTheExperimentAtOnceAsFailed) {
   EXPECT_NE(h.Events("configure_refused")[0]["reason"].get<std::string>().find("cannot load"),
             std::string::npos);
   // The in-flight task's FAILED, when it comes, counts nothing.
-  h.e().OnFailed(w, records::FailureCode::kBadRequest, "no CONFIGURE", false);
+  h.e().OnFailed(w, ipc::FailureCode::kBadRequest, "no CONFIGURE", false);
   EXPECT_EQ(h.e().members()[h.e().Find(w.member)].state.failures, 0);
   EXPECT_TRUE(h.Events("failed").empty());
 }
@@ -1389,7 +1388,7 @@ TEST(ExperimentRandomTest, InvariantsHoldUnderRandomEventOrders) {
         in_flight.erase(in_flight.begin() + static_cast<long>(i));
         const Member& m = h.e().members()[h.e().Find(w.member)];
         if (action == 7 && m.state.failures + 1 < opts.max_member_failures) {
-          h.e().OnFailed(w, records::FailureCode::kNonFinite, "random failure", false);
+          h.e().OnFailed(w, ipc::FailureCode::kNonFinite, "random failure", false);
         } else if (w.eval_only) {
           h.e().OnEvaluated(w, 0.5);
         } else {

@@ -24,9 +24,16 @@
 // scheduler may have closed the connection before reading it), as an
 // attacker would.
 //
-//   forging_worker HOST:PORT SECRET_FILE results
+//   forging_worker HOST:PORT SECRET_FILE results [SLOTS]  (HELLO offering SLOTS,
+//                                                          default 1)
 //   forging_worker HOST:PORT SECRET_FILE hello SLOTS   (a HELLO offering SLOTS,
 //                                                       then wait to be dropped)
+//
+// The dispatcher hands a task to the worker with the most free capacity, so a
+// forger that offers more slots than the honest worker is offered every task
+// while it is connected (forged_result_test relies on that: the stateful
+// forgeries need TRAINs that carry a state, which only exist once the honest
+// worker has trained an interval).
 //
 // Prints one line per forgery sent ("forged score task 3 exp/m1").
 #include <chrono>
@@ -223,6 +230,6 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string mode = argv[3];
-  const int64_t slots = mode == "hello" && argc > 4 ? std::atoll(argv[4]) : 1;
+  const int64_t slots = argc > 4 ? std::atoll(argv[4]) : 1;
   return Run(argv[1], argv[2], mode, slots);
 }

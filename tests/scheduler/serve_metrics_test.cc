@@ -19,8 +19,8 @@
 #include <vector>
 
 #include "../integration/process_util.h"
+#include "ckpt/ipc/failure_code.h"
 #include "ckpt/records/events.h"
-#include "ckpt/records/failure_code.h"
 #include "ckpt/scheduler/control_client.h"
 #include "ckpt/store/store.h"
 #include "control_test_util.h"
@@ -45,7 +45,7 @@ constexpr int kBatch = 16;
 struct Logged {
   int64_t trained = 0;
   int64_t exploits = 0;
-  std::map<records::FailureCode, int64_t> failures;
+  std::map<ipc::FailureCode, int64_t> failures;
   uint64_t last_seq = 0;
 };
 
@@ -154,13 +154,13 @@ TEST(ServeMetricsTest, CountersEqualTheEventLogAcrossARestart) {
             static_cast<double>(after.trained * kSteps * kBatch));
   EXPECT_EQ(Value(*e, "ckpt_exploits_total", {{"experiment", "vals"}}),
             static_cast<double>(after.exploits));
-  for (int c = 0; c < records::kMemberFailureCodeCount; ++c) {
-    const auto code = static_cast<records::FailureCode>(c);
+  for (int c = 0; c < ipc::kMemberFailureCodeCount; ++c) {
+    const auto code = static_cast<ipc::FailureCode>(c);
     const auto it = after.failures.find(code);
     EXPECT_EQ(Value(*e, "ckpt_member_failures_total",
-                    {{"experiment", "vals"}, {"reason", records::FailureCodeName(code)}}),
+                    {{"experiment", "vals"}, {"reason", ipc::FailureCodeName(code)}}),
               static_cast<double>(it == after.failures.end() ? 0 : it->second))
-        << records::FailureCodeName(code);
+        << ipc::FailureCodeName(code);
   }
   // And the two processes together trained each member-interval once: a
   // commit acknowledged before the kill is not trained again.

@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "ckpt/format/status.h"
+#include "ckpt/base/status.h"
 #include "ckpt/records/config.h"
 
 namespace ckpt::tool {

@@ -19,9 +19,9 @@
 #include <string_view>
 #include <vector>
 
+#include "ckpt/base/status.h"
 #include "ckpt/format/checkpoint.h"
 #include "ckpt/format/optimizer.h"
-#include "ckpt/format/status.h"
 #include "pickle_reader.h"
 
 namespace ckpt::tool {

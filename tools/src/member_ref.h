@@ -14,7 +14,7 @@
 #include <string>
 #include <string_view>
 
-#include "ckpt/format/status.h"
+#include "ckpt/base/status.h"
 
 namespace ckpt::tool {
 

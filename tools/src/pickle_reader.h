@@ -25,8 +25,8 @@
 #include <utility>
 #include <vector>
 
+#include "ckpt/base/status.h"
 #include "ckpt/format/checkpoint.h"
-#include "ckpt/format/status.h"
 
 namespace ckpt::tool {
 

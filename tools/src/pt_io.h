@@ -4,7 +4,7 @@
 // Writing pickles a PyValue with torch::jit::Pickler(..., tag_aggregates=false)
 // into a caffe2::serialize::PyTorchStreamWriter, so that
 // torch.load(path, weights_only=True) returns plain dicts, lists and tensors
-// (DESIGN.md "Interop with Python PyTorch"). Reading takes the archive apart
+// (docs/ARCHITECTURE.md "Interop with Python PyTorch"). Reading takes the archive apart
 // with PyTorchStreamReader and unpickles data.pkl with the restricted
 // unpickler of pickle_reader.h: pickled code is refused, never run.
 //
@@ -22,7 +22,7 @@
 #include <map>
 #include <string>
 
-#include "ckpt/format/status.h"
+#include "ckpt/base/status.h"
 #include "pickle_reader.h"
 
 namespace ckpt::tool {

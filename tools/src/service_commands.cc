@@ -15,7 +15,6 @@
 #include "ckpt/records/status.h"
 #include "ckpt/scheduler/control_client.h"
 #include "ckpt/scheduler/summary_text.h"
-#include "experiment.h"
 #include "service_view.h"
 #include "session.h"
 #include "text_table.h"

@@ -15,7 +15,7 @@
 
 #include <string>
 
-#include "ckpt/format/status.h"
+#include "ckpt/base/status.h"
 #include "tool.h"
 
 namespace ckpt::tool {

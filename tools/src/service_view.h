@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "ckpt/format/status.h"
+#include "ckpt/base/status.h"
 #include "ckpt/scheduler/control_client.h"
 #include "tool.h"
 

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "ckpt/format/status.h"
+#include "ckpt/base/status.h"
 #include "ckpt/records/config.h"
 #include "ckpt/records/member_record.h"
 #include "ckpt/records/status.h"

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "ckpt/format/status.h"
+#include "ckpt/base/status.h"
 
 namespace ckpt::tool {
 

@@ -21,7 +21,7 @@
 #include <cstdio>
 #include <string>
 
-#include "ckpt/format/status.h"
+#include "ckpt/base/status.h"
 
 namespace ckpt::tool {
 

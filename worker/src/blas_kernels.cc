@@ -10,6 +10,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "ckpt/base/cpu_features.h"
+
 namespace ckpt::model {
 namespace {
 
@@ -22,16 +24,6 @@ constexpr std::array<std::string_view, 6> kAvx2Cores = {"Haswell",  "Excavator",
 // systemd show it), carried across the exec: a program executed as
 // /proc/self/exe is named "exe".
 constexpr const char* kNameVariable = "CKPT_BLAS_STARTED_AS";
-
-bool CpuHasAvx512() {
-  return __builtin_cpu_supports("avx512f") != 0 && __builtin_cpu_supports("avx512bw") != 0 &&
-         __builtin_cpu_supports("avx512vl") != 0 && __builtin_cpu_supports("avx512dq") != 0 &&
-         __builtin_cpu_supports("avx512cd") != 0;
-}
-
-bool CpuHasAvx2Fma() {
-  return __builtin_cpu_supports("avx2") != 0 && __builtin_cpu_supports("fma") != 0;
-}
 
 // An OpenBLAS entry point `char* name(void)`, when OpenBLAS is loaded.
 const char* CallOpenBlas(const char* name) {
@@ -59,7 +51,8 @@ BlasKernels DescribeBlasKernels() {
   b.core = core;
   const char* config = CallOpenBlas("openblas_get_config");
   if (config != nullptr) b.config = config;
-  b.better_core = BetterBlasCore(b.core, CpuHasAvx512(), CpuHasAvx2Fma());
+  const base::CpuFeatures& cpu = base::CpuFeaturesOfThisHost();
+  b.better_core = BetterBlasCore(b.core, cpu.Avx512Core(), cpu.Avx2Fma());
   return b;
 }
 

@@ -1,6 +1,7 @@
 // The forward pass of a spec model, plain or fused: one switch over the
 // layer kinds, each case saying how it runs on one member's tensors and on K
 // members packed as one wide model (layouts: fused_train.cc's top comment).
+#include "ckpt/base/cpu_features.h"
 #include "model_internal.h"
 
 namespace ckpt::model::internal {
@@ -26,9 +27,9 @@ at::Tensor OptionalTensor(const std::vector<at::Tensor>& t, int index) {
 // property of the machine and the pass, so a resumed run computes as the
 // uninterrupted one.
 bool OneChannelCpuConvForTraining(const at::Tensor& x, const at::Tensor& weight) {
-  static const bool avx512 = __builtin_cpu_supports("avx512f") != 0;
-  return !avx512 && at::GradMode::is_enabled() && weight.requires_grad() && x.device().is_cpu() &&
-         x.dim() == 4 && x.size(1) == 1 && x.scalar_type() == at::kFloat;
+  return !base::CpuFeaturesOfThisHost().avx512f && at::GradMode::is_enabled() &&
+         weight.requires_grad() && x.device().is_cpu() && x.dim() == 4 && x.size(1) == 1 &&
+         x.scalar_type() == at::kFloat;
 }
 
 // Runs layers [begin, end) of the spec (a residual's body or shortcut is a

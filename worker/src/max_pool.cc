@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "ckpt/base/cpu_features.h"
 #include "model_internal.h"
 
 namespace ckpt::model::internal {
@@ -266,10 +267,7 @@ CKPT_AVX512 void UnpoolPlane2x2Avx512(const float* g, const int32_t* offsets, in
 
 // Read once, on the first pool (not in a static initializer, which could run
 // before libgcc has read the CPU's features).
-bool UseAvx512() {
-  static const bool avx512 = __builtin_cpu_supports("avx512f") != 0;
-  return avx512;
-}
+bool UseAvx512() { return base::CpuFeaturesOfThisHost().avx512f; }
 #else
 constexpr bool UseAvx512() { return false; }
 #endif

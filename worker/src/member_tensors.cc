@@ -61,7 +61,7 @@ at::ScalarType ScalarTypeOf(format::DType dtype) {
   return at::kFloat;
 }
 
-Failure Fail(records::FailureCode code, Status status) { return Failure{std::move(status), code}; }
+Failure Fail(ipc::FailureCode code, Status status) { return Failure{std::move(status), code}; }
 
 // Fresh model tensors of a spec model: PyTorch's default initialisation
 // (uniform in +-1/sqrt(fan_in) for conv/linear weight and bias; BatchNorm
@@ -143,7 +143,7 @@ std::optional<Failure> LoadMember(const Context& ctx, const MemberTask& task, Me
   st->member = task.member;
   const std::string who = "member " + (task.member.empty() ? std::string("?") : task.member);
   if (task.steps < 0) {
-    return Fail(records::FailureCode::kBadRequest,
+    return Fail(ipc::FailureCode::kBadRequest,
                 Status::InvalidArgument(who + ": steps must be >= 0"));
   }
   const size_t n = ctx.layout.size();
@@ -151,10 +151,10 @@ std::optional<Failure> LoadMember(const Context& ctx, const MemberTask& task, Me
 
   if (task.state_size == 0) {
     auto hp = ResolveHyperparameters(ctx.optimizer, {}, task.hparams);
-    if (!hp.ok()) return Fail(records::FailureCode::kBadRequest, hp.status().WithPrefix(who));
+    if (!hp.ok()) return Fail(ipc::FailureCode::kBadRequest, hp.status().WithPrefix(who));
     st->hp = *hp;
     if (Status d = CheckDropoutHparam(ctx, st->hp); !d.ok()) {
-      return Fail(records::FailureCode::kBadRequest, d.WithPrefix(who));
+      return Fail(ipc::FailureCode::kBadRequest, d.WithPrefix(who));
     }
     for (size_t i = 0; i < n; ++i) {
       host[i] = at::zeros(ctx.layout[i].shape,
@@ -172,30 +172,29 @@ std::optional<Failure> LoadMember(const Context& ctx, const MemberTask& task, Me
     st->data_cursor = 0;
   } else {
     if (task.state == nullptr) {
-      return Fail(records::FailureCode::kBadRequest,
+      return Fail(ipc::FailureCode::kBadRequest,
                   Status::InvalidArgument(who + ": state size without bytes"));
     }
     auto view = format::ParseCheckpoint(task.state, task.state_size);
-    if (!view.ok()) return Fail(records::FailureCode::kBadState, view.status().WithPrefix(who));
+    if (!view.ok()) return Fail(ipc::FailureCode::kBadState, view.status().WithPrefix(who));
     const format::CheckpointMeta& meta = view->meta();
     if (!meta.optimizer.empty() && meta.optimizer != OptimizerKindName(ctx.optimizer)) {
-      return Fail(records::FailureCode::kBadState,
+      return Fail(ipc::FailureCode::kBadState,
                   Status::InvalidArgument(who + ": checkpoint holds " + meta.optimizer +
                                           " state, this worker trains with " +
                                           std::string(OptimizerKindName(ctx.optimizer))));
     }
     auto stored = ResolveHyperparameters(ctx.optimizer, meta.hparams, {});
     if (!stored.ok())
-      return Fail(records::FailureCode::kBadState,
-                  stored.status().WithPrefix(who + ": checkpoint"));
+      return Fail(ipc::FailureCode::kBadState, stored.status().WithPrefix(who + ": checkpoint"));
     auto hp = ResolveHyperparameters(ctx.optimizer, meta.hparams, task.hparams);
-    if (!hp.ok()) return Fail(records::FailureCode::kBadRequest, hp.status().WithPrefix(who));
+    if (!hp.ok()) return Fail(ipc::FailureCode::kBadRequest, hp.status().WithPrefix(who));
     st->hp = *hp;
     if (Status d = CheckDropoutHparam(ctx, st->hp); !d.ok()) {
-      return Fail(records::FailureCode::kBadRequest, d.WithPrefix(who));
+      return Fail(ipc::FailureCode::kBadRequest, d.WithPrefix(who));
     }
     if (meta.step < 0) {
-      return Fail(records::FailureCode::kBadState,
+      return Fail(ipc::FailureCode::kBadState,
                   Status::Corruption(who + ": negative step in checkpoint"));
     }
     st->step = meta.step;
@@ -205,7 +204,7 @@ std::optional<Failure> LoadMember(const Context& ctx, const MemberTask& task, Me
 
     for (const auto& tv : view->tensors()) {
       if (ctx.index.count(tv.name) == 0) {
-        return Fail(records::FailureCode::kBadState,
+        return Fail(ipc::FailureCode::kBadState,
                     Status::Corruption(who + ": unexpected tensor " + tv.name +
                                        " (not in the model spec's layout)"));
       }
@@ -214,24 +213,24 @@ std::optional<Failure> LoadMember(const Context& ctx, const MemberTask& task, Me
       const TensorSpec& spec = ctx.layout[i];
       const format::TensorView* tv = view->Find(spec.name);
       if (tv == nullptr) {
-        return Fail(records::FailureCode::kBadState,
+        return Fail(ipc::FailureCode::kBadState,
                     Status::Corruption(who + ": missing tensor " + spec.name));
       }
       if (tv->dtype != spec.dtype) {
-        return Fail(records::FailureCode::kBadState,
+        return Fail(ipc::FailureCode::kBadState,
                     Status::Corruption(who + ": tensor " + spec.name + " has dtype " +
                                        std::string(format::DTypeName(tv->dtype)) + ", expected " +
                                        std::string(format::DTypeName(spec.dtype))));
       }
       if (tv->shape != spec.shape) {
         return Fail(
-            records::FailureCode::kBadState,
+            ipc::FailureCode::kBadState,
             Status::Corruption(who + ": tensor " + spec.name + " has shape " +
                                ShapeString(tv->shape) + ", expected " + ShapeString(spec.shape)));
       }
       host[i] = at::empty(spec.shape, at::TensorOptions().dtype(ScalarTypeOf(spec.dtype)));
       if (tv->nbytes != host[i].nbytes()) {
-        return Fail(records::FailureCode::kBadState,
+        return Fail(ipc::FailureCode::kBadState,
                     Status::Corruption(who + ": tensor " + spec.name + " byte count mismatch"));
       }
       if (tv->nbytes > 0) std::memcpy(host[i].data_ptr(), tv->data, tv->nbytes);
@@ -242,12 +241,12 @@ std::optional<Failure> LoadMember(const Context& ctx, const MemberTask& task, Me
         const double s = host[tr.step].item<float>();
         if (!std::isfinite(s)) continue;  // reported by the finiteness check below
         if (s < 0 || s != std::floor(s)) {
-          return Fail(records::FailureCode::kBadState,
+          return Fail(ipc::FailureCode::kBadState,
                       Status::Corruption(who + ": tensor " + ctx.layout[tr.step].name +
                                          " is not a step count"));
         }
         if (!first && s != st->adam_step) {
-          return Fail(records::FailureCode::kBadState,
+          return Fail(ipc::FailureCode::kBadState,
                       Status::Corruption(who + ": tensor " + ctx.layout[tr.step].name +
                                          " differs from the other parameters' step"));
         }
@@ -264,7 +263,7 @@ std::optional<Failure> LoadMember(const Context& ctx, const MemberTask& task, Me
     st->tensors[i] = std::move(t);
   }
   Status finite = CheckFinite(ctx, *st, "in the given state");
-  if (!finite.ok()) return Fail(records::FailureCode::kNonFinite, finite);
+  if (!finite.ok()) return Fail(ipc::FailureCode::kNonFinite, finite);
   return std::nullopt;
 }
 

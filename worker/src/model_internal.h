@@ -19,8 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "ckpt/base/status.h"
 #include "ckpt/format/checkpoint.h"
-#include "ckpt/format/status.h"
 #include "ckpt/format/task.h"
 #include "ckpt/model/dataset.h"
 #include "ckpt/model/hparams.h"
@@ -105,7 +105,7 @@ struct MemberTensors {
 // A failure with its fail code.
 struct Failure {
   Status status;
-  records::FailureCode code = records::FailureCode::kInternal;
+  ipc::FailureCode code = ipc::FailureCode::kInternal;
 };
 
 // Builds `state` from `task`: parses and validates the blob or initialises a

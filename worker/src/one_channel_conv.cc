@@ -12,6 +12,7 @@
 #include <cstring>
 #include <string_view>
 
+#include "ckpt/base/cpu_features.h"
 #include "model_internal.h"
 #include "one_channel_conv_kernels.h"
 
@@ -119,9 +120,9 @@ class OneChannelConvFunction : public torch::autograd::Function<OneChannelConvFu
 
 ConvIsa ChosenConvIsa() {
 #if defined(__x86_64__)
-  static const bool avx512 = __builtin_cpu_supports("avx512f") != 0;
-  static const bool avx2 =
-      __builtin_cpu_supports("avx2") != 0 && __builtin_cpu_supports("fma") != 0;
+  const base::CpuFeatures& cpu = base::CpuFeaturesOfThisHost();
+  const bool avx512 = cpu.avx512f;
+  const bool avx2 = cpu.Avx2Fma();
   const char* choice = std::getenv("CKPT_CONV_KERNELS");
   const std::string_view c = choice != nullptr ? choice : "";
   if (c == "off") return ConvIsa::kNone;

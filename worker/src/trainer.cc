@@ -66,7 +66,7 @@ std::string Brief(const std::exception& e) {
   return nl == std::string::npos ? s : s.substr(0, nl);
 }
 
-void SetFailure(MemberOutcome* out, records::FailureCode code, Status status) {
+void SetFailure(MemberOutcome* out, ipc::FailureCode code, Status status) {
   out->status = std::move(status);
   out->fail_code = code;
 }
@@ -121,19 +121,19 @@ void FinishMember(const Context& ctx, MemberTensors* m, const at::Tensor& host_l
                   int64_t start_step, MemberOutcome* out) {
   const int64_t bad = FirstNonFinite(host_losses, k);
   if (bad >= 0) {
-    SetFailure(out, records::FailureCode::kNonFinite,
+    SetFailure(out, ipc::FailureCode::kNonFinite,
                Status::Aborted("member " + m->member + ": non-finite training loss at step " +
                                std::to_string(start_step + bad + 1)));
     return;
   }
   Status finite = CheckFinite(ctx, *m, "after training");
   if (!finite.ok()) {
-    SetFailure(out, records::FailureCode::kNonFinite, finite);
+    SetFailure(out, ipc::FailureCode::kNonFinite, finite);
     return;
   }
   auto enc = EncodeMember(ctx, *m);
   if (!enc.ok()) {
-    SetFailure(out, records::FailureCode::kInternal, enc.status());
+    SetFailure(out, ipc::FailureCode::kInternal, enc.status());
     return;
   }
   OutcomeAccess::SetState(out, std::move(enc).value());
@@ -266,7 +266,7 @@ MemberOutcome TrainerImpl::Plain(const MemberTask& task, bool evaluate) {
   const Context& ctx = *ctx_;
   MemberOutcome out;
   out.member = task.member;
-  out.mode = records::FusionMode::kPlain;
+  out.mode = ipc::FusionMode::kPlain;
   try {
     ThreadScope scope(ctx);
     auto t0 = Clock::now();
@@ -279,7 +279,7 @@ MemberOutcome TrainerImpl::Plain(const MemberTask& task, bool evaluate) {
     if (ctx.spec.is_torchscript()) {
       auto bound = BindScript(ctx, m);
       if (!bound.ok()) {
-        SetFailure(&out, records::FailureCode::kInternal, bound.status());
+        SetFailure(&out, ipc::FailureCode::kInternal, bound.status());
         return out;
       }
       script = std::move(bound).value();
@@ -291,10 +291,9 @@ MemberOutcome TrainerImpl::Plain(const MemberTask& task, bool evaluate) {
     std::vector<at::Tensor> losses;
     Status trained = TrainPlainSteps(ctx, &m, script ? &*script : nullptr, task.steps, &losses);
     if (!trained.ok()) {
-      SetFailure(
-          &out,
-          trained.IsAborted() ? records::FailureCode::kAborted : records::FailureCode::kInternal,
-          trained);
+      SetFailure(&out,
+                 trained.IsAborted() ? ipc::FailureCode::kAborted : ipc::FailureCode::kInternal,
+                 trained);
       return out;
     }
     at::Tensor host_losses = StackLosses(losses);
@@ -323,16 +322,16 @@ MemberOutcome TrainerImpl::Plain(const MemberTask& task, bool evaluate) {
       out.test_score = format::kNotEvaluated;
     }
   } catch (const c10::OutOfMemoryError& e) {
-    SetFailure(&out, records::FailureCode::kOutOfMemory,
+    SetFailure(&out, ipc::FailureCode::kOutOfMemory,
                Status::ResourceExhausted("member " + task.member + ": " + Brief(e)));
   } catch (const c10::Error& e) {
-    SetFailure(&out, records::FailureCode::kInternal,
+    SetFailure(&out, ipc::FailureCode::kInternal,
                Status::Internal("member " + task.member + ": " + Brief(e)));
   } catch (const std::bad_alloc& e) {
-    SetFailure(&out, records::FailureCode::kOutOfMemory,
+    SetFailure(&out, ipc::FailureCode::kOutOfMemory,
                Status::ResourceExhausted("member " + task.member + ": host memory exhausted"));
   } catch (const std::exception& e) {
-    SetFailure(&out, records::FailureCode::kInternal,
+    SetFailure(&out, ipc::FailureCode::kInternal,
                Status::Internal("member " + task.member + ": " + Brief(e)));
   }
   return out;
@@ -345,7 +344,7 @@ std::vector<MemberOutcome> TrainerImpl::Fused(const std::vector<MemberTask>& tas
   std::map<int64_t, std::vector<size_t>> groups;  // steps -> members
   for (size_t i = 0; i < tasks.size(); ++i) {
     out[i].member = tasks[i].member;
-    out[i].mode = records::FusionMode::kFused;
+    out[i].mode = ipc::FusionMode::kFused;
   }
   try {
     ThreadScope scope(ctx);
@@ -363,14 +362,14 @@ std::vector<MemberOutcome> TrainerImpl::Fused(const std::vector<MemberTask>& tas
     for (size_t i = 0; i < tasks.size(); ++i) {
       if (out[i].ok() && out[i].state_size() == 0) {
         SetFailure(
-            &out[i], records::FailureCode::kOutOfMemory,
+            &out[i], ipc::FailureCode::kOutOfMemory,
             Status::ResourceExhausted("member " + tasks[i].member + " (fused): " + Brief(e)));
       }
     }
   } catch (const std::exception& e) {
     for (size_t i = 0; i < tasks.size(); ++i) {
       if (out[i].ok() && out[i].state_size() == 0) {
-        SetFailure(&out[i], records::FailureCode::kInternal,
+        SetFailure(&out[i], ipc::FailureCode::kInternal,
                    Status::Internal("member " + tasks[i].member + " (fused): " + Brief(e)));
       }
     }
@@ -399,7 +398,7 @@ void TrainerImpl::FusedGroup(std::vector<MemberTensors>& states, const std::vect
   if (!s.ok()) {
     for (size_t i : which) {
       SetFailure(&(*out)[i],
-                 s.IsAborted() ? records::FailureCode::kAborted : records::FailureCode::kInternal,
+                 s.IsAborted() ? ipc::FailureCode::kAborted : ipc::FailureCode::kInternal,
                  s.WithPrefix("member " + tasks[i].member));
     }
     return;
@@ -485,8 +484,8 @@ StatusOr<ModeChoice> TrainerImpl::ChooseMode(const ModeProbe& probe) {
     choice.fused_samples_s = Measure(probe.slots, probe.seconds, fused);
   }
   if (failed.load()) return Status::Internal("ChooseMode: probe training failed: " + failure);
-  choice.mode = choice.fused_samples_s > choice.plain_samples_s ? records::FusionMode::kFused
-                                                                : records::FusionMode::kPlain;
+  choice.mode = choice.fused_samples_s > choice.plain_samples_s ? ipc::FusionMode::kFused
+                                                                : ipc::FusionMode::kPlain;
   return choice;
 }
 

@@ -24,15 +24,15 @@
 #include <thread>
 #include <vector>
 
-#include "ckpt/format/kill_point.h"
-#include "ckpt/format/visible_devices.h"
+#include "ckpt/base/kill_point.h"
+#include "ckpt/base/visible_devices.h"
 #include "ckpt/ipc/channel.h"
+#include "ckpt/ipc/failure_code.h"
 #include "ckpt/ipc/messages.h"
 #include "ckpt/ipc/tcp_channel.h"
 #include "ckpt/logging/logging.h"
 #include "ckpt/logging/trace_file.h"
 #include "ckpt/model/trainer.h"
-#include "ckpt/records/failure_code.h"
 
 namespace ckpt::worker {
 namespace {
@@ -73,7 +73,7 @@ const bool kPhases = [] {
 class KillPoints {
  public:
   KillPoints() {
-    auto at = format::KillAtFromEnvironment();
+    auto at = base::KillAtFromEnvironment();
     if (!at.ok() || !*at) return;
     point_ = std::move((*at)->point);
     n_ = (*at)->n;
@@ -104,7 +104,7 @@ class KillPoints {
 
  private:
   static void Die(const char* point) {
-    logging::EmitTrace(format::kill_points::kTraceEvent, {{"point", point}});
+    logging::EmitTrace(base::kill_points::kTraceEvent, {{"point", point}});
     Logger().error("ckpt-worker: kill point {}", point);
     raise(SIGKILL);
   }
@@ -180,8 +180,8 @@ class WorkerLoop {
   template <typename M>
   Status SendMessage(ipc::RecordType type, const M& m);
   // `mode`: the one in effect since the last CONFIGURE; none before the first.
-  Status SendHello(std::optional<records::FusionMode> mode);
-  void SendFailed(uint64_t task_id, const std::string& member, records::FailureCode code,
+  Status SendHello(std::optional<ipc::FusionMode> mode);
+  void SendFailed(uint64_t task_id, const std::string& member, ipc::FailureCode code,
                   const std::string& reason);
   void SendOutcome(uint64_t task_id, const model::MemberOutcome& o);
   // SendOutcome, with the outcome's phases and the send counted in phases_.
@@ -211,9 +211,9 @@ class WorkerLoop {
     std::shared_ptr<model::Trainer> trainer;
     bool fused = false;
   };
-  std::map<std::string, Experiment> experiments_;           // GUARDED_BY(mu_)
-  records::FusionMode mode_ = records::FusionMode::kPlain;  // GUARDED_BY(mu_): the last CONFIGURE's
-  bool stop_ = false;                                       // GUARDED_BY(mu_)
+  std::map<std::string, Experiment> experiments_;   // GUARDED_BY(mu_)
+  ipc::FusionMode mode_ = ipc::FusionMode::kPlain;  // GUARDED_BY(mu_): the last CONFIGURE's
+  bool stop_ = false;                               // GUARDED_BY(mu_)
   std::atomic<bool> cancel_{false};
   std::atomic<int> busy_{0};
   std::atomic<uint64_t> samples_{0};
@@ -234,26 +234,26 @@ Status WorkerLoop::SendMessage(ipc::RecordType type, const M& m) {
   }
 }
 
-Status WorkerLoop::SendHello(std::optional<records::FusionMode> mode) {
+Status WorkerLoop::SendHello(std::optional<ipc::FusionMode> mode) {
   ipc::Hello h;
   h.device = options_.device;
   h.pid = getpid();
-  h.fusion = options_.fusion != records::FusionMode::kPlain;
-  h.mode = mode ? records::FusionModeName(*mode) : "";
+  h.fusion = options_.fusion != ipc::FusionMode::kPlain;
+  h.mode = mode ? ipc::FusionModeName(*mode) : "";
   h.version = "ckpt-worker 0.1";
   // Capacity: members the scheduler may have outstanding here. A fused slot
   // takes a group of K.
-  h.slots = options_.slots * (mode == records::FusionMode::kFused ? options_.fusion_width : 1);
+  h.slots = options_.slots * (mode == ipc::FusionMode::kFused ? options_.fusion_width : 1);
   h.memory_bytes = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
   return SendMessage(ipc::RecordType::kHello, h);
 }
 
-void WorkerLoop::SendFailed(uint64_t task_id, const std::string& member, records::FailureCode code,
+void WorkerLoop::SendFailed(uint64_t task_id, const std::string& member, ipc::FailureCode code,
                             const std::string& reason) {
   ipc::Failed f;
   f.task_id = task_id;
   f.member = member;
-  f.code = records::FailureCodeName(code);
+  f.code = ipc::FailureCodeName(code);
   f.reason = reason;
   (void)SendMessage(ipc::RecordType::kFailed, f);
 }
@@ -289,7 +289,7 @@ void WorkerLoop::SendOutcome(uint64_t task_id, const model::MemberOutcome& o) {
       return;
     }
     auto offset = ipc::EncodeHeaderOnly(r, res->data, res->size);
-    WorkerKillPoints().At(format::kill_points::kWorkerEncode);
+    WorkerKillPoints().At(base::kill_points::kWorkerEncode);
     encoded = offset.ok() ? o.EncodeStateTo(res->data + *offset, r.state.size) : offset.status();
     if (encoded.ok()) {
       Status c;
@@ -298,12 +298,12 @@ void WorkerLoop::SendOutcome(uint64_t task_id, const model::MemberOutcome& o) {
       } while (c.IsResourceExhausted());
       Logger().log(c.ok() ? spdlog::level::trace : spdlog::level::warn,
                    "ckpt-worker {}: sent RESULT task {}: {}", name_, task_id, c.ToString());
-      if (c.ok()) WorkerKillPoints().At(format::kill_points::kWorkerResultSent);
+      if (c.ok()) WorkerKillPoints().At(base::kill_points::kWorkerResultSent);
       return;
     }
     channel_->Abandon();
   }
-  SendFailed(task_id, o.member, records::FailureCode::kInternal,
+  SendFailed(task_id, o.member, ipc::FailureCode::kInternal,
              "encoding the new state: " + encoded.ToString());
 }
 
@@ -358,7 +358,7 @@ Status WorkerLoop::HandleConfigure(const ipc::Received& rec) {
   t.dataset_path = c->dataset_path;
   Status data = ApplyDataSettings(*c, &t);
   if (!data.ok()) {
-    SendFailed(0, c->experiment, records::FailureCode::kConfigureRefused, data.ToString());
+    SendFailed(0, c->experiment, ipc::FailureCode::kConfigureRefused, data.ToString());
     return Status::OK();
   }
   t.intra_op_threads = options_.intra_op_threads;
@@ -370,11 +370,10 @@ Status WorkerLoop::HandleConfigure(const ipc::Received& rec) {
                    trainer.status().ToString());
     // The scheduler ends the experiment at once with this reason (task id 0,
     // the experiment in `member`); its TRAINs here fail as not configured.
-    SendFailed(0, c->experiment, records::FailureCode::kConfigureRefused,
-               trainer.status().ToString());
+    SendFailed(0, c->experiment, ipc::FailureCode::kConfigureRefused, trainer.status().ToString());
     return Status::OK();
   }
-  using records::FusionMode;
+  using ipc::FusionMode;
   FusionMode mode = options_.fusion == FusionMode::kFused ? FusionMode::kFused : FusionMode::kPlain;
   if (options_.fusion == FusionMode::kAuto && (*trainer)->SupportsFusion()) {
     model::ModeProbe probe;
@@ -387,7 +386,7 @@ Status WorkerLoop::HandleConfigure(const ipc::Received& rec) {
       Logger().info(
           "ckpt-worker {}: {}: plain {:.0f} samples/s, fused(K={}) {:.0f} samples/s -> {}",
           options_.device, c->experiment, choice->plain_samples_s, options_.fusion_width,
-          choice->fused_samples_s, records::FusionModeName(mode));
+          choice->fused_samples_s, ipc::FusionModeName(mode));
     }
   }
   if (!(*trainer)->SupportsFusion()) mode = FusionMode::kPlain;
@@ -410,7 +409,7 @@ void WorkerLoop::HandleTrain(const ipc::Received& rec) {
     return;
   }
   Logger().trace("ckpt-worker {}: got TRAIN task {} {}", name_, t->task_id, t->member);
-  WorkerKillPoints().At(format::kill_points::kWorkerDecode);
+  WorkerKillPoints().At(base::kill_points::kWorkerDecode);
   const auto start = Clock::now();
   Job job;
   job.task_id = t->task_id;
@@ -427,7 +426,7 @@ void WorkerLoop::HandleTrain(const ipc::Received& rec) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (experiments_.count(job.experiment) == 0) {
-      SendFailed(job.task_id, t->member, records::FailureCode::kBadRequest,
+      SendFailed(job.task_id, t->member, ipc::FailureCode::kBadRequest,
                  "no CONFIGURE for experiment '" + job.experiment + "' of member " + t->member);
       return;
     }
@@ -488,7 +487,7 @@ void WorkerLoop::SlotLoopBody() {
       j.task.state = j.state.data();
       j.task.state_size = j.state.size();
     }
-    WorkerKillPoints().AtAfter(format::kill_points::kWorkerTrain, 0.5 * last_compute_s_.load());
+    WorkerKillPoints().AtAfter(base::kill_points::kWorkerTrain, 0.5 * last_compute_s_.load());
     if (fused && group.size() > 1) {
       std::vector<model::MemberTask> tasks;
       for (const auto& j : group) tasks.push_back(j.task);
@@ -516,7 +515,7 @@ void WorkerLoop::StatsLoopBody() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stats_cv_.wait_for(lock, milliseconds(1000), [&] { return stop_; })) {
     ipc::Stats s;
-    s.mode = records::FusionModeName(mode_);
+    s.mode = ipc::FusionModeName(mode_);
     std::shared_ptr<model::Trainer> any;
     if (!experiments_.empty()) any = experiments_.begin()->second.trainer;
     lock.unlock();
@@ -570,7 +569,7 @@ Status WorkerLoop::Run() {
       if (!s.ok()) Logger().error("ckpt-worker {}: bad CONFIGURE: {}", name_, s.ToString());
     } else if (rec->type == ipc::RecordType::kShutdown) {
       channel_->Release();
-      WorkerKillPoints().At(format::kill_points::kWorkerShutdown);
+      WorkerKillPoints().At(base::kill_points::kWorkerShutdown);
       break;
     } else {
       channel_->Release();
@@ -595,8 +594,8 @@ namespace {
 // given its own GPU as device 0).
 std::string ResolveDevice(const std::string& device) {
   if (device != "auto") return device;
-  const char* visible = std::getenv(format::kCudaVisibleDevicesVariable);
-  if (visible != nullptr && format::ParseVisibleDevices(visible, /*gpus=*/-1).empty()) {
+  const char* visible = std::getenv(base::kCudaVisibleDevicesVariable);
+  if (visible != nullptr && base::ParseVisibleDevices(visible, /*gpus=*/-1).empty()) {
     return "cpu";
   }
   bool gpu = access("/dev/nvidia0", F_OK) == 0;

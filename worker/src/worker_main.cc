@@ -53,8 +53,8 @@ int main(int argc, char** argv) {
   app.add_option("--device", o.device, "cpu, cuda:N or auto");
   app.add_option("--slots", o.slots, "members (or fused groups) trained at once")
       ->check(CLI::Range(1, 256));
-  std::map<std::string, ckpt::records::FusionMode> fusion_modes;
-  for (auto m : ckpt::records::kFusionModes) fusion_modes[ckpt::records::FusionModeName(m)] = m;
+  std::map<std::string, ckpt::ipc::FusionMode> fusion_modes;
+  for (auto m : ckpt::ipc::kFusionModes) fusion_modes[ckpt::ipc::FusionModeName(m)] = m;
   app.add_option("--fusion", o.fusion, "auto, plain or fused")
       ->transform(CLI::CheckedTransformer(fusion_modes));
   app.add_option("--fusion-width", o.fusion_width, "members per fused group")

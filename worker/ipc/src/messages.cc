@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <string_view>
 
-#include "ckpt/format/json_depth.h"
+#include "ckpt/base/json_depth.h"
 
 namespace ckpt::ipc {
 
@@ -371,7 +371,7 @@ Status ParseHeader(const uint8_t* p, size_t n, const char* type, json* out, size
                               " exceeds the payload or the cap");
   }
   std::string_view text(reinterpret_cast<const char*>(p + kLengthBytes), len);
-  if (format::JsonDepth(text, kMaxJsonDepth) > kMaxJsonDepth) {
+  if (base::JsonDepth(text, kMaxJsonDepth) > kMaxJsonDepth) {
     return Status::Corruption(std::string(type) + " message: JSON nested too deep");
   }
   try {

@@ -1,5 +1,6 @@
 #include "payload_checksum.h"
 
+#include "ckpt/base/cpu_features.h"
 #include "ckpt/format/checksum.h"
 #include "copy_and_hash.h"
 
@@ -16,10 +17,7 @@ namespace {
 using Fn = uint64_t (*)(const void*, size_t);
 using CopyFn = uint64_t (*)(void*, const void*, size_t);
 using GatherFn = uint64_t (*)(void*, const PayloadPart*, size_t, uint64_t, size_t);
-bool HaveAvx2() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2");
-}
+bool HaveAvx2() { return base::CpuFeaturesOfThisHost().avx2; }
 Fn Pick() {
   if (HaveAvx2()) return &PayloadXxh3Avx2;
   return [](const void* data, size_t size) { return Xxh3_64(data, size); };

@@ -10,7 +10,7 @@
 #include <memory>
 #include <string>
 
-#include "ckpt/format/status.h"
+#include "ckpt/base/status.h"
 
 namespace ckpt::ipc::internal {
 

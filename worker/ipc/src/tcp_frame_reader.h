@@ -24,7 +24,7 @@
 #include <utility>
 #include <vector>
 
-#include "ckpt/format/status.h"
+#include "ckpt/base/status.h"
 #include "ckpt/ipc/channel.h"
 #include "tcp_frame.h"
 

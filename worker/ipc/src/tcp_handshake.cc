@@ -23,7 +23,7 @@
 #include <thread>
 #include <vector>
 
-#include "ckpt/format/host_port.h"
+#include "ckpt/base/host_port.h"
 #include "ckpt/ipc/tcp_channel.h"
 #include "tcp_io.h"
 #include "tls.h"
@@ -70,7 +70,7 @@ class TcpListenerImpl final : public TcpListener {
   }
 
   Status Bind(const std::string& host_port) {
-    CKPT_ASSIGN_OR_RETURN(auto hp, format::ParseHostPort(host_port));
+    CKPT_ASSIGN_OR_RETURN(auto hp, base::ParseHostPort(host_port));
     boost::system::error_code ec;
     tcp::resolver resolver(io_);
     auto results = resolver.resolve(hp.first, std::to_string(hp.second),
@@ -345,7 +345,7 @@ class TcpListenerImpl final : public TcpListener {
 StatusOr<std::unique_ptr<Channel>> TcpChannel::Connect(const std::string& host_port,
                                                        const std::string& secret,
                                                        const TcpOptions& options) {
-  CKPT_ASSIGN_OR_RETURN(auto hp, format::ParseHostPort(host_port));
+  CKPT_ASSIGN_OR_RETURN(auto hp, base::ParseHostPort(host_port));
   if (secret.size() < kMinSecretBytes) {
     return Status::InvalidArgument("secret shorter than " + std::to_string(kMinSecretBytes) +
                                    " bytes");

@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "ckpt/format/status.h"
+#include "ckpt/base/status.h"
 #include "ckpt/ipc/channel.h"
 #include "tcp_frame.h"
 #include "tls.h"

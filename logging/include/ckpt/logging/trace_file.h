@@ -10,7 +10,7 @@
 // Every line has "ev", "pid" (the writer's) and "unix_ms", then the event's
 // fields. The scheduler's events are named in scheduler/src/trace.h; a
 // process about to kill itself at an armed kill point writes
-// format::kill_points::kTraceEvent with "point".
+// base::kill_points::kTraceEvent with "point".
 //
 // Thread-safety: any thread; the descriptor is opened once (thread-safe
 // static).

@@ -31,8 +31,8 @@
 //                                                  "neg_mse" | "r2": what the score is)
 //   labels {experiment, state}:  state: records::MemberStatusName (ckpt/records/status.h)
 //     ckpt_members                      gauge      members in each state
-//   labels {experiment, reason}: reason: records::FailureCodeName of the member failure
-//                                codes (ckpt/records/failure_code.h)
+//   labels {experiment, reason}: reason: ipc::FailureCodeName of the member failure
+//                                codes (ckpt/ipc/failure_code.h)
 //     ckpt_member_failures_total        counter    member-intervals that failed
 //   labels {op}: op in StoreOp
 //     ckpt_store_operation_duration_seconds  histogram
@@ -104,9 +104,9 @@
 #include <string_view>
 #include <vector>
 
-#include "ckpt/format/status.h"
+#include "ckpt/base/status.h"
 #include "ckpt/format/task.h"
-#include "ckpt/records/failure_code.h"
+#include "ckpt/ipc/failure_code.h"
 #include "ckpt/records/status.h"
 
 namespace ckpt::metrics {
@@ -239,7 +239,7 @@ class Metrics {
   // One PBT exploit in `experiment`.
   void Exploited(std::string_view experiment);
   // One member-interval of `experiment` failed for `reason`.
-  void MemberFailed(std::string_view experiment, records::FailureCode reason);
+  void MemberFailed(std::string_view experiment, ipc::FailureCode reason);
   // Best and median score of the population (NaN: no score yet), of the
   // experiment's `metric`.
   void SetScores(std::string_view experiment, format::MetricKind metric, double best,

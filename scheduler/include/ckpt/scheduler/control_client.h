@@ -58,7 +58,7 @@
 #include <string>
 #include <vector>
 
-#include "ckpt/format/status.h"
+#include "ckpt/base/status.h"
 #include "ckpt/scheduler/summary.h"
 
 namespace ckpt::scheduler {

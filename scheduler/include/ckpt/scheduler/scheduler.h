@@ -44,7 +44,7 @@
 #include <string_view>
 #include <vector>
 
-#include "ckpt/format/status.h"
+#include "ckpt/base/status.h"
 #include "ckpt/records/config.h"
 #include "ckpt/scheduler/summary.h"
 

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "ckpt/format/task.h"
-#include "ckpt/records/fusion_mode.h"
+#include "ckpt/ipc/fusion_mode.h"
 #include "ckpt/records/status.h"
 
 namespace ckpt::scheduler {
@@ -48,7 +48,7 @@ struct WorkerStatus {
   int64_t pid = 0;     // 0 while not running
   bool ready = false;  // said HELLO
   // kPlain or kFused once its first CONFIGURE chose; none before.
-  std::optional<records::FusionMode> mode;
+  std::optional<ipc::FusionMode> mode;
   int capacity = 0;
   int busy = 0;
   int restarts = 0;

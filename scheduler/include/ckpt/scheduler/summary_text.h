@@ -12,7 +12,7 @@
 #include <string>
 #include <string_view>
 
-#include "ckpt/format/status.h"
+#include "ckpt/base/status.h"
 #include "ckpt/scheduler/summary.h"
 
 namespace ckpt::scheduler {

@@ -6,7 +6,7 @@
 // interval ever round-trips through a checkpoint file: results are committed
 // from memory and blobs are read back in place (PinnedBlob).
 //
-// Column families (DESIGN.md "Store schema"); ids are ASCII [A-Za-z0-9._:-],
+// Column families (docs/ARCHITECTURE.md "Store schema"); ids are ASCII [A-Za-z0-9._:-],
 // 1..128 bytes, so the separator 0x00 never appears inside one:
 //   experiments  key exp
 //                value JSON {config, status, created_unix_ms}
@@ -89,9 +89,9 @@
 #include <string_view>
 #include <vector>
 
+#include "ckpt/base/status.h"
 #include "ckpt/format/checkpoint.h"
 #include "ckpt/format/checksum.h"
-#include "ckpt/format/status.h"
 
 namespace ckpt::store {
 

@@ -35,8 +35,8 @@
 #include <string>
 #include <vector>
 
+#include "ckpt/base/status.h"
 #include "ckpt/format/checkpoint.h"
-#include "ckpt/format/status.h"
 #include "ckpt/format/tensor_dataset.h"
 
 namespace ckpt::model {

@@ -20,7 +20,7 @@
 #include <optional>
 #include <string>
 
-#include "ckpt/format/status.h"
+#include "ckpt/base/status.h"
 #include "ckpt/format/task.h"
 #include "ckpt/model/model_spec.h"
 

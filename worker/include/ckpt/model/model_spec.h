@@ -54,9 +54,9 @@
 #include <string_view>
 #include <vector>
 
+#include "ckpt/base/status.h"
 #include "ckpt/format/checkpoint.h"
 #include "ckpt/format/optimizer.h"
-#include "ckpt/format/status.h"
 
 namespace ckpt::model {
 

@@ -54,12 +54,12 @@
 #include <string>
 #include <vector>
 
+#include "ckpt/base/status.h"
 #include "ckpt/format/checkpoint.h"
-#include "ckpt/format/status.h"
 #include "ckpt/format/task.h"
+#include "ckpt/ipc/failure_code.h"
+#include "ckpt/ipc/fusion_mode.h"
 #include "ckpt/model/dataset.h"
-#include "ckpt/records/failure_code.h"
-#include "ckpt/records/fusion_mode.h"
 
 namespace ckpt::model {
 
@@ -101,7 +101,7 @@ struct TrainerOptions {
   // Experiment seed, mixed into each fresh member's data seed. Default: 0.
   uint64_t seed = 0;
   // When set and it becomes true, training stops before the next step and the
-  // unfinished members fail with records::FailureCode::kAborted. Must outlive
+  // unfinished members fail with ipc::FailureCode::kAborted. Must outlive
   // the Trainer. Default: none.
   const std::atomic<bool>* cancel = nullptr;
 };
@@ -146,9 +146,9 @@ class MemberOutcome {
   // Internal. The message names the member and, where there is one, the
   // tensor and the step.
   Status status;
-  // Why, when !ok(): the FAILED record's code (records::FailureCodeName);
+  // Why, when !ok(): the FAILED record's code (ipc::FailureCodeName);
   // meaningless when ok().
-  records::FailureCode fail_code = records::FailureCode::kInternal;
+  ipc::FailureCode fail_code = ipc::FailureCode::kInternal;
   std::string member;
   int64_t step = 0;       // the member's step after this interval
   double train_loss = 0;  // mean training loss over this interval's steps (0 when steps = 0)
@@ -162,7 +162,7 @@ class MemberOutcome {
   double eval_s = 0;     // the evaluation part of compute_s
   double pack_s = 0;     // entry: parse + validate the blob, copy to the device, pack
   double unpack_s = 0;   // exit: unpack, copy to the host, finiteness check, checksums
-  records::FusionMode mode = records::FusionMode::kPlain;  // kPlain or kFused
+  ipc::FusionMode mode = ipc::FusionMode::kPlain;  // kPlain or kFused
 
   // The new state's metadata (step, data seed and cursor, hparams).
   // REQUIRES: ok().
@@ -192,7 +192,7 @@ struct ModeProbe {
 
 struct ModeChoice {
   // kPlain or kFused: whichever trains more samples/s.
-  records::FusionMode mode = records::FusionMode::kPlain;
+  ipc::FusionMode mode = ipc::FusionMode::kPlain;
   double plain_samples_s = 0;  // all slots busy, one member per slot
   double fused_samples_s = 0;  // all slots busy, one K-group per slot; 0 when not supported
 };

@@ -22,8 +22,8 @@
 #include <chrono>
 #include <string>
 
-#include "ckpt/format/status.h"
-#include "ckpt/records/fusion_mode.h"
+#include "ckpt/base/status.h"
+#include "ckpt/ipc/fusion_mode.h"
 
 namespace ckpt::worker {
 
@@ -45,7 +45,7 @@ struct WorkerOptions {
   // Members (plain) or fused groups trained at once. Default: 2.
   int slots = 2;
   // Default: kAuto.
-  records::FusionMode fusion = records::FusionMode::kAuto;
+  ipc::FusionMode fusion = ipc::FusionMode::kAuto;
   // K of a fused group. Default: 8.
   int fusion_width = 8;
   // Intra-op threads of each slot. Default: 1.

@@ -22,7 +22,7 @@
 #include <string_view>
 #include <utility>
 
-#include "ckpt/format/status.h"
+#include "ckpt/base/status.h"
 
 namespace ckpt::format {
 

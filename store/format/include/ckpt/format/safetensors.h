@@ -14,8 +14,8 @@
 #include <string_view>
 #include <vector>
 
+#include "ckpt/base/status.h"
 #include "ckpt/format/checkpoint.h"
-#include "ckpt/format/status.h"
 
 namespace ckpt::format {
 

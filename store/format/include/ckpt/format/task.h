@@ -26,7 +26,7 @@
 #include <string_view>
 #include <vector>
 
-#include "ckpt/format/status.h"
+#include "ckpt/base/status.h"
 #include "ckpt/format/tensor_dataset.h"
 
 namespace ckpt::format {

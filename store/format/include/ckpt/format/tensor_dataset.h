@@ -47,9 +47,9 @@
 #include <string_view>
 #include <vector>
 
+#include "ckpt/base/status.h"
 #include "ckpt/format/checkpoint.h"
 #include "ckpt/format/safetensors.h"
-#include "ckpt/format/status.h"
 
 namespace ckpt::format {
 

@@ -38,7 +38,7 @@
 #include <string>
 #include <vector>
 
-#include "ckpt/format/status.h"
+#include "ckpt/base/status.h"
 #include "ckpt/ipc/messages.h"
 
 namespace ckpt::ipc {

@@ -34,7 +34,7 @@
 #include <string>
 #include <vector>
 
-#include "ckpt/format/status.h"
+#include "ckpt/base/status.h"
 #include "ckpt/format/task.h"
 
 namespace ckpt::ipc {
@@ -125,9 +125,9 @@ struct Result {
 struct Failed {
   uint64_t task_id = 0;
   std::string member;
-  // records::FailureCodeName of why ("non_finite", "bad_state", ...;
+  // ipc::FailureCodeName of why ("non_finite", "bad_state", ...;
   // "configure_refused" with task id 0). The codec carries any string; the
-  // scheduler reads it with records::FailureCodeFromWorker.
+  // scheduler reads it with ipc::FailureCodeFromWorker.
   std::string code;
   std::string reason;  // human-readable, names the tensor/step
 };

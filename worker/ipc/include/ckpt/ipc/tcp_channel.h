@@ -53,7 +53,7 @@
 #include <string>
 #include <utility>
 
-#include "ckpt/format/status.h"
+#include "ckpt/base/status.h"
 #include "ckpt/ipc/channel.h"
 
 namespace ckpt::ipc {

@@ -1,0 +1,508 @@
+#include "ckpt/records/config.h"
+
+#include <sys/stat.h>
+#include <toml++/toml.h>
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "ckpt/base/host_port.h"
+#include "ckpt/format/model_names.h"
+#include "ckpt/format/optimizer.h"
+#include "ckpt/format/regular_file.h"
+#include "config_tables.h"
+#include "toml_reader.h"
+#include "workers_table.h"
+
+namespace ckpt::records {
+namespace {
+
+// Shortest text that reads back as `v` ("0.92", "-1e-05").
+std::string FormatNumber(double v) {
+  char buf[64];
+  auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), v);
+  return ec == std::errc() ? std::string(buf, end) : std::to_string(v);
+}
+
+bool FileExists(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0;
+}
+
+Status ParseSearchSpace(const toml::table& space, const std::string& origin,
+                        ExperimentConfig* config) {
+  TomlTableReader top(space, "search_space", origin);
+  for (const auto& [k, v] : space) {
+    const std::string name(k.str());
+    CKPT_ASSIGN_OR_RETURN(const toml::table* t, top.Table(name));
+    TomlTableReader r(*t, "search_space." + name, origin);
+    SearchDim dim;
+    std::string type;
+    CKPT_RETURN_IF_ERROR(r.OneOf("type", {"log_uniform", "uniform", "choice"}, &type));
+    if (type.empty()) return r.Error("type", "is required (log_uniform, uniform or choice)");
+    if (type == "choice") {
+      dim.kind = SearchDim::Kind::kChoice;
+      CKPT_RETURN_IF_ERROR(r.Doubles("values", &dim.values));
+      if (dim.values.empty()) return r.Error("values", "must list at least one value");
+    } else {
+      dim.kind = type == "uniform" ? SearchDim::Kind::kUniform : SearchDim::Kind::kLogUniform;
+      const double lo = dim.kind == SearchDim::Kind::kLogUniform ? 1e-300 : -1e300;
+      if (t->get("min") == nullptr) return r.Error("min", "is required");
+      if (t->get("max") == nullptr) return r.Error("max", "is required");
+      CKPT_RETURN_IF_ERROR(r.Double("min", lo, 1e300, &dim.min));
+      CKPT_RETURN_IF_ERROR(r.Double("max", lo, 1e300, &dim.max));
+      if (!(dim.min <= dim.max)) return r.Error("max", "must not be below min");
+    }
+    CKPT_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
+    if (name == format::kDropoutHparam) {
+      const bool choice = dim.kind == SearchDim::Kind::kChoice;
+      for (double p : choice ? dim.values : std::vector<double>{dim.min, dim.max}) {
+        if (!format::IsDropoutProbability(p)) {
+          return r.Error(choice ? "values" : "min/max",
+                         FormatNumber(p) + " is no dropout probability: it must be in [0, 1)");
+        }
+      }
+    }
+    config->search_space[name] = dim;
+  }
+  return Status::OK();
+}
+
+// What can be known of a model spec without LibTorch (the worker parses it
+// fully at CONFIGURE, and a refusal there ends the experiment): a TorchScript
+// file must be readable and be a zip archive (torch.jit.save writes one); a
+// layer list must be JSON.
+// Maps and checks the tensor file of [data] (ckpt/format/tensor_dataset.h)
+// now, so that a bad file stops the run before anything starts.
+Status CheckTensorData(TomlTableReader* r, ExperimentConfig* c) {
+  std::error_code ec;
+  const std::filesystem::path abs = std::filesystem::absolute(c->dataset_path, ec);
+  if (!ec) c->dataset_path = abs.string();
+  c->tensor_data.format = c->data_format;
+  c->tensor_data.path = c->dataset_path;
+  auto d = format::TensorDataset::Open(c->tensor_data);
+  if (!d.ok()) return r->Error("path", d.status().message());
+  c->target = (*d)->target();
+  if (c->augment.any() && (*d)->sample_shape().size() != 3) {
+    return r->Error("augment", "needs [N, C, H, W] images; the file holds [N, F] features");
+  }
+  return Status::OK();
+}
+
+Status CheckModelSpec(TomlTableReader* r, const std::string& spec, bool check_files) {
+  if (spec.empty()) return r->Error("spec", "must not be empty");
+  // The spec travels to every worker in CONFIGURE, whose JSON is bounded.
+  if (spec.size() > kMaxModelSpecBytes) {
+    return r->Error("spec", "is " + std::to_string(spec.size()) + " bytes; the limit is " +
+                                std::to_string(kMaxModelSpecBytes));
+  }
+  if (spec.compare(0, format::kTorchScriptPrefix.size(), format::kTorchScriptPrefix) == 0) {
+    const std::string path = spec.substr(format::kTorchScriptPrefix.size());
+    if (path.empty()) return r->Error("spec", "\"torchscript:\" names no file");
+    if (!check_files) return Status::OK();
+    // One open, checked on its descriptor: a FIFO, a device or a symbolic
+    // link is refused without a read that could block the event loop.
+    auto file =
+        format::RegularFile::Open(path, format::kMaxTorchScriptFileBytes, "TorchScript file");
+    if (!file.ok()) return r->Error("spec", file.status().message());
+    auto magic = file->ReadPrefix(4);
+    if (!magic.ok()) return r->Error("spec", magic.status().message());
+    if (*magic != std::string_view("PK\3\4", 4)) {
+      return r->Error("spec", "'" + path +
+                                  "' is not a TorchScript archive (torch.jit.save writes a zip "
+                                  "file; this one does not start like one)");
+    }
+    return Status::OK();
+  }
+  if (format::IsBuiltinModel(spec)) return Status::OK();
+  const size_t first = spec.find_first_not_of(" \t\r\n");
+  if (first == std::string::npos || (spec[first] != '[' && spec[first] != '{')) {
+    return r->Error("spec", "must be a built-in model (" + format::BuiltinModelList() +
+                                "), torchscript:PATH or a JSON layer list, not '" +
+                                spec.substr(0, 64) + "'");
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+bool ValidListenAddress(const std::string& a) {
+  if (a.empty()) return true;
+  const size_t colon = a.rfind(':');
+  if (colon == std::string::npos || colon == 0) return false;
+  const std::string port = a.substr(colon + 1);
+  if (port.empty() || port.size() > 5) return false;
+  for (char c : port) {
+    if (!std::isdigit(static_cast<unsigned char>(c))) return false;
+  }
+  const int p = std::stoi(port);
+  return p >= 1 && p <= 65535;
+}
+
+bool ValidDeviceName(const std::string& name, bool allow_auto) {
+  if (name == "cpu" || (allow_auto && name == "auto")) return true;
+  if (name.compare(0, 5, "cuda:") != 0 || name.size() == 5 || name.size() > 9) return false;
+  for (size_t i = 5; i < name.size(); ++i) {
+    if (!std::isdigit(static_cast<unsigned char>(name[i]))) return false;
+  }
+  return true;
+}
+
+Status ReadDevices(TomlTableReader* top, const std::string& origin,
+                   const std::string& default_device, std::vector<DeviceConfig>* out) {
+  const toml::node* devices = top->Use("devices");
+  if (devices == nullptr) return Status::OK();
+  const toml::array* arr = devices->as_array();
+  if (arr == nullptr) return top->Error("devices", "must be an array of tables ([[devices]])");
+  for (size_t i = 0; i < arr->size(); ++i) {
+    const toml::table* t = (*arr)[i].as_table();
+    if (t == nullptr) return top->Error("devices", "entries must be tables");
+    TomlTableReader r(*t, "devices[" + std::to_string(i) + "]", origin);
+    DeviceConfig d;
+    d.device = default_device;
+    CKPT_RETURN_IF_ERROR(r.String("device", &d.device));
+    if (!ValidDeviceName(d.device, /*allow_auto=*/true)) {
+      return r.Error("device", "must be cpu, auto or cuda:N, not '" + d.device + "'");
+    }
+    CKPT_RETURN_IF_ERROR(r.Int("count", 1, 64, &d.count));
+    CKPT_RETURN_IF_ERROR(r.Int("slots", 1, 256, &d.slots));
+    CKPT_RETURN_IF_ERROR(r.Enum("fusion", ipc::kFusionModes, &ipc::FusionModeName, &d.fusion));
+    CKPT_RETURN_IF_ERROR(r.Int("fusion_width", 1, 1024, &d.fusion_width));
+    CKPT_RETURN_IF_ERROR(r.Int("intra_op_threads", 1, 256, &d.intra_op_threads));
+    CKPT_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
+    out->push_back(d);
+  }
+  return Status::OK();
+}
+
+Status ReadRemoteWorkers(TomlTableReader* r, RemoteWorkersConfig* out) {
+  CKPT_RETURN_IF_ERROR(r->String("listen", &out->listen));
+  if (!out->listen.empty()) {
+    auto hp = base::ParseHostPort(out->listen);
+    if (!hp.ok()) return r->Error("listen", hp.status().message());
+  }
+  CKPT_RETURN_IF_ERROR(r->String("secret_file", &out->secret_file));
+  if (!out->listen.empty() && out->secret_file.empty()) {
+    return r->Error("secret_file", "is required when listen is set");
+  }
+  CKPT_RETURN_IF_ERROR(r->Bool("local", &out->local));
+  CKPT_RETURN_IF_ERROR(r->Int("max_remote", 1, 4096, &out->max_remote));
+  if (!out->local && out->listen.empty()) {
+    return r->Error("local", "false needs listen (no worker could ever train)");
+  }
+  return Status::OK();
+}
+
+Status ReadSupervision(TomlTableReader* r, SupervisionOptions* v) {
+  CKPT_RETURN_IF_ERROR(r->Seconds("restart_backoff_s", 0, 86400, &v->restart_backoff));
+  CKPT_RETURN_IF_ERROR(r->Seconds("max_restart_backoff_s", 0, 86400, &v->max_restart_backoff));
+  if (v->max_restart_backoff < v->restart_backoff) {
+    return r->Error("max_restart_backoff_s", "must not be below restart_backoff_s");
+  }
+  CKPT_RETURN_IF_ERROR(r->Seconds("healthy_reset_s", 0, 86400 * 30.0, &v->healthy_reset));
+  CKPT_RETURN_IF_ERROR(r->Int("max_restarts", 0, 1000000, &v->max_restarts));
+  CKPT_RETURN_IF_ERROR(r->Int("max_member_failures", 1, 1000000, &v->max_member_failures));
+  return Status::OK();
+}
+
+const char* PolicyKindName(PolicyKind kind) {
+  switch (kind) {
+    case PolicyKind::kPbt:
+      return "pbt";
+    case PolicyKind::kRandom:
+      return "random";
+    case PolicyKind::kSuccessiveHalving:
+      return "successive_halving";
+  }
+  return "?";
+}
+
+const char* PolicyModeName(PolicyMode mode) {
+  return mode == PolicyMode::kAsync ? "async" : "sync";
+}
+
+StatusOr<ExperimentConfig> ParseExperimentConfig(const std::string& toml_text,
+                                                 const std::string& origin, FileChecks files) {
+  const bool check_files = files == FileChecks::kCheck;
+  CKPT_ASSIGN_OR_RETURN(toml::table doc, ParseToml(toml_text, origin));
+  ExperimentConfig c;
+  c.source = toml_text;
+  TomlTableReader top(doc, "", origin);
+  CKPT_RETURN_IF_ERROR(top.String("name", &c.name));
+  if (c.name.empty()) return top.Error("name", "is required");
+  if (c.name.size() > kMaxExperimentNameBytes) {
+    return top.Error("name", "is " + std::to_string(c.name.size()) + " bytes; the limit is " +
+                                 std::to_string(kMaxExperimentNameBytes));
+  }
+  for (char ch : c.name) {
+    if (!(std::isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '_' || ch == '.')) {
+      return top.Error("name", "may hold only letters, digits, '-', '_' and '.'");
+    }
+  }
+  int64_t seed = 0;
+  CKPT_RETURN_IF_ERROR(top.Int("seed", 0, INT64_MAX, &seed));
+  c.seed = static_cast<uint64_t>(seed);
+  CKPT_RETURN_IF_ERROR(top.String("store", &c.store));
+  CKPT_RETURN_IF_ERROR(top.String("metrics", &c.metrics));
+  if (!ValidListenAddress(c.metrics)) {
+    return top.Error("metrics",
+                     "must be host:port (port 1-65535) or \"\", not '" + c.metrics + "'");
+  }
+
+  CKPT_ASSIGN_OR_RETURN(const toml::table* model, top.Table("model"));
+  if (model != nullptr) {
+    TomlTableReader r(*model, "model", origin);
+    CKPT_RETURN_IF_ERROR(r.String("spec", &c.model_spec));
+    CKPT_RETURN_IF_ERROR(CheckModelSpec(&r, c.model_spec, check_files));
+    CKPT_RETURN_IF_ERROR(
+        r.Enum("optimizer", format::kOptimizerKinds, &format::OptimizerKindName, &c.optimizer));
+    CKPT_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
+  }
+  CKPT_ASSIGN_OR_RETURN(const toml::table* data, top.Table("data"));
+  if (data != nullptr) {
+    TomlTableReader r(*data, "data", origin);
+    std::string data_format = "idx";
+    CKPT_RETURN_IF_ERROR(r.OneOf("format", {"idx", "safetensors", "npz"}, &data_format));
+    c.data_format = *format::ParseDatasetFormat(data_format);
+    CKPT_RETURN_IF_ERROR(r.OneOf("dataset", {"fashion-mnist", "mnist"}, &c.dataset));
+    CKPT_RETURN_IF_ERROR(r.String("path", &c.dataset_path));
+    format::TensorDatasetOptions& t = c.tensor_data;
+    CKPT_RETURN_IF_ERROR(r.Int("val_size", 0, int64_t{1} << 40, &t.val_size));
+    CKPT_RETURN_IF_ERROR(r.Int("classes", 0, int64_t{1} << 24, &t.classes));
+    CKPT_RETURN_IF_ERROR(r.Doubles("mean", &t.mean));
+    CKPT_RETURN_IF_ERROR(r.Doubles("std", &t.std));
+    std::vector<std::string> augment;
+    CKPT_RETURN_IF_ERROR(r.Strings("augment", &augment));
+    auto parsed_augment = format::ParseAugmentation(augment);
+    if (!parsed_augment.ok()) return r.Error("augment", parsed_augment.status().message());
+    c.augment = *parsed_augment;
+    CKPT_RETURN_IF_ERROR(r.Int("batch_size", 1, 65536, &c.batch_size));
+    CKPT_RETURN_IF_ERROR(r.Int("eval_size", 0, 10000, &c.eval_size));
+    CKPT_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
+    if (c.dataset == "mnist" && data->get("path") == nullptr) {
+      c.dataset_path = "/usr/share/datasets/mnist";
+    }
+    if (c.data_format != format::DatasetFormat::kIdx) {
+      if (data->get("path") == nullptr) return r.Error("format", "needs path = the tensor file");
+      if (check_files) CKPT_RETURN_IF_ERROR(CheckTensorData(&r, &c));
+    } else if (data->get("val_size") || data->get("classes") || data->get("mean") ||
+               data->get("std")) {
+      const char* key = data->get("val_size")  ? "val_size"
+                        : data->get("classes") ? "classes"
+                        : data->get("mean")    ? "mean"
+                                               : "std";
+      return r.Error(key, "applies to tensor files (format = \"safetensors\" or \"npz\")");
+    } else if (check_files && !FileExists(c.dataset_path + "/train-images-idx3-ubyte.gz") &&
+               !FileExists(c.dataset_path + "/train-images-idx3-ubyte")) {
+      return r.Error("path", "no train-images-idx3-ubyte[.gz] in '" + c.dataset_path +
+                                 "' (install dataset-fashion-mnist or fix the path)");
+    }
+  } else if (check_files && !FileExists(c.dataset_path + "/train-images-idx3-ubyte.gz")) {
+    return Status::InvalidArgument("data.path (" + origin + "): default dataset " + c.dataset_path +
+                                   " is missing (install dataset-fashion-mnist)");
+  }
+  CKPT_ASSIGN_OR_RETURN(const toml::table* task, top.Table("task"));
+  if (task != nullptr) {
+    TomlTableReader r(*task, "task", origin);
+    std::string loss, metric;
+    CKPT_RETURN_IF_ERROR(r.OneOf("loss", {"cross_entropy", "mse"}, &loss));
+    CKPT_RETURN_IF_ERROR(r.OneOf("metric", {"accuracy", "neg_mse", "r2"}, &metric));
+    CKPT_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
+    // Without the file checks a tensor file's targets are not known.
+    const bool target_known = check_files || c.data_format == format::DatasetFormat::kIdx;
+    const std::string holds = c.target == format::TargetKind::kClasses
+                                  ? "the data's y holds class labels"
+                                  : "the data's y holds float targets";
+    if (!loss.empty()) {
+      c.loss = *format::ParseLossKind(loss);
+      if (target_known && format::TargetOf(*c.loss) != c.target) {
+        return r.Error("loss", "does not fit: " + holds);
+      }
+    }
+    if (!metric.empty()) {
+      c.metric = *format::ParseMetricKind(metric);
+      if (target_known && format::TargetOf(*c.metric) != c.target) {
+        return r.Error("metric", "does not fit: " + holds);
+      }
+    }
+  }
+  CKPT_ASSIGN_OR_RETURN(const toml::table* pop, top.Table("population"));
+  if (pop == nullptr) return top.Error("population", "is required ([population] size = N)");
+  {
+    TomlTableReader r(*pop, "population", origin);
+    if (pop->get("size") == nullptr) return r.Error("size", "is required");
+    CKPT_RETURN_IF_ERROR(r.Int("size", 1, kMaxPopulation, &c.population));
+    CKPT_RETURN_IF_ERROR(r.Int("steps_per_interval", 0, int64_t{1} << 40, &c.steps_per_interval));
+    CKPT_RETURN_IF_ERROR(r.Int("intervals", 1, 1000000, &c.intervals));
+    if (pop->get("target_metric") != nullptr) {
+      double target = 0;
+      CKPT_RETURN_IF_ERROR(r.Double("target_metric", -1e300, 1, &target));
+      std::string range;
+      const bool target_known = check_files || c.data_format == format::DatasetFormat::kIdx;
+      if (target_known && !format::InMetricRange(c.Metric(), target, &range)) {
+        std::string why = FormatNumber(target);
+        why += " is outside ";
+        why += range;
+        why += ", the range of ";
+        why += format::MetricKindName(c.Metric());
+        return r.Error("target_metric", why);
+      }
+      c.target_metric = target;
+    }
+    CKPT_RETURN_IF_ERROR(r.Double("max_wall_s", 0, 1e9, &c.max_wall_s));
+    CKPT_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
+  }
+  CKPT_ASSIGN_OR_RETURN(const toml::table* space, top.Table("search_space"));
+  if (space != nullptr) CKPT_RETURN_IF_ERROR(ParseSearchSpace(*space, origin, &c));
+  CKPT_ASSIGN_OR_RETURN(const toml::table* fixed, top.Table("hparams"));
+  if (fixed != nullptr) {
+    TomlTableReader r(*fixed, "hparams", origin);
+    for (const auto& [k, v] : *fixed) {
+      double value = 0;
+      CKPT_RETURN_IF_ERROR(r.Double(std::string(k.str()), -1e300, 1e300, &value));
+      if (k.str() == format::kDropoutHparam && !format::IsDropoutProbability(value)) {
+        return r.Error(format::kDropoutHparam,
+                       FormatNumber(value) + " is no dropout probability: it must be in [0, 1)");
+      }
+      c.fixed_hparams[std::string(k.str())] = value;
+    }
+  }
+  if (c.search_space.empty() && c.fixed_hparams.empty()) {
+    return top.Error("search_space", "is empty: give at least one hyperparameter to search");
+  }
+  for (const auto& [name, dim] : c.search_space) {
+    if (c.fixed_hparams.count(name)) {
+      return Status::InvalidArgument("hparams." + name + " (" + origin +
+                                     "): also in search_space; keep one");
+    }
+  }
+  CKPT_ASSIGN_OR_RETURN(const toml::table* policy, top.Table("policy"));
+  if (policy != nullptr) {
+    PolicyConfig& p = c.policy;
+    TomlTableReader r(*policy, "policy", origin);
+    CKPT_RETURN_IF_ERROR(r.Enum("kind", kPolicyKinds, &PolicyKindName, &p.kind));
+    CKPT_RETURN_IF_ERROR(r.Enum("mode", kPolicyModes, &PolicyModeName, &p.mode));
+    CKPT_RETURN_IF_ERROR(r.Double("quantile", 0, 0.5, &p.quantile));
+    CKPT_RETURN_IF_ERROR(r.Doubles("perturb", &p.perturb));
+    for (double f : p.perturb) {
+      if (!(f > 0) || !std::isfinite(f)) return r.Error("perturb", "factors must be positive");
+    }
+    if (p.perturb.empty()) return r.Error("perturb", "must list at least one factor");
+    CKPT_RETURN_IF_ERROR(r.Double("resample_probability", 0, 1, &p.resample_probability));
+    CKPT_RETURN_IF_ERROR(r.Int("ready_intervals", 1, 1000000, &p.ready_intervals));
+    CKPT_RETURN_IF_ERROR(r.Int("eta", 2, 1000, &p.eta));
+    CKPT_RETURN_IF_ERROR(r.Int("min_intervals", 1, 1000000, &p.min_intervals));
+    CKPT_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
+  }
+  CKPT_RETURN_IF_ERROR(ReadDevices(&top, origin, "cpu", &c.devices));
+  if (c.devices.empty()) c.devices.push_back(DeviceConfig{});
+  CKPT_ASSIGN_OR_RETURN(const toml::table* sup, top.Table("supervision"));
+  if (sup != nullptr) {
+    TomlTableReader r(*sup, "supervision", origin);
+    CKPT_RETURN_IF_ERROR(ReadSupervision(&r, &c.supervision));
+    CKPT_RETURN_IF_ERROR(r.Seconds("grace_s", 0, 86400, &c.supervision.grace));
+    CKPT_RETURN_IF_ERROR(
+        r.Seconds("heartbeat_timeout_s", 0.1, 86400, &c.supervision.heartbeat_timeout));
+    CKPT_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
+  }
+  CKPT_ASSIGN_OR_RETURN(const toml::table* workers, top.Table("workers"));
+  if (workers != nullptr) {
+    TomlTableReader r(*workers, "workers", origin);
+    CKPT_RETURN_IF_ERROR(ReadRemoteWorkers(&r, &c.workers));
+    CKPT_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
+  }
+  CKPT_RETURN_IF_ERROR(top.CheckNoUnknownKeys());
+  return c;
+}
+
+std::string EncodeExperimentRecord(const ExperimentConfig& config) {
+  return nlohmann::json{{"toml", config.source}}.dump();
+}
+
+StatusOr<std::string> DecodeExperimentToml(std::string_view config_json, const std::string& exp) {
+  const auto j = nlohmann::json::parse(config_json.begin(), config_json.end(), nullptr,
+                                       /*allow_exceptions=*/false);
+  if (j.is_discarded()) {
+    return Status::Corruption("experiment " + exp + ": its configuration record is not JSON");
+  }
+  auto toml = j.is_object() ? j.find("toml") : j.end();
+  if (!j.is_object() || toml == j.end() || !toml->is_string()) {
+    return Status::NotFound("experiment " + exp + " carries no TOML configuration");
+  }
+  return toml->get<std::string>();
+}
+
+StatusOr<ExperimentConfig> LoadExperimentConfig(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    if (!FileExists(path)) return Status::NotFound("experiment file " + path + " does not exist");
+    return Status::IOError("cannot read experiment file " + path);
+  }
+  std::string text;
+  if (!ReadBoundedToml(in, &text)) return Status::IOError("reading experiment file " + path);
+  return ParseExperimentConfig(text, path);
+}
+
+Status CheckModelFileAllowed(const std::string& model_spec,
+                             const std::vector<std::string>& allowed_dirs,
+                             const std::string& origin) {
+  namespace fs = std::filesystem;
+  if (model_spec.compare(0, format::kTorchScriptPrefix.size(), format::kTorchScriptPrefix) != 0) {
+    return Status::OK();
+  }
+  const std::string path = model_spec.substr(format::kTorchScriptPrefix.size());
+  std::string dirs;
+  std::vector<fs::path> resolved_dirs;
+  for (const auto& d : allowed_dirs) {
+    std::error_code ec;
+    fs::path r = fs::weakly_canonical(fs::absolute(d, ec), ec);
+    if (ec) continue;  // a directory that cannot be resolved admits nothing
+    dirs += (dirs.empty() ? "" : ", ") + r.string();
+    resolved_dirs.push_back(std::move(r));
+  }
+  if (dirs.empty()) dirs = "none";
+  const std::string refused =
+      origin + ": model.spec: the service loads TorchScript files only from allowed_model_dirs [" +
+      dirs + "] (its configuration file sets them); ";
+  std::error_code ec;
+  const fs::path resolved = fs::weakly_canonical(fs::absolute(path, ec), ec);
+  if (ec) {
+    return Status::InvalidArgument(refused + "'" + path + "' cannot be resolved: " + ec.message());
+  }
+  if (!fs::path(path).is_absolute()) {
+    return Status::InvalidArgument(refused + "'" + path +
+                                   "' is a relative path (from the scheduler's directory it "
+                                   "resolves to " +
+                                   resolved.string() + "); name the file by its absolute path");
+  }
+  bool inside = false;
+  for (const auto& d : resolved_dirs) {
+    auto [dit, rit] = std::mismatch(d.begin(), d.end(), resolved.begin(), resolved.end());
+    // Inside, not the directory itself; a trailing "" element of "dir/" matches anything.
+    if ((dit == d.end() || (std::next(dit) == d.end() && dit->empty())) && rit != resolved.end()) {
+      inside = true;
+      break;
+    }
+  }
+  if (!inside) {
+    return Status::InvalidArgument(refused + "'" + path + "' resolves to " + resolved.string() +
+                                   ", which is outside them");
+  }
+  if (fs::path(path) != resolved) {
+    // The worker opens the path as written: a link or ".." in it could be
+    // changed to lead elsewhere between this check and that open.
+    return Status::InvalidArgument(refused + "'" + path + "' resolves to " + resolved.string() +
+                                   " through a symbolic link or \"..\"; name the file by that "
+                                   "resolved path");
+  }
+  return Status::OK();
+}
+
+}  // namespace ckpt::records
