@@ -31,6 +31,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cinttypes>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -223,11 +224,131 @@ struct MetricsBenchOptions {
   long long run_steps = 40;
 };
 
-int MetricsBench(const MetricsBenchOptions& o) {
-  const long long updates = o.updates;
-  const int scrapes = o.scrapes;
-  const int members = o.members;
+// The mean cost of each per-event call, one thread, no scrape running (ns).
+struct PerCallNs {
+  double hot_path = 0;
+  double interval = 0;
+  double store = 0;
+  double worker_stats = 0;
+  double ring_stats = 0;
+};
 
+PerCallNs TimePerCall(Metrics& m, int64_t updates) {
+  PerCallNs ns;
+  ns.hot_path = NsPerCall(updates, [&](int64_t) { m.Exploited(kExperiment); });
+  ns.interval =
+      NsPerCall(updates, [&](int64_t i) { m.IntervalCommitted(kExperiment, "cpu", 0.25, 6400); });
+  ns.store = NsPerCall(
+      updates, [&](int64_t) { m.StoreOperation(metrics::StoreOp::kCommitResult, 3e-4, 4096); });
+  metrics::WorkerStats stats;
+  stats.slots = 4;
+  stats.slots_busy = 3;
+  stats.allocator_allocated_bytes = 1 << 20;
+  stats.allocator_reserved_bytes = 2 << 20;
+  ns.worker_stats = NsPerCall(updates / 4, [&](int64_t i) {
+    stats.samples_total = static_cast<uint64_t>(i) * 64;
+    m.SetWorkerStats("w0", "cpu", stats);
+  });
+  metrics::RingStats rs;
+  rs.capacity_bytes = 64 << 20;
+  ns.ring_stats = NsPerCall(updates / 4, [&](int64_t i) {
+    rs.bytes_to_worker_total = static_cast<uint64_t>(i) * 4096;
+    m.SetRingStats("w0", "cpu", rs);
+  });
+  std::printf(
+      "per call: Exploited %.1f ns, IntervalCommitted %.1f ns, StoreOperation %.1f ns, "
+      "SetWorkerStats %.1f ns, SetRingStats %.1f ns\n",
+      ns.hot_path, ns.interval, ns.store, ns.worker_stats, ns.ring_stats);
+  return ns;
+}
+
+// Full scrapes timed: the wall time of each (ms, sorted once summarized)
+// and the size of the last.
+struct ScrapeTimes {
+  std::vector<double> ms;
+  int64_t bytes = 0;
+};
+
+// Scrapes while a run keeps reporting (about 1,000 intervals a second); stops
+// at the first scrape that fails.
+ScrapeTimes TimeScrapesWhileReporting(Metrics& m, RunFeeder* feeder, int scrapes) {
+  std::atomic<bool> stop{false};
+  std::thread run([&] {
+    while (!stop.load(std::memory_order_relaxed)) {
+      feeder->Interval();
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  });
+  ScrapeTimes t;
+  for (int i = 0; i < scrapes; ++i) {
+    const auto t0 = Clock::now();
+    t.bytes = Scrape(m.port());
+    const auto t1 = Clock::now();
+    if (t.bytes <= 0) break;
+    t.ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+  }
+  stop.store(true);
+  run.join();
+  return t;
+}
+
+// The hot path again while another thread scrapes back to back: an update
+// waits at most for a scrape's copy of the one series it touches.
+double TimeHotPathWhileScraping(Metrics& m, int64_t updates) {
+  std::atomic<bool> stop_scraping{false};
+  std::atomic<int64_t> during_scrapes{0};
+  std::thread scraper([&] {
+    while (!stop_scraping.load(std::memory_order_relaxed)) {
+      if (Scrape(m.port()) > 0) during_scrapes.fetch_add(1, std::memory_order_relaxed);
+    }
+  });
+  const double ns = NsPerCall(updates, [&](int64_t) { m.Exploited(kExperiment); });
+  stop_scraping.store(true);
+  scraper.join();
+  std::printf("Exploited while scraping back to back (%ld scrapes): %.1f ns\n",
+              during_scrapes.load(), ns);
+  return ns;
+}
+
+// The whole pipeline with metrics off and on, alternating: the "pipeline"
+// object of the report, or null when either side has no run that finished.
+nlohmann::json TimePipeline(const MetricsBenchOptions& o) {
+  std::error_code ec;
+  const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  const std::string scheduler = (self.parent_path() / "../bin/ckpt-scheduler").string();
+  const int64_t rounds = o.rounds;
+  const int64_t rm = o.run_members, ri = o.run_intervals, rsteps = o.run_steps;
+  const double samples = static_cast<double>(rm * ri * rsteps * 64);
+  char tmpl[] = "/tmp/ckpt-metrics-bench-XXXXXX";
+  const std::string dir = ::mkdtemp(tmpl) ? tmpl : "";
+  std::vector<double> off, on;
+  int scrapes_on = 0;
+  for (int64_t r = 0; r < rounds && !dir.empty(); ++r) {
+    for (int with : {0, 1}) {
+      const int port = with ? FreePort() : 0;
+      const std::string toml = dir + "/run.toml";
+      std::ofstream(toml) << PipelineToml(with ? "127.0.0.1:" + std::to_string(port) : "", rm, ri,
+                                          rsteps);
+      const std::string store = dir + "/store-" + std::to_string(r) + "-" + std::to_string(with);
+      const double wall = TimedRun(scheduler, toml, store, port, &scrapes_on);
+      std::filesystem::remove_all(store, ec);
+      if (wall <= 0) {
+        std::fprintf(stderr, "ckpt-bench metrics: %s run failed\n", scheduler.c_str());
+        continue;
+      }
+      (with ? on : off).push_back(samples / wall);
+      std::printf("pipeline round %" PRId64 " metrics %s: %.0f samples/s\n", r + 1,
+                  with ? "on" : "off", samples / wall);
+    }
+  }
+  std::filesystem::remove_all(dir, ec);
+  if (off.empty() || on.empty()) return nullptr;
+  return {{"samples_per_s_off", Median(off)},        {"samples_per_s_on", Median(on)},
+          {"on_over_off", Median(on) / Median(off)}, {"rounds", rounds},
+          {"scrapes_during_on_runs", scrapes_on},    {"samples_per_run", samples}};
+}
+
+int MetricsBench(const MetricsBenchOptions& o) {
   metrics::MetricsOptions options;
   options.listen = "127.0.0.1:0";
   auto opened = Metrics::Open(options);
@@ -239,75 +360,17 @@ int MetricsBench(const MetricsBenchOptions& o) {
   std::vector<pid_t> children{StartIdleChild(), StartIdleChild()};
   m.WorkerStarted("w0", "cpu", children[0]);
   m.WorkerStarted("w1", "cpu", children[1]);
-  RunFeeder feeder{&m, members};
-  for (int i = 0; i < members * 4; ++i) feeder.Interval();
+  RunFeeder feeder{&m, o.members};
+  for (int i = 0; i < o.members * 4; ++i) feeder.Interval();
 
-  // Per-call costs, one thread, no scrape running.
-  const double hot_path_ns = NsPerCall(updates, [&](long long) { m.Exploited(kExperiment); });
-  const double interval_ns =
-      NsPerCall(updates, [&](long long i) { m.IntervalCommitted(kExperiment, "cpu", 0.25, 6400); });
-  const double store_ns = NsPerCall(
-      updates, [&](long long) { m.StoreOperation(metrics::StoreOp::kCommitResult, 3e-4, 4096); });
-  metrics::WorkerStats stats;
-  stats.slots = 4;
-  stats.slots_busy = 3;
-  stats.allocator_allocated_bytes = 1 << 20;
-  stats.allocator_reserved_bytes = 2 << 20;
-  const double worker_stats_ns = NsPerCall(updates / 4, [&](long long i) {
-    stats.samples_total = static_cast<uint64_t>(i) * 64;
-    m.SetWorkerStats("w0", "cpu", stats);
-  });
-  metrics::RingStats rs;
-  rs.capacity_bytes = 64 << 20;
-  const double ring_stats_ns = NsPerCall(updates / 4, [&](long long i) {
-    rs.bytes_to_worker_total = static_cast<uint64_t>(i) * 4096;
-    m.SetRingStats("w0", "cpu", rs);
-  });
-  std::printf(
-      "per call: Exploited %.1f ns, IntervalCommitted %.1f ns, StoreOperation %.1f ns, "
-      "SetWorkerStats %.1f ns, SetRingStats %.1f ns\n",
-      hot_path_ns, interval_ns, store_ns, worker_stats_ns, ring_stats_ns);
-
-  // Scrapes while a run keeps reporting (about 1,000 intervals a second).
-  std::atomic<bool> stop{false};
-  std::thread run([&] {
-    while (!stop.load(std::memory_order_relaxed)) {
-      feeder.Interval();
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-  });
-  std::vector<double> ms;
-  long bytes = 0;
-  for (int i = 0; i < scrapes; ++i) {
-    const auto t0 = Clock::now();
-    bytes = Scrape(m.port());
-    const auto t1 = Clock::now();
-    if (bytes <= 0) break;
-    ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-  }
-  stop.store(true);
-  run.join();
-
-  // The hot path again while another thread scrapes back to back: an update
-  // waits at most for a scrape's copy of the one series it touches.
-  std::atomic<bool> stop_scraping{false};
-  std::atomic<long> during_scrapes{0};
-  std::thread scraper([&] {
-    while (!stop_scraping.load(std::memory_order_relaxed)) {
-      if (Scrape(m.port()) > 0) during_scrapes.fetch_add(1, std::memory_order_relaxed);
-    }
-  });
-  const double hot_path_scraping_ns =
-      NsPerCall(updates, [&](long long) { m.Exploited(kExperiment); });
-  stop_scraping.store(true);
-  scraper.join();
-  std::printf("Exploited while scraping back to back (%ld scrapes): %.1f ns\n",
-              during_scrapes.load(), hot_path_scraping_ns);
-
+  const PerCallNs ns = TimePerCall(m, o.updates);
+  ScrapeTimes scrape = TimeScrapesWhileReporting(m, &feeder, o.scrapes);
+  const double hot_path_scraping_ns = TimeHotPathWhileScraping(m, o.updates);
   for (pid_t pid : children) {
     ::kill(pid, SIGKILL);
     ::waitpid(pid, nullptr, 0);
   }
+  std::vector<double>& ms = scrape.ms;
   if (ms.empty()) {
     std::fprintf(stderr, "ckpt-bench metrics: scrape of 127.0.0.1:%d failed\n", m.port());
     return 1;
@@ -315,61 +378,23 @@ int MetricsBench(const MetricsBenchOptions& o) {
   std::sort(ms.begin(), ms.end());
   const double median = ms[ms.size() / 2];
   const double p99 = ms[std::min(ms.size() - 1, ms.size() * 99 / 100)];
-  std::printf("scrape (%zu, %ld bytes, %s): median %.3f ms, p99 %.3f ms\n", ms.size(), bytes,
+  std::printf("scrape (%zu, %ld bytes, %s): median %.3f ms, p99 %.3f ms\n", ms.size(), scrape.bytes,
               m.gpu_status().empty() ? "with NVML" : "without NVML", median, p99);
 
-  // The whole pipeline with metrics off and on, alternating.
-  nlohmann::json pipeline = nullptr;
-  if (!o.skip_pipeline) {
-    std::error_code ec;
-    const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
-    const std::string scheduler = (self.parent_path() / "../bin/ckpt-scheduler").string();
-    const long long rounds = o.rounds;
-    const long long rm = o.run_members, ri = o.run_intervals, rsteps = o.run_steps;
-    const double samples = static_cast<double>(rm * ri * rsteps * 64);
-    char tmpl[] = "/tmp/ckpt-metrics-bench-XXXXXX";
-    const std::string dir = ::mkdtemp(tmpl) ? tmpl : "";
-    std::vector<double> off, on;
-    int scrapes_on = 0;
-    for (long long r = 0; r < rounds && !dir.empty(); ++r) {
-      for (int with : {0, 1}) {
-        const int port = with ? FreePort() : 0;
-        const std::string toml = dir + "/run.toml";
-        std::ofstream(toml) << PipelineToml(with ? "127.0.0.1:" + std::to_string(port) : "", rm, ri,
-                                            rsteps);
-        const std::string store = dir + "/store-" + std::to_string(r) + "-" + std::to_string(with);
-        const double wall = TimedRun(scheduler, toml, store, port, &scrapes_on);
-        std::filesystem::remove_all(store, ec);
-        if (wall <= 0) {
-          std::fprintf(stderr, "ckpt-bench metrics: %s run failed\n", scheduler.c_str());
-          continue;
-        }
-        (with ? on : off).push_back(samples / wall);
-        std::printf("pipeline round %lld metrics %s: %.0f samples/s\n", r + 1, with ? "on" : "off",
-                    samples / wall);
-      }
-    }
-    std::filesystem::remove_all(dir, ec);
-    if (!off.empty() && !on.empty()) {
-      pipeline = {{"samples_per_s_off", Median(off)},        {"samples_per_s_on", Median(on)},
-                  {"on_over_off", Median(on) / Median(off)}, {"rounds", rounds},
-                  {"scrapes_during_on_runs", scrapes_on},    {"samples_per_run", samples}};
-    }
-  }
-
+  const nlohmann::json pipeline = o.skip_pipeline ? nlohmann::json(nullptr) : TimePipeline(o);
   nlohmann::json out{{"bench", "metrics"},
                      {"pipeline", pipeline},
-                     {"hot_path_ns", hot_path_ns},
+                     {"hot_path_ns", ns.hot_path},
                      {"hot_path_while_scraping_ns", hot_path_scraping_ns},
-                     {"interval_committed_ns", interval_ns},
-                     {"store_operation_ns", store_ns},
-                     {"worker_stats_ns", worker_stats_ns},
-                     {"ring_stats_ns", ring_stats_ns},
+                     {"interval_committed_ns", ns.interval},
+                     {"store_operation_ns", ns.store},
+                     {"worker_stats_ns", ns.worker_stats},
+                     {"ring_stats_ns", ns.ring_stats},
                      {"scrape_ms", median},
                      {"scrape_p99_ms", p99},
-                     {"scrape_bytes", bytes},
+                     {"scrape_bytes", scrape.bytes},
                      {"scrapes", ms.size()},
-                     {"members", members},
+                     {"members", o.members},
                      {"gpu_sampler", m.gpu_status().empty()}};
   PrintJsonLine(out);
   return 0;

@@ -40,6 +40,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cinttypes>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
@@ -203,7 +204,7 @@ StatusOr<RunResult> RunPipeline(records::ExperimentConfig config, const std::str
 double BareLoopSamplesPerSecond(const records::ExperimentConfig& c, int slots, double seconds) {
   model::TrainerOptions t;
   t.model_spec = c.model_spec;
-  t.optimizer = std::string(format::OptimizerKindName(c.optimizer));
+  t.optimizer = c.optimizer;
   t.batch_size = c.batch_size;
   t.eval_size = c.eval_size;
   t.dataset = c.dataset;
@@ -290,9 +291,23 @@ struct PopulationBenchOptions {
   std::string barriers = "ahead";     // null runs: ahead, wait, or both (wait first)
 };
 
+// What every pipeline run of the benchmark shares.
+struct PopulationRun {
+  std::string config_path;
+  records::ExperimentConfig c;  // the real run's experiment
+  int workers = 0;
+  int slots = 0;
+  size_t ring_bytes = 0;  // 0: the scheduler's default
+  std::string root;       // the stores, removed at the end
+};
+
 // --transport tcp: each run over the ring, then over TCP.
-int PopulationOverTcp(const PopulationBenchOptions& o, const records::ExperimentConfig& c,
-                      int workers, int slots, size_t ring_bytes, const std::string& root) {
+int PopulationOverTcp(const PopulationBenchOptions& o, const PopulationRun& run) {
+  const records::ExperimentConfig& c = run.c;
+  const int workers = run.workers;
+  const int slots = run.slots;
+  const size_t ring_bytes = run.ring_bytes;
+  const std::string& root = run.root;
   json out = {{"bench", "population"}, {"transport", "tcp"}, {"device", "cpu"},
               {"workers", workers},    {"slots", slots},     {"cpu", CpuDescription()}};
   auto add = [&](const std::string& key, double v) {
@@ -360,192 +375,274 @@ int PopulationOverTcp(const PopulationBenchOptions& o, const records::Experiment
   return 0;
 }
 
-int Population(const PopulationBenchOptions& o) {
-  const std::string& path = o.config;
-  auto loaded = records::LoadExperimentConfig(path);
+// The JSON line of a run over the ring, built figure by figure.
+struct Figures {
+  json out = json::object();
+  int64_t peak_workers = 0;  // the workers' peak RSS over every run
+
+  // A figure that is not finite is written as null.
+  void Add(const std::string& key, double v) {
+    out[key] = std::isfinite(v) ? json(v) : json(nullptr);
+  }
+};
+
+// The experiment of --config with the real run's shape; false (having said
+// why) when it does not load.
+bool LoadRun(const PopulationBenchOptions& o, PopulationRun* run) {
+  run->config_path = o.config;
+  auto loaded = records::LoadExperimentConfig(run->config_path);
   if (!loaded.ok()) {
     std::fprintf(stderr, "population: %s (run from the repository root or pass --config)\n",
                  loaded.status().ToString().c_str());
-    return 1;
+    return false;
   }
-  records::ExperimentConfig c = *loaded;
+  records::ExperimentConfig& c = run->c;
+  c = *loaded;
   c.population = o.members;
   c.intervals = o.intervals;
   c.steps_per_interval = o.steps;
   c.eval_size = o.eval_size;
   c.name = "bench-population";
-  const int workers = o.workers;
-  const int slots = o.slots;
-  // 0: the scheduler's default.
-  const size_t ring_bytes = o.ring_mb << 20;
+  run->workers = o.workers;
+  run->slots = o.slots;
+  run->ring_bytes = o.ring_mb << 20;
+  return true;
+}
+
+// The short real run against the bare loop, which runs before and after the
+// pipeline (their mean is the reference, so a load change during the run
+// shows in both) and in a separate process; 0, or the exit status that ends
+// the benchmark.
+int MeasureTraining(const PopulationRun& run, Figures* f) {
+  const records::ExperimentConfig& c = run.c;
+  const int bare_slots = run.slots * run.workers;
+  std::fprintf(stderr, "measuring the bare loop (%d slots)...\n", bare_slots);
+  const double bare_before = BareLoopSamplesPerSecond(c, bare_slots, 8.0);
+  auto r = RunPipeline(c, run.root + "/train", run.workers, run.slots, run.ring_bytes);
+  if (!r.ok()) {
+    std::fprintf(stderr, "population: %s\n", r.status().ToString().c_str());
+    return 1;
+  }
+  const auto& s = r->summary;
+  const double samples_per_s =
+      s.training_s > 0 ? static_cast<double>(s.train_samples) / s.training_s : 0;
+  std::fprintf(stderr, "measuring the bare loop again...\n");
+  const double bare_after = BareLoopSamplesPerSecond(c, bare_slots, 8.0);
+  const double bare = 0.5 * (bare_before + bare_after);
+  std::fprintf(stderr, "measuring the bare loop in a separate process...\n");
+  const double bare_child = BareLoopInChildProcess(run.config_path, c, bare_slots);
+  double best_val = 0, best_test = -1;
+  for (const auto& m : s.members) {
+    best_val = std::max(best_val, m.val_score);
+    best_test = std::max(best_test, m.test_score);
+  }
+  f->Add("members", c.population);
+  f->Add("intervals", c.intervals);
+  f->Add("steps_per_interval", static_cast<double>(c.steps_per_interval));
+  f->Add("wall_s", r->wall_s);
+  f->Add("training_s", s.training_s);
+  f->Add("first_result_s", s.first_result_s);
+  f->Add("scheduler_cpu_s", r->scheduler_cpu_s);
+  f->Add("workers_cpu_s", r->workers_cpu_s);
+  f->Add("train_samples", static_cast<double>(s.train_samples));
+  f->Add("samples_per_s", samples_per_s);
+  f->Add("bare_loop_samples_per_s", bare);
+  f->Add("bare_loop_before_samples_per_s", bare_before);
+  f->Add("bare_loop_after_samples_per_s", bare_after);
+  f->Add("overhead_share", bare > 0 ? 1.0 - samples_per_s / bare : NAN);
+  f->Add("bare_loop_separate_process_samples_per_s", bare_child);
+  f->Add("overhead_share_vs_separate_process",
+         bare_child > 0 ? 1.0 - samples_per_s / bare_child : NAN);
+  f->Add("best_val_acc", best_val);
+  f->Add("best_test_acc", best_test);
+  f->Add("exploits", static_cast<double>(s.exploits));
+  f->peak_workers = std::max(f->peak_workers, r->workers_peak_rss);
+  return 0;
+}
+
+// The null runs to make: the population sizes, the barrier modes (run ahead
+// of sync barriers, or wait at each), and how often each runs.
+struct NullPlan {
+  std::vector<int64_t> sizes;
+  std::vector<bool> modes;
+  int intervals = 0;
+  int repeat = 0;
+  double per_s_first = 0;  // the first size's figure, running ahead
+};
+
+NullPlan MakeNullPlan(const PopulationBenchOptions& o) {
+  NullPlan plan;
+  plan.sizes = {o.null_members};
+  if (o.scale) plan.sizes = {30, 300, 3000};
+  if (!o.null_sizes.empty()) plan.sizes.assign(o.null_sizes.begin(), o.null_sizes.end());
+  if (o.barriers != "ahead") plan.modes.push_back(false);
+  if (o.barriers != "wait") plan.modes.push_back(true);
+  plan.intervals = o.null_intervals;
+  plan.repeat = o.null_repeat;
+  return plan;
+}
+
+// The repeats of one null run, each from an empty store.
+struct NullRepeats {
+  std::vector<double> per_s;    // steady-state member-intervals/s of each run
+  double first_result_s = 0;    // the last run's
+  uint64_t scheduler_peak = 0;  // the first run's
+  uint64_t store_bytes = 0;     // the last run's store on disk
+  uint64_t written = 0;         // what the last run wrote to storage
+};
+
+// The null trainer: 0 steps, no evaluation. The same number of intervals at
+// every size: the first interval of a member initializes its weights in the
+// worker and costs about twice a later one, so fewer intervals at one size
+// would skew the comparison.
+records::ExperimentConfig NullExperiment(const records::ExperimentConfig& c, int64_t n,
+                                         int intervals) {
+  records::ExperimentConfig z = c;
+  z.name = "bench-null-" + std::to_string(n);
+  z.population = static_cast<int>(n);
+  z.intervals = intervals;
+  z.steps_per_interval = 0;
+  z.eval_size = 0;
+  return z;
+}
+
+// --null-repeat runs: the same run again, each from an empty store. A run of
+// 30 members lasts about two seconds, and on a shared 2-vCPU host one such
+// run moved from 1,300 to 2,000 member-intervals/s between minutes: the
+// figure is the median, with every run's and the spread. 0, or the exit
+// status that ends the benchmark.
+int RunNullRepeats(const PopulationRun& run, const NullPlan& plan, int64_t n, bool run_ahead,
+                   NullRepeats* out, Figures* f) {
+  const records::ExperimentConfig z = NullExperiment(run.c, n, plan.intervals);
+  const std::string nn = std::to_string(n);
+  for (int rep = 0; rep < plan.repeat; ++rep) {
+    // This process is the scheduler: its peak RSS is reset before each
+    // run, and the first run's is reported (later runs start with what
+    // the allocator kept from the earlier ones).
+    ResetPeakRss();
+    std::string store = run.root;
+    store.append("/null-").append(nn);
+    const uint64_t written_before = WrittenBytes();
+    auto r =
+        RunPipeline(z, store, run.workers, run.slots, run.ring_bytes, /*tcp=*/false, run_ahead);
+    out->written = WrittenBytes() - written_before;
+    if (!r.ok()) {
+      std::fprintf(stderr, "population (null): %s\n", r.status().ToString().c_str());
+      return 1;
+    }
+    if (rep == 0) out->scheduler_peak = static_cast<uint64_t>(PeakRssBytes());
+    std::error_code ec;
+    out->store_bytes = 0;
+    for (const auto& file : std::filesystem::recursive_directory_iterator(store, ec)) {
+      if (file.is_regular_file(ec)) out->store_bytes += file.file_size(ec);
+    }
+    std::filesystem::remove_all(store, ec);
+    // Steady state: from the first committed result to the last. The time
+    // to the first result (worker start-up: CONFIGURE loads the dataset,
+    // about 0.3 s here, paid once per worker and experiment) is reported
+    // apart.
+    const auto& ns = r->summary;
+    const double steady_s = ns.training_s - ns.first_result_s;
+    out->per_s.push_back(steady_s > 0 ? static_cast<double>(ns.member_intervals - 1) / steady_s
+                                      : 0);
+    out->first_result_s = ns.first_result_s;
+    std::fprintf(stderr,
+                 "null run, %" PRId64
+                 " members%s: %.0f member-intervals/s, scheduler peak RSS %.0f "
+                 "MB, store %.0f MB, %.0f MB written\n",
+                 n, run_ahead ? "" : " (waiting at every barrier)", out->per_s.back(),
+                 PeakRssBytes() / 1e6, out->store_bytes / 1e6, out->written / 1e6);
+    f->peak_workers = std::max(f->peak_workers, r->workers_peak_rss);
+  }
+  return 0;
+}
+
+// Adds the figures of the null runs of size `n` in one barrier mode; returns
+// their median.
+double AddNullFigures(const NullRepeats& nr, int64_t n, bool run_ahead, NullPlan* plan,
+                      Figures* f) {
+  const std::string nn = std::to_string(n);
+  const std::vector<double>& runs = nr.per_s;
+  const double per_s = Median(runs);
+  const std::string mode_suffix = (run_ahead ? "_" : "_waiting_") + nn;
+  if (plan->repeat > 1) {
+    f->out["member_intervals_per_s_null_runs" + mode_suffix] = runs;
+    f->Add("member_intervals_per_s_null_min" + mode_suffix,
+           *std::min_element(runs.begin(), runs.end()));
+    f->Add("member_intervals_per_s_null_max" + mode_suffix,
+           *std::max_element(runs.begin(), runs.end()));
+  }
+  if (!run_ahead) {
+    f->Add("member_intervals_per_s_null_waiting_" + nn, per_s);
+    return per_s;
+  }
+  if (plan->per_s_first == 0) plan->per_s_first = per_s;
+  f->Add("null_first_result_s_" + nn, nr.first_result_s);
+  f->Add("null_scheduler_peak_rss_bytes_" + nn, static_cast<double>(nr.scheduler_peak));
+  f->Add("null_store_bytes_" + nn, static_cast<double>(nr.store_bytes));
+  // What the store wrote to reach that size (WAL, blob files, tables).
+  f->Add("null_store_written_bytes_" + nn, static_cast<double>(nr.written));
+  const std::vector<int64_t>& sizes = plan->sizes;
+  if (sizes.size() == 1) {
+    f->Add("member_intervals_per_s_null", per_s);
+    f->Add("null_members", static_cast<double>(n));
+  } else {
+    f->Add("member_intervals_per_s_null_" + nn, per_s);
+    if (n == sizes.front()) f->Add("member_intervals_per_s_null", per_s);
+    if (n == sizes.back()) {
+      f->Add("null_cost_ratio_" + nn + "_vs_" + std::to_string(sizes.front()),
+             per_s > 0 ? plan->per_s_first / per_s : NAN);
+    }
+  }
+  return per_s;
+}
+
+// The null runs of every size, in every barrier mode; 0, or the exit status
+// that ends the benchmark.
+int MeasureNullRuns(const PopulationRun& run, const PopulationBenchOptions& o, Figures* f) {
+  NullPlan plan = MakeNullPlan(o);
+  for (int64_t n : plan.sizes) {
+    std::map<bool, double> per_s_by_mode;
+    for (const bool run_ahead : plan.modes) {
+      NullRepeats nr;
+      if (int rc = RunNullRepeats(run, plan, n, run_ahead, &nr, f); rc != 0) return rc;
+      per_s_by_mode[run_ahead] = AddNullFigures(nr, n, run_ahead, &plan, f);
+    }
+    if (per_s_by_mode.size() == 2 && per_s_by_mode[false] > 0) {
+      f->Add("null_run_ahead_speedup_" + std::to_string(n),
+             per_s_by_mode[true] / per_s_by_mode[false]);
+    }
+  }
+  return 0;
+}
+
+int Population(const PopulationBenchOptions& o) {
+  PopulationRun run;
+  if (!LoadRun(o, &run)) return 1;
   if (o.bare_only) {
     // The child of BareLoopInChildProcess: the bare loop alone in a fresh
     // process, as a worker is one.
-    std::printf("%.6g\n", BareLoopSamplesPerSecond(c, slots * workers, 8.0));
+    std::printf("%.6g\n", BareLoopSamplesPerSecond(run.c, run.slots * run.workers, 8.0));
     return 0;
   }
-  const std::string root =
+  run.root =
       (std::filesystem::temp_directory_path() / ("ckpt-bench-pop-" + std::to_string(getpid())))
           .string();
-  std::filesystem::remove_all(root);
-  if (o.transport == "tcp") return PopulationOverTcp(o, c, workers, slots, ring_bytes, root);
+  std::filesystem::remove_all(run.root);
+  if (o.transport == "tcp") return PopulationOverTcp(o, run);
 
-  json out = {{"bench", "population"}, {"cpu", CpuDescription()}};
-  auto add = [&](const std::string& key, double v) {
-    out[key] = std::isfinite(v) ? json(v) : json(nullptr);
-  };
-  int64_t peak_workers = 0;
+  Figures f;
+  f.out = {{"bench", "population"}, {"cpu", CpuDescription()}};
   if (!o.skip_train) {
-    // The bare loop runs before and after the pipeline; their mean is the
-    // reference, so a load change during the run shows in both.
-    std::fprintf(stderr, "measuring the bare loop (%d slots)...\n", slots * workers);
-    const double bare_before = BareLoopSamplesPerSecond(c, slots * workers, 8.0);
-    auto r = RunPipeline(c, root + "/train", workers, slots, ring_bytes);
-    if (!r.ok()) {
-      std::fprintf(stderr, "population: %s\n", r.status().ToString().c_str());
-      return 1;
-    }
-    const auto& s = r->summary;
-    const double samples_per_s =
-        s.training_s > 0 ? static_cast<double>(s.train_samples) / s.training_s : 0;
-    std::fprintf(stderr, "measuring the bare loop again...\n");
-    const double bare_after = BareLoopSamplesPerSecond(c, slots * workers, 8.0);
-    const double bare = 0.5 * (bare_before + bare_after);
-    std::fprintf(stderr, "measuring the bare loop in a separate process...\n");
-    const double bare_child = BareLoopInChildProcess(path, c, slots * workers);
-    double best_val = 0, best_test = -1;
-    for (const auto& m : s.members) {
-      best_val = std::max(best_val, m.val_score);
-      best_test = std::max(best_test, m.test_score);
-    }
-    add("members", c.population);
-    add("intervals", c.intervals);
-    add("steps_per_interval", static_cast<double>(c.steps_per_interval));
-    add("wall_s", r->wall_s);
-    add("training_s", s.training_s);
-    add("first_result_s", s.first_result_s);
-    add("scheduler_cpu_s", r->scheduler_cpu_s);
-    add("workers_cpu_s", r->workers_cpu_s);
-    add("train_samples", static_cast<double>(s.train_samples));
-    add("samples_per_s", samples_per_s);
-    add("bare_loop_samples_per_s", bare);
-    add("bare_loop_before_samples_per_s", bare_before);
-    add("bare_loop_after_samples_per_s", bare_after);
-    add("overhead_share", bare > 0 ? 1.0 - samples_per_s / bare : NAN);
-    add("bare_loop_separate_process_samples_per_s", bare_child);
-    add("overhead_share_vs_separate_process",
-        bare_child > 0 ? 1.0 - samples_per_s / bare_child : NAN);
-    add("best_val_acc", best_val);
-    add("best_test_acc", best_test);
-    add("exploits", static_cast<double>(s.exploits));
-    peak_workers = std::max(peak_workers, r->workers_peak_rss);
+    if (int rc = MeasureTraining(run, &f); rc != 0) return rc;
   }
-  // The null trainer: 0 steps, no evaluation.
-  std::vector<long long> sizes = {o.null_members};
-  if (o.scale) sizes = {30, 300, 3000};
-  if (!o.null_sizes.empty()) sizes = o.null_sizes;
-  double per_s_first = 0;
-  std::vector<bool> modes;  // run ahead of sync barriers, or wait at each
-  if (o.barriers != "ahead") modes.push_back(false);
-  if (o.barriers != "wait") modes.push_back(true);
-  for (long long n : sizes) {
-    const std::string nn = std::to_string(n);
-    std::map<bool, double> per_s_by_mode;
-    for (const bool run_ahead : modes) {
-      records::ExperimentConfig z = c;
-      z.name = "bench-null-" + nn;
-      z.population = static_cast<int>(n);
-      // The same number of intervals at every size: the first interval of a
-      // member initializes its weights in the worker and costs about twice a
-      // later one, so fewer intervals at one size would skew the comparison.
-      z.intervals = o.null_intervals;
-      z.steps_per_interval = 0;
-      z.eval_size = 0;
-      // --null-repeat runs: the same run again, each from an empty store.
-      // A run of 30 members lasts about two seconds, and on a shared 2-vCPU
-      // host one such run moved from 1,300 to 2,000 member-intervals/s between
-      // minutes: the figure is the median, with every run's and the spread.
-      std::vector<double> runs;
-      double first_result_s = 0;
-      uint64_t scheduler_peak = 0, store_bytes = 0, written = 0;
-      for (int rep = 0; rep < o.null_repeat; ++rep) {
-        // This process is the scheduler: its peak RSS is reset before each
-        // run, and the first run's is reported (later runs start with what
-        // the allocator kept from the earlier ones).
-        ResetPeakRss();
-        std::string store = root;
-        store.append("/null-").append(nn);
-        const uint64_t written_before = WrittenBytes();
-        auto r = RunPipeline(z, store, workers, slots, ring_bytes, /*tcp=*/false, run_ahead);
-        written = WrittenBytes() - written_before;
-        if (!r.ok()) {
-          std::fprintf(stderr, "population (null): %s\n", r.status().ToString().c_str());
-          return 1;
-        }
-        if (rep == 0) scheduler_peak = static_cast<uint64_t>(PeakRssBytes());
-        std::error_code ec;
-        store_bytes = 0;
-        for (const auto& f : std::filesystem::recursive_directory_iterator(store, ec)) {
-          if (f.is_regular_file(ec)) store_bytes += f.file_size(ec);
-        }
-        std::filesystem::remove_all(store, ec);
-        // Steady state: from the first committed result to the last. The time
-        // to the first result (worker start-up: CONFIGURE loads the dataset,
-        // about 0.3 s here, paid once per worker and experiment) is reported
-        // apart.
-        const auto& ns = r->summary;
-        const double steady_s = ns.training_s - ns.first_result_s;
-        runs.push_back(steady_s > 0 ? static_cast<double>(ns.member_intervals - 1) / steady_s : 0);
-        first_result_s = ns.first_result_s;
-        std::fprintf(stderr,
-                     "null run, %lld members%s: %.0f member-intervals/s, scheduler peak RSS %.0f "
-                     "MB, store %.0f MB, %.0f MB written\n",
-                     n, run_ahead ? "" : " (waiting at every barrier)", runs.back(),
-                     PeakRssBytes() / 1e6, store_bytes / 1e6, written / 1e6);
-        peak_workers = std::max(peak_workers, r->workers_peak_rss);
-      }
-      const double per_s = Median(runs);
-      per_s_by_mode[run_ahead] = per_s;
-      const std::string mode_suffix = (run_ahead ? "_" : "_waiting_") + nn;
-      if (o.null_repeat > 1) {
-        out["member_intervals_per_s_null_runs" + mode_suffix] = runs;
-        add("member_intervals_per_s_null_min" + mode_suffix,
-            *std::min_element(runs.begin(), runs.end()));
-        add("member_intervals_per_s_null_max" + mode_suffix,
-            *std::max_element(runs.begin(), runs.end()));
-      }
-      if (!run_ahead) {
-        add("member_intervals_per_s_null_waiting_" + nn, per_s);
-        continue;
-      }
-      if (per_s_first == 0) per_s_first = per_s;
-      add("null_first_result_s_" + nn, first_result_s);
-      add("null_scheduler_peak_rss_bytes_" + nn, static_cast<double>(scheduler_peak));
-      add("null_store_bytes_" + nn, static_cast<double>(store_bytes));
-      // What the store wrote to reach that size (WAL, blob files, tables).
-      add("null_store_written_bytes_" + nn, static_cast<double>(written));
-      if (sizes.size() == 1) {
-        add("member_intervals_per_s_null", per_s);
-        add("null_members", static_cast<double>(n));
-      } else {
-        add("member_intervals_per_s_null_" + nn, per_s);
-        if (n == sizes.front()) add("member_intervals_per_s_null", per_s);
-        if (n == sizes.back()) {
-          add("null_cost_ratio_" + nn + "_vs_" + std::to_string(sizes.front()),
-              per_s > 0 ? per_s_first / per_s : NAN);
-        }
-      }
-    }
-    if (per_s_by_mode.size() == 2 && per_s_by_mode[false] > 0) {
-      add("null_run_ahead_speedup_" + nn, per_s_by_mode[true] / per_s_by_mode[false]);
-    }
-  }
-  add("peak_rss_bytes_scheduler", static_cast<double>(PeakRssBytes()));
-  add("peak_rss_bytes_workers", static_cast<double>(peak_workers));
-  add("peak_rss_bytes_all_processes", static_cast<double>(PeakRssBytes() + peak_workers));
-  out["device"] = "cpu";
-  std::filesystem::remove_all(root);
-  PrintJsonLine(out);
+  if (int rc = MeasureNullRuns(run, o, &f); rc != 0) return rc;
+  f.Add("peak_rss_bytes_scheduler", static_cast<double>(PeakRssBytes()));
+  f.Add("peak_rss_bytes_workers", static_cast<double>(f.peak_workers));
+  f.Add("peak_rss_bytes_all_processes", static_cast<double>(PeakRssBytes() + f.peak_workers));
+  f.out["device"] = "cpu";
+  std::filesystem::remove_all(run.root);
+  PrintJsonLine(f.out);
   return 0;
 }
 

@@ -132,141 +132,170 @@ struct RingBenchOptions {
   int roundtrips = 300;
 };
 
-int RingBench(const RingBenchOptions& o) {
-  const size_t ring_bytes = o.ring_mib << 20;
-  const double mib_per_trial = o.mib_per_trial;
-  const int trials = o.trials;
-  const int roundtrips = o.roundtrips;
-  const std::string name = "ckpt-bench-ring-" + std::to_string(::getpid());
+// The channels measured: `ch` to the consumer process, and a second one
+// whose two ends are both in this process, for SerialTrial.
+struct Channels {
+  std::string name;
+  std::string serial_name;
+  pid_t consumer = -1;
+  std::unique_ptr<Channel> ch;
+  std::unique_ptr<Channel> serial_owner;
+  std::unique_ptr<Channel> serial_worker;
+};
 
-  // The consumer is forked before any thread exists here.
+// What one record size measured (GB/s; `serial_gb_s` 0 where not measured).
+struct Row {
+  const char* label;
+  size_t bytes;
+  double ring_gb_s = 0, in_place_gb_s = 0, memcpy_gb_s = 0, memcpy_hot_gb_s = 0, serial_gb_s = 0;
+  size_t window_bytes = 0;
+};
+
+// The 0.5 MiB round trips: their median and p99, in microseconds.
+struct RoundTrips {
+  size_t bytes = 0;
+  double median_us = 0;
+  double p99_us = 0;
+};
+
+ipc::ChannelOptions RingOptions(const RingBenchOptions& o) {
+  ipc::ChannelOptions options;
+  options.ring_bytes = o.ring_mib << 20;
+  options.min_window_bytes = o.min_window_kib << 10;
+  return options;
+}
+
+// Forks the consumer (before any thread exists here) and creates the
+// channels; 0, or the exit status that ends the benchmark.
+int OpenChannels(const RingBenchOptions& o, Channels* c) {
+  c->name = "ckpt-bench-ring-" + std::to_string(::getpid());
   int go[2];
   if (::pipe(go) != 0) return 1;
-  const pid_t child = ::fork();
-  if (child < 0) return 1;
-  if (child == 0) {
+  c->consumer = ::fork();
+  if (c->consumer < 0) return 1;
+  if (c->consumer == 0) {
     ::close(go[1]);
-    ::_exit(ConsumerMain(name, go[0]));
+    ::_exit(ConsumerMain(c->name, go[0]));
   }
   ::close(go[0]);
 
-  ipc::ChannelOptions options;
-  options.ring_bytes = ring_bytes;
-  options.min_window_bytes = o.min_window_kib << 10;
-  auto created = Channel::Create(name, options);
+  const ipc::ChannelOptions options = RingOptions(o);
+  auto created = Channel::Create(c->name, options);
   if (!created.ok()) return Fail(created.status());
-  std::unique_ptr<Channel> ch = std::move(*created);
+  c->ch = std::move(*created);
   if (::write(go[1], "g", 1) != 1) return 1;
   ::close(go[1]);
 
-  // Both ends in this process, for SerialTrial.
-  const std::string serial_name = name + "-serial";
-  auto serial_owner = Channel::Create(serial_name, options);
+  c->serial_name = c->name + "-serial";
+  auto serial_owner = Channel::Create(c->serial_name, options);
   if (!serial_owner.ok()) return Fail(serial_owner.status());
-  auto serial_worker = Channel::Open(serial_name, options);
+  c->serial_owner = std::move(*serial_owner);
+  auto serial_worker = Channel::Open(c->serial_name, options);
   if (!serial_worker.ok()) return Fail(serial_worker.status());
+  c->serial_worker = std::move(*serial_worker);
+  return 0;
+}
 
-  struct Row {
-    const char* label;
-    size_t bytes;
-    double ring_gb_s = 0, in_place_gb_s = 0, memcpy_gb_s = 0, memcpy_hot_gb_s = 0, serial_gb_s = 0;
-    size_t window_bytes = 0;
-  };
-  std::vector<Row> rows = {{"0.5MB", size_t{1} << 19}, {"16MB", size_t{16} << 20}};
-  // As large as the ring, and at least one record.
-  std::vector<uint8_t> dst(std::max(ring_bytes, rows.back().bytes));
-  std::memset(dst.data(), 1, dst.size());
-  for (Row& row : rows) {
-    std::vector<uint8_t> src(row.bytes);
-    for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 131 + 7);
-    const int count =
-        std::max(4, static_cast<int>(mib_per_trial * (1 << 20) / static_cast<double>(row.bytes)));
-    // Warm-up: every page of both rings and of the copy destination touched.
-    for (Way way : {Way::kParts, Way::kInPlace}) {
-      auto warm = RingTrial(way, ch.get(), src, static_cast<int>(2 * ring_bytes / row.bytes) + 2);
-      if (!warm.ok()) return Fail(warm.status());
-    }
-    // The same memory footprint as the ring's records: the window they grew
-    // to (the whole ring without one), not the ring's size.
-    const size_t footprint = ch->Stats().send_window_bytes;
-    MemcpyTrial(src, &dst, count, footprint, false);
-    // One thread cannot both send and receive a fragmented record.
-    const bool serial_fits = row.bytes <= ring_bytes / 2 - 64;
-    if (serial_fits) {
-      auto warm_serial = SerialTrial(serial_owner->get(), serial_worker->get(), src,
-                                     static_cast<int>(2 * ring_bytes / row.bytes) + 2);
-      if (!warm_serial.ok()) return Fail(warm_serial.status());
-    }
-    double best_ring = 1e30, best_in_place = 1e30, best_copy = 1e30, best_hot = 1e30,
-           best_serial = 1e30;
-    for (int t = 0; t < trials; ++t) {
-      auto s = RingTrial(Way::kParts, ch.get(), src, count);
-      if (!s.ok()) return Fail(s.status());
-      best_ring = std::min(best_ring, *s);
-      auto in_place = RingTrial(Way::kInPlace, ch.get(), src, count);
-      if (!in_place.ok()) return Fail(in_place.status());
-      best_in_place = std::min(best_in_place, *in_place);
-      best_copy = std::min(best_copy, MemcpyTrial(src, &dst, count, footprint, false));
-      best_hot = std::min(best_hot, MemcpyTrial(src, &dst, count, footprint, true));
-      if (serial_fits) {
-        auto serial = SerialTrial(serial_owner->get(), serial_worker->get(), src, count);
-        if (!serial.ok()) return Fail(serial.status());
-        best_serial = std::min(best_serial, *serial);
-      }
-    }
-    const double total = static_cast<double>(row.bytes) * count;
-    row.ring_gb_s = total / best_ring / 1e9;
-    row.in_place_gb_s = total / best_in_place / 1e9;
-    row.window_bytes = ch->Stats().send_window_bytes;
-    row.memcpy_gb_s = total / best_copy / 1e9;
-    row.memcpy_hot_gb_s = total / best_hot / 1e9;
-    row.serial_gb_s = serial_fits ? total / best_serial / 1e9 : 0;
-    std::printf(
-        "ring %-6s x %5d: ring %.2f GB/s (in place %.2f)  memcpy %.2f GB/s (hot %.2f)  ratio %.2f"
-        "  window %zu KiB\n",
-        row.label, count, row.ring_gb_s, row.in_place_gb_s, row.memcpy_gb_s, row.memcpy_hot_gb_s,
-        row.ring_gb_s / row.memcpy_gb_s, row.window_bytes >> 10);
-    if (serial_fits)
-      std::printf("  one thread through the transport: %.2f GB/s\n", row.serial_gb_s);
+// Times records of `row->bytes` through the ring both ways, through one
+// thread and with memcpy into `dst`, the best of the trials each, and prints
+// the row.
+Status MeasureRow(const RingBenchOptions& o, Channels& c, std::vector<uint8_t>* dst, Row* row) {
+  const size_t ring_bytes = o.ring_mib << 20;
+  Channel* ch = c.ch.get();
+  std::vector<uint8_t> src(row->bytes);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 131 + 7);
+  const int count =
+      std::max(4, static_cast<int>(o.mib_per_trial * (1 << 20) / static_cast<double>(row->bytes)));
+  // Warm-up: every page of both rings and of the copy destination touched.
+  for (Way way : {Way::kParts, Way::kInPlace}) {
+    CKPT_RETURN_IF_ERROR(
+        RingTrial(way, ch, src, static_cast<int>(2 * ring_bytes / row->bytes) + 2).status());
   }
+  // The same memory footprint as the ring's records: the window they grew
+  // to (the whole ring without one), not the ring's size.
+  const size_t footprint = ch->Stats().send_window_bytes;
+  MemcpyTrial(src, dst, count, footprint, false);
+  // One thread cannot both send and receive a fragmented record.
+  const bool serial_fits = row->bytes <= ring_bytes / 2 - 64;
+  if (serial_fits) {
+    CKPT_RETURN_IF_ERROR(SerialTrial(c.serial_owner.get(), c.serial_worker.get(), src,
+                                     static_cast<int>(2 * ring_bytes / row->bytes) + 2)
+                             .status());
+  }
+  double best_ring = 1e30, best_in_place = 1e30, best_copy = 1e30, best_hot = 1e30,
+         best_serial = 1e30;
+  for (int t = 0; t < o.trials; ++t) {
+    CKPT_ASSIGN_OR_RETURN(const double s, RingTrial(Way::kParts, ch, src, count));
+    best_ring = std::min(best_ring, s);
+    CKPT_ASSIGN_OR_RETURN(const double in_place, RingTrial(Way::kInPlace, ch, src, count));
+    best_in_place = std::min(best_in_place, in_place);
+    best_copy = std::min(best_copy, MemcpyTrial(src, dst, count, footprint, false));
+    best_hot = std::min(best_hot, MemcpyTrial(src, dst, count, footprint, true));
+    if (serial_fits) {
+      CKPT_ASSIGN_OR_RETURN(const double serial,
+                            SerialTrial(c.serial_owner.get(), c.serial_worker.get(), src, count));
+      best_serial = std::min(best_serial, serial);
+    }
+  }
+  const double total = static_cast<double>(row->bytes) * count;
+  row->ring_gb_s = total / best_ring / 1e9;
+  row->in_place_gb_s = total / best_in_place / 1e9;
+  row->window_bytes = ch->Stats().send_window_bytes;
+  row->memcpy_gb_s = total / best_copy / 1e9;
+  row->memcpy_hot_gb_s = total / best_hot / 1e9;
+  row->serial_gb_s = serial_fits ? total / best_serial / 1e9 : 0;
+  std::printf(
+      "ring %-6s x %5d: ring %.2f GB/s (in place %.2f)  memcpy %.2f GB/s (hot %.2f)  ratio %.2f"
+      "  window %zu KiB\n",
+      row->label, count, row->ring_gb_s, row->in_place_gb_s, row->memcpy_gb_s, row->memcpy_hot_gb_s,
+      row->ring_gb_s / row->memcpy_gb_s, row->window_bytes >> 10);
+  if (serial_fits) std::printf("  one thread through the transport: %.2f GB/s\n", row->serial_gb_s);
+  return Status::OK();
+}
 
-  // Round trips: 0.5 MiB request, 0.5 MiB result, both read whole.
+// Round trips: 0.5 MiB request, 0.5 MiB result, both read whole.
+StatusOr<RoundTrips> TimeRoundTrips(Channel* ch, int roundtrips) {
   std::vector<uint8_t> request(size_t{1} << 19, 0x33);
   std::vector<double> us;
   for (int i = 0; i < roundtrips + 20; ++i) {
     const auto start = std::chrono::steady_clock::now();
-    Status s = WriteInPlace(ch.get(), RecordType::kHello, request);
-    if (!s.ok()) return Fail(s);
-    auto r = ch->Receive(ipc::DeadlineIn(kWait));
-    if (!r.ok()) return Fail(r.status());
-    g_sink = ReadAll(r->payload, r->size);
+    CKPT_RETURN_IF_ERROR(WriteInPlace(ch, RecordType::kHello, request));
+    CKPT_ASSIGN_OR_RETURN(ipc::Received r, ch->Receive(ipc::DeadlineIn(kWait)));
+    g_sink = ReadAll(r.payload, r.size);
     ch->Release();
     const double t = Seconds(std::chrono::steady_clock::now() - start).count() * 1e6;
     if (i >= 20) us.push_back(t);  // the first ones warm up
   }
   std::sort(us.begin(), us.end());
-  const double median = us[us.size() / 2];
-  const double p99 = us[std::min(us.size() - 1, us.size() * 99 / 100)];
-  std::printf("roundtrip 0.5MB -> 0.5MB: median %.1f us, p99 %.1f us\n", median, p99);
+  RoundTrips rt;
+  rt.bytes = request.size();
+  rt.median_us = us[us.size() / 2];
+  rt.p99_us = us[std::min(us.size() - 1, us.size() * 99 / 100)];
+  std::printf("roundtrip 0.5MB -> 0.5MB: median %.1f us, p99 %.1f us\n", rt.median_us, rt.p99_us);
+  return rt;
+}
 
-  // The shared memory the segment holds: the pages its records touched.
+// The shared memory the segment holds (the pages its records touched), or
+// -1; then shuts the consumer down and removes both channels. False when the
+// consumer failed.
+bool CloseChannels(Channels* c, int64_t* segment_allocated) {
   struct stat st {};
-  const std::string shm_path = "/dev/shm/" + name;
-  const int64_t segment_allocated =
+  const std::string shm_path = "/dev/shm/" + c->name;
+  *segment_allocated =
       ::stat(shm_path.c_str(), &st) == 0 ? static_cast<int64_t>(st.st_blocks) * 512 : -1;
-  serial_worker->reset();
-  serial_owner->reset();
-  (void)Channel::Remove(serial_name);
-  Status s = ch->Send(RecordType::kShutdown, nullptr, 0, ipc::DeadlineIn(kWait));
+  c->serial_worker.reset();
+  c->serial_owner.reset();
+  (void)Channel::Remove(c->serial_name);
+  Status s = c->ch->Send(RecordType::kShutdown, nullptr, 0, ipc::DeadlineIn(kWait));
   int status = 0;
-  ::waitpid(child, &status, 0);
-  ch.reset();
-  (void)Channel::Remove(name);
-  if (!s.ok() || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    std::fprintf(stderr, "ckpt-bench ring: consumer failed\n");
-    return 1;
-  }
+  ::waitpid(c->consumer, &status, 0);
+  c->ch.reset();
+  (void)Channel::Remove(c->name);
+  return s.ok() && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
 
+void Report(const RingBenchOptions& o, const std::vector<Row>& rows, const RoundTrips& rt,
+            int64_t segment_allocated) {
   nlohmann::json records = nlohmann::json::object();
   for (const Row& r : rows) {
     records[r.label] = {
@@ -282,18 +311,39 @@ int RingBench(const RingBenchOptions& o) {
         {"one_thread_transport_gb_s",
          r.serial_gb_s > 0 ? nlohmann::json(r.serial_gb_s) : nlohmann::json(nullptr)}};
   }
+  const ipc::ChannelOptions options = RingOptions(o);
   const nlohmann::json out = {{"bench", "ring"},
                               {"cpu", CpuDescription()},
-                              {"ring_bytes", ring_bytes},
+                              {"ring_bytes", options.ring_bytes},
                               {"min_window_bytes", options.min_window_bytes},
                               {"segment_bytes_allocated", segment_allocated},
                               {"records", records},
-                              {"roundtrip_bytes", request.size()},
-                              {"roundtrip_us", median},
-                              {"roundtrip_p99_us", p99},
+                              {"roundtrip_bytes", rt.bytes},
+                              {"roundtrip_us", rt.median_us},
+                              {"roundtrip_p99_us", rt.p99_us},
                               {"peak_rss_bytes", PeakRssBytes()},
                               {"peak_rss_children_bytes", PeakRssChildrenBytes()}};
   PrintJsonLine(out);
+}
+
+int RingBench(const RingBenchOptions& o) {
+  Channels c;
+  if (int rc = OpenChannels(o, &c); rc != 0) return rc;
+  std::vector<Row> rows = {{"0.5MB", size_t{1} << 19}, {"16MB", size_t{16} << 20}};
+  // As large as the ring, and at least one record.
+  std::vector<uint8_t> dst(std::max(o.ring_mib << 20, rows.back().bytes));
+  std::memset(dst.data(), 1, dst.size());
+  for (Row& row : rows) {
+    if (Status s = MeasureRow(o, c, &dst, &row); !s.ok()) return Fail(s);
+  }
+  auto rt = TimeRoundTrips(c.ch.get(), o.roundtrips);
+  if (!rt.ok()) return Fail(rt.status());
+  int64_t segment_allocated = -1;
+  if (!CloseChannels(&c, &segment_allocated)) {
+    std::fprintf(stderr, "ckpt-bench ring: consumer failed\n");
+    return 1;
+  }
+  Report(o, rows, *rt, segment_allocated);
   return 0;
 }
 

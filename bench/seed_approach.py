@@ -75,6 +75,17 @@ import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
 
+# LeNet-5 as the user writes it: ckpt's built-in "lenet5", the same layers.
+try:
+    from ckpt_client.models import LeNet5
+except ImportError:
+    # ckpt_client not installed in this python (or installed without models):
+    # this checkout's python/.
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                    "..", "python"))
+    sys.modules.pop("ckpt_client", None)
+    from ckpt_client.models import LeNet5
+
 VALIDATION_SIZE = 10000  # the tail of the training file held out, as ckpt does
 BATCH = 64  # set from --batch in main (the pool's workers fork after that)
 WORKLOADS = ("fashion-lenet5", "cifar-resnet20")
@@ -86,24 +97,6 @@ DEFAULT_BATCH = {"fashion-lenet5": 64, "cifar-resnet20": 128}
 SEARCH_SPACE = {"fashion-lenet5": ((1e-3, 0.2), (0.5, 0.99), (1e-6, 1e-2)),
                 "cifar-resnet20": ((0.01, 0.4), (0.8, 0.95), (5e-5, 1e-3))}
 CROP_PADDING = 4  # cifar-resnet20's augmentation: random_crop:4 and hflip
-
-
-class LeNet5(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv1 = nn.Conv2d(1, 6, 5, padding=2)
-        self.conv2 = nn.Conv2d(6, 16, 5)
-        self.fc1 = nn.Linear(400, 120)
-        self.fc2 = nn.Linear(120, 84)
-        self.fc3 = nn.Linear(84, 10)
-
-    def forward(self, x):
-        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
-        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
-        x = torch.flatten(x, 1)
-        x = F.relu(self.fc1(x))
-        x = F.relu(self.fc2(x))
-        return self.fc3(x)
 
 
 class BasicBlock(nn.Module):

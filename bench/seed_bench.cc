@@ -65,6 +65,7 @@
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -318,7 +319,7 @@ int BareLoop(const Workload& w) {
   const auto start = Clock::now();
   model::TrainerOptions t;
   t.model_spec = "lenet5";
-  t.optimizer = "sgd";
+  t.optimizer = format::OptimizerKind::kSgd;
   t.batch_size = w.batch_size;
   t.eval_size = w.eval_size;
   t.dataset = "fashion-mnist";
@@ -418,12 +419,28 @@ double Mean(const std::vector<double>& v) {
   return s / static_cast<double>(v.size());
 }
 
+enum class ContenderKind { kCkpt, kPython, kBare };
+
 struct Contender {
-  explicit Contender(std::string n) : name(std::move(n)) {}
+  Contender(ContenderKind k, std::string n) : kind(k), name(std::move(n)) {}
+  ContenderKind kind;
   std::string name;
   std::vector<double> wall_s, samples_per_s, pss_bytes, best_val_acc, test_acc;
   json pss_by_process = json::array();  // per round, at the peak
   json phases = json::array();          // per round: ckpt's worker, or the bare loop
+};
+
+struct Contenders {
+  Contender ckpt{ContenderKind::kCkpt, "ckpt"};
+  Contender python{ContenderKind::kPython, "python"};
+  Contender bare{ContenderKind::kBare, "bare"};
+};
+
+// The ratios of each round: ckpt's rate over Python's, ckpt's peak PSS over
+// Python's, and the share of the bare loop's rate ckpt loses (with the bare
+// loop only).
+struct RoundRatios {
+  std::vector<double> speedup, pss_ratio, overhead;
 };
 
 // The JSON of the worker's "ckpt-worker phases: {...}" stderr line (CKPT_WORKER_PHASES=1).
@@ -449,149 +466,213 @@ struct SeedBenchOptions {
   std::string ckpt_args;
 };
 
-int Seed(const SeedBenchOptions& options) {
-  SeedBenchOptions o = options;
-  o.workload.Resolve();
-  Workload& w = o.workload;
-  if (o.bare_only) return BareLoop(w);
+// What the contenders run, resolved from the options once.
+struct SeedRun {
+  Workload w;
+  std::string exe;  // this program, for the bare loop
+  std::string scheduler_bin;
+  std::string python;
+  std::string script;
+  std::string ckpt_args;
+  fs::path root;  // the temp dir of every run
+  int sample_ms = 0;
+  bool with_bare = false;
+};
 
-  const int rounds = o.rounds;
-  const int sample_ms = o.sample_ms;
-  const std::string exe = SelfExe();
-  const fs::path build_dir = fs::path(exe).parent_path().parent_path();
-  const std::string scheduler_bin =
+SeedRun ResolveRun(const SeedBenchOptions& o) {
+  SeedRun s;
+  s.w = o.workload;
+  s.exe = SelfExe();
+  const fs::path build_dir = fs::path(s.exe).parent_path().parent_path();
+  s.scheduler_bin =
       o.scheduler.empty() ? (build_dir / "bin" / "ckpt-scheduler").string() : o.scheduler;
-  const std::string& python = o.python;
-  std::string script = o.script;
-  if (!fs::exists(script)) script = std::string(CKPT_SOURCE_DIR) + "/bench/seed_approach.py";
-  const bool with_bare = !o.skip_bare && !w.cifar();
-  const std::string& ckpt_args = o.ckpt_args;
+  s.python = o.python;
+  s.script = o.script;
+  if (!fs::exists(s.script)) s.script = std::string(CKPT_SOURCE_DIR) + "/bench/seed_approach.py";
+  s.with_bare = !o.skip_bare && !s.w.cifar();
+  s.ckpt_args = o.ckpt_args;
+  s.sample_ms = o.sample_ms;
+  s.root = fs::temp_directory_path() / ("ckpt-bench-seed-" + std::to_string(getpid()));
+  return s;
+}
 
-  const fs::path root = fs::temp_directory_path() / ("ckpt-bench-seed-" + std::to_string(getpid()));
-  fs::remove_all(root);
-  fs::create_directories(root);
-  if (w.cifar() && w.dataset_path.empty()) {
-    // The CIFAR-shaped set, written by the script the README gives users.
-    w.dataset_path = (root / "cifar-synthetic.safetensors").string();
-    const ProcessRun made = RunMeasured(
-        {python, std::string(CKPT_SOURCE_DIR) + "/examples/make_dataset.py", "cifar-synthetic",
-         w.dataset_path, "--n", std::to_string(w.rows), "--seed", std::to_string(w.seed)},
-        {}, root.string(), o.sample_ms);
-    if (made.exit_code != 0) {
-      std::fprintf(stderr, "seed: examples/make_dataset.py exited with %d\n%s\n", made.exit_code,
-                   Tail(made.err, 2000).c_str());
-      return 1;
-    }
-    std::fprintf(stderr, "%s", made.out.c_str());
+// The CIFAR-shaped set, written by the script the README gives users; 0, or
+// the exit status that ends the benchmark.
+int MakeCifarDataset(SeedRun* s) {
+  Workload& w = s->w;
+  w.dataset_path = (s->root / "cifar-synthetic.safetensors").string();
+  const ProcessRun made = RunMeasured(
+      {s->python, std::string(CKPT_SOURCE_DIR) + "/examples/make_dataset.py", "cifar-synthetic",
+       w.dataset_path, "--n", std::to_string(w.rows), "--seed", std::to_string(w.seed)},
+      {}, s->root.string(), s->sample_ms);
+  if (made.exit_code != 0) {
+    std::fprintf(stderr, "seed: examples/make_dataset.py exited with %d\n%s\n", made.exit_code,
+                 Tail(made.err, 2000).c_str());
+    return 1;
   }
+  std::fprintf(stderr, "%s", made.out.c_str());
+  return 0;
+}
 
-  Contender ckpt{"ckpt"}, python_run{"python"}, bare{"bare"};
-  std::vector<double> speedup, pss_ratio, overhead;
-  const std::vector<std::string> order = with_bare
-                                             ? std::vector<std::string>{"ckpt", "python", "bare"}
-                                             : std::vector<std::string>{"ckpt", "python"};
+std::vector<std::string> CkptCommand(const SeedRun& s, const std::string& dir) {
+  const std::string toml = dir + "/seed.toml";
+  std::ofstream(toml) << ExperimentToml(s.w, dir + "/store");
+  std::vector<std::string> cmd = {s.scheduler_bin,      "run", toml, "--quiet", "--summary-json",
+                                  dir + "/summary.json"};
+  std::istringstream extra(s.ckpt_args);
+  for (std::string a; extra >> a;) cmd.push_back(a);
+  return cmd;
+}
+
+std::vector<std::string> PythonCommand(const SeedRun& s, const std::string& dir) {
+  const Workload& w = s.w;
+  return {s.python,       s.script,
+          "--population", std::to_string(w.population),
+          "--intervals",  std::to_string(w.intervals),
+          "--steps",      std::to_string(w.steps),
+          "--eval-size",  std::to_string(w.eval_size),
+          "--seed",       std::to_string(w.seed),
+          "--dataset",    w.dataset_path,
+          "--workload",   w.Name(),
+          "--batch",      std::to_string(w.batch_size),
+          "--workdir",    dir + "/members",
+          "--no-pss"};
+}
+
+std::vector<std::string> BareCommand(const SeedRun& s) {
+  const Workload& w = s.w;
+  return {s.exe,
+          "seed",
+          "--bare-only",
+          "--population",
+          std::to_string(w.population),
+          "--intervals",
+          std::to_string(w.intervals),
+          "--steps",
+          std::to_string(w.steps),
+          "--eval-size",
+          std::to_string(w.eval_size),
+          "--slots",
+          std::to_string(w.slots),
+          "--seed",
+          std::to_string(w.seed),
+          "--final-eval-top",
+          std::to_string(w.final_eval_top),
+          "--dataset-path",
+          w.dataset_path};
+}
+
+// The command line of contender `c`, run in `dir`.
+std::vector<std::string> ContenderCommand(const Contender& c, const SeedRun& s,
+                                          const std::string& dir) {
+  switch (c.kind) {
+    case ContenderKind::kCkpt:
+      return CkptCommand(s, dir);
+    case ContenderKind::kPython:
+      return PythonCommand(s, dir);
+    case ContenderKind::kBare:
+      return BareCommand(s);
+  }
+  return {};
+}
+
+// The result of one run: the best member's accuracies, and its phases where
+// it reports them.
+struct RunResult {
+  double val_acc = NAN;
+  double test_acc = NAN;
+  std::optional<json> phases;
+};
+
+// From ckpt's summary file, or the others' last stdout line; false (having
+// said why on stderr) when there is none.
+bool ReadResult(const Contender& c, const ProcessRun& r, const std::string& dir, RunResult* out) {
+  if (c.kind == ContenderKind::kCkpt) {
+    std::string why;
+    if (!ReadSummary(dir + "/summary.json", &out->val_acc, &out->test_acc, &why)) {
+      std::fprintf(stderr, "seed: %s; ckpt-scheduler printed:\n%s\n", why.c_str(),
+                   Tail(r.out, 2000).c_str());
+      return false;
+    }
+    out->phases = WorkerPhases(r.err);
+    return true;
+  }
+  json j = json::parse(LastLine(r.out), nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("best_val_acc") || !j.contains("test_acc")) {
+    std::fprintf(stderr, "seed: %s printed no result line:\n%s\n%s\n", c.name.c_str(),
+                 Tail(r.out, 2000).c_str(), Tail(r.err, 2000).c_str());
+    return false;
+  }
+  out->val_acc = j["best_val_acc"].get<double>();
+  out->test_acc = j["test_acc"].get<double>();
+  if (j.contains("phases")) out->phases = j["phases"];
+  return true;
+}
+
+// One round's rate (samples/s) and peak PSS per contender name.
+struct RoundFigures {
+  std::map<std::string, double> rate;
+  std::map<std::string, int64_t> pss;
+};
+
+// Runs contender `c` once in `round` and adds what it measured to `c` and
+// `round_figures`; 0, or the exit status that ends the benchmark.
+int RunContender(const SeedRun& s, int round, Contender* c, RoundFigures* round_figures) {
+  const std::string& who = c->name;
+  const std::string dir = (s.root / (who + std::to_string(round))).string();
+  fs::create_directories(dir);
+  const std::vector<std::string> cmd = ContenderCommand(*c, s, dir);
+  std::fprintf(stderr, "round %d: %s...\n", round + 1, who.c_str());
+  std::vector<std::string> env;
+  if (c->kind == ContenderKind::kCkpt) env.push_back("CKPT_WORKER_PHASES=1");
+  ProcessRun r = RunMeasured(cmd, env, dir, s.sample_ms);
+  if (r.exit_code != 0) {
+    std::fprintf(stderr, "seed: %s exited with %d\n%s\n%s\n", who.c_str(), r.exit_code,
+                 Tail(r.out, 2000).c_str(), Tail(r.err, 4000).c_str());
+    return 1;
+  }
+  RunResult result;
+  if (!ReadResult(*c, r, dir, &result)) return 1;
+  if (result.phases.has_value()) c->phases.push_back(*result.phases);
+  c->pss_by_process.push_back(r.peak_pss_by_name);
+  const double per_s = static_cast<double>(s.w.TrainSamples()) / r.wall_s;
+  c->wall_s.push_back(r.wall_s);
+  c->samples_per_s.push_back(per_s);
+  c->pss_bytes.push_back(static_cast<double>(r.peak_pss));
+  c->best_val_acc.push_back(result.val_acc);
+  c->test_acc.push_back(result.test_acc);
+  round_figures->rate[who] = per_s;
+  round_figures->pss[who] = r.peak_pss;
+  std::fprintf(stderr,
+               "round %d: %s %.2f s, %.0f samples/s, peak PSS %.0f MB, val %.4f test %.4f\n",
+               round + 1, who.c_str(), r.wall_s, per_s, static_cast<double>(r.peak_pss) / 1e6,
+               result.val_acc, result.test_acc);
+  return 0;
+}
+
+// The rounds, each running the contenders in an order rotated by one; 0, or
+// the exit status that ends the benchmark.
+int RunRounds(const SeedRun& s, int rounds, Contenders* all, RoundRatios* ratios) {
+  const std::vector<Contender*> order =
+      s.with_bare ? std::vector<Contender*>{&all->ckpt, &all->python, &all->bare}
+                  : std::vector<Contender*>{&all->ckpt, &all->python};
   for (int round = 0; round < rounds; ++round) {
-    std::map<std::string, double> rate;
-    std::map<std::string, int64_t> pss;
+    RoundFigures f;
     for (size_t k = 0; k < order.size(); ++k) {
-      const std::string& who = order[(k + static_cast<size_t>(round)) % order.size()];
-      const std::string dir = (root / (who + std::to_string(round))).string();
-      fs::create_directories(dir);
-      std::vector<std::string> cmd;
-      Contender* c = nullptr;
-      if (who == "ckpt") {
-        const std::string toml = dir + "/seed.toml";
-        std::ofstream(toml) << ExperimentToml(w, dir + "/store");
-        cmd = {scheduler_bin, "run", toml, "--quiet", "--summary-json", dir + "/summary.json"};
-        std::istringstream extra(ckpt_args);
-        for (std::string a; extra >> a;) cmd.push_back(a);
-        c = &ckpt;
-      } else if (who == "python") {
-        cmd = {python,         script,
-               "--population", std::to_string(w.population),
-               "--intervals",  std::to_string(w.intervals),
-               "--steps",      std::to_string(w.steps),
-               "--eval-size",  std::to_string(w.eval_size),
-               "--seed",       std::to_string(w.seed),
-               "--dataset",    w.dataset_path,
-               "--workload",   w.Name(),
-               "--batch",      std::to_string(w.batch_size),
-               "--workdir",    dir + "/members",
-               "--no-pss"};
-        c = &python_run;
-      } else {
-        cmd = {exe,
-               "seed",
-               "--bare-only",
-               "--population",
-               std::to_string(w.population),
-               "--intervals",
-               std::to_string(w.intervals),
-               "--steps",
-               std::to_string(w.steps),
-               "--eval-size",
-               std::to_string(w.eval_size),
-               "--slots",
-               std::to_string(w.slots),
-               "--seed",
-               std::to_string(w.seed),
-               "--final-eval-top",
-               std::to_string(w.final_eval_top),
-               "--dataset-path",
-               w.dataset_path};
-        c = &bare;
-      }
-      std::fprintf(stderr, "round %d: %s...\n", round + 1, who.c_str());
-      std::vector<std::string> env;
-      if (who == "ckpt") env.push_back("CKPT_WORKER_PHASES=1");
-      ProcessRun r = RunMeasured(cmd, env, dir, sample_ms);
-      if (r.exit_code != 0) {
-        std::fprintf(stderr, "seed: %s exited with %d\n%s\n%s\n", who.c_str(), r.exit_code,
-                     Tail(r.out, 2000).c_str(), Tail(r.err, 4000).c_str());
-        return 1;
-      }
-      double val_acc = NAN, test_acc = NAN;
-      if (who == "ckpt") {
-        std::string why;
-        if (!ReadSummary(dir + "/summary.json", &val_acc, &test_acc, &why)) {
-          std::fprintf(stderr, "seed: %s; ckpt-scheduler printed:\n%s\n", why.c_str(),
-                       Tail(r.out, 2000).c_str());
-          return 1;
-        }
-      } else {
-        json j = json::parse(LastLine(r.out), nullptr, /*allow_exceptions=*/false);
-        if (!j.is_object() || !j.contains("best_val_acc") || !j.contains("test_acc")) {
-          std::fprintf(stderr, "seed: %s printed no result line:\n%s\n%s\n", who.c_str(),
-                       Tail(r.out, 2000).c_str(), Tail(r.err, 2000).c_str());
-          return 1;
-        }
-        val_acc = j["best_val_acc"].get<double>();
-        test_acc = j["test_acc"].get<double>();
-        if (j.contains("phases")) c->phases.push_back(j["phases"]);
-      }
-      if (who == "ckpt") c->phases.push_back(WorkerPhases(r.err));
-      c->pss_by_process.push_back(r.peak_pss_by_name);
-      const double per_s = static_cast<double>(w.TrainSamples()) / r.wall_s;
-      c->wall_s.push_back(r.wall_s);
-      c->samples_per_s.push_back(per_s);
-      c->pss_bytes.push_back(static_cast<double>(r.peak_pss));
-      c->best_val_acc.push_back(val_acc);
-      c->test_acc.push_back(test_acc);
-      rate[who] = per_s;
-      pss[who] = r.peak_pss;
-      std::fprintf(stderr,
-                   "round %d: %s %.2f s, %.0f samples/s, peak PSS %.0f MB, val %.4f test %.4f\n",
-                   round + 1, who.c_str(), r.wall_s, per_s, static_cast<double>(r.peak_pss) / 1e6,
-                   val_acc, test_acc);
+      Contender* c = order[(k + static_cast<size_t>(round)) % order.size()];
+      if (int rc = RunContender(s, round, c, &f); rc != 0) return rc;
     }
-    speedup.push_back(rate["ckpt"] / rate["python"]);
-    pss_ratio.push_back(pss["python"] > 0
-                            ? static_cast<double>(pss["ckpt"]) / static_cast<double>(pss["python"])
-                            : NAN);
-    if (with_bare) overhead.push_back(1.0 - rate["ckpt"] / rate["bare"]);
+    ratios->speedup.push_back(f.rate["ckpt"] / f.rate["python"]);
+    ratios->pss_ratio.push_back(f.pss["python"] > 0 ? static_cast<double>(f.pss["ckpt"]) /
+                                                          static_cast<double>(f.pss["python"])
+                                                    : NAN);
+    if (s.with_bare) ratios->overhead.push_back(1.0 - f.rate["ckpt"] / f.rate["bare"]);
   }
-  fs::remove_all(root);
+  return 0;
+}
 
+void Report(const SeedRun& s, int rounds, const Contenders& all, const RoundRatios& ratios) {
+  const Workload& w = s.w;
   json out{{"bench", "seed"},
            {"workload", w.Name()},
            {"rounds", rounds},
@@ -604,7 +685,7 @@ int Seed(const SeedBenchOptions& options) {
            {"fusion", w.fusion},
            {"train_samples", w.TrainSamples()},
            {"cpu", CpuDescription()}};
-  for (const Contender* c : {&ckpt, &python_run, &bare}) {
+  for (const Contender* c : {&all.ckpt, &all.python, &all.bare}) {
     if (c->wall_s.empty()) continue;
     out[c->name + "_samples_per_s"] = Median(c->samples_per_s);
     out[c->name + "_wall_s"] = c->wall_s;
@@ -614,16 +695,34 @@ int Seed(const SeedBenchOptions& options) {
     out[c->name + "_pss_bytes_by_process"] = c->pss_by_process;
     if (!c->phases.empty()) out[c->name + "_phases_s"] = c->phases;
   }
-  out["speedup"] = Median(speedup);
-  out["speedup_per_round"] = speedup;
-  out["pss_ratio"] = Median(pss_ratio);
-  out["pss_ratio_per_round"] = pss_ratio;
-  if (with_bare) {
-    out["overhead_share"] = Median(overhead);
-    out["overhead_share_per_round"] = overhead;
+  out["speedup"] = Median(ratios.speedup);
+  out["speedup_per_round"] = ratios.speedup;
+  out["pss_ratio"] = Median(ratios.pss_ratio);
+  out["pss_ratio_per_round"] = ratios.pss_ratio;
+  if (s.with_bare) {
+    out["overhead_share"] = Median(ratios.overhead);
+    out["overhead_share_per_round"] = ratios.overhead;
   }
   out["device"] = "cpu";
   PrintJsonLine(out);
+}
+
+int Seed(const SeedBenchOptions& options) {
+  SeedBenchOptions o = options;
+  o.workload.Resolve();
+  if (o.bare_only) return BareLoop(o.workload);
+
+  SeedRun s = ResolveRun(o);
+  fs::remove_all(s.root);
+  fs::create_directories(s.root);
+  if (s.w.cifar() && s.w.dataset_path.empty()) {
+    if (int rc = MakeCifarDataset(&s); rc != 0) return rc;
+  }
+  Contenders all;
+  RoundRatios ratios;
+  if (int rc = RunRounds(s, o.rounds, &all, &ratios); rc != 0) return rc;
+  fs::remove_all(s.root);
+  Report(s, o.rounds, all, ratios);
   return 0;
 }
 

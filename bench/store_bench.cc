@@ -226,138 +226,161 @@ struct StoreBenchOptions {
   std::string dir;  // empty: a temporary directory, removed at the end
 };
 
-int StoreBench(const StoreBenchOptions& o) {
-  const size_t state_bytes = o.state_bytes;
-  const size_t total_bytes = o.total_bytes;
-  const int exploits = o.exploits;
-  const size_t n_states =
-      std::clamp<size_t>(total_bytes / std::max<size_t>(state_bytes, 1), 8, 512);
-  const size_t n_members = std::min<size_t>(8, n_states);
+// Where and with what the phases run.
+struct StoreSetup {
+  size_t n_states = 0;
+  size_t n_members = 0;
+  std::string dir;
+  bool remove_dir = false;  // a temporary directory of ours
+  std::vector<std::string> members;
+  store::StoreOptions options;
+};
 
-  std::string dir = o.dir;
-  bool remove_dir = false;
-  if (dir.empty()) {
+// The same bytes written to one file per state, unsynced and fsynced.
+struct FileWrites {
+  double put_s = 0;
+  double put_sync_s = 0;
+  size_t bytes = 0;
+  size_t sync_bytes = 0;
+};
+
+// What the phases measured.
+struct StoreFigures {
+  size_t blob_size = 0;  // bytes of one encoded state
+  CommitPhase put;
+  CommitPhase put_sync;
+  FileWrites files;
+  ReadRates cached;
+  ReadRates uncached;
+  std::vector<double> exploit_us;  // sorted
+};
+
+Status Prepare(const StoreBenchOptions& o, StoreSetup* setup) {
+  setup->n_states = std::clamp<size_t>(o.total_bytes / std::max<size_t>(o.state_bytes, 1), 8, 512);
+  setup->n_members = std::min<size_t>(8, setup->n_states);
+  setup->dir = o.dir;
+  if (setup->dir.empty()) {
     const char* tmp = std::getenv("TMPDIR");
     std::string tmpl = std::string(tmp && *tmp ? tmp : "/tmp") + "/ckpt-store-bench-XXXXXX";
-    if (mkdtemp(tmpl.data()) == nullptr) return Fail(Status::IOError("mkdtemp"));
-    dir = tmpl;
-    remove_dir = true;
+    if (mkdtemp(tmpl.data()) == nullptr) return Status::IOError("mkdtemp");
+    setup->dir = tmpl;
+    setup->remove_dir = true;
   }
-  std::filesystem::create_directories(dir + "/files");
-  std::printf("store bench: %zu states of %zu bytes, %zu members, in %s\n", n_states, state_bytes,
-              n_members, dir.c_str());
+  std::filesystem::create_directories(setup->dir + "/files");
+  std::printf("store bench: %zu states of %zu bytes, %zu members, in %s\n", setup->n_states,
+              o.state_bytes, setup->n_members, setup->dir.c_str());
+  for (size_t i = 0; i < setup->n_members; ++i) setup->members.push_back("m" + std::to_string(i));
+  setup->options.path = setup->dir + "/db";
+  setup->options.keep_last_n = 3;
+  setup->options.keep_best_k = 5;
+  return Status::OK();
+}
 
-  std::vector<std::string> members;
-  for (size_t i = 0; i < n_members; ++i) members.push_back("m" + std::to_string(i));
+// Creates the experiment and its members and commits the states unsynced;
+// then flushes, so that reads come from blob files, as after any restart or
+// once memtables flushed.
+StatusOr<CommitPhase> CommitUnsynced(store::Store* s, const StoreSetup& setup, size_t state_bytes,
+                                     size_t* blob_size) {
+  CKPT_RETURN_IF_ERROR(s->CreateExperiment("bench", "{}"));
+  std::map<std::string, std::map<std::string, double>> hp;
+  for (const auto& m : setup.members) hp[m] = {{"lr", 0.1}};
+  CKPT_RETURN_IF_ERROR(s->CreateMembers("bench", hp));
+  auto states = MakeStates(setup.n_states, state_bytes, 1);
+  *blob_size = states[0].size();
+  CKPT_ASSIGN_OR_RETURN(CommitPhase put, CommitAll(s, setup.members, states));
+  std::printf("commit unsynced: %zu x %zu B in %.3f s: %.1f MB/s, %.1f commits/s\n", put.commits,
+              *blob_size, put.seconds, MBps(put.bytes, put.seconds), put.commits / put.seconds);
+  CKPT_RETURN_IF_ERROR(s->Flush());
+  return put;
+}
 
-  store::StoreOptions options;
-  options.path = dir + "/db";
-  options.keep_last_n = 3;
-  options.keep_best_k = 5;
-
-  CommitPhase put, put_sync;
-  size_t blob_size = 0;
-  auto opened = store::Store::Open(options);
-  if (!opened.ok()) return Fail(opened.status());
-  std::unique_ptr<store::Store> s = std::move(*opened);
-  {
-    Status st = s->CreateExperiment("bench", "{}");
-    if (!st.ok()) return Fail(st);
-    std::map<std::string, std::map<std::string, double>> hp;
-    for (const auto& m : members) hp[m] = {{"lr", 0.1}};
-    st = s->CreateMembers("bench", hp);
-    if (!st.ok()) return Fail(st);
-    auto states = MakeStates(n_states, state_bytes, 1);
-    blob_size = states[0].size();
-    auto p = CommitAll(s.get(), members, states);
-    if (!p.ok()) return Fail(p.status());
-    put = *p;
-    std::printf("commit unsynced: %zu x %zu B in %.3f s: %.1f MB/s, %.1f commits/s\n", put.commits,
-                blob_size, put.seconds, MBps(put.bytes, put.seconds), put.commits / put.seconds);
-    // Reads come from blob files, as after any restart or once memtables flushed.
-    st = s->Flush();
-    if (!st.ok()) return Fail(st);
+// One file per state, the approach the store replaces.
+StatusOr<FileWrites> WriteFiles(const StoreSetup& setup, size_t state_bytes) {
+  FileWrites w;
+  auto states = MakeStates(setup.n_states, state_bytes, 3);
+  auto t0 = Clock::now();
+  for (size_t i = 0; i < states.size(); ++i) {
+    CKPT_RETURN_IF_ERROR(
+        WriteFile(setup.dir + "/files/state" + std::to_string(i % (setup.n_members * 3)) + ".ckpt",
+                  states[i], false));
+    w.bytes += states[i].size();
   }
-
-  // One file per state, the approach the store replaces.
-  double file_put_s = 0, file_put_sync_s = 0;
-  size_t file_bytes = 0, file_sync_bytes = 0;
-  {
-    auto states = MakeStates(n_states, state_bytes, 3);
-    auto t0 = Clock::now();
-    for (size_t i = 0; i < states.size(); ++i) {
-      Status st = WriteFile(dir + "/files/state" + std::to_string(i % (n_members * 3)) + ".ckpt",
-                            states[i], false);
-      if (!st.ok()) return Fail(st);
-      file_bytes += states[i].size();
-    }
-    file_put_s = Seconds(t0, Clock::now());
-    const size_t n_sync = std::max<size_t>(8, n_states / 4);
-    t0 = Clock::now();
-    for (size_t i = 0; i < n_sync; ++i) {
-      Status st = WriteFile(dir + "/files/sync" + std::to_string(i % (n_members * 3)) + ".ckpt",
-                            states[i], true);
-      if (!st.ok()) return Fail(st);
-      file_sync_bytes += states[i].size();
-    }
-    file_put_sync_s = Seconds(t0, Clock::now());
-    std::printf("files: put %.1f MB/s, put+fsync %.1f MB/s\n", MBps(file_bytes, file_put_s),
-                MBps(file_sync_bytes, file_put_sync_s));
+  w.put_s = Seconds(t0, Clock::now());
+  const size_t n_sync = std::max<size_t>(8, setup.n_states / 4);
+  t0 = Clock::now();
+  for (size_t i = 0; i < n_sync; ++i) {
+    CKPT_RETURN_IF_ERROR(
+        WriteFile(setup.dir + "/files/sync" + std::to_string(i % (setup.n_members * 3)) + ".ckpt",
+                  states[i], true));
+    w.sync_bytes += states[i].size();
   }
+  w.put_sync_s = Seconds(t0, Clock::now());
+  std::printf("files: put %.1f MB/s, put+fsync %.1f MB/s\n", MBps(w.bytes, w.put_s),
+              MBps(w.sync_bytes, w.put_sync_s));
+  return w;
+}
 
-  // Reads, interleaved so that the ways compared see the same machine load.
-  ReadRates cached;
-  auto st = MeasureReads(s.get(), members, dir, total_bytes, &cached);
-  if (!st.ok()) return Fail(st);
-  std::printf("get (blob cache): verified %.1f MB/s, unverified %.1f MB/s; file %.1f MB/s\n",
-              cached.verified, cached.unverified, cached.file);
-
+// The wall time of each metadata-only exploit, in microseconds, sorted.
+StatusOr<std::vector<double>> TimeExploits(store::Store* s, const std::vector<std::string>& members,
+                                           int exploits) {
   std::vector<double> exploit_us;
   for (int i = 0; i < exploits; ++i) {
-    const std::string& dst = members[i % n_members];
-    const std::string& src = members[(i + 1) % n_members];
+    const std::string& dst = members[i % members.size()];
+    const std::string& src = members[(i + 1) % members.size()];
     auto t0 = Clock::now();
     auto v = s->Exploit("bench", dst, src, {{"lr", 0.05}}, "{\"why\":\"bench\"}");
     auto t1 = Clock::now();
-    if (!v.ok()) return Fail(v.status());
+    if (!v.ok()) return v.status();
     exploit_us.push_back(Seconds(t0, t1) * 1e6);
   }
   std::sort(exploit_us.begin(), exploit_us.end());
-  s.reset();
+  return exploit_us;
+}
 
-  // The same reads with no blob cache: every read is a blob-file read.
+// The same reads with no blob cache: every read is a blob-file read.
+StatusOr<ReadRates> MeasureUncachedReads(const StoreSetup& setup, size_t total_bytes) {
+  store::StoreOptions o = setup.options;
+  o.blob_cache_bytes = 0;
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<store::Store> s, store::Store::Open(o));
   ReadRates uncached;
-  {
-    store::StoreOptions o = options;
-    o.blob_cache_bytes = 0;
-    auto reopened = store::Store::Open(o);
-    if (!reopened.ok()) return Fail(reopened.status());
-    st = MeasureReads(reopened->get(), members, dir, total_bytes, &uncached);
-    if (!st.ok()) return Fail(st);
-    std::printf("get (no blob cache): verified %.1f MB/s, unverified %.1f MB/s; file %.1f MB/s\n",
-                uncached.verified, uncached.unverified, uncached.file);
-  }
+  CKPT_RETURN_IF_ERROR(MeasureReads(s.get(), setup.members, setup.dir, total_bytes, &uncached));
+  std::printf("get (no blob cache): verified %.1f MB/s, unverified %.1f MB/s; file %.1f MB/s\n",
+              uncached.verified, uncached.unverified, uncached.file);
+  return uncached;
+}
 
-  {
-    store::StoreOptions sync_options = options;
-    sync_options.sync_interval_commits = true;
-    auto reopened = store::Store::Open(sync_options);
-    if (!reopened.ok()) return Fail(reopened.status());
-    auto states = MakeStates(std::max<size_t>(8, n_states / 4), state_bytes, 2);
-    auto p = CommitAll(reopened->get(), members, states);
-    if (!p.ok()) return Fail(p.status());
-    put_sync = *p;
-    std::printf("commit synced: %zu in %.3f s: %.1f MB/s\n", put_sync.commits, put_sync.seconds,
-                MBps(put_sync.bytes, put_sync.seconds));
-    auto report = (*reopened)->Verify();
-    if (!report.ok()) return Fail(report.status());
-    if (!report->ok()) return Fail(Status::Corruption(report->problems.front()));
-  }
-  if (remove_dir) {
-    std::error_code ec;
-    std::filesystem::remove_all(dir, ec);
-  }
+// Commits fresh states with every interval commit synced, then verifies the
+// whole store.
+StatusOr<CommitPhase> CommitSyncedAndVerify(const StoreSetup& setup, size_t state_bytes) {
+  store::StoreOptions sync_options = setup.options;
+  sync_options.sync_interval_commits = true;
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<store::Store> s, store::Store::Open(sync_options));
+  auto states = MakeStates(std::max<size_t>(8, setup.n_states / 4), state_bytes, 2);
+  CKPT_ASSIGN_OR_RETURN(CommitPhase put_sync, CommitAll(s.get(), setup.members, states));
+  std::printf("commit synced: %zu in %.3f s: %.1f MB/s\n", put_sync.commits, put_sync.seconds,
+              MBps(put_sync.bytes, put_sync.seconds));
+  CKPT_ASSIGN_OR_RETURN(auto report, s->Verify());
+  if (!report.ok()) return Status::Corruption(report.problems.front());
+  return put_sync;
+}
 
+Status RunPhases(const StoreBenchOptions& o, const StoreSetup& setup, StoreFigures* f) {
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<store::Store> s, store::Store::Open(setup.options));
+  CKPT_ASSIGN_OR_RETURN(f->put, CommitUnsynced(s.get(), setup, o.state_bytes, &f->blob_size));
+  CKPT_ASSIGN_OR_RETURN(f->files, WriteFiles(setup, o.state_bytes));
+  // Reads, interleaved so that the ways compared see the same machine load.
+  CKPT_RETURN_IF_ERROR(MeasureReads(s.get(), setup.members, setup.dir, o.total_bytes, &f->cached));
+  std::printf("get (blob cache): verified %.1f MB/s, unverified %.1f MB/s; file %.1f MB/s\n",
+              f->cached.verified, f->cached.unverified, f->cached.file);
+  CKPT_ASSIGN_OR_RETURN(f->exploit_us, TimeExploits(s.get(), setup.members, o.exploits));
+  s.reset();
+  CKPT_ASSIGN_OR_RETURN(f->uncached, MeasureUncachedReads(setup, o.total_bytes));
+  CKPT_ASSIGN_OR_RETURN(f->put_sync, CommitSyncedAndVerify(setup, o.state_bytes));
+  return Status::OK();
+}
+
+void Report(const StoreBenchOptions& o, const StoreSetup& setup, const StoreFigures& f) {
+  const std::vector<double>& exploit_us = f.exploit_us;
   double exploit_mean = 0;
   for (double u : exploit_us) exploit_mean += u;
   exploit_mean /= std::max<size_t>(1, exploit_us.size());
@@ -369,37 +392,49 @@ int StoreBench(const StoreBenchOptions& o) {
   // The CRC32C over each WAL and blob-file record (twice per commit), as
   // RocksDB computes it here and as its own loop would (store.h).
   const store::Crc32cFunctions crc = store::RocksDbCrc32cFunctions();
-  const double crc_bound = Crc32cGBps(crc.bound, blob_size);
-  const double crc_library = Crc32cGBps(crc.library, blob_size);
-  std::printf("crc32c over %zu B: %.2f GB/s (%s); RocksDB's own loop %.2f GB/s\n", blob_size,
+  const double crc_bound = Crc32cGBps(crc.bound, f.blob_size);
+  const double crc_library = Crc32cGBps(crc.library, f.blob_size);
+  std::printf("crc32c over %zu B: %.2f GB/s (%s); RocksDB's own loop %.2f GB/s\n", f.blob_size,
               crc_bound, store::Crc32cImplementation(), crc_library);
   // get/file_get: the default store (blob cache on) against whole-file reads
   // from the page cache; *_uncached_*: every store read from a blob file.
   const nlohmann::json out = {
       {"bench", "store"},
-      {"state_bytes", state_bytes},
-      {"blob_bytes", blob_size},
-      {"states", n_states},
-      {"put_mb_s", MBps(put.bytes, put.seconds)},
-      {"put_sync_mb_s", MBps(put_sync.bytes, put_sync.seconds)},
-      {"get_mb_s", cached.verified},
-      {"get_unverified_mb_s", cached.unverified},
-      {"get_uncached_mb_s", uncached.verified},
-      {"get_uncached_unverified_mb_s", uncached.unverified},
-      {"commit_per_s", put.commits / put.seconds},
+      {"state_bytes", o.state_bytes},
+      {"blob_bytes", f.blob_size},
+      {"states", setup.n_states},
+      {"put_mb_s", MBps(f.put.bytes, f.put.seconds)},
+      {"put_sync_mb_s", MBps(f.put_sync.bytes, f.put_sync.seconds)},
+      {"get_mb_s", f.cached.verified},
+      {"get_unverified_mb_s", f.cached.unverified},
+      {"get_uncached_mb_s", f.uncached.verified},
+      {"get_uncached_unverified_mb_s", f.uncached.unverified},
+      {"commit_per_s", f.put.commits / f.put.seconds},
       {"exploit_us", exploit_mean},
       {"exploit_p50_us", pct(0.5)},
       {"exploit_p99_us", pct(0.99)},
-      {"file_put_mb_s", MBps(file_bytes, file_put_s)},
-      {"file_put_sync_mb_s", MBps(file_sync_bytes, file_put_sync_s)},
-      {"file_get_mb_s", cached.file},
-      {"get_vs_file_get", cached.verified / std::max(1e-9, cached.file)},
-      {"get_uncached_vs_file_get", uncached.verified / std::max(1e-9, uncached.file)},
+      {"file_put_mb_s", MBps(f.files.bytes, f.files.put_s)},
+      {"file_put_sync_mb_s", MBps(f.files.sync_bytes, f.files.put_sync_s)},
+      {"file_get_mb_s", f.cached.file},
+      {"get_vs_file_get", f.cached.verified / std::max(1e-9, f.cached.file)},
+      {"get_uncached_vs_file_get", f.uncached.verified / std::max(1e-9, f.uncached.file)},
       {"crc32c_gb_s", crc_bound},
       {"crc32c_rocksdb_own_gb_s", crc_library},
       {"peak_rss_bytes", PeakRssBytes()},
       {"cpu", CpuDescription()}};
   PrintJsonLine(out);
+}
+
+int StoreBench(const StoreBenchOptions& o) {
+  StoreSetup setup;
+  if (Status st = Prepare(o, &setup); !st.ok()) return Fail(st);
+  StoreFigures figures;
+  if (Status st = RunPhases(o, setup, &figures); !st.ok()) return Fail(st);
+  if (setup.remove_dir) {
+    std::error_code ec;
+    std::filesystem::remove_all(setup.dir, ec);
+  }
+  Report(o, setup, figures);
   return 0;
 }
 

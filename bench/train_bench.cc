@@ -214,173 +214,197 @@ struct TrainBenchOptions {
   double sgemm_seconds = 0.5;  // per size and thread count
 };
 
-int TrainBench(const TrainBenchOptions& opt) {
-  // Before the first CUDA call of the process (see worker_main.cc).
-  setenv("CUDA_MODULE_LOADING", "LAZY", /*overwrite=*/0);
-  const int members = opt.members;
-  const int batch = opt.batch;
-  const int64_t steps = opt.steps;
-  const double seconds = opt.seconds;
-  const int cores = HardwareCores();
-  const int slots = opt.slots;
-  const std::string device = opt.device;
-  const int fused_intra_op = opt.fused_intra_op;
-  const std::vector<int>& widths = opt.fused_k;
-  const int population = std::max(members, *std::max_element(widths.begin(), widths.end()));
+// What the measurements share: the dataset, the trainer of the plain slots
+// (one intra-op thread) and the initial population, identical for every mode.
+struct TrainSetup {
+  int cores = 0;
+  std::shared_ptr<const model::DatasetSplits> data;
+  std::unique_ptr<model::Trainer> plain_trainer;
+  std::vector<std::string> initial;
   // Per measurement: its wall-clock interval and the allocator's bytes at its end.
   nlohmann::json phases = nlohmann::json::object();
-  auto phase = [&phases](const std::string& name, double start, model::Trainer& t) {
+
+  void RecordPhase(const std::string& name, double start, model::Trainer& t) {
     phases[name] = {{"start", start},
                     {"end", UnixSeconds()},
                     {"allocated_bytes", t.GetDeviceMemory().allocated_bytes}};
-  };
-
-  const double load_start = LoadAverage();
-  auto data = model::LoadDataset("fashion-mnist", opt.dataset_path);
-  if (!data.ok()) {
-    std::fprintf(stderr, "train: %s\n", data.status().ToString().c_str());
-    return 1;
   }
-  auto make = [&](int intra_op_threads) {
-    model::TrainerOptions o;
-    o.device = device;
-    o.model_spec = "lenet5";
-    o.optimizer = "sgd";
-    o.batch_size = batch;
-    o.eval_size = 0;
-    o.data = *data;
-    o.intra_op_threads = intra_op_threads;
-    return model::Trainer::Create(o);
-  };
-  auto plain_trainer = make(1);
-  if (!plain_trainer.ok()) {
-    std::fprintf(stderr, "train: %s\n", plain_trainer.status().ToString().c_str());
-    return 1;
-  }
+};
 
-  // Fresh population, identical for every mode.
-  std::vector<std::string> initial;
+StatusOr<std::unique_ptr<model::Trainer>> MakeTrainer(const TrainBenchOptions& opt,
+                                                      const TrainSetup& s, int intra_op_threads) {
+  model::TrainerOptions o;
+  o.device = opt.device;
+  o.model_spec = "lenet5";
+  o.optimizer = format::OptimizerKind::kSgd;
+  o.batch_size = opt.batch;
+  o.eval_size = 0;
+  o.data = s.data;
+  o.intra_op_threads = intra_op_threads;
+  return model::Trainer::Create(o);
+}
+
+// Loads the dataset, creates the plain trainer and trains the initial
+// population's states from their seeds.
+Status Prepare(const TrainBenchOptions& opt, TrainSetup* s) {
+  s->cores = HardwareCores();
+  CKPT_ASSIGN_OR_RETURN(s->data, model::LoadDataset("fashion-mnist", opt.dataset_path));
+  CKPT_ASSIGN_OR_RETURN(s->plain_trainer, MakeTrainer(opt, *s, 1));
+  const int population =
+      std::max(opt.members, *std::max_element(opt.fused_k.begin(), opt.fused_k.end()));
   for (int i = 0; i < population; ++i) {
     model::MemberTask t;
     t.member = "m" + std::to_string(i);
     t.init_seed = static_cast<uint64_t>(i);
     t.hparams = Hparams(static_cast<size_t>(i));
-    model::MemberOutcome o = (*plain_trainer)->TrainPlain(t);
-    if (!o.ok()) {
-      std::fprintf(stderr, "train: %s\n", o.status.ToString().c_str());
-      return 1;
-    }
-    initial.push_back(o.EncodeState());
+    model::MemberOutcome o = s->plain_trainer->TrainPlain(t);
+    if (!o.ok()) return o.status;
+    s->initial.push_back(o.EncodeState());
   }
-  const size_t state_bytes = initial.front().size();
+  return Status::OK();
+}
 
+// The bare LibTorch loop's samples/s: one member, one thread.
+StatusOr<double> MeasureSingle(const TrainBenchOptions& opt, TrainSetup* s) {
   model::BaselineOptions base;
-  base.trainer = (*plain_trainer)->options();
+  base.trainer = s->plain_trainer->options();
   base.trainer.intra_op_threads = 1;
-  base.seconds = seconds;
-  double phase_start = UnixSeconds();
+  base.seconds = opt.seconds;
+  const double phase_start = UnixSeconds();
   auto single = model::MeasureBareLibTorchLoop(base);
-  phase("single", phase_start, **plain_trainer);
-  if (!single.ok()) {
-    std::fprintf(stderr, "train: %s\n", single.status().ToString().c_str());
-    return 1;
-  }
+  s->RecordPhase("single", phase_start, *s->plain_trainer);
+  if (!single.ok()) return single.status();
   std::printf("single model (bare LibTorch loop, 1 thread): %.0f samples/s\n", *single);
+  return single;
+}
 
-  // The limit, on the same device in the same run: one thread, and as many
-  // as the plain slots run.
-  auto spec = model::ModelSpec::Parse("lenet5");
-  if (!spec.ok()) {
-    std::fprintf(stderr, "train: %s\n", spec.status().ToString().c_str());
-    return 1;
+// The limit the rates are held to: the model's training FLOPs per sample and
+// the float32 matrix product's peak on one thread and on the plain slots'.
+struct Limits {
+  double single = 0;  // samples/s of the bare loop
+  double gflop_per_sample = 0;
+  Peak peak_1;
+  Peak peak_all;
+
+  // `samples_s` of `threads` threads as a fraction of their peak. Several
+  // threads are held to the better of the two peaks: where two vCPUs share
+  // one core, two threads of matrix product are no faster than one.
+  double FractionOfPeak(double samples_s, int threads) const {
+    const double peak_many = std::max(peak_1.gflops, peak_all.gflops);
+    const double peak = threads == 1 ? peak_1.gflops : peak_many;
+    return peak > 0 ? samples_s * gflop_per_sample / peak : 0.0;
   }
-  const double gflop_per_sample = static_cast<double>(spec->TrainingFlopsPerSample()) / 1e9;
-  phase_start = UnixSeconds();
-  auto peak_1 = MeasurePeak(device, 1, opt.sgemm_seconds);
-  auto peak_all = slots == 1 ? peak_1 : MeasurePeak(device, slots, opt.sgemm_seconds);
-  phase("sgemm", phase_start, **plain_trainer);
-  if (!peak_1.ok() || !peak_all.ok()) {
-    std::fprintf(stderr, "train: %s\n",
-                 (peak_1.ok() ? peak_all.status() : peak_1.status()).ToString().c_str());
-    return 1;
-  }
+};
+
+// The limit, on the same device in the same run: one thread, and as many
+// as the plain slots run.
+Status MeasureLimits(const TrainBenchOptions& opt, TrainSetup* s, Limits* limits) {
+  CKPT_ASSIGN_OR_RETURN(const model::ModelSpec spec, model::ModelSpec::Parse("lenet5"));
+  limits->gflop_per_sample = static_cast<double>(spec.TrainingFlopsPerSample()) / 1e9;
+  const double phase_start = UnixSeconds();
+  auto peak_1 = MeasurePeak(opt.device, 1, opt.sgemm_seconds);
+  auto peak_all = opt.slots == 1 ? peak_1 : MeasurePeak(opt.device, opt.slots, opt.sgemm_seconds);
+  s->RecordPhase("sgemm", phase_start, *s->plain_trainer);
+  if (!peak_1.ok()) return peak_1.status();
+  if (!peak_all.ok()) return peak_all.status();
+  limits->peak_1 = *peak_1;
+  limits->peak_all = *peak_all;
   std::printf(
       "float32 matrix product peak: %.1f GFLOP/s on 1 thread, %.1f on %d; the training step is "
       "%.2f MFLOP/sample, single %.1f GFLOP/s (%.0f%% of the 1-thread peak)\n",
-      peak_1->gflops, peak_all->gflops, slots, gflop_per_sample * 1e3, *single * gflop_per_sample,
-      100 * *single * gflop_per_sample / peak_1->gflops);
+      limits->peak_1.gflops, limits->peak_all.gflops, opt.slots, limits->gflop_per_sample * 1e3,
+      limits->single * limits->gflop_per_sample,
+      100 * limits->single * limits->gflop_per_sample / limits->peak_1.gflops);
+  return Status::OK();
+}
 
-  Population plain_pop(std::vector<std::string>(initial.begin(), initial.begin() + members));
-  phase_start = UnixSeconds();
-  RunResult plain = Run(**plain_trainer, plain_pop, 1, slots, steps, seconds, false);
-  phase("plain", phase_start, **plain_trainer);
+// --slots threads, each training one member at a time.
+RunResult MeasurePlain(const TrainBenchOptions& opt, TrainSetup* s, double single) {
+  Population plain_pop(
+      std::vector<std::string>(s->initial.begin(), s->initial.begin() + opt.members));
+  const double phase_start = UnixSeconds();
+  RunResult plain = Run(*s->plain_trainer, plain_pop, 1, opt.slots, opt.steps, opt.seconds, false);
+  s->RecordPhase("plain", phase_start, *s->plain_trainer);
   std::printf(
       "plain, %d slots x 1 intra-op thread: %.0f samples/s (%.2fx single), "
       "blob<->tensors %.0f us/member\n",
-      slots, plain.samples_s, plain.samples_s / *single, plain.state_us_per_member);
+      opt.slots, plain.samples_s, plain.samples_s / single, plain.state_us_per_member);
+  return plain;
+}
 
-  // Several threads are held to the better of the two peaks: where two vCPUs
-  // share one core, two threads of matrix product are no faster than one.
-  const double peak_many = std::max(peak_1->gflops, peak_all->gflops);
-  auto fraction = [&](double samples_s, int threads) {
-    const double peak = threads == 1 ? peak_1->gflops : peak_many;
-    return peak > 0 ? samples_s * gflop_per_sample / peak : 0.0;
-  };
-  nlohmann::json out = {{"bench", "train"},
-                        {"device", (*plain_trainer)->device()},
-                        {"cpu", CpuDescription()},
-                        {"threads", cores},
-                        {"slots", slots},
-                        {"members", members},
-                        {"batch", batch},
-                        {"steps_per_interval", steps},
-                        {"model", "lenet5"},
-                        {"optimizer", "sgd"},
-                        {"single_model_samples_s", *single},
-                        {"plain_samples_s", plain.samples_s},
-                        {"plain_vs_single", plain.samples_s / *single},
-                        {"train_mflop_per_sample", gflop_per_sample * 1e3},
-                        {"sgemm_gflops_1_thread", peak_1->gflops},
-                        {"sgemm_gflops_by_n_1_thread", peak_1->by_n},
-                        {"sgemm_gflops", peak_all->gflops},
-                        {"sgemm_threads", slots},
-                        {"sgemm_gflops_by_n", peak_all->by_n},
-                        {"single_gflops", *single * gflop_per_sample},
-                        {"single_fraction_of_peak", fraction(*single, 1)},
-                        {"plain_gflops", plain.samples_s * gflop_per_sample},
-                        {"plain_fraction_of_peak", fraction(plain.samples_s, slots)}};
+// One fused width K: its threads, their intra-op threads, and what it measured.
+struct FusedRun {
+  int k = 0;
+  int threads = 0;
+  int intra = 0;
+  RunResult result;
+};
+
+StatusOr<FusedRun> MeasureFused(const TrainBenchOptions& opt, TrainSetup* s, int k, double single) {
+  FusedRun f;
+  f.k = k;
+  const int k_members = std::max(opt.members, k);
+  const int groups = (k_members + k - 1) / k;
+  f.threads = std::max(1, std::min(opt.slots, groups));
+  f.intra = opt.fused_intra_op > 0 ? opt.fused_intra_op : std::max(1, s->cores / f.threads);
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<model::Trainer> trainer, MakeTrainer(opt, *s, f.intra));
+  Population pop(std::vector<std::string>(s->initial.begin(), s->initial.begin() + k_members));
+  const double phase_start = UnixSeconds();
+  f.result = Run(*trainer, pop, static_cast<size_t>(k), f.threads, opt.steps, opt.seconds, true);
+  s->RecordPhase("k" + std::to_string(k), phase_start, *trainer);
+  const RunResult& r = f.result;
+  std::printf(
+      "fused K=%d, %d threads x %d intra-op: %.0f samples/s (%.2fx single), "
+      "pack/unpack %.0f us/member\n",
+      k, f.threads, f.intra, r.samples_s, r.samples_s / single, r.state_us_per_member);
+  return f;
+}
+
+void Report(const TrainBenchOptions& opt, const TrainSetup& s, const Limits& limits,
+            const RunResult& plain, const std::vector<FusedRun>& fused_runs, double load_start) {
+  const double single = limits.single;
+  const double gflop_per_sample = limits.gflop_per_sample;
+  nlohmann::json out = {
+      {"bench", "train"},
+      {"device", s.plain_trainer->device()},
+      {"cpu", CpuDescription()},
+      {"threads", s.cores},
+      {"slots", opt.slots},
+      {"members", opt.members},
+      {"batch", opt.batch},
+      {"steps_per_interval", opt.steps},
+      {"model", "lenet5"},
+      {"optimizer", "sgd"},
+      {"single_model_samples_s", single},
+      {"plain_samples_s", plain.samples_s},
+      {"plain_vs_single", plain.samples_s / single},
+      {"train_mflop_per_sample", gflop_per_sample * 1e3},
+      {"sgemm_gflops_1_thread", limits.peak_1.gflops},
+      {"sgemm_gflops_by_n_1_thread", limits.peak_1.by_n},
+      {"sgemm_gflops", limits.peak_all.gflops},
+      {"sgemm_threads", opt.slots},
+      {"sgemm_gflops_by_n", limits.peak_all.by_n},
+      {"single_gflops", single * gflop_per_sample},
+      {"single_fraction_of_peak", limits.FractionOfPeak(single, 1)},
+      {"plain_gflops", plain.samples_s * gflop_per_sample},
+      {"plain_fraction_of_peak", limits.FractionOfPeak(plain.samples_s, opt.slots)}};
   nlohmann::json fused_fraction = nlohmann::json::object();
   nlohmann::json fused_samples_s = nlohmann::json::object();
   double pack_unpack_k8 = 0;
   int64_t failures = plain.failures;
   std::string first_failure = plain.first_failure;
-  for (int k : widths) {
-    const int k_members = std::max(members, k);
-    const int groups = (k_members + k - 1) / k;
-    const int threads = std::max(1, std::min(slots, groups));
-    const int intra = fused_intra_op > 0 ? fused_intra_op : std::max(1, cores / threads);
-    auto trainer = make(intra);
-    if (!trainer.ok()) {
-      std::fprintf(stderr, "train: %s\n", trainer.status().ToString().c_str());
-      return 1;
-    }
-    Population pop(std::vector<std::string>(initial.begin(), initial.begin() + k_members));
-    phase_start = UnixSeconds();
-    RunResult r = Run(**trainer, pop, static_cast<size_t>(k), threads, steps, seconds, true);
-    phase("k" + std::to_string(k), phase_start, **trainer);
-    std::printf(
-        "fused K=%d, %d threads x %d intra-op: %.0f samples/s (%.2fx single), "
-        "pack/unpack %.0f us/member\n",
-        k, threads, intra, r.samples_s, r.samples_s / *single, r.state_us_per_member);
-    const std::string fused = "fused_k" + std::to_string(k);
+  for (const FusedRun& f : fused_runs) {
+    const RunResult& r = f.result;
+    const std::string fused = "fused_k" + std::to_string(f.k);
     out[fused + "_samples_s"] = r.samples_s;
-    out[fused + "_threads"] = threads;
-    out[fused + "_intra_op"] = intra;
-    fused_samples_s["k" + std::to_string(k)] = r.samples_s;
+    out[fused + "_threads"] = f.threads;
+    out[fused + "_intra_op"] = f.intra;
+    fused_samples_s["k" + std::to_string(f.k)] = r.samples_s;
     // Against the peak of as many threads as it ran (intra-op threads count:
     // each fused thread runs `intra` of them).
-    fused_fraction["k" + std::to_string(k)] = fraction(r.samples_s, threads * intra);
-    if (k == 8) pack_unpack_k8 = r.state_us_per_member;
+    fused_fraction["k" + std::to_string(f.k)] =
+        limits.FractionOfPeak(r.samples_s, f.threads * f.intra);
+    if (f.k == 8) pack_unpack_k8 = r.state_us_per_member;
     if (r.failures > 0 && failures == 0) first_failure = r.first_failure;
     failures += r.failures;
   }
@@ -391,13 +415,39 @@ int TrainBench(const TrainBenchOptions& opt) {
   out["fused_fraction_of_peak"] = fused_fraction;
   out["pack_unpack_us_per_member"] = pack_unpack_k8;
   out["plain_load_store_us_per_member"] = plain.state_us_per_member;
-  out["state_bytes"] = state_bytes;
+  out["state_bytes"] = s.initial.front().size();
   out["failures"] = failures;
   out["loadavg_start"] = load_start;
   out["loadavg_end"] = LoadAverage();
   out["peak_rss_bytes"] = PeakRssBytes();
-  out["phases"] = phases;
+  out["phases"] = s.phases;
   PrintJsonLine(out);
+}
+
+int Fail(const Status& s) {
+  std::fprintf(stderr, "train: %s\n", s.ToString().c_str());
+  return 1;
+}
+
+int TrainBench(const TrainBenchOptions& opt) {
+  // Before the first CUDA call of the process (see worker_main.cc).
+  setenv("CUDA_MODULE_LOADING", "LAZY", /*overwrite=*/0);
+  const double load_start = LoadAverage();
+  TrainSetup s;
+  if (Status st = Prepare(opt, &s); !st.ok()) return Fail(st);
+  Limits limits;
+  auto single = MeasureSingle(opt, &s);
+  if (!single.ok()) return Fail(single.status());
+  limits.single = *single;
+  if (Status st = MeasureLimits(opt, &s, &limits); !st.ok()) return Fail(st);
+  const RunResult plain = MeasurePlain(opt, &s, limits.single);
+  std::vector<FusedRun> fused_runs;
+  for (int k : opt.fused_k) {
+    auto f = MeasureFused(opt, &s, k, limits.single);
+    if (!f.ok()) return Fail(f.status());
+    fused_runs.push_back(*std::move(f));
+  }
+  Report(opt, s, limits, plain, fused_runs, load_start);
   return 0;
 }
 

@@ -241,117 +241,180 @@ struct TransportBenchOptions {
   double mib = 512;
 };
 
-int TransportBench(const TransportBenchOptions& o) {
-  const int roundtrips = o.roundtrips;
-  const size_t bytes = o.bytes;
-  const double mib = o.mib;
-  const std::string name = "ckpt-bench-transport-" + std::to_string(::getpid());
-  const std::string dir = (std::filesystem::temp_directory_path() /
-                           ("ckpt-bench-transport-" + std::to_string(getpid())))
-                              .string();
-  std::filesystem::create_directories(dir);
-  const std::string secret_path = dir + "/secret";
+// Where the three peers meet this process: the ring's name, the TLS secret
+// (its file in `dir`, removed once the TLS peer is done) and the bare
+// socket's listener.
+struct Rendezvous {
+  std::string ring_name;
+  std::string dir;
+  std::string secret;
+  int raw_listen = -1;
+  int raw_port = 0;
+};
+
+// The forked peers. Each waits on its pipe in `go` (ring, TLS, bare socket)
+// for its go byte, or for the TLS peer the address to connect to.
+struct Peers {
+  int go[3][2];
+  pid_t ring = -1;
+  pid_t tcp = -1;
+  pid_t raw = -1;
+};
+
+// What each transport measured.
+struct TransportFigures {
+  Figures ring;
+  Figures tcp;
+  Figures raw;
+};
+
+// Every phase below returns 0 to go on, or the exit status that ends the
+// benchmark (having said why on stderr where it knows).
+
+int MakeSecret(Rendezvous* r) {
+  r->ring_name = "ckpt-bench-transport-" + std::to_string(::getpid());
+  r->dir = (std::filesystem::temp_directory_path() /
+            ("ckpt-bench-transport-" + std::to_string(getpid())))
+               .string();
+  std::filesystem::create_directories(r->dir);
+  const std::string secret_path = r->dir + "/secret";
   if (Status s = ipc::CreateSecretFile(secret_path); !s.ok()) return Fail(s);
   auto secret = ipc::LoadSecretFile(secret_path);
   if (!secret.ok()) return Fail(secret.status());
+  r->secret = *std::move(secret);
+  return 0;
+}
 
-  // Both peers are forked before any thread exists here; each waits for its
-  // go byte.
-  int go[3][2];
-  if (::pipe(go[0]) != 0 || ::pipe(go[1]) != 0 || ::pipe(go[2]) != 0) return 1;
-  int raw_listen = -1, raw_port = 0;
-  if (!ListenLoopback(&raw_listen, &raw_port)) {
+// Forks the three peers before any thread exists here.
+int ForkPeers(Rendezvous* r, Peers* p) {
+  if (::pipe(p->go[0]) != 0 || ::pipe(p->go[1]) != 0 || ::pipe(p->go[2]) != 0) return 1;
+  if (!ListenLoopback(&r->raw_listen, &r->raw_port)) {
     return Fail(Status::IOError("transport bench: cannot listen on loopback"));
   }
-  const pid_t ring_child = ::fork();
-  if (ring_child == 0) {
+  p->ring = ::fork();
+  if (p->ring == 0) {
     char c;
-    if (::read(go[0][0], &c, 1) != 1) ::_exit(1);
-    auto opened = Channel::Open(name, ipc::ChannelOptions());
+    if (::read(p->go[0][0], &c, 1) != 1) ::_exit(1);
+    auto opened = Channel::Open(r->ring_name, ipc::ChannelOptions());
     if (!opened.ok()) ::_exit(1);
     ::_exit(EchoPeer(opened->get(), "transport bench peer"));
   }
-  const pid_t tcp_child = ::fork();
-  if (tcp_child == 0) {
+  p->tcp = ::fork();
+  if (p->tcp == 0) {
     char buf[64] = {};
-    if (::read(go[1][0], buf, sizeof(buf) - 1) <= 0) ::_exit(1);
-    auto ch = ipc::TcpChannel::Connect(buf, *secret, ipc::TcpOptions());
+    if (::read(p->go[1][0], buf, sizeof(buf) - 1) <= 0) ::_exit(1);
+    auto ch = ipc::TcpChannel::Connect(buf, r->secret, ipc::TcpOptions());
     if (!ch.ok()) {
       std::fprintf(stderr, "transport bench peer: %s\n", ch.status().ToString().c_str());
       ::_exit(1);
     }
     ::_exit(EchoPeer(ch->get(), "transport bench peer"));
   }
-  const pid_t raw_child = ::fork();
-  if (raw_child == 0) {
+  p->raw = ::fork();
+  if (p->raw == 0) {
     char c;
-    if (::read(go[2][0], &c, 1) != 1) ::_exit(1);
-    const int fd = ConnectLoopback(raw_port);
+    if (::read(p->go[2][0], &c, 1) != 1) ::_exit(1);
+    const int fd = ConnectLoopback(r->raw_port);
     if (fd < 0) ::_exit(1);
     NoDelay(fd);
     ::_exit(RawEcho(fd));
   }
+  return 0;
+}
 
+int MeasureRing(const TransportBenchOptions& o, const Rendezvous& r, const Peers& p,
+                Figures* figures) {
   ipc::ChannelOptions options;  // the scheduler's default ring
   options.ring_bytes = size_t{16} << 20;
-  auto created = Channel::Create(name, options);
+  auto created = Channel::Create(r.ring_name, options);
   if (!created.ok()) return Fail(created.status());
-  if (::write(go[0][1], "g", 1) != 1) return 1;
-  auto ring = Measure(created->get(), bytes, roundtrips, mib);
+  if (::write(p.go[0][1], "g", 1) != 1) return 1;
+  auto ring = Measure(created->get(), o.bytes, o.roundtrips, o.mib);
   created->reset();
-  (void)Channel::Remove(name);
+  (void)Channel::Remove(r.ring_name);
   int status = 0;
-  ::waitpid(ring_child, &status, 0);
+  ::waitpid(p.ring, &status, 0);
   if (!ring.ok()) return Fail(ring.status());
+  *figures = *ring;
+  return 0;
+}
 
+int MeasureTls(const TransportBenchOptions& o, const Rendezvous& r, const Peers& p,
+               Figures* figures) {
   ipc::TcpOptions topt;
-  auto listener = ipc::TcpListener::Listen("127.0.0.1:0", *secret, topt);
+  auto listener = ipc::TcpListener::Listen("127.0.0.1:0", r.secret, topt);
   if (!listener.ok()) return Fail(listener.status());
   const std::string where = "127.0.0.1:" + std::to_string((*listener)->port());
-  if (::write(go[1][1], where.c_str(), where.size()) != static_cast<ssize_t>(where.size())) {
+  if (::write(p.go[1][1], where.c_str(), where.size()) != static_cast<ssize_t>(where.size())) {
     return 1;
   }
   auto accepted = (*listener)->Accept(ipc::DeadlineIn(kWait));
   if (!accepted.ok()) return Fail(accepted.status());
-  auto tcp = Measure(accepted->channel.get(), bytes, roundtrips, mib);
-  ::waitpid(tcp_child, &status, 0);
+  auto tcp = Measure(accepted->channel.get(), o.bytes, o.roundtrips, o.mib);
+  int status = 0;
+  ::waitpid(p.tcp, &status, 0);
   accepted->channel.reset();
-  std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(r.dir);
   if (!tcp.ok()) return Fail(tcp.status());
+  *figures = *tcp;
+  return 0;
+}
 
-  if (::write(go[2][1], "g", 1) != 1) return 1;
-  const int raw_fd = ::accept4(raw_listen, nullptr, nullptr, SOCK_CLOEXEC);
+int MeasureBareSocket(const TransportBenchOptions& o, const Rendezvous& r, const Peers& p,
+                      Figures* figures) {
+  if (::write(p.go[2][1], "g", 1) != 1) return 1;
+  const int raw_fd = ::accept4(r.raw_listen, nullptr, nullptr, SOCK_CLOEXEC);
   if (raw_fd < 0) return Fail(Status::IOError("transport bench: accept on loopback failed"));
   NoDelay(raw_fd);
-  auto raw = MeasureRaw(raw_fd, bytes, roundtrips, mib);
-  ::waitpid(raw_child, &status, 0);
+  auto raw = MeasureRaw(raw_fd, o.bytes, o.roundtrips, o.mib);
+  int status = 0;
+  ::waitpid(p.raw, &status, 0);
   ::close(raw_fd);
-  ::close(raw_listen);
+  ::close(r.raw_listen);
   if (!raw.ok()) return Fail(raw.status());
+  *figures = *raw;
+  return 0;
+}
 
+void Report(size_t bytes, const TransportFigures& f) {
+  const Figures& ring = f.ring;
+  const Figures& tcp = f.tcp;
+  const Figures& raw = f.raw;
   std::printf(
       "roundtrip %zu B -> %zu B: ring median %.1f us (p99 %.1f), tcp median %.1f us "
       "(p99 %.1f), bare socket median %.1f us; one-way 16 MiB records: ring %.2f GB/s, tcp "
       "(TLS) %.2f GB/s, bare socket %.2f GB/s\n",
-      bytes, bytes, ring->median_us, ring->p99_us, tcp->median_us, tcp->p99_us, raw->median_us,
-      ring->gb_s, tcp->gb_s, raw->gb_s);
+      bytes, bytes, ring.median_us, ring.p99_us, tcp.median_us, tcp.p99_us, raw.median_us,
+      ring.gb_s, tcp.gb_s, raw.gb_s);
   nlohmann::json out = {{"bench", "transport"},
                         {"roundtrip_bytes", bytes},
-                        {"ring_roundtrip_us", ring->median_us},
-                        {"ring_roundtrip_p99_us", ring->p99_us},
-                        {"tcp_roundtrip_us", tcp->median_us},
-                        {"tcp_roundtrip_p99_us", tcp->p99_us},
-                        {"tcp_vs_ring_roundtrip_ratio", tcp->median_us / ring->median_us},
-                        {"ring_gb_s_16mb", ring->gb_s},
-                        {"tcp_gb_s_16mb", tcp->gb_s},
-                        {"tcp_raw_roundtrip_us", raw->median_us},
-                        {"tcp_raw_roundtrip_p99_us", raw->p99_us},
-                        {"tcp_raw_gb_s_16mb", raw->gb_s},
-                        {"tls_vs_raw_tcp_throughput", raw->gb_s / tcp->gb_s},
-                        {"tls_vs_raw_tcp_roundtrip", tcp->median_us / raw->median_us},
-                        {"tls_vs_ring_throughput", ring->gb_s / tcp->gb_s},
+                        {"ring_roundtrip_us", ring.median_us},
+                        {"ring_roundtrip_p99_us", ring.p99_us},
+                        {"tcp_roundtrip_us", tcp.median_us},
+                        {"tcp_roundtrip_p99_us", tcp.p99_us},
+                        {"tcp_vs_ring_roundtrip_ratio", tcp.median_us / ring.median_us},
+                        {"ring_gb_s_16mb", ring.gb_s},
+                        {"tcp_gb_s_16mb", tcp.gb_s},
+                        {"tcp_raw_roundtrip_us", raw.median_us},
+                        {"tcp_raw_roundtrip_p99_us", raw.p99_us},
+                        {"tcp_raw_gb_s_16mb", raw.gb_s},
+                        {"tls_vs_raw_tcp_throughput", raw.gb_s / tcp.gb_s},
+                        {"tls_vs_raw_tcp_roundtrip", tcp.median_us / raw.median_us},
+                        {"tls_vs_ring_throughput", ring.gb_s / tcp.gb_s},
                         {"cpu", CpuDescription()}};
   PrintJsonLine(out);
+}
+
+int TransportBench(const TransportBenchOptions& o) {
+  Rendezvous r;
+  Peers p;
+  TransportFigures f;
+  if (int rc = MakeSecret(&r); rc != 0) return rc;
+  if (int rc = ForkPeers(&r, &p); rc != 0) return rc;
+  if (int rc = MeasureRing(o, r, p, &f.ring); rc != 0) return rc;
+  if (int rc = MeasureTls(o, r, p, &f.tcp); rc != 0) return rc;
+  if (int rc = MeasureBareSocket(o, r, p, &f.raw); rc != 0) return rc;
+  Report(o.bytes, f);
   return 0;
 }
 

@@ -12,7 +12,8 @@ them in the archive record ckpt.json (torch.load ignores it; a .pt written
 with --optimizer also has them under its "ckpt" key); a .safetensors in its
 __metadata__ ("ckpt.input_mean", ...).
 
-The script builds ckpt's "lenet5" as an nn.Module, loads the weights with
+The script takes ckpt's "lenet5" as an nn.Module (ckpt_client.models.LeNet5:
+`pip install ./python`, else this checkout's python/), loads the weights with
 load_state_dict, normalizes the Fashion-MNIST test split exactly as ckpt's
 workers do (x = u8 * scale + shift in float32) and prints the test accuracy,
 which equals the one in `ckpt-tool events EXPERIMENT --type final_eval`.
@@ -25,28 +26,17 @@ import sys
 import zipfile
 
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 
-
-class LeNet5(nn.Module):
-    """ckpt's built-in model spec "lenet5", with ckpt's state_dict names."""
-
-    def __init__(self, num_classes=10):
-        super().__init__()
-        self.conv1 = nn.Conv2d(1, 6, 5, padding=2)
-        self.conv2 = nn.Conv2d(6, 16, 5)
-        self.fc1 = nn.Linear(400, 120)
-        self.fc2 = nn.Linear(120, 84)
-        self.fc3 = nn.Linear(84, num_classes)
-
-    def forward(self, x):
-        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
-        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
-        x = torch.flatten(x, 1)
-        x = F.relu(self.fc1(x))
-        x = F.relu(self.fc2(x))
-        return self.fc3(x)
+# ckpt's built-in model spec "lenet5" as an nn.Module, with ckpt's state_dict names.
+try:
+    from ckpt_client.models import LeNet5
+except ImportError:
+    # ckpt_client not installed in this python (or installed without models):
+    # this checkout's python/.
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                    "..", "python"))
+    sys.modules.pop("ckpt_client", None)
+    from ckpt_client.models import LeNet5
 
 
 def load_export(path):

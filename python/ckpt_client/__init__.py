@@ -11,6 +11,12 @@ library only::
         print(progress["line"])
     best = c.results(name)          # a DataFrame when pandas is importable
     state = load_state_dict(f"{name}/m003", client=c)
+
+``ckpt_client.models``, ckpt's built-in models as PyTorch modules
+(``LeNet5``), needs torch and is imported on its own::
+
+    from ckpt_client.models import LeNet5
+    LeNet5().load_state_dict(state)
 """
 
 from .client import CkptError, Client, DEFAULT_SOCKET, load_state_dict, results

@@ -228,196 +228,282 @@ const char* PolicyModeName(PolicyMode mode) {
   return mode == PolicyMode::kAsync ? "async" : "sync";
 }
 
+namespace {
+
+// What every part of an experiment file is read with, besides the document.
+struct ParseContext {
+  const std::string& origin;
+  // FileChecks::kCheck: the model and data files are opened and checked now.
+  bool check_files;
+};
+
+// Reads one part of the document (the top-level keys or one table) into *c.
+using PartReader = Status (*)(TomlTableReader* top, const ParseContext& ctx, ExperimentConfig* c);
+
+// Without the file checks a tensor file's targets are not known.
+bool TargetKnown(const ParseContext& ctx, const ExperimentConfig& c) {
+  return ctx.check_files || c.data_format == format::DatasetFormat::kIdx;
+}
+
+Status ReadTopLevelKeys(TomlTableReader* top, const ParseContext& /*ctx*/, ExperimentConfig* c) {
+  CKPT_RETURN_IF_ERROR(top->String("name", &c->name));
+  if (c->name.empty()) return top->Error("name", "is required");
+  if (c->name.size() > kMaxExperimentNameBytes) {
+    return top->Error("name", "is " + std::to_string(c->name.size()) + " bytes; the limit is " +
+                                  std::to_string(kMaxExperimentNameBytes));
+  }
+  for (char ch : c->name) {
+    if (!(std::isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '_' || ch == '.')) {
+      return top->Error("name", "may hold only letters, digits, '-', '_' and '.'");
+    }
+  }
+  int64_t seed = 0;
+  CKPT_RETURN_IF_ERROR(top->Int("seed", 0, INT64_MAX, &seed));
+  c->seed = static_cast<uint64_t>(seed);
+  CKPT_RETURN_IF_ERROR(top->String("store", &c->store));
+  CKPT_RETURN_IF_ERROR(top->String("metrics", &c->metrics));
+  if (!ValidListenAddress(c->metrics)) {
+    return top->Error("metrics",
+                      "must be host:port (port 1-65535) or \"\", not '" + c->metrics + "'");
+  }
+  return Status::OK();
+}
+
+Status ReadModelTable(TomlTableReader* top, const ParseContext& ctx, ExperimentConfig* c) {
+  CKPT_ASSIGN_OR_RETURN(const toml::table* model, top->Table("model"));
+  if (model == nullptr) return Status::OK();
+  TomlTableReader r(*model, "model", ctx.origin);
+  CKPT_RETURN_IF_ERROR(r.String("spec", &c->model_spec));
+  CKPT_RETURN_IF_ERROR(CheckModelSpec(&r, c->model_spec, ctx.check_files));
+  CKPT_RETURN_IF_ERROR(
+      r.Enum("optimizer", format::kOptimizerKinds, &format::OptimizerKindName, &c->optimizer));
+  return r.CheckNoUnknownKeys();
+}
+
+// The files [data] names, checked against its format: a tensor file is
+// opened now; an idx directory must hold the training images, and the keys
+// only tensor files take are refused.
+Status CheckDataSource(const toml::table& data, TomlTableReader* r, const ParseContext& ctx,
+                       ExperimentConfig* c) {
+  if (c->data_format != format::DatasetFormat::kIdx) {
+    if (data.get("path") == nullptr) return r->Error("format", "needs path = the tensor file");
+    if (ctx.check_files) CKPT_RETURN_IF_ERROR(CheckTensorData(r, c));
+    return Status::OK();
+  }
+  if (data.get("val_size") || data.get("classes") || data.get("mean") || data.get("std")) {
+    const char* key = data.get("val_size")  ? "val_size"
+                      : data.get("classes") ? "classes"
+                      : data.get("mean")    ? "mean"
+                                            : "std";
+    return r->Error(key, "applies to tensor files (format = \"safetensors\" or \"npz\")");
+  }
+  if (ctx.check_files && !FileExists(c->dataset_path + "/train-images-idx3-ubyte.gz") &&
+      !FileExists(c->dataset_path + "/train-images-idx3-ubyte")) {
+    return r->Error("path", "no train-images-idx3-ubyte[.gz] in '" + c->dataset_path +
+                                "' (install dataset-fashion-mnist or fix the path)");
+  }
+  return Status::OK();
+}
+
+Status ReadDataTable(TomlTableReader* top, const ParseContext& ctx, ExperimentConfig* c) {
+  CKPT_ASSIGN_OR_RETURN(const toml::table* data, top->Table("data"));
+  if (data == nullptr) {
+    if (ctx.check_files && !FileExists(c->dataset_path + "/train-images-idx3-ubyte.gz")) {
+      return Status::InvalidArgument("data.path (" + ctx.origin + "): default dataset " +
+                                     c->dataset_path +
+                                     " is missing (install dataset-fashion-mnist)");
+    }
+    return Status::OK();
+  }
+  TomlTableReader r(*data, "data", ctx.origin);
+  std::string data_format = "idx";
+  CKPT_RETURN_IF_ERROR(r.OneOf("format", {"idx", "safetensors", "npz"}, &data_format));
+  c->data_format = *format::ParseDatasetFormat(data_format);
+  CKPT_RETURN_IF_ERROR(r.OneOf("dataset", {"fashion-mnist", "mnist"}, &c->dataset));
+  CKPT_RETURN_IF_ERROR(r.String("path", &c->dataset_path));
+  format::TensorDatasetOptions& t = c->tensor_data;
+  CKPT_RETURN_IF_ERROR(r.Int("val_size", 0, int64_t{1} << 40, &t.val_size));
+  CKPT_RETURN_IF_ERROR(r.Int("classes", 0, int64_t{1} << 24, &t.classes));
+  CKPT_RETURN_IF_ERROR(r.Doubles("mean", &t.mean));
+  CKPT_RETURN_IF_ERROR(r.Doubles("std", &t.std));
+  std::vector<std::string> augment;
+  CKPT_RETURN_IF_ERROR(r.Strings("augment", &augment));
+  auto parsed_augment = format::ParseAugmentation(augment);
+  if (!parsed_augment.ok()) return r.Error("augment", parsed_augment.status().message());
+  c->augment = *parsed_augment;
+  CKPT_RETURN_IF_ERROR(r.Int("batch_size", 1, 65536, &c->batch_size));
+  CKPT_RETURN_IF_ERROR(r.Int("eval_size", 0, 10000, &c->eval_size));
+  CKPT_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
+  if (c->dataset == "mnist" && data->get("path") == nullptr) {
+    c->dataset_path = "/usr/share/datasets/mnist";
+  }
+  return CheckDataSource(*data, &r, ctx, c);
+}
+
+Status ReadTaskTable(TomlTableReader* top, const ParseContext& ctx, ExperimentConfig* c) {
+  CKPT_ASSIGN_OR_RETURN(const toml::table* task, top->Table("task"));
+  if (task == nullptr) return Status::OK();
+  TomlTableReader r(*task, "task", ctx.origin);
+  std::string loss, metric;
+  CKPT_RETURN_IF_ERROR(r.OneOf("loss", {"cross_entropy", "mse"}, &loss));
+  CKPT_RETURN_IF_ERROR(r.OneOf("metric", {"accuracy", "neg_mse", "r2"}, &metric));
+  CKPT_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
+  const bool target_known = TargetKnown(ctx, *c);
+  const std::string holds = c->target == format::TargetKind::kClasses
+                                ? "the data's y holds class labels"
+                                : "the data's y holds float targets";
+  if (!loss.empty()) {
+    c->loss = *format::ParseLossKind(loss);
+    if (target_known && format::TargetOf(*c->loss) != c->target) {
+      return r.Error("loss", "does not fit: " + holds);
+    }
+  }
+  if (!metric.empty()) {
+    c->metric = *format::ParseMetricKind(metric);
+    if (target_known && format::TargetOf(*c->metric) != c->target) {
+      return r.Error("metric", "does not fit: " + holds);
+    }
+  }
+  return Status::OK();
+}
+
+Status ReadPopulationTable(TomlTableReader* top, const ParseContext& ctx, ExperimentConfig* c) {
+  CKPT_ASSIGN_OR_RETURN(const toml::table* pop, top->Table("population"));
+  if (pop == nullptr) return top->Error("population", "is required ([population] size = N)");
+  TomlTableReader r(*pop, "population", ctx.origin);
+  if (pop->get("size") == nullptr) return r.Error("size", "is required");
+  CKPT_RETURN_IF_ERROR(r.Int("size", 1, kMaxPopulation, &c->population));
+  CKPT_RETURN_IF_ERROR(r.Int("steps_per_interval", 0, int64_t{1} << 40, &c->steps_per_interval));
+  CKPT_RETURN_IF_ERROR(r.Int("intervals", 1, 1000000, &c->intervals));
+  if (pop->get("target_metric") != nullptr) {
+    double target = 0;
+    CKPT_RETURN_IF_ERROR(r.Double("target_metric", -1e300, 1, &target));
+    std::string range;
+    if (TargetKnown(ctx, *c) && !format::InMetricRange(c->Metric(), target, &range)) {
+      std::string why = FormatNumber(target);
+      why += " is outside ";
+      why += range;
+      why += ", the range of ";
+      why += format::MetricKindName(c->Metric());
+      return r.Error("target_metric", why);
+    }
+    c->target_metric = target;
+  }
+  CKPT_RETURN_IF_ERROR(r.Double("max_wall_s", 0, 1e9, &c->max_wall_s));
+  return r.CheckNoUnknownKeys();
+}
+
+Status ReadSearchSpaceTable(TomlTableReader* top, const ParseContext& ctx, ExperimentConfig* c) {
+  CKPT_ASSIGN_OR_RETURN(const toml::table* space, top->Table("search_space"));
+  if (space == nullptr) return Status::OK();
+  return ParseSearchSpace(*space, ctx.origin, c);
+}
+
+Status ReadHparamsTable(TomlTableReader* top, const ParseContext& ctx, ExperimentConfig* c) {
+  CKPT_ASSIGN_OR_RETURN(const toml::table* fixed, top->Table("hparams"));
+  if (fixed == nullptr) return Status::OK();
+  TomlTableReader r(*fixed, "hparams", ctx.origin);
+  for (const auto& [k, v] : *fixed) {
+    double value = 0;
+    CKPT_RETURN_IF_ERROR(r.Double(std::string(k.str()), -1e300, 1e300, &value));
+    if (k.str() == format::kDropoutHparam && !format::IsDropoutProbability(value)) {
+      return r.Error(format::kDropoutHparam,
+                     FormatNumber(value) + " is no dropout probability: it must be in [0, 1)");
+    }
+    c->fixed_hparams[std::string(k.str())] = value;
+  }
+  return Status::OK();
+}
+
+// Every hyperparameter is either searched or fixed, and at least one is given.
+Status CheckHparamsSearchedOrFixed(TomlTableReader* top, const ParseContext& ctx,
+                                   ExperimentConfig* c) {
+  if (c->search_space.empty() && c->fixed_hparams.empty()) {
+    return top->Error("search_space", "is empty: give at least one hyperparameter to search");
+  }
+  for (const auto& [name, dim] : c->search_space) {
+    if (c->fixed_hparams.count(name)) {
+      return Status::InvalidArgument("hparams." + name + " (" + ctx.origin +
+                                     "): also in search_space; keep one");
+    }
+  }
+  return Status::OK();
+}
+
+Status ReadPolicyTable(TomlTableReader* top, const ParseContext& ctx, ExperimentConfig* c) {
+  CKPT_ASSIGN_OR_RETURN(const toml::table* policy, top->Table("policy"));
+  if (policy == nullptr) return Status::OK();
+  PolicyConfig& p = c->policy;
+  TomlTableReader r(*policy, "policy", ctx.origin);
+  CKPT_RETURN_IF_ERROR(r.Enum("kind", kPolicyKinds, &PolicyKindName, &p.kind));
+  CKPT_RETURN_IF_ERROR(r.Enum("mode", kPolicyModes, &PolicyModeName, &p.mode));
+  CKPT_RETURN_IF_ERROR(r.Double("quantile", 0, 0.5, &p.quantile));
+  CKPT_RETURN_IF_ERROR(r.Doubles("perturb", &p.perturb));
+  for (double f : p.perturb) {
+    if (!(f > 0) || !std::isfinite(f)) return r.Error("perturb", "factors must be positive");
+  }
+  if (p.perturb.empty()) return r.Error("perturb", "must list at least one factor");
+  CKPT_RETURN_IF_ERROR(r.Double("resample_probability", 0, 1, &p.resample_probability));
+  CKPT_RETURN_IF_ERROR(r.Int("ready_intervals", 1, 1000000, &p.ready_intervals));
+  CKPT_RETURN_IF_ERROR(r.Int("eta", 2, 1000, &p.eta));
+  CKPT_RETURN_IF_ERROR(r.Int("min_intervals", 1, 1000000, &p.min_intervals));
+  return r.CheckNoUnknownKeys();
+}
+
+// [[devices]]; without it, one default device.
+Status ReadDevicesArray(TomlTableReader* top, const ParseContext& ctx, ExperimentConfig* c) {
+  CKPT_RETURN_IF_ERROR(ReadDevices(top, ctx.origin, "cpu", &c->devices));
+  if (c->devices.empty()) c->devices.push_back(DeviceConfig{});
+  return Status::OK();
+}
+
+Status ReadSupervisionTable(TomlTableReader* top, const ParseContext& ctx, ExperimentConfig* c) {
+  CKPT_ASSIGN_OR_RETURN(const toml::table* sup, top->Table("supervision"));
+  if (sup == nullptr) return Status::OK();
+  TomlTableReader r(*sup, "supervision", ctx.origin);
+  CKPT_RETURN_IF_ERROR(ReadSupervision(&r, &c->supervision));
+  CKPT_RETURN_IF_ERROR(r.Seconds("grace_s", 0, 86400, &c->supervision.grace));
+  CKPT_RETURN_IF_ERROR(
+      r.Seconds("heartbeat_timeout_s", 0.1, 86400, &c->supervision.heartbeat_timeout));
+  return r.CheckNoUnknownKeys();
+}
+
+Status ReadWorkersTable(TomlTableReader* top, const ParseContext& ctx, ExperimentConfig* c) {
+  CKPT_ASSIGN_OR_RETURN(const toml::table* workers, top->Table("workers"));
+  if (workers == nullptr) return Status::OK();
+  TomlTableReader r(*workers, "workers", ctx.origin);
+  CKPT_RETURN_IF_ERROR(ReadRemoteWorkers(&r, &c->workers));
+  return r.CheckNoUnknownKeys();
+}
+
+// In this order: a part may depend on those before it ([task] and
+// [population] on the data's targets, the hyperparameter check on both tables),
+// and the first error found is the one reported.
+constexpr PartReader kPartReaders[] = {
+    ReadTopLevelKeys,             // name, seed, store, metrics
+    ReadModelTable,               // [model]
+    ReadDataTable,                // [data]
+    ReadTaskTable,                // [task]
+    ReadPopulationTable,          // [population]
+    ReadSearchSpaceTable,         // [search_space]
+    ReadHparamsTable,             // [hparams]
+    CheckHparamsSearchedOrFixed,  // [search_space] against [hparams]
+    ReadPolicyTable,              // [policy]
+    ReadDevicesArray,             // [[devices]]
+    ReadSupervisionTable,         // [supervision]
+    ReadWorkersTable,             // [workers]
+};
+
+}  // namespace
+
 StatusOr<ExperimentConfig> ParseExperimentConfig(const std::string& toml_text,
                                                  const std::string& origin, FileChecks files) {
-  const bool check_files = files == FileChecks::kCheck;
+  const ParseContext ctx{origin, files == FileChecks::kCheck};
   CKPT_ASSIGN_OR_RETURN(toml::table doc, ParseToml(toml_text, origin));
   ExperimentConfig c;
   c.source = toml_text;
   TomlTableReader top(doc, "", origin);
-  CKPT_RETURN_IF_ERROR(top.String("name", &c.name));
-  if (c.name.empty()) return top.Error("name", "is required");
-  if (c.name.size() > kMaxExperimentNameBytes) {
-    return top.Error("name", "is " + std::to_string(c.name.size()) + " bytes; the limit is " +
-                                 std::to_string(kMaxExperimentNameBytes));
-  }
-  for (char ch : c.name) {
-    if (!(std::isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '_' || ch == '.')) {
-      return top.Error("name", "may hold only letters, digits, '-', '_' and '.'");
-    }
-  }
-  int64_t seed = 0;
-  CKPT_RETURN_IF_ERROR(top.Int("seed", 0, INT64_MAX, &seed));
-  c.seed = static_cast<uint64_t>(seed);
-  CKPT_RETURN_IF_ERROR(top.String("store", &c.store));
-  CKPT_RETURN_IF_ERROR(top.String("metrics", &c.metrics));
-  if (!ValidListenAddress(c.metrics)) {
-    return top.Error("metrics",
-                     "must be host:port (port 1-65535) or \"\", not '" + c.metrics + "'");
-  }
-
-  CKPT_ASSIGN_OR_RETURN(const toml::table* model, top.Table("model"));
-  if (model != nullptr) {
-    TomlTableReader r(*model, "model", origin);
-    CKPT_RETURN_IF_ERROR(r.String("spec", &c.model_spec));
-    CKPT_RETURN_IF_ERROR(CheckModelSpec(&r, c.model_spec, check_files));
-    CKPT_RETURN_IF_ERROR(
-        r.Enum("optimizer", format::kOptimizerKinds, &format::OptimizerKindName, &c.optimizer));
-    CKPT_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
-  }
-  CKPT_ASSIGN_OR_RETURN(const toml::table* data, top.Table("data"));
-  if (data != nullptr) {
-    TomlTableReader r(*data, "data", origin);
-    std::string data_format = "idx";
-    CKPT_RETURN_IF_ERROR(r.OneOf("format", {"idx", "safetensors", "npz"}, &data_format));
-    c.data_format = *format::ParseDatasetFormat(data_format);
-    CKPT_RETURN_IF_ERROR(r.OneOf("dataset", {"fashion-mnist", "mnist"}, &c.dataset));
-    CKPT_RETURN_IF_ERROR(r.String("path", &c.dataset_path));
-    format::TensorDatasetOptions& t = c.tensor_data;
-    CKPT_RETURN_IF_ERROR(r.Int("val_size", 0, int64_t{1} << 40, &t.val_size));
-    CKPT_RETURN_IF_ERROR(r.Int("classes", 0, int64_t{1} << 24, &t.classes));
-    CKPT_RETURN_IF_ERROR(r.Doubles("mean", &t.mean));
-    CKPT_RETURN_IF_ERROR(r.Doubles("std", &t.std));
-    std::vector<std::string> augment;
-    CKPT_RETURN_IF_ERROR(r.Strings("augment", &augment));
-    auto parsed_augment = format::ParseAugmentation(augment);
-    if (!parsed_augment.ok()) return r.Error("augment", parsed_augment.status().message());
-    c.augment = *parsed_augment;
-    CKPT_RETURN_IF_ERROR(r.Int("batch_size", 1, 65536, &c.batch_size));
-    CKPT_RETURN_IF_ERROR(r.Int("eval_size", 0, 10000, &c.eval_size));
-    CKPT_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
-    if (c.dataset == "mnist" && data->get("path") == nullptr) {
-      c.dataset_path = "/usr/share/datasets/mnist";
-    }
-    if (c.data_format != format::DatasetFormat::kIdx) {
-      if (data->get("path") == nullptr) return r.Error("format", "needs path = the tensor file");
-      if (check_files) CKPT_RETURN_IF_ERROR(CheckTensorData(&r, &c));
-    } else if (data->get("val_size") || data->get("classes") || data->get("mean") ||
-               data->get("std")) {
-      const char* key = data->get("val_size")  ? "val_size"
-                        : data->get("classes") ? "classes"
-                        : data->get("mean")    ? "mean"
-                                               : "std";
-      return r.Error(key, "applies to tensor files (format = \"safetensors\" or \"npz\")");
-    } else if (check_files && !FileExists(c.dataset_path + "/train-images-idx3-ubyte.gz") &&
-               !FileExists(c.dataset_path + "/train-images-idx3-ubyte")) {
-      return r.Error("path", "no train-images-idx3-ubyte[.gz] in '" + c.dataset_path +
-                                 "' (install dataset-fashion-mnist or fix the path)");
-    }
-  } else if (check_files && !FileExists(c.dataset_path + "/train-images-idx3-ubyte.gz")) {
-    return Status::InvalidArgument("data.path (" + origin + "): default dataset " + c.dataset_path +
-                                   " is missing (install dataset-fashion-mnist)");
-  }
-  CKPT_ASSIGN_OR_RETURN(const toml::table* task, top.Table("task"));
-  if (task != nullptr) {
-    TomlTableReader r(*task, "task", origin);
-    std::string loss, metric;
-    CKPT_RETURN_IF_ERROR(r.OneOf("loss", {"cross_entropy", "mse"}, &loss));
-    CKPT_RETURN_IF_ERROR(r.OneOf("metric", {"accuracy", "neg_mse", "r2"}, &metric));
-    CKPT_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
-    // Without the file checks a tensor file's targets are not known.
-    const bool target_known = check_files || c.data_format == format::DatasetFormat::kIdx;
-    const std::string holds = c.target == format::TargetKind::kClasses
-                                  ? "the data's y holds class labels"
-                                  : "the data's y holds float targets";
-    if (!loss.empty()) {
-      c.loss = *format::ParseLossKind(loss);
-      if (target_known && format::TargetOf(*c.loss) != c.target) {
-        return r.Error("loss", "does not fit: " + holds);
-      }
-    }
-    if (!metric.empty()) {
-      c.metric = *format::ParseMetricKind(metric);
-      if (target_known && format::TargetOf(*c.metric) != c.target) {
-        return r.Error("metric", "does not fit: " + holds);
-      }
-    }
-  }
-  CKPT_ASSIGN_OR_RETURN(const toml::table* pop, top.Table("population"));
-  if (pop == nullptr) return top.Error("population", "is required ([population] size = N)");
-  {
-    TomlTableReader r(*pop, "population", origin);
-    if (pop->get("size") == nullptr) return r.Error("size", "is required");
-    CKPT_RETURN_IF_ERROR(r.Int("size", 1, kMaxPopulation, &c.population));
-    CKPT_RETURN_IF_ERROR(r.Int("steps_per_interval", 0, int64_t{1} << 40, &c.steps_per_interval));
-    CKPT_RETURN_IF_ERROR(r.Int("intervals", 1, 1000000, &c.intervals));
-    if (pop->get("target_metric") != nullptr) {
-      double target = 0;
-      CKPT_RETURN_IF_ERROR(r.Double("target_metric", -1e300, 1, &target));
-      std::string range;
-      const bool target_known = check_files || c.data_format == format::DatasetFormat::kIdx;
-      if (target_known && !format::InMetricRange(c.Metric(), target, &range)) {
-        std::string why = FormatNumber(target);
-        why += " is outside ";
-        why += range;
-        why += ", the range of ";
-        why += format::MetricKindName(c.Metric());
-        return r.Error("target_metric", why);
-      }
-      c.target_metric = target;
-    }
-    CKPT_RETURN_IF_ERROR(r.Double("max_wall_s", 0, 1e9, &c.max_wall_s));
-    CKPT_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
-  }
-  CKPT_ASSIGN_OR_RETURN(const toml::table* space, top.Table("search_space"));
-  if (space != nullptr) CKPT_RETURN_IF_ERROR(ParseSearchSpace(*space, origin, &c));
-  CKPT_ASSIGN_OR_RETURN(const toml::table* fixed, top.Table("hparams"));
-  if (fixed != nullptr) {
-    TomlTableReader r(*fixed, "hparams", origin);
-    for (const auto& [k, v] : *fixed) {
-      double value = 0;
-      CKPT_RETURN_IF_ERROR(r.Double(std::string(k.str()), -1e300, 1e300, &value));
-      if (k.str() == format::kDropoutHparam && !format::IsDropoutProbability(value)) {
-        return r.Error(format::kDropoutHparam,
-                       FormatNumber(value) + " is no dropout probability: it must be in [0, 1)");
-      }
-      c.fixed_hparams[std::string(k.str())] = value;
-    }
-  }
-  if (c.search_space.empty() && c.fixed_hparams.empty()) {
-    return top.Error("search_space", "is empty: give at least one hyperparameter to search");
-  }
-  for (const auto& [name, dim] : c.search_space) {
-    if (c.fixed_hparams.count(name)) {
-      return Status::InvalidArgument("hparams." + name + " (" + origin +
-                                     "): also in search_space; keep one");
-    }
-  }
-  CKPT_ASSIGN_OR_RETURN(const toml::table* policy, top.Table("policy"));
-  if (policy != nullptr) {
-    PolicyConfig& p = c.policy;
-    TomlTableReader r(*policy, "policy", origin);
-    CKPT_RETURN_IF_ERROR(r.Enum("kind", kPolicyKinds, &PolicyKindName, &p.kind));
-    CKPT_RETURN_IF_ERROR(r.Enum("mode", kPolicyModes, &PolicyModeName, &p.mode));
-    CKPT_RETURN_IF_ERROR(r.Double("quantile", 0, 0.5, &p.quantile));
-    CKPT_RETURN_IF_ERROR(r.Doubles("perturb", &p.perturb));
-    for (double f : p.perturb) {
-      if (!(f > 0) || !std::isfinite(f)) return r.Error("perturb", "factors must be positive");
-    }
-    if (p.perturb.empty()) return r.Error("perturb", "must list at least one factor");
-    CKPT_RETURN_IF_ERROR(r.Double("resample_probability", 0, 1, &p.resample_probability));
-    CKPT_RETURN_IF_ERROR(r.Int("ready_intervals", 1, 1000000, &p.ready_intervals));
-    CKPT_RETURN_IF_ERROR(r.Int("eta", 2, 1000, &p.eta));
-    CKPT_RETURN_IF_ERROR(r.Int("min_intervals", 1, 1000000, &p.min_intervals));
-    CKPT_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
-  }
-  CKPT_RETURN_IF_ERROR(ReadDevices(&top, origin, "cpu", &c.devices));
-  if (c.devices.empty()) c.devices.push_back(DeviceConfig{});
-  CKPT_ASSIGN_OR_RETURN(const toml::table* sup, top.Table("supervision"));
-  if (sup != nullptr) {
-    TomlTableReader r(*sup, "supervision", origin);
-    CKPT_RETURN_IF_ERROR(ReadSupervision(&r, &c.supervision));
-    CKPT_RETURN_IF_ERROR(r.Seconds("grace_s", 0, 86400, &c.supervision.grace));
-    CKPT_RETURN_IF_ERROR(
-        r.Seconds("heartbeat_timeout_s", 0.1, 86400, &c.supervision.heartbeat_timeout));
-    CKPT_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
-  }
-  CKPT_ASSIGN_OR_RETURN(const toml::table* workers, top.Table("workers"));
-  if (workers != nullptr) {
-    TomlTableReader r(*workers, "workers", origin);
-    CKPT_RETURN_IF_ERROR(ReadRemoteWorkers(&r, &c.workers));
-    CKPT_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
-  }
+  for (PartReader read : kPartReaders) CKPT_RETURN_IF_ERROR(read(&top, ctx, &c));
   CKPT_RETURN_IF_ERROR(top.CheckNoUnknownKeys());
   return c;
 }

@@ -31,6 +31,26 @@ StatusOr<ExperimentStatus> ParseExperimentStatus(std::string_view name) {
                                  "'");
 }
 
+const char* ExperimentPhaseName(ExperimentPhase phase) {
+  switch (phase) {
+    case ExperimentPhase::kTraining:
+      return "training";
+    case ExperimentPhase::kFinalEval:
+      return "final eval";
+    case ExperimentPhase::kDone:
+      return "done";
+  }
+  return "training";
+}
+
+StatusOr<ExperimentPhase> ParseExperimentPhase(std::string_view name) {
+  for (auto p : {ExperimentPhase::kTraining, ExperimentPhase::kFinalEval, ExperimentPhase::kDone}) {
+    if (name == ExperimentPhaseName(p)) return p;
+  }
+  return Status::InvalidArgument("unknown experiment phase '" + std::string(name) +
+                                 "' (known: training, final eval, done)");
+}
+
 const char* MemberStatusName(MemberStatus status) {
   switch (status) {
     case MemberStatus::kIdle:

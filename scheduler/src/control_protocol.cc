@@ -204,7 +204,7 @@ json SummaryToJson(const ExperimentSummary& s, bool with_members) {
   json j = {
       {"id", s.id},
       {"status", records::ExperimentStatusName(s.status)},
-      {"phase", ExperimentPhaseName(s.phase)},
+      {"phase", records::ExperimentPhaseName(s.phase)},
       {"population", s.population},
       {"intervals", s.intervals},
       {"generation", s.generation},
@@ -266,7 +266,7 @@ StatusOr<ExperimentSummary> SummaryFromJson(const json& j) {
     if (!status.ok()) throw BadField("field 'status': " + status.status().message());
     s.status = *status;
     if (j.contains("phase")) {
-      auto phase = ParseExperimentPhase(j.at("phase").get<std::string>());
+      auto phase = records::ParseExperimentPhase(j.at("phase").get<std::string>());
       if (!phase.ok()) throw BadField("field 'phase': " + phase.status().message());
       s.phase = *phase;
     }

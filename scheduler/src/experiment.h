@@ -143,7 +143,7 @@ struct ExperimentOptions {
   bool run_ahead = true;
 };
 
-using Phase = ExperimentPhase;  // ckpt/scheduler/summary.h
+using Phase = records::ExperimentPhase;  // ckpt/records/status.h
 
 class Experiment {
  public:

@@ -28,8 +28,8 @@ Status CreateExperimentRecords(store::Store* store, const records::ExperimentCon
   for (int i = 0; i < config.population; ++i) {
     records::MemberRecord s;
     s.index = i;
-    CKPT_RETURN_IF_ERROR(store->SetMemberState(id, MemberName(i, config.population),
-                                               records::EncodeMemberRecord(s)));
+    CKPT_RETURN_IF_ERROR(
+        WriteMemberRecord(store, id, MemberName(i, config.population), s, /*metrics=*/nullptr));
   }
   return Status::OK();
 }
@@ -116,10 +116,15 @@ StatusOr<int64_t> StoreExperimentIo::Exploit(const std::string& member, const st
   return v;
 }
 
+Status WriteMemberRecord(store::Store* store, const std::string& exp, const std::string& member,
+                         const records::MemberRecord& record, metrics::Metrics* metrics) {
+  const std::string bytes = records::EncodeMemberRecord(record);
+  StoreTimer t(metrics, metrics::StoreOp::kSetMemberState, bytes.size());
+  return store->SetMemberState(exp, member, bytes);
+}
+
 Status StoreExperimentIo::SaveState(const std::string& member, const records::MemberRecord& state) {
-  const std::string bytes = records::EncodeMemberRecord(state);
-  StoreTimer t(metrics_, metrics::StoreOp::kSetMemberState, bytes.size());
-  Status s = store_->SetMemberState(exp_, member, bytes);
+  Status s = WriteMemberRecord(store_, exp_, member, state, metrics_);
   if (!s.ok()) {
     Logger().error("{}: writing the state record of {}: {}", exp_, member, s.ToString());
   }

@@ -42,6 +42,14 @@ Status CreateExperimentRecords(store::Store* store, const records::ExperimentCon
 StatusOr<std::vector<Member>> LoadMembers(store::Store* store,
                                           const records::ExperimentConfig& config);
 
+// The one door through which the scheduler writes a member's state record
+// (records::EncodeMemberRecord): the records of a new experiment, the
+// experiment's own writes (StoreExperimentIo::SaveState) and the record that
+// follows a committed result on a worker handle's receiver thread.
+// `metrics` (may be null) gets the write's latency. Errors: the store's.
+Status WriteMemberRecord(store::Store* store, const std::string& exp, const std::string& member,
+                         const records::MemberRecord& record, metrics::Metrics* metrics);
+
 class StoreExperimentIo : public ExperimentIo {
  public:
   // `kill_point` may be empty; `metrics` (may be null) gets each write's

@@ -10,26 +10,6 @@
 
 namespace ckpt::scheduler {
 
-const char* ExperimentPhaseName(ExperimentPhase phase) {
-  switch (phase) {
-    case ExperimentPhase::kTraining:
-      return "training";
-    case ExperimentPhase::kFinalEval:
-      return "final eval";
-    case ExperimentPhase::kDone:
-      return "done";
-  }
-  return "training";
-}
-
-StatusOr<ExperimentPhase> ParseExperimentPhase(std::string_view name) {
-  for (auto p : {ExperimentPhase::kTraining, ExperimentPhase::kFinalEval, ExperimentPhase::kDone}) {
-    if (name == ExperimentPhaseName(p)) return p;
-  }
-  return Status::InvalidArgument("unknown experiment phase '" + std::string(name) +
-                                 "' (known: training, final eval, done)");
-}
-
 std::string FormatDuration(double s) {
   if (!std::isfinite(s) || s < 0) return "?";
   const long long t = static_cast<long long>(s);
@@ -56,12 +36,12 @@ std::string ProgressLine(const ExperimentSummary& s) {
   return fmt::format(
       "{}: {} interval {}/{} | members done {}/{} | {:.0f} samples/s | best {} {:.4f} median "
       "{:.4f} | exploits {} | ETA {}",
-      s.id, ExperimentPhaseName(s.phase),
-      s.phase == ExperimentPhase::kTraining ? s.generation : s.intervals, s.intervals, done,
-      s.members.size(), rate, format::SplitMetricName("val", s.metric),
+      s.id, records::ExperimentPhaseName(s.phase),
+      s.phase == records::ExperimentPhase::kTraining ? s.generation : s.intervals, s.intervals,
+      done, s.members.size(), rate, format::SplitMetricName("val", s.metric),
       scores.empty() ? 0.0 : scores.back(), scores.empty() ? 0.0 : scores[scores.size() / 2],
       s.exploits,
-      s.phase == ExperimentPhase::kDone ? "0s" : FormatDuration(per_interval * remaining));
+      s.phase == records::ExperimentPhase::kDone ? "0s" : FormatDuration(per_interval * remaining));
 }
 
 std::string SummaryTable(const ExperimentSummary& s, size_t max_members) {

@@ -19,18 +19,8 @@
 #include "trace.h"
 
 namespace ckpt::scheduler {
-namespace {
 
 using std::chrono::milliseconds;
-
-// The FAILED code a worker gives, with task id 0, when it cannot set up an
-// experiment from its CONFIGURE (worker_loop.cc).
-
-double SecondsSince(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-}  // namespace
 
 std::shared_ptr<const StateLayout> StateLayouts::Find(const std::string& exp) const {
   std::lock_guard<std::mutex> lock(mu_);
@@ -61,25 +51,33 @@ std::optional<StateLayouts::Header> StateLayouts::Committed(const std::string& e
   return it->second;
 }
 
+void ConfigureMessages::Add(const std::string& exp, ipc::Configure message) {
+  auto shared = std::make_shared<const ipc::Configure>(std::move(message));
+  std::lock_guard<std::mutex> lock(mu_);
+  by_exp_[exp] = std::move(shared);
+}
+
+StatusOr<std::shared_ptr<const ipc::Configure>> ConfigureMessages::Find(
+    const std::string& exp) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = by_exp_.find(exp);
+  if (it == by_exp_.end()) return Status::NotFound("experiment " + exp + " is not known");
+  return it->second;
+}
+
 int64_t WorkerSpec::MaxHelloSlots() const {
   if (segment.empty()) return kMaxHelloSlots;
   return std::min<int64_t>(kMaxHelloSlots, int64_t{std::max(1, device.slots)} *
                                                int64_t{std::max(1, device.fusion_width)});
 }
 
-WorkerHandle::WorkerHandle(const WorkerSpec& spec, store::Store* store,
-                           std::function<StatusOr<ipc::Configure>(const std::string&)> configure,
-                           Callback on_event)
-    : spec_(spec),
-      store_(store),
-      configure_(std::move(configure)),
-      on_event_(std::move(on_event)) {}
+WorkerHandle::WorkerHandle(const WorkerSpec& spec, store::Store* store, Callback on_event)
+    : spec_(spec), store_(store), on_event_(std::move(on_event)) {}
 
-StatusOr<std::unique_ptr<WorkerHandle>> WorkerHandle::Start(
-    const WorkerSpec& spec, store::Store* store,
-    std::function<StatusOr<ipc::Configure>(const std::string&)> configure, Callback on_event) {
-  std::unique_ptr<WorkerHandle> h(
-      new WorkerHandle(spec, store, std::move(configure), std::move(on_event)));
+StatusOr<std::unique_ptr<WorkerHandle>> WorkerHandle::Start(const WorkerSpec& spec,
+                                                            store::Store* store,
+                                                            Callback on_event) {
+  std::unique_ptr<WorkerHandle> h(new WorkerHandle(spec, store, std::move(on_event)));
   ipc::ChannelOptions options;
   options.ring_bytes = spec.ring_bytes;
   options.heartbeat_timeout = spec.heartbeat_timeout;
@@ -92,11 +90,10 @@ StatusOr<std::unique_ptr<WorkerHandle>> WorkerHandle::Start(
   return h;
 }
 
-std::unique_ptr<WorkerHandle> WorkerHandle::Adopt(
-    const WorkerSpec& spec, std::unique_ptr<ipc::Channel> channel, store::Store* store,
-    std::function<StatusOr<ipc::Configure>(const std::string&)> configure, Callback on_event) {
-  std::unique_ptr<WorkerHandle> h(
-      new WorkerHandle(spec, store, std::move(configure), std::move(on_event)));
+std::unique_ptr<WorkerHandle> WorkerHandle::Adopt(const WorkerSpec& spec,
+                                                  std::unique_ptr<ipc::Channel> channel,
+                                                  store::Store* store, Callback on_event) {
+  std::unique_ptr<WorkerHandle> h(new WorkerHandle(spec, store, std::move(on_event)));
   h->channel_ = std::move(channel);
   h->sender_ = std::thread([p = h.get()] { p->SendLoop(); });
   h->receiver_ = std::thread([p = h.get()] { p->ReceiveLoop(); });
@@ -188,107 +185,6 @@ void WorkerHandle::ReceiveLoop() {
   }
 }
 
-void WorkerHandle::SendLoopBody() {
-  while (true) {
-    Task task;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stopping_.load() || !queue_.empty(); });
-      if (stopping_.load()) return;
-      task = queue_.front();
-      queue_.pop_front();
-      in_flight_[task.id] = task;
-    }
-    Status s = SendTask(task);
-    Logger().trace("worker {}: sent TRAIN task {} {}/{}: {}", spec_.index, task.id, task.exp,
-                   task.member, s.ToString());
-    if (!s.ok()) {
-      if (stopping_.load()) return;
-      ReportLost("sending " + task.member + ": " + s.ToString());
-      return;
-    }
-  }
-}
-
-Status WorkerHandle::SendTask(const Task& task) {
-  if (configured_.count(task.exp) == 0) {
-    CKPT_ASSIGN_OR_RETURN(ipc::Configure c, configure_(task.exp));
-    std::vector<uint8_t> buf(ipc::EncodedSize(c));
-    CKPT_RETURN_IF_ERROR(ipc::Encode(c, buf.data(), buf.size()));
-    while (true) {
-      Status s = channel_->Send(ipc::RecordType::kConfigure, buf.data(), buf.size(),
-                                ipc::DeadlineIn(milliseconds(500)));
-      if (s.ok()) break;
-      if (!s.IsResourceExhausted() || stopping_.load()) return s;
-    }
-    configured_.insert(task.exp);
-  }
-  ipc::Train t;
-  t.task_id = task.id;
-  t.member = task.exp + "/" + task.member;
-  t.version = task.head_version;
-  t.steps = task.steps;
-  t.eval_test = task.eval_only;
-  t.init_seed = task.init_seed;
-  t.hparams = task.hparams;
-  store::PinnedBlob blob;
-  if (task.head_version > 0) {
-    // The worker verifies every tensor checksum; the store's read skips it.
-    // Only this task changes the member's head until it is reported back.
-    const auto t0 = std::chrono::steady_clock::now();
-    auto b = store_->ReadHeadBlob(task.exp, task.member, /*verify=*/false);
-    if (!b.ok()) return b.status().WithPrefix("member " + task.member);
-    blob = std::move(*b);
-    if (spec_.metrics) {
-      spec_.metrics->StoreOperation(metrics::StoreOp::kReadHeadBlob, SecondsSince(t0), blob.size());
-    }
-    t.state.size = blob.size();
-    // What the result is checked against: the header alone (the worker
-    // verifies the tensors), as the member's last commit of this very blob
-    // recorded it, else parsed here. A state that does not parse is sent as
-    // before: the worker refuses it as bad_state, which the experiment handles.
-    std::optional<StateLayouts::Header> header;
-    if (spec_.layouts) header = spec_.layouts->Committed(task.exp, task.member, blob.id());
-    if (!header) {
-      format::ReadOptions header_only;
-      header_only.verify_checksums = false;
-      auto view = format::ParseCheckpoint(blob.data(), blob.size(), header_only);
-      if (view.ok()) {
-        header = StateLayouts::Header{blob.id(), view->meta().step,
-                                      std::make_shared<const StateLayout>(LayoutOf(*view))};
-        if (spec_.layouts && !spec_.layouts->Find(task.exp)) {
-          (void)spec_.layouts->Establish(task.exp, *header->layout);
-        }
-      }
-    }
-    if (header) {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto it = in_flight_.find(task.id);
-      if (it != in_flight_.end()) {
-        it->second.sent_step = header->step;
-        it->second.sent_layout = std::move(header->layout);
-      }
-    }
-  }
-  // The encoded header and the store's pinned blob go as two parts, each
-  // byte copied once into the ring (no staging, however large the state).
-  CKPT_ASSIGN_OR_RETURN(std::vector<uint8_t> prefix, ipc::EncodeStatePrefix(t));
-  const ipc::PayloadPart parts[2] = {{prefix.data(), prefix.size()}, {blob.data(), blob.size()}};
-  const auto send_start = std::chrono::steady_clock::now();
-  uint64_t sent = 0;
-  while (true) {
-    Status s = channel_->SendParts(ipc::RecordType::kTrain, parts, 2,
-                                   ipc::DeadlineIn(milliseconds(500)), &sent);
-    if (s.ok()) {
-      if (spec_.metrics) {
-        spec_.metrics->RingSendObserved(spec_.name, spec_.device.device, SecondsSince(send_start));
-      }
-      return s;
-    }
-    if (!s.IsResourceExhausted() || stopping_.load()) return s;
-  }
-}
-
 void WorkerHandle::ReceiveLoopBody() {
   while (!stopping_.load()) {
     auto rec = channel_->Receive(ipc::DeadlineIn(milliseconds(200)));
@@ -310,10 +206,10 @@ void WorkerHandle::ReceiveLoopBody() {
           return;
         }
         WorkerEvent e;
-        const ipc::FailureCode code = ipc::FailureCodeFromWorker(f->code);
+        const ipc::FailureCode code = f->code;
         if (f->task_id == 0 && code == ipc::FailureCode::kConfigureRefused) {
           e.kind = WorkerEvent::Kind::kConfigureRefused;
-          e.exp = f->member;
+          e.exp = f->experiment;
           e.reason = f->reason;
           on_event_(std::move(e));
           break;
@@ -365,147 +261,6 @@ void WorkerHandle::ReceiveLoopBody() {
         break;
     }
   }
-}
-
-void WorkerHandle::HandleResult(const ipc::Received& rec) {
-  auto r = ipc::DecodeResult(rec.payload, rec.size);
-  if (!r.ok()) {
-    channel_->Release();
-    ReportLost("bad RESULT record: " + r.status().ToString());
-    return;
-  }
-  WorkerEvent e;
-  Logger().trace("worker {}: got RESULT task {}", spec_.index, r->task_id);
-  trace::Result(static_cast<int>(spec_.index), r->task_id);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = in_flight_.find(r->task_id);
-    if (it == in_flight_.end()) {
-      channel_->Release();
-      return;
-    }
-    e.task = it->second;
-    in_flight_.erase(it);
-  }
-  e.result = *r;
-  e.result.state = ipc::ByteSpan{nullptr, r->state.size};  // the ring's bytes are released
-  // Checked while the state is still in the ring; the check's parse of it is
-  // the store's validation too.
-  std::optional<format::CheckpointView> view;
-  std::shared_ptr<const StateLayout> layout;
-  Status answers = CheckAgainstTask(e.task, *r, &view, &layout);
-  if (!answers.ok()) {
-    channel_->Release();
-    RefuseResult(std::move(e), answers);
-    return;
-  }
-  if (e.task.eval_only) {
-    channel_->Release();
-    e.kind = WorkerEvent::Kind::kEvaluated;
-    on_event_(std::move(e));
-    return;
-  }
-  store::CommitRequest c;
-  c.exp = e.task.exp;
-  c.member = e.task.member;
-  c.expected_head_version = e.task.head_version;
-  c.blob = r->state.data;
-  c.blob_size = r->state.size;
-  c.step = r->step;
-  // The score twice: as the store ranks versions by it, and under the
-  // metric's own name ("val_accuracy") for whoever reads the checkpoint.
-  c.metrics = {{store::kScoreMetric, r->val_score},
-               {format::SplitMetricName("val", e.task.rules.metric), r->val_score},
-               {"train_loss", r->train_loss},
-               {"interval", e.task.interval_after},
-               {"samples", static_cast<double>(r->samples)},
-               {"compute_s", r->compute_s}};
-  c.hparams = e.task.hparams;
-  c.event_json = records::EncodeEvent(
-      records::TrainedEvent{e.task.interval_after, r->val_score, spec_.index, "", 0});
-  c.verified = view ? &*view : nullptr;
-  BlobId committed;
-  c.committed_blob = &committed;
-  const auto t0 = std::chrono::steady_clock::now();
-  auto version = store_->CommitResult(c);
-  view.reset();  // it points into the ring's bytes
-  channel_->Release();
-  if (spec_.metrics && version.ok()) {
-    spec_.metrics->StoreOperation(metrics::StoreOp::kCommitResult, SecondsSince(t0), c.blob_size);
-  }
-  if (!version.ok()) {
-    e.kind = WorkerEvent::Kind::kCommitError;
-    e.code = ipc::FailureCode::kCommitError;
-    e.commit_status = version.status().code();
-    e.reason = version.status().ToString();
-    on_event_(std::move(e));
-    return;
-  }
-  if (spec_.layouts && layout) {
-    spec_.layouts->RememberCommitted(c.exp, c.member, {committed, r->step, std::move(layout)});
-  }
-  if (trace::Enabled()) {
-    trace::Committed(c.exp, c.member, *version, e.task.interval_after, committed.Hex());
-  }
-  // The head's state record follows the commit; a crash between the two is
-  // reconciled from the head manifest at start-up.
-  records::MemberRecord state = e.task.state_after;
-  state.score = r->val_score;
-  const Status saved =
-      store_->SetMemberState(e.task.exp, e.task.member, records::EncodeMemberRecord(state));
-  if (!saved.ok()) {
-    Logger().error(
-        "{}/{}: writing the state record after v{}: {} (reconciled from the head at "
-        "the next start, or written again once the store has space)",
-        e.task.exp, e.task.member, *version, saved.ToString());
-  }
-  e.kind = WorkerEvent::Kind::kCommitted;
-  e.version = *version;
-  e.record_status = saved;
-  on_event_(std::move(e));
-}
-
-Status WorkerHandle::CheckAgainstTask(const Task& task, const ipc::Result& r,
-                                      std::optional<format::CheckpointView>* view,
-                                      std::shared_ptr<const StateLayout>* layout) const {
-  SentTask sent;
-  sent.member = task.exp + "/" + task.member;
-  sent.worker = Name();
-  sent.rules = task.rules;
-  sent.steps = task.steps;
-  sent.eval_only = task.eval_only;
-  sent.start_step = task.sent_step;
-  sent.layout = task.sent_layout;
-  if (!sent.layout && spec_.layouts) sent.layout = spec_.layouts->Find(task.exp);
-  StateLayout got;
-  CKPT_RETURN_IF_ERROR(CheckResult(sent, r, &got, view));
-  if (task.eval_only) return Status::OK();
-  if (sent.layout) {
-    *layout = sent.layout;  // CheckResult found them equal
-    return Status::OK();
-  }
-  if (!spec_.layouts) {
-    *layout = std::make_shared<const StateLayout>(std::move(got));
-    return Status::OK();
-  }
-  // The experiment's first state seen: it becomes the reference, unless
-  // another handle's result got there first.
-  std::shared_ptr<const StateLayout> ref = spec_.layouts->Establish(task.exp, got);
-  CKPT_RETURN_IF_ERROR(CompareLayouts("member " + sent.member + ", " + sent.worker, *ref, got));
-  *layout = std::move(ref);
-  return Status::OK();
-}
-
-void WorkerHandle::RefuseResult(WorkerEvent e, const Status& why) {
-  Logger().warn(
-      "{} sent a RESULT for task {} that does not answer it; nothing committed, the interval "
-      "reruns from the committed head: {}",
-      Name(), e.task.id, why.ToString());
-  trace::BadResult(spec_.index, e.task.id, e.task.exp + "/" + e.task.member);
-  e.kind = WorkerEvent::Kind::kBadResult;
-  e.code = ipc::FailureCode::kBadResult;
-  e.reason = why.ToString();
-  on_event_(std::move(e));
 }
 
 std::string WorkerHandle::Name() const {

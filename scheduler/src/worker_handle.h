@@ -4,10 +4,12 @@
 // channel).
 //
 // The sender thread writes CONFIGURE (once per experiment) and TRAIN records,
-// reading each member's state from the store straight into the request ring.
-// The receiver thread reads RESULT / FAILED / STATS / HELLO records; a RESULT
-// is committed to the store from that thread (disk work off the event loop),
-// the ring space released, and only then is the event loop told (`on_event`).
+// reading each member's state from the store straight into the request ring
+// (worker_send.cc). The receiver thread reads RESULT / FAILED / STATS / HELLO
+// records; a RESULT is checked and committed to the store from that thread
+// (disk work off the event loop; worker_commit.cc), the ring space released,
+// and only then is the event loop told (`on_event`). Spawning, supervision
+// and the receiver's dispatch are worker_handle.cc's.
 //
 // Ownership: the Scheduler owns handles; a handle owns its process until Stop.
 // The commit of a RESULT is followed by the member's state record
@@ -63,6 +65,11 @@
 
 namespace ckpt::scheduler {
 
+// Seconds from `t0` to now (for the metrics' latency figures).
+inline double SecondsSince(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
 // One member-interval sent to a worker: the experiment's work item, with the
 // task id the worker's answer carries and the experiment it belongs to.
 struct Task : WorkItem {
@@ -108,6 +115,23 @@ class StateLayouts {
   mutable std::mutex mu_;
   std::map<std::string, std::shared_ptr<const StateLayout>> by_exp_;  // GUARDED_BY(mu_)
   std::map<std::pair<std::string, std::string>, Header> committed_;   // GUARDED_BY(mu_)
+};
+
+// The CONFIGURE of each experiment the scheduler runs, registered by the
+// scheduler (WorkerPool::AddExperiment) before it dispatches any of its tasks
+// and read by the handles' sender threads before an experiment's first TRAIN
+// to a worker: the settings flow one way, down, never asked back for.
+// Shared by a pool's handles; thread-safe.
+class ConfigureMessages {
+ public:
+  // Registers (or replaces) the CONFIGURE of `exp`.
+  void Add(const std::string& exp, ipc::Configure message);
+  // NotFound naming `exp` when it was never registered.
+  StatusOr<std::shared_ptr<const ipc::Configure>> Find(const std::string& exp) const;
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::string, std::shared_ptr<const ipc::Configure>> by_exp_;  // GUARDED_BY(mu_)
 };
 
 // The slots a HELLO may offer: at least 1, at most what a ckpt-worker can
@@ -167,6 +191,8 @@ struct WorkerSpec {
   // none kept (an initialised member's first state is then checked for
   // everything but its layout).
   StateLayouts* layouts = nullptr;
+  // The experiments' CONFIGUREs (the pool's). Required.
+  const ConfigureMessages* configures = nullptr;
 
   // The most slots this worker's HELLO may offer (kMaxHelloSlots for a
   // remote worker).
@@ -178,17 +204,15 @@ class WorkerHandle {
   using Callback = std::function<void(WorkerEvent)>;
 
   // Spawns the worker process on a new segment and starts both threads.
-  // `configure` gives the CONFIGURE of an experiment id (NotFound if unknown).
-  static StatusOr<std::unique_ptr<WorkerHandle>> Start(
-      const WorkerSpec& spec, store::Store* store,
-      std::function<StatusOr<ipc::Configure>(const std::string& exp)> configure, Callback on_event);
+  static StatusOr<std::unique_ptr<WorkerHandle>> Start(const WorkerSpec& spec, store::Store* store,
+                                                       Callback on_event);
   // Takes over the authenticated channel of a remote worker (ckpt-worker
   // --connect; ckpt/ipc/tcp_channel.h) and starts both threads. There is no
   // process: pid() is -1, Stop closes the connection (after SHUTDOWN when
   // graceful) and kills nothing.
-  static std::unique_ptr<WorkerHandle> Adopt(
-      const WorkerSpec& spec, std::unique_ptr<ipc::Channel> channel, store::Store* store,
-      std::function<StatusOr<ipc::Configure>(const std::string& exp)> configure, Callback on_event);
+  static std::unique_ptr<WorkerHandle> Adopt(const WorkerSpec& spec,
+                                             std::unique_ptr<ipc::Channel> channel,
+                                             store::Store* store, Callback on_event);
   ~WorkerHandle();
 
   void Enqueue(Task task);
@@ -208,9 +232,7 @@ class WorkerHandle {
   bool exited() const { return exited_.load(); }
 
  private:
-  WorkerHandle(const WorkerSpec& spec, store::Store* store,
-               std::function<StatusOr<ipc::Configure>(const std::string&)> configure,
-               Callback on_event);
+  WorkerHandle(const WorkerSpec& spec, store::Store* store, Callback on_event);
   Status Spawn();
   void SendLoop();
   void ReceiveLoop();
@@ -235,7 +257,6 @@ class WorkerHandle {
 
   const WorkerSpec spec_;
   store::Store* const store_;
-  const std::function<StatusOr<ipc::Configure>(const std::string&)> configure_;
   const Callback on_event_;
   std::unique_ptr<ipc::Channel> channel_;
   pid_t pid_ = -1;

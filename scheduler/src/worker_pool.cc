@@ -244,13 +244,8 @@ milliseconds StartDeadline(const records::SupervisionOptions& s) {
 }
 
 WorkerPool::WorkerPool(asio::io_context& io, store::Store* store, WorkerPoolOptions options,
-                       std::function<StatusOr<ipc::Configure>(const std::string&)> configure,
                        WorkerPoolListener* listener)
-    : io_(io),
-      store_(store),
-      options_(std::move(options)),
-      configure_(std::move(configure)),
-      listener_(listener) {
+    : io_(io), store_(store), options_(std::move(options)), listener_(listener) {
   for (size_t i = 0; i < options_.devices.size(); ++i) {
     auto w = std::make_unique<Worker>();
     w->spec.index = static_cast<int>(i);
@@ -262,6 +257,7 @@ WorkerPool::WorkerPool(asio::io_context& io, store::Store* store, WorkerPoolOpti
     w->spec.name = "w" + std::to_string(i);
     w->spec.metrics = options_.metrics;
     w->spec.layouts = &layouts_;
+    w->spec.configures = &configures_;
     workers_.push_back(std::move(w));
   }
   devices_ = options_.devices;
@@ -283,7 +279,7 @@ void WorkerPool::StartAll() {
 void WorkerPool::Start(size_t i) {
   Worker& w = *workers_[i];
   const uint64_t inc = ++w.incarnation;
-  auto h = WorkerHandle::Start(w.spec, store_, configure_, [this, i, inc](WorkerEvent ev) {
+  auto h = WorkerHandle::Start(w.spec, store_, [this, i, inc](WorkerEvent ev) {
     asio::post(io_,
                [this, i, inc, ev = std::move(ev)]() mutable { OnEvent(i, inc, std::move(ev)); });
   });
@@ -409,10 +405,11 @@ void WorkerPool::AddRemote(ipc::Accepted accepted) {
   w->spec.heartbeat_timeout = options_.supervision.heartbeat_timeout;
   w->spec.metrics = options_.metrics;
   w->spec.layouts = &layouts_;
+  w->spec.configures = &configures_;
   const uint64_t inc = ++w->incarnation;
   w->started = Clock::now();
   w->handle = WorkerHandle::Adopt(
-      w->spec, std::move(accepted.channel), store_, configure_, [this, i, inc](WorkerEvent ev) {
+      w->spec, std::move(accepted.channel), store_, [this, i, inc](WorkerEvent ev) {
         asio::post(
             io_, [this, i, inc, ev = std::move(ev)]() mutable { OnEvent(i, inc, std::move(ev)); });
       });

@@ -131,11 +131,15 @@ struct WorkerPoolOptions {
 
 class WorkerPool : public TaskSink {
  public:
-  // `configure` gives the CONFIGURE of an experiment (called from sender threads).
   WorkerPool(boost::asio::io_context& io, store::Store* store, WorkerPoolOptions options,
-             std::function<StatusOr<ipc::Configure>(const std::string& exp)> configure,
              WorkerPoolListener* listener);
   ~WorkerPool();
+
+  // Registers the CONFIGURE of experiment `exp`, which its workers are sent
+  // before its first TRAIN. REQUIRES: before any task of `exp` is Sent.
+  void AddExperiment(const std::string& exp, ipc::Configure configure) {
+    configures_.Add(exp, std::move(configure));
+  }
 
   // Spawns every worker; one that fails to start is handled as lost.
   void StartAll();
@@ -208,10 +212,10 @@ class WorkerPool : public TaskSink {
   boost::asio::io_context& io_;
   store::Store* const store_;
   const WorkerPoolOptions options_;
-  const std::function<StatusOr<ipc::Configure>(const std::string&)> configure_;
   WorkerPoolListener* const listener_;
-  // Shared by every handle (WorkerSpec::layouts): outlives them.
+  // Shared by every handle (WorkerSpec::layouts, ::configures): outlive them.
   StateLayouts layouts_;
+  ConfigureMessages configures_;
   std::vector<std::unique_ptr<Worker>> workers_;
   std::vector<records::DeviceConfig> devices_;  // devices() for every entry of workers_
   bool draining_ = false;

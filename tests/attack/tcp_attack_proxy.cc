@@ -95,6 +95,164 @@ std::vector<uint8_t> ForgedResult(const std::string& member) {
   return out;
 }
 
+enum class Mode { kFlip, kInject, kReplay };
+
+bool ParseMode(const std::string& name, Mode* mode) {
+  static const struct {
+    const char* name;
+    Mode mode;
+  } kModes[] = {{"flip", Mode::kFlip}, {"inject", Mode::kInject}, {"replay", Mode::kReplay}};
+  for (const auto& m : kModes) {
+    if (name == m.name) {
+      *mode = m.mode;
+      return true;
+    }
+  }
+  return false;
+}
+
+struct Options {
+  std::string upstream;  // HOST:PORT
+  Mode mode = Mode::kFlip;
+  uint64_t offset = 0;
+  std::string member;
+};
+
+// Listens on an ephemeral loopback port and writes "127.0.0.1:PORT" to
+// `port_file` (renamed into place, so that a reader sees all or nothing).
+// Returns the listening socket, -1 on failure (reported on stderr).
+int ListenAndPublish(const char* port_file) {
+  const int lfd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || listen(lfd, 4) != 0) {
+    std::perror("tcp_attack_proxy: listen");
+    return -1;
+  }
+  socklen_t alen = sizeof(a);
+  getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &alen);
+  const std::string tmp = std::string(port_file) + ".tmp";
+  std::ofstream(tmp) << "127.0.0.1:" << ntohs(a.sin_port) << "\n";
+  std::rename(tmp.c_str(), port_file);
+  return lfd;
+}
+
+// The TLS record boundaries of one stream, followed chunk by chunk.
+class TlsRecords {
+ public:
+  // Follows `len` more bytes of the stream, the first at stream position
+  // `seen`. Returns the index in them of the first record boundary at or
+  // past stream position `offset` (`len`: at the chunk's end), len + 1 if
+  // there is none in this chunk.
+  size_t Follow(const uint8_t* data, size_t len, uint64_t seen, uint64_t offset) {
+    size_t boundary = len + 1;
+    for (size_t i = 0; i < len;) {
+      if (AtBoundary() && seen + i >= offset && boundary > len) boundary = i;
+      if (header_left_ > 0) {
+        header_[5 - header_left_] = data[i];
+        --header_left_;
+        ++i;
+        if (header_left_ == 0) body_left_ = (size_t{header_[3]} << 8) | header_[4];
+        continue;
+      }
+      const size_t take = std::min(body_left_, len - i);
+      body_left_ -= take;
+      i += take;
+      if (body_left_ == 0) header_left_ = 5;
+    }
+    if (AtBoundary() && seen + len >= offset && boundary > len) {
+      boundary = len;  // at the chunk's end
+    }
+    return boundary;
+  }
+
+ private:
+  bool AtBoundary() const { return header_left_ == 5 && body_left_ == 0; }
+
+  // Bytes left of the current record's header (5) or body.
+  size_t header_left_ = 5;
+  uint8_t header_[5] = {};
+  size_t body_left_ = 0;
+};
+
+// The attack tests look for this line in the proxy's output.
+void ReportAttacked() {
+  std::printf("attacked\n");
+  std::fflush(stdout);
+}
+
+// Sends `recorded` again on a connection of its own to `upstream`, from a
+// child, so that the honest session goes on meanwhile.
+void ReplayInChild(const std::string& upstream, const std::vector<uint8_t>& recorded) {
+  if (fork() == 0) {
+    const int again = Connect(upstream);
+    if (again >= 0) {
+      (void)WriteAll(again, recorded.data(), recorded.size());
+      std::vector<uint8_t> sink(1 << 16);
+      pollfd q{again, POLLIN, 0};
+      while (poll(&q, 1, 10000) > 0 && recv(again, sink.data(), sink.size(), 0) > 0) {
+      }
+    }
+    _exit(0);
+  }
+}
+
+// The worker -> scheduler stream, relayed to `up` and attacked once.
+class WorkerStream {
+ public:
+  WorkerStream(const Options& options, int up) : options_(options), up_(up) {}
+
+  // Relays one chunk `buf[0, len)` read from the worker, attacked when its
+  // offset has come. Returns false once the scheduler's side fails.
+  bool Relay(std::vector<uint8_t>& buf, size_t len) {
+    const uint64_t offset = options_.offset;
+    const Mode mode = options_.mode;
+    if (mode == Mode::kReplay && recorded_.size() < offset) {
+      recorded_.insert(recorded_.end(), buf.data(),
+                       buf.data() + std::min<size_t>(len, offset - recorded_.size()));
+    }
+    const size_t boundary = records_.Follow(buf.data(), len, seen_, offset);
+    const bool flip_now = mode == Mode::kFlip && seen_ + len > offset;
+    const bool inject_now = mode == Mode::kInject && boundary <= len;
+    if (!done_ && (flip_now || inject_now)) {
+      const size_t at = flip_now ? static_cast<size_t>(offset - seen_) : boundary;
+      if (!Attack(buf, len, at)) return false;
+      done_ = true;
+      ReportAttacked();
+    } else if (!WriteAll(up_, buf.data(), len)) {
+      return false;
+    }
+    seen_ += len;
+    if (mode == Mode::kReplay && !done_ && recorded_.size() >= offset) {
+      ReplayInChild(options_.upstream, recorded_);
+      done_ = true;
+      ReportAttacked();
+    }
+    return true;
+  }
+
+ private:
+  // Sends the chunk with a bit flipped at `at` (flip) or a forged RESULT
+  // inserted at `at` (inject).
+  bool Attack(std::vector<uint8_t>& buf, size_t len, size_t at) {
+    if (options_.mode == Mode::kFlip) {
+      buf[at] ^= 0x10;
+      return WriteAll(up_, buf.data(), len);
+    }
+    const auto forged = ForgedResult(options_.member);
+    return WriteAll(up_, buf.data(), at) && WriteAll(up_, forged.data(), forged.size()) &&
+           WriteAll(up_, buf.data() + at, len - at);
+  }
+
+  const Options& options_;
+  const int up_;
+  uint64_t seen_ = 0;  // bytes relayed
+  TlsRecords records_;
+  bool done_ = false;
+  std::vector<uint8_t> recorded_;  // replay: the worker's first `offset` bytes
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -102,40 +260,21 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: tcp_attack_proxy PORT_FILE UPSTREAM MODE OFFSET [MEMBER]\n");
     return 2;
   }
-  const std::string mode = argv[3];
-  const uint64_t offset = std::strtoull(argv[4], nullptr, 10);
-  const std::string member = argc > 5 ? argv[5] : "exp/m0";
-  if (mode != "flip" && mode != "inject" && mode != "replay") return 2;
+  Options options;
+  options.upstream = argv[2];
+  options.offset = std::strtoull(argv[4], nullptr, 10);
+  options.member = argc > 5 ? argv[5] : "exp/m0";
+  if (!ParseMode(argv[3], &options.mode)) return 2;
 
-  const int lfd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || listen(lfd, 4) != 0) {
-    std::perror("tcp_attack_proxy: listen");
-    return 1;
-  }
-  socklen_t alen = sizeof(a);
-  getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &alen);
-  {
-    const std::string tmp = std::string(argv[1]) + ".tmp";
-    std::ofstream(tmp) << "127.0.0.1:" << ntohs(a.sin_port) << "\n";
-    std::rename(tmp.c_str(), argv[1]);
-  }
+  const int lfd = ListenAndPublish(argv[1]);
+  if (lfd < 0) return 1;
   const int down = accept(lfd, nullptr, nullptr);
-  const int up = Connect(argv[2]);
+  const int up = Connect(options.upstream);
   if (down < 0 || up < 0) {
     std::perror("tcp_attack_proxy: connect");
     return 1;
   }
-  uint64_t seen = 0;  // worker -> scheduler bytes relayed
-  // TLS record boundaries of that stream: bytes left of the current record's
-  // header (5) or body.
-  size_t header_left = 5;
-  uint8_t header[5];
-  size_t body_left = 0;
-  bool done = false;
-  std::vector<uint8_t> recorded;
+  WorkerStream worker(options, up);
   std::vector<uint8_t> buf(1 << 16);
   while (true) {
     pollfd p[2] = {{down, POLLIN, 0}, {up, POLLIN, 0}};
@@ -146,72 +285,7 @@ int main(int argc, char** argv) {
     }
     if (p[0].revents != 0) {
       const ssize_t n = recv(down, buf.data(), buf.size(), 0);
-      if (n <= 0) break;
-      size_t len = static_cast<size_t>(n);
-      if (mode == "replay" && recorded.size() < offset) {
-        recorded.insert(recorded.end(), buf.data(),
-                        buf.data() + std::min<size_t>(len, offset - recorded.size()));
-      }
-      // Where, in this chunk, the first record boundary at or past OFFSET is.
-      size_t boundary = len + 1;
-      for (size_t i = 0; i < len;) {
-        if (header_left == 5 && body_left == 0 && seen + i >= offset && boundary > len) {
-          boundary = i;
-        }
-        if (header_left > 0) {
-          header[5 - header_left] = buf[i];
-          --header_left;
-          ++i;
-          if (header_left == 0) body_left = (size_t{header[3]} << 8) | header[4];
-          continue;
-        }
-        const size_t take = std::min(body_left, len - i);
-        body_left -= take;
-        i += take;
-        if (body_left == 0) header_left = 5;
-      }
-      if (header_left == 5 && body_left == 0 && seen + len >= offset && boundary > len) {
-        boundary = len;  // at the chunk's end
-      }
-      const bool flip_now = mode == "flip" && seen + len > offset;
-      const bool inject_now = mode == "inject" && boundary <= len;
-      if (!done && (flip_now || inject_now)) {
-        const size_t at = flip_now ? static_cast<size_t>(offset - seen) : boundary;
-        if (mode == "flip") {
-          buf[at] ^= 0x10;
-          if (!WriteAll(up, buf.data(), len)) break;
-        } else {
-          const auto forged = ForgedResult(member);
-          if (!WriteAll(up, buf.data(), at) || !WriteAll(up, forged.data(), forged.size()) ||
-              !WriteAll(up, buf.data() + at, len - at)) {
-            break;
-          }
-        }
-        done = true;
-        std::printf("attacked\n");
-        std::fflush(stdout);
-      } else if (!WriteAll(up, buf.data(), len)) {
-        break;
-      }
-      seen += len;
-      if (mode == "replay" && !done && recorded.size() >= offset) {
-        // The recorded opening, sent again on a connection of its own, by a
-        // child, so that the honest session goes on meanwhile.
-        if (fork() == 0) {
-          const int again = Connect(argv[2]);
-          if (again >= 0) {
-            (void)WriteAll(again, recorded.data(), recorded.size());
-            std::vector<uint8_t> sink(1 << 16);
-            pollfd q{again, POLLIN, 0};
-            while (poll(&q, 1, 10000) > 0 && recv(again, sink.data(), sink.size(), 0) > 0) {
-            }
-          }
-          _exit(0);
-        }
-        done = true;
-        std::printf("attacked\n");
-        std::fflush(stdout);
-      }
+      if (n <= 0 || !worker.Relay(buf, static_cast<size_t>(n))) break;
     }
   }
   close(down);

@@ -53,7 +53,11 @@ void DecodeOne(int which, const uint8_t* p, size_t n) {
       if (!m.ok()) return;
       Configure b = RoundTrip(*m, DecodeConfigure, &buf);
       if (b.experiment != m->experiment || b.model_spec != m->model_spec ||
-          b.batch_size != m->batch_size || b.seed != m->seed) {
+          b.batch_size != m->batch_size || b.seed != m->seed || b.optimizer != m->optimizer ||
+          b.loss != m->loss || b.metric != m->metric || b.dataset_path != m->dataset_path ||
+          b.tensor_data.has_value() != m->tensor_data.has_value() ||
+          (b.tensor_data && (b.tensor_data->path != m->tensor_data->path ||
+                             b.tensor_data->format != m->tensor_data->format))) {
         std::abort();
       }
       return;
@@ -65,7 +69,8 @@ void DecodeOne(int which, const uint8_t* p, size_t n) {
         std::abort();
       }
       Train b = RoundTrip(*m, DecodeTrain, &buf);
-      if (b.task_id != m->task_id || b.member != m->member || b.steps != m->steps ||
+      if (b.task_id != m->task_id || b.experiment != m->experiment || b.member != m->member ||
+          b.steps != m->steps ||
           b.hparams.size() != m->hparams.size() || b.state.size != m->state.size ||
           (b.state.size != 0 && std::memcmp(b.state.data, m->state.data, b.state.size) != 0)) {
         std::abort();

@@ -65,7 +65,8 @@ TEST(WorkerProcessTest, MalformedTrainGetsFailedAndTheWorkerGoesOn) {
   std::vector<uint8_t> garbage(4096, 0x5a);
   ipc::Train bad;
   bad.task_id = 1;
-  bad.member = "e/m0";
+  bad.experiment = "e";
+  bad.member = "m0";
   bad.version = 1;
   bad.steps = 2;
   bad.hparams = {{"lr", 0.01}};
@@ -74,19 +75,22 @@ TEST(WorkerProcessTest, MalformedTrainGetsFailedAndTheWorkerGoesOn) {
   // 2: an experiment that was never configured.
   ipc::Train unknown = bad;
   unknown.task_id = 2;
-  unknown.member = "nope/m0";
+  unknown.experiment = "nope";
+  unknown.member = "m0";
   unknown.state = ipc::ByteSpan{};
   SendMsg(ch->get(), ipc::RecordType::kTrain, unknown);
   // 3: a hyperparameter SGD does not have.
   ipc::Train bad_hp = unknown;
   bad_hp.task_id = 3;
-  bad_hp.member = "e/m1";
+  bad_hp.experiment = "e";
+  bad_hp.member = "m1";
   bad_hp.hparams = {{"lr", 0.01}, {"beta9", 1.0}};
   SendMsg(ch->get(), ipc::RecordType::kTrain, bad_hp);
   // 4: a good one, fresh from a seed.
   ipc::Train good = unknown;
   good.task_id = 4;
-  good.member = "e/m2";
+  good.experiment = "e";
+  good.member = "m2";
   good.init_seed = 7;
   good.hparams = {{"lr", 0.01}};
   SendMsg(ch->get(), ipc::RecordType::kTrain, good);
@@ -97,7 +101,7 @@ TEST(WorkerProcessTest, MalformedTrainGetsFailedAndTheWorkerGoesOn) {
     ASSERT_NE(r.payload, nullptr);
     auto f = ipc::DecodeFailed(r.payload, r.size);
     ASSERT_TRUE(f.ok());
-    failed[f->task_id] = f->code + ": " + f->reason;
+    failed[f->task_id] = std::string(ipc::FailureCodeName(f->code)) + ": " + f->reason;
     (*ch)->Release();
   }
   ASSERT_EQ(failed.size(), 3u);

@@ -239,119 +239,169 @@ class Hostile {
     beat_.join();
   }
 
+  // Writes what `cmd` names (one of kCommands) on the result ring.
   void Run(const std::string& cmd) {
-    if (cmd == "good") {
-      Good();
-    } else if (cmd == "garbage") {
-      uint8_t junk[64];
-      for (int i = 0; i < 64; ++i) junk[i] = static_cast<uint8_t>(testing::Mix(i) >> 7);
-      junk[0] ^= 0x5a;  // never the record magic
-      std::memcpy(At(head_), junk, 64);
-      Publish(64);
-    } else if (cmd == "bad_header_sum") {
-      auto h = Header(RecordType::kStats, 8);
-      Seal(&h, Text("abcdefgh"));
-      h.header_xxh3 ^= 1;
-      Write(h, Text("abcdefgh"));
-    } else if (cmd == "huge_len") {
-      auto h = Header(RecordType::kTrain, uint64_t{1} << 60);
-      h.header_xxh3 = Xxh3_64(&h, layout::kRecordHeaderChecked);
-      std::memcpy(At(head_), &h, 64);
-      Publish(128);
-    } else if (cmd == "short_publish") {
-      std::string body(4096, 'x');
-      auto h = Header(RecordType::kTrain, body.size());
-      Seal(&h, body);
-      std::memcpy(At(head_), &h, 64);
-      std::memcpy(At(head_) + 64, body.data(), body.size());
-      Publish(128);  // the rest of the record is not published
-    } else if (cmd == "bad_payload_sum") {
-      auto h = Header(RecordType::kStats, 5);
-      Seal(&h, "hello");
-      h.payload_xxh3 ^= 0xff;
-      h.header_xxh3 = Xxh3_64(&h, layout::kRecordHeaderChecked);
-      Write(h, "hello");
-    } else if (cmd == "seq_jump") {
-      seq_ += 7;
-      auto h = Header(RecordType::kStats, 5);
-      Seal(&h, "jump!");
-      Write(h, "jump!");
-    } else if (cmd == "flip_payload") {
-      const uint64_t at = head_;
-      Good("flipped payload");
-      At(at)[64 + 3] ^= 0x01;  // after publishing
-    } else if (cmd == "flip_header") {
-      const uint64_t at = head_;
-      Good("flipped header");
-      At(at)[16] ^= 0x40;  // payload_bytes, after publishing
-    } else if (cmd == "unknown_type") {
-      auto h = Header(static_cast<RecordType>(42), 3);
-      Seal(&h, "xyz");
-      Write(h, "xyz");
-    } else if (cmd == "bad_flags") {
-      auto h = Header(RecordType::kTrain, 3);
-      h.flags = 0x80;
-      Seal(&h, "xyz");
-      Write(h, "xyz");
-    } else if (cmd == "frag_huge_total") {
-      auto h = Header(RecordType::kFragment, 100);
-      h.flags = layout::kFlagFirst;
-      h.message_type = static_cast<uint16_t>(RecordType::kTrain);
-      h.message_bytes = uint64_t{1} << 50;
-      std::string body(100, 'f');
-      Seal(&h, body);
-      Write(h, body);
-    } else if (cmd == "frag_gap") {
-      std::string body(400, 'g');
-      auto h = Header(RecordType::kFragment, 400);
-      h.flags = layout::kFlagFirst;
-      h.message_type = static_cast<uint16_t>(RecordType::kTrain);
-      h.message_bytes = 1000;
-      Seal(&h, body);
-      Write(h, body);
-      std::string rest(500, 'h');
-      h = Header(RecordType::kFragment, 500);
-      h.flags = layout::kFlagLast;
-      h.message_type = static_cast<uint16_t>(RecordType::kTrain);
-      h.message_bytes = 1000;
-      h.fragment_offset = 500;  // should be 400
-      Seal(&h, rest);
-      Write(h, rest);
-    } else if (cmd == "frag_orphan") {
-      std::string body(300, 'o');
-      auto h = Header(RecordType::kFragment, 300);
-      h.flags = layout::kFlagLast;
-      h.message_type = static_cast<uint16_t>(RecordType::kResult);
-      h.message_bytes = 600;
-      h.fragment_offset = 300;
-      Seal(&h, body);
-      Write(h, body);
-    } else if (cmd == "bad_padding") {
-      auto h = Header(RecordType::kPadding, 64);
-      h.message_type = static_cast<uint16_t>(RecordType::kPadding);
-      std::string body(64, '\0');
-      Seal(&h, body);
-      Write(h, body);
-    } else if (cmd == "json_garbage") {
-      std::string body("\x05\0\0\0{{{{{", 9);
-      auto h = Header(RecordType::kTrain, body.size());
-      Seal(&h, body);
-      Write(h, body);
-    } else if (cmd == "head_back") {
-      ring_->head.StoreSeqCst(head_ - 128);
-      internal::FutexBumpAndWake(&ring_->head_wake);
-    } else if (cmd == "tail_garbage") {
-      auto* request = reinterpret_cast<layout::RingHeader*>(base_ + layout::kRequestRingOffset);
-      request->tail.StoreSeqCst(0xdead0);
-      internal::FutexBumpAndWake(&request->tail_wake);
-    } else if (cmd == "identity") {
-      cb_->worker.pid = 1;  // init: alive, but not who attached
-    } else {
-      Fail("unknown command " + cmd);
+    static const struct {
+      const char* name;
+      void (Hostile::*write)();
+    } kCommands[] = {
+        {"good", &Hostile::WriteGood},
+        {"garbage", &Hostile::WriteGarbage},
+        {"bad_header_sum", &Hostile::BadHeaderSum},
+        {"huge_len", &Hostile::HugeLength},
+        {"short_publish", &Hostile::ShortPublish},
+        {"bad_payload_sum", &Hostile::BadPayloadSum},
+        {"seq_jump", &Hostile::SequenceJump},
+        {"flip_payload", &Hostile::FlipPayload},
+        {"flip_header", &Hostile::FlipHeader},
+        {"unknown_type", &Hostile::UnknownType},
+        {"bad_flags", &Hostile::BadFlags},
+        {"frag_huge_total", &Hostile::FragmentHugeTotal},
+        {"frag_gap", &Hostile::FragmentGap},
+        {"frag_orphan", &Hostile::FragmentOrphan},
+        {"bad_padding", &Hostile::BadPadding},
+        {"json_garbage", &Hostile::JsonGarbage},
+        {"head_back", &Hostile::HeadBack},
+        {"tail_garbage", &Hostile::TailGarbage},
+        {"identity", &Hostile::WrongIdentity},
+    };
+    for (const auto& c : kCommands) {
+      if (cmd == c.name) {
+        (this->*c.write)();
+        return;
+      }
     }
+    Fail("unknown command " + cmd);
   }
 
  private:
+  // The commands: a good record, or one fault of the result ring the
+  // scheduler's reader must catch (a bad record, a moved index, a changed
+  // identity).
+  void WriteGood() { Good(); }
+  void WriteGarbage() {
+    uint8_t junk[64];
+    for (int i = 0; i < 64; ++i) junk[i] = static_cast<uint8_t>(testing::Mix(i) >> 7);
+    junk[0] ^= 0x5a;  // never the record magic
+    std::memcpy(At(head_), junk, 64);
+    Publish(64);
+  }
+  void BadHeaderSum() {
+    auto h = Header(RecordType::kStats, 8);
+    Seal(&h, Text("abcdefgh"));
+    h.header_xxh3 ^= 1;
+    Write(h, Text("abcdefgh"));
+  }
+  void HugeLength() {
+    auto h = Header(RecordType::kTrain, uint64_t{1} << 60);
+    h.header_xxh3 = Xxh3_64(&h, layout::kRecordHeaderChecked);
+    std::memcpy(At(head_), &h, 64);
+    Publish(128);
+  }
+  void ShortPublish() {
+    std::string body(4096, 'x');
+    auto h = Header(RecordType::kTrain, body.size());
+    Seal(&h, body);
+    std::memcpy(At(head_), &h, 64);
+    std::memcpy(At(head_) + 64, body.data(), body.size());
+    Publish(128);  // the rest of the record is not published
+  }
+  void BadPayloadSum() {
+    auto h = Header(RecordType::kStats, 5);
+    Seal(&h, "hello");
+    h.payload_xxh3 ^= 0xff;
+    h.header_xxh3 = Xxh3_64(&h, layout::kRecordHeaderChecked);
+    Write(h, "hello");
+  }
+  void SequenceJump() {
+    seq_ += 7;
+    auto h = Header(RecordType::kStats, 5);
+    Seal(&h, "jump!");
+    Write(h, "jump!");
+  }
+  void FlipPayload() {
+    const uint64_t at = head_;
+    Good("flipped payload");
+    At(at)[64 + 3] ^= 0x01;  // after publishing
+  }
+  void FlipHeader() {
+    const uint64_t at = head_;
+    Good("flipped header");
+    At(at)[16] ^= 0x40;  // payload_bytes, after publishing
+  }
+  void UnknownType() {
+    auto h = Header(static_cast<RecordType>(42), 3);
+    Seal(&h, "xyz");
+    Write(h, "xyz");
+  }
+  void BadFlags() {
+    auto h = Header(RecordType::kTrain, 3);
+    h.flags = 0x80;
+    Seal(&h, "xyz");
+    Write(h, "xyz");
+  }
+  void FragmentHugeTotal() {
+    auto h = Header(RecordType::kFragment, 100);
+    h.flags = layout::kFlagFirst;
+    h.message_type = static_cast<uint16_t>(RecordType::kTrain);
+    h.message_bytes = uint64_t{1} << 50;
+    std::string body(100, 'f');
+    Seal(&h, body);
+    Write(h, body);
+  }
+  void FragmentGap() {
+    std::string body(400, 'g');
+    auto h = Header(RecordType::kFragment, 400);
+    h.flags = layout::kFlagFirst;
+    h.message_type = static_cast<uint16_t>(RecordType::kTrain);
+    h.message_bytes = 1000;
+    Seal(&h, body);
+    Write(h, body);
+    std::string rest(500, 'h');
+    h = Header(RecordType::kFragment, 500);
+    h.flags = layout::kFlagLast;
+    h.message_type = static_cast<uint16_t>(RecordType::kTrain);
+    h.message_bytes = 1000;
+    h.fragment_offset = 500;  // should be 400
+    Seal(&h, rest);
+    Write(h, rest);
+  }
+  void FragmentOrphan() {
+    std::string body(300, 'o');
+    auto h = Header(RecordType::kFragment, 300);
+    h.flags = layout::kFlagLast;
+    h.message_type = static_cast<uint16_t>(RecordType::kResult);
+    h.message_bytes = 600;
+    h.fragment_offset = 300;
+    Seal(&h, body);
+    Write(h, body);
+  }
+  void BadPadding() {
+    auto h = Header(RecordType::kPadding, 64);
+    h.message_type = static_cast<uint16_t>(RecordType::kPadding);
+    std::string body(64, '\0');
+    Seal(&h, body);
+    Write(h, body);
+  }
+  void JsonGarbage() {
+    std::string body("\x05\0\0\0{{{{{", 9);
+    auto h = Header(RecordType::kTrain, body.size());
+    Seal(&h, body);
+    Write(h, body);
+  }
+  void HeadBack() {
+    ring_->head.StoreSeqCst(head_ - 128);
+    internal::FutexBumpAndWake(&ring_->head_wake);
+  }
+  void TailGarbage() {
+    auto* request = reinterpret_cast<layout::RingHeader*>(base_ + layout::kRequestRingOffset);
+    request->tail.StoreSeqCst(0xdead0);
+    internal::FutexBumpAndWake(&request->tail_wake);
+  }
+  void WrongIdentity() {
+    cb_->worker.pid = 1;  // init: alive, but not who attached
+  }
+
   static std::string Text(const char* s) { return s; }
 
   uint8_t* At(uint64_t pos) { return data_ + (pos & (n_ - 1)); }

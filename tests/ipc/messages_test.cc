@@ -6,7 +6,9 @@
 
 #include <cmath>
 #include <cstring>
+#include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ckpt::ipc {
@@ -45,35 +47,61 @@ TEST(MessagesTest, HelloConfigureFailedStatsShutdownRoundTrip) {
   c.model_spec = R"([{"conv2d":[1,6,5]}])";
   c.batch_size = 128;
   c.seed = ~uint64_t{0};
-  c.data_format = "npz";
-  c.val_size = 500;
-  c.classes = 12;
-  c.data_mean = {0.25, 0.5};
-  c.data_std = {1.5, 2};
-  c.loss = "mse";
-  c.metric = "neg_mse";
-  c.augment = {"random_crop:4", "hflip"};
+  c.optimizer = format::OptimizerKind::kAdamW;
+  format::TensorDatasetOptions tensor;
+  tensor.format = format::DatasetFormat::kNpz;
+  tensor.path = "/data/set.npz";
+  tensor.val_size = 500;
+  tensor.classes = 12;
+  tensor.mean = {0.25, 0.5};
+  tensor.std = {1.5, 2};
+  c.tensor_data = tensor;
+  c.loss = format::LossKind::kMse;
+  c.metric = format::MetricKind::kNegMse;
+  c.augment.crop_padding = 4;
+  c.augment.hflip = true;
   auto cb = EncodeToVector(c);
   auto cd = DecodeConfigure(cb.data(), cb.size());
   ASSERT_TRUE(cd.ok()) << cd.status().ToString();
   EXPECT_EQ(cd->model_spec, c.model_spec);
-  EXPECT_EQ(cd->data_format, "npz");
-  EXPECT_EQ(cd->val_size, 500);
-  EXPECT_EQ(cd->classes, 12);
-  EXPECT_EQ(cd->data_mean, c.data_mean);
-  EXPECT_EQ(cd->data_std, c.data_std);
-  EXPECT_EQ(cd->loss, "mse");
-  EXPECT_EQ(cd->metric, "neg_mse");
-  EXPECT_EQ(cd->augment, c.augment);
+  EXPECT_EQ(cd->optimizer, format::OptimizerKind::kAdamW);
+  ASSERT_TRUE(cd->tensor_data.has_value());
+  EXPECT_EQ(cd->tensor_data->format, format::DatasetFormat::kNpz);
+  EXPECT_EQ(cd->tensor_data->path, "/data/set.npz");
+  EXPECT_EQ(cd->dataset_path, "") << "the tensor file's path travels once";
+  EXPECT_EQ(cd->tensor_data->val_size, 500);
+  EXPECT_EQ(cd->tensor_data->classes, 12);
+  EXPECT_EQ(cd->tensor_data->mean, tensor.mean);
+  EXPECT_EQ(cd->tensor_data->std, tensor.std);
+  EXPECT_EQ(cd->loss, format::LossKind::kMse);
+  EXPECT_EQ(cd->metric, format::MetricKind::kNegMse);
+  EXPECT_EQ(cd->augment.crop_padding, 4);
+  EXPECT_TRUE(cd->augment.hflip);
   EXPECT_EQ(cd->batch_size, 128);
   EXPECT_EQ(cd->seed, ~uint64_t{0});
-  EXPECT_EQ(cd->fusion, "auto");
 
-  Failed f{17, "exp1/m3", "non_finite", "loss is NaN at step 40"};
+  Configure idx;
+  idx.experiment = "exp2";
+  idx.dataset = "mnist";
+  idx.dataset_path = "/usr/share/datasets/mnist";
+  auto ib = EncodeToVector(idx);
+  auto id = DecodeConfigure(ib.data(), ib.size());
+  ASSERT_TRUE(id.ok()) << id.status().ToString();
+  EXPECT_FALSE(id->tensor_data.has_value());
+  EXPECT_EQ(id->dataset, "mnist");
+  EXPECT_EQ(id->dataset_path, "/usr/share/datasets/mnist");
+  EXPECT_FALSE(id->loss.has_value()) << "unset: the data's default";
+  EXPECT_FALSE(id->metric.has_value());
+  EXPECT_EQ(id->optimizer, format::OptimizerKind::kSgd);
+
+  Failed f{17, "exp1", "m3", FailureCode::kNonFinite, "loss is NaN at step 40"};
   auto fb = EncodeToVector(f);
   auto fd = DecodeFailed(fb.data(), fb.size());
   ASSERT_TRUE(fd.ok());
   EXPECT_EQ(fd->task_id, 17u);
+  EXPECT_EQ(fd->experiment, "exp1");
+  EXPECT_EQ(fd->member, "m3");
+  EXPECT_EQ(fd->code, FailureCode::kNonFinite);
   EXPECT_EQ(fd->reason, f.reason);
 
   Stats s{1234.5, 99, 8, 3, "plain", 1 << 20, 2 << 20};
@@ -95,7 +123,8 @@ TEST(MessagesTest, TrainAndResultCarryTheirStateAligned) {
   for (size_t i = 0; i < state.size(); ++i) state[i] = static_cast<uint8_t>(i * 13);
   Train t;
   t.task_id = 5;
-  t.member = "exp/7";
+  t.experiment = "exp";
+  t.member = "m7";
   t.version = 12;
   t.steps = 500;
   t.hparams = {{"lr", 0.01}, {"momentum", 0.9}};
@@ -103,7 +132,8 @@ TEST(MessagesTest, TrainAndResultCarryTheirStateAligned) {
   auto tb = EncodeToVector(t);
   auto td = DecodeTrain(tb.data(), tb.size());
   ASSERT_TRUE(td.ok()) << td.status().ToString();
-  EXPECT_EQ(td->member, "exp/7");
+  EXPECT_EQ(td->experiment, "exp");
+  EXPECT_EQ(td->member, "m7");
   EXPECT_EQ(td->steps, 500);
   EXPECT_DOUBLE_EQ(td->hparams.at("lr"), 0.01);
   ASSERT_EQ(td->state.size, state.size());
@@ -112,7 +142,8 @@ TEST(MessagesTest, TrainAndResultCarryTheirStateAligned) {
 
   Result r;
   r.task_id = 5;
-  r.member = "exp/7";
+  r.experiment = "exp";
+  r.member = "m7";
   r.step = 500;
   r.train_loss = std::nan("");
   r.val_score = 0.875;
@@ -120,6 +151,8 @@ TEST(MessagesTest, TrainAndResultCarryTheirStateAligned) {
   auto rb = EncodeToVector(r);
   auto rd = DecodeResult(rb.data(), rb.size());
   ASSERT_TRUE(rd.ok()) << rd.status().ToString();
+  EXPECT_EQ(rd->experiment, "exp");
+  EXPECT_EQ(rd->member, "m7");
   EXPECT_TRUE(std::isnan(rd->train_loss));  // non-finite travels as null
   EXPECT_DOUBLE_EQ(rd->val_score, 0.875);
   EXPECT_TRUE(std::isnan(rd->test_score));  // not evaluated: null
@@ -196,12 +229,66 @@ TEST(MessagesTest, WrongBufferSizeIsInvalidArgument) {
 TEST(MessagesTest, InvalidUtf8IsReplacedNotThrown) {
   Failed f;
   f.member = "m";
-  f.code = "internal";
+  f.code = FailureCode::kInternal;
   f.reason = "bad \xff\xfe bytes";
   auto fb = EncodeToVector(f);
   auto fd = DecodeFailed(fb.data(), fb.size());
   ASSERT_TRUE(fd.ok()) << fd.status().ToString();
   EXPECT_NE(fd->reason.find("bad"), std::string::npos);
+}
+
+// A payload with `key` set to `value` in the JSON of `m` (encoded), re-encoded
+// with the message layout: how a peer of another version (or a liar) writes.
+template <typename M>
+std::vector<uint8_t> WithField(const M& m, const std::string& key, const nlohmann::json& value) {
+  std::vector<uint8_t> buf = EncodeToVector(m);
+  uint32_t len = 0;
+  std::memcpy(&len, buf.data(), 4);
+  nlohmann::json j = nlohmann::json::parse(buf.begin() + 4, buf.begin() + 4 + len);
+  j[key] = value;
+  const std::string text = j.dump();
+  std::vector<uint8_t> out(4 + text.size());
+  const auto n = static_cast<uint32_t>(text.size());
+  std::memcpy(out.data(), &n, 4);
+  std::memcpy(out.data() + 4, text.data(), text.size());
+  return out;
+}
+
+TEST(MessagesTest, ConfigureKindsAreTypedAndAnUnknownNameIsCorruptionNamingTheField) {
+  Configure c;
+  c.experiment = "e";
+  for (const auto& [key, value] : std::vector<std::pair<std::string, std::string>>{
+           {"data_format", "parquet"},
+           {"loss", "hinge"},
+           {"metric", "f1"},
+           {"optimizer", "lion"}}) {
+    auto bytes = WithField(c, key, value);
+    auto d = DecodeConfigure(bytes.data(), bytes.size());
+    ASSERT_FALSE(d.ok()) << key;
+    EXPECT_TRUE(d.status().IsCorruption()) << d.status().ToString();
+    EXPECT_NE(d.status().message().find("field '" + key + "'"), std::string::npos)
+        << d.status().ToString();
+    EXPECT_NE(d.status().message().find(value), std::string::npos) << d.status().ToString();
+  }
+  auto bytes = WithField(c, "augment", nlohmann::json::array({"rotate:90"}));
+  auto d = DecodeConfigure(bytes.data(), bytes.size());
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(d.status().message().find("field 'augment'"), std::string::npos)
+      << d.status().ToString();
+}
+
+TEST(MessagesTest, ANewerWorkersUnknownFailureCodeReadsAsInternal) {
+  Failed f;
+  f.task_id = 3;
+  f.member = "m0";
+  auto bytes = WithField(f, "code", "gpu_on_fire");
+  auto d = DecodeFailed(bytes.data(), bytes.size());
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->code, FailureCode::kInternal);
+  bytes = WithField(f, "code", "out-of-memory");  // an older worker's spelling
+  d = DecodeFailed(bytes.data(), bytes.size());
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->code, FailureCode::kOutOfMemory);
 }
 
 TEST(MessagesTest, UntrustedBytesAreRefusedWithCorruption) {

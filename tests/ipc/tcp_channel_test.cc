@@ -115,7 +115,8 @@ TEST(TcpChannelTest, RoundTripsEveryRecordTypeIncludingMultiMegabyteState) {
   for (size_t i = 0; i < state.size(); ++i) state[i] = static_cast<uint8_t>(i * 131 + 7);
   Train t;
   t.task_id = 42;
-  t.member = "exp1/m3";
+  t.experiment = "exp1";
+  t.member = "m3";
   t.steps = 10;
   t.state.size = state.size();
   auto r = p.scheduler->Reserve(RecordType::kTrain, EncodedSize(t), d());
@@ -127,14 +128,16 @@ TEST(TcpChannelTest, RoundTripsEveryRecordTypeIncludingMultiMegabyteState) {
 
   Result res;
   res.task_id = 42;
-  res.member = "exp1/m3";
+  res.experiment = "exp1";
+  res.member = "m3";
   res.val_score = 0.5;
   res.state = ByteSpan{state.data(), state.size()};
   ASSERT_TRUE(p.worker->Send(RecordType::kResult, Encoded(res).data(), EncodedSize(res), d()).ok());
   Failed f;
   f.task_id = 43;
-  f.member = "exp1/m4";
-  f.code = "non_finite";
+  f.experiment = "exp1";
+  f.member = "m4";
+  f.code = FailureCode::kNonFinite;
   ASSERT_TRUE(p.worker->Send(RecordType::kFailed, Encoded(f).data(), EncodedSize(f), d()).ok());
   Stats st;
   st.samples_total = 99;
@@ -178,7 +181,7 @@ TEST(TcpChannelTest, RoundTripsEveryRecordTypeIncludingMultiMegabyteState) {
   EXPECT_EQ(std::memcmp(dr->state.data, state.data(), state.size()), 0);
   auto rf = p.scheduler->Receive(d());
   ASSERT_TRUE(rf.ok());
-  EXPECT_EQ(DecodeFailed(rf->payload, rf->size)->code, "non_finite");
+  EXPECT_EQ(DecodeFailed(rf->payload, rf->size)->code, FailureCode::kNonFinite);
   auto rst = p.scheduler->Receive(d());
   ASSERT_TRUE(rst.ok());
   EXPECT_EQ(DecodeStats(rst->payload, rst->size)->samples_total, 99u);
@@ -202,7 +205,8 @@ TEST(TcpChannelTest, ATrainSentInPartsArrivesAsOneMessage) {
   for (size_t i = 0; i < state.size(); ++i) state[i] = static_cast<uint8_t>(i * 31 + 1);
   Train t;
   t.task_id = 7;
-  t.member = "exp1/m1";
+  t.experiment = "exp1";
+  t.member = "m1";
   t.state.size = state.size();
   auto prefix = EncodeStatePrefix(t);
   ASSERT_TRUE(prefix.ok()) << prefix.status().ToString();

@@ -143,6 +143,67 @@ TEST(DashboardTest, ShippedScrapeConfigIsValidAndTargetsTheDefaultListener) {
   EXPECT_EQ(::pclose(p), 0) << out;
 }
 
+// The devices of the simulated run, and so which GPU panels may have no
+// data.
+struct RunDevices {
+  bool gpu = false;                    // NVML is available
+  bool gpu_processes_visible = false;  // NVML can name the workers' processes
+  std::string device;                  // the workers' device label
+};
+
+// Every panel query returns data through `server`, but GPU queries where the
+// host cannot have any (listed on stdout, with why: `gpu_status`).
+void ExpectPanelQueriesReturnData(const PrometheusServer& server, const json& dashboard,
+                                  const RunDevices& devices, const std::string& gpu_status) {
+  const bool gpu = devices.gpu;
+  std::vector<std::string> empty_gpu;
+  for (const testing::PanelQueryResult& r : testing::RunDashboardQueries(
+           server, dashboard, {{"experiment", kExperiment}, {"device", devices.device}},
+           kRateInterval)) {
+    SCOPED_TRACE(r.query.panel + " / " + r.query.ref + ": " + r.sent);
+    ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+    std::printf("%-50s %s  %zu series, %zu finite\n", r.query.panel.c_str(), r.query.ref.c_str(),
+                r.series, r.finite);
+    const bool per_process = r.query.expr.find("ckpt_gpu_process_") != std::string::npos;
+    if (r.finite == 0 && testing::IsGpuQuery(r.query.expr) &&
+        (!gpu || (per_process && !devices.gpu_processes_visible))) {
+      empty_gpu.push_back(r.query.panel + " / " + r.query.ref);
+      continue;
+    }
+    EXPECT_GT(r.finite, 0u) << "no data";
+  }
+  if (!empty_gpu.empty()) {
+    std::printf("GPU queries without data (%s):\n",
+                gpu ? "in a child PID namespace, NVML cannot name worker processes"
+                    : ("no NVML here: " + gpu_status).c_str());
+    for (const std::string& p : empty_gpu) std::printf("  %s\n", p.c_str());
+  }
+}
+
+// The template variables' queries (label_values(METRIC, LABEL)) offer the
+// run's experiment and `device`.
+void ExpectTemplateVariablesOfferTheRun(const PrometheusServer& server, const json& dashboard,
+                                        const std::string& device) {
+  for (const json& v : dashboard["templating"]["list"]) {
+    if (v.value("type", "") != "query") continue;
+    const std::string def = v.value("definition", "");
+    SCOPED_TRACE(def);
+    const size_t open = def.find('(');
+    const size_t comma = def.find(',');
+    const size_t close = def.rfind(')');
+    ASSERT_EQ(def.rfind("label_values(", 0), 0u);
+    ASSERT_TRUE(comma != std::string::npos && close != std::string::npos);
+    std::string metric = def.substr(open + 1, comma - open - 1);
+    std::string label = def.substr(comma + 1, close - comma - 1);
+    label.erase(0, label.find_first_not_of(' '));
+    auto values = server.LabelValues(label, metric);
+    ASSERT_TRUE(values.ok()) << values.status().ToString();
+    const std::string want = label == "experiment" ? kExperiment : device;
+    EXPECT_NE(std::find(values->begin(), values->end(), want), values->end())
+        << label << " values lack " << want;
+  }
+}
+
 TEST(DashboardTest, EveryPanelQueryReturnsDataFromARealPrometheus) {
   if (::access(testing::kPrometheusBinary, X_OK) != 0) {
     GTEST_SKIP() << testing::kPrometheusBinary << " is not installed";
@@ -209,48 +270,10 @@ TEST(DashboardTest, EveryPanelQueryReturnsDataFromARealPrometheus) {
   const Status scraped = (*server)->WaitForScrapes(8, std::chrono::seconds(120));
   ASSERT_TRUE(scraped.ok()) << scraped.ToString() << "\n" << (*server)->LogTail();
 
-  std::vector<std::string> empty_gpu;
-  for (const testing::PanelQueryResult& r : testing::RunDashboardQueries(
-           **server, dashboard, {{"experiment", kExperiment}, {"device", device}}, kRateInterval)) {
-    SCOPED_TRACE(r.query.panel + " / " + r.query.ref + ": " + r.sent);
-    ASSERT_TRUE(r.status.ok()) << r.status.ToString();
-    std::printf("%-50s %s  %zu series, %zu finite\n", r.query.panel.c_str(), r.query.ref.c_str(),
-                r.series, r.finite);
-    const bool per_process = r.query.expr.find("ckpt_gpu_process_") != std::string::npos;
-    if (r.finite == 0 && testing::IsGpuQuery(r.query.expr) &&
-        (!gpu || (per_process && !gpu_processes_visible))) {
-      empty_gpu.push_back(r.query.panel + " / " + r.query.ref);
-      continue;
-    }
-    EXPECT_GT(r.finite, 0u) << "no data";
-  }
-  if (!empty_gpu.empty()) {
-    std::printf("GPU queries without data (%s):\n",
-                gpu ? "in a child PID namespace, NVML cannot name worker processes"
-                    : ("no NVML here: " + metrics.gpu_status()).c_str());
-    for (const std::string& p : empty_gpu) std::printf("  %s\n", p.c_str());
-  }
-
-  // The template variables' queries (label_values(METRIC, LABEL)) offer the
-  // run's experiment and device.
-  for (const json& v : dashboard["templating"]["list"]) {
-    if (v.value("type", "") != "query") continue;
-    const std::string def = v.value("definition", "");
-    SCOPED_TRACE(def);
-    const size_t open = def.find('(');
-    const size_t comma = def.find(',');
-    const size_t close = def.rfind(')');
-    ASSERT_EQ(def.rfind("label_values(", 0), 0u);
-    ASSERT_TRUE(comma != std::string::npos && close != std::string::npos);
-    std::string metric = def.substr(open + 1, comma - open - 1);
-    std::string label = def.substr(comma + 1, close - comma - 1);
-    label.erase(0, label.find_first_not_of(' '));
-    auto values = (*server)->LabelValues(label, metric);
-    ASSERT_TRUE(values.ok()) << values.status().ToString();
-    const std::string want = label == "experiment" ? kExperiment : device;
-    EXPECT_NE(std::find(values->begin(), values->end(), want), values->end())
-        << label << " values lack " << want;
-  }
+  const RunDevices devices{gpu, gpu_processes_visible, device};
+  ExpectPanelQueriesReturnData(**server, dashboard, devices, metrics.gpu_status());
+  if (HasFatalFailure()) return;
+  ExpectTemplateVariablesOfferTheRun(**server, dashboard, device);
 }
 
 }  // namespace

@@ -12,7 +12,7 @@ namespace {
 TEST(AccuracyTest, Lenet5ReachesEightyFivePercentInTwoEpochs) {
   TrainerOptions o;
   o.model_spec = "lenet5";
-  o.optimizer = "adam";
+  o.optimizer = format::OptimizerKind::kAdam;
   o.batch_size = 64;
   o.eval_size = 10000;
   o.dataset_path = testing::kFashionDir;

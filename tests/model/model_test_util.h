@@ -98,7 +98,7 @@ inline constexpr const char* kSmoothBn = R"([
 inline TrainerOptions BaseOptions(const std::string& spec, const std::string& optimizer) {
   TrainerOptions o;
   o.model_spec = spec;
-  o.optimizer = optimizer;
+  o.optimizer = *format::ParseOptimizerKind(optimizer);
   o.batch_size = 32;
   o.eval_size = 0;
   o.data = FashionMnist();

@@ -15,12 +15,23 @@ import argparse
 import gzip
 import json
 import math
+import os
 import struct
 import sys
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+try:
+    import ckpt_client.models as ckpt_models
+except ImportError:
+    # ckpt_client not installed in this python (or installed without models):
+    # this checkout's python/.
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                    "..", "..", "python"))
+    sys.modules.pop("ckpt_client", None)
+    import ckpt_client.models as ckpt_models
 
 MASK = (1 << 64) - 1
 GOLDEN = 0x9E3779B97F4A7C15
@@ -174,28 +185,20 @@ class SpecModel(nn.Module):
         return x
 
 
-class LeNet5(nn.Module):
-    """LeNet-5 written as one would in Python; TorchScript-able. Its conv1
-    computes as ckpt's built-in lenet5 does (OneChannelConv2d: the same
-    kernels on the same CPU), so the two train bit-close; with nn.Conv2d the
-    runs differ by float rounding on CPUs without AVX-512 (1.1e-6 after
-    eight steps under LibTorch 2.11)."""
+class LeNet5(ckpt_models.LeNet5):
+    """LeNet-5 written as one would in Python (ckpt_client.models.LeNet5);
+    TorchScript-able. Its conv1 computes as ckpt's built-in lenet5 does
+    (OneChannelConv2d: the same kernels on the same CPU), so the two train
+    bit-close; with nn.Conv2d the runs differ by float rounding on CPUs
+    without AVX-512 (1.1e-6 after eight steps under LibTorch 2.11)."""
 
     def __init__(self):
         super().__init__()
-        self.conv1 = OneChannelConv2d(1, 6, 5, padding=2)
-        self.conv2 = nn.Conv2d(6, 16, 5)
-        self.fc1 = nn.Linear(400, 120)
-        self.fc2 = nn.Linear(120, 84)
-        self.fc3 = nn.Linear(84, 10)
-
-    def forward(self, x):
-        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
-        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
-        x = torch.flatten(x, 1)
-        x = F.relu(self.fc1(x))
-        x = F.relu(self.fc2(x))
-        return self.fc3(x)
+        # conv1 in place, with the weights the base class drew for it: the same
+        # state_dict, and under one seed the same initial state as the base.
+        conv1 = OneChannelConv2d(1, 6, 5, padding=2)
+        conv1.load_state_dict(self.conv1.state_dict())
+        self.conv1 = conv1
 
 
 def parse_spec(text):

@@ -23,7 +23,12 @@ int main(int argc, char** argv) {
   std::string blob((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   ckpt::model::TrainerOptions o;
   o.model_spec = argv[4];
-  o.optimizer = argv[5];
+  auto optimizer = ckpt::format::ParseOptimizerKind(argv[5]);
+  if (!optimizer.ok()) {
+    std::fprintf(stderr, "train_helper: %s\n", optimizer.status().ToString().c_str());
+    return 2;
+  }
+  o.optimizer = *optimizer;
   o.batch_size = std::atoi(argv[6]);
   o.seed = std::strtoull(argv[7], nullptr, 10);
   o.eval_size = 0;

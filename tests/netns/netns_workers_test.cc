@@ -56,6 +56,93 @@ void RemoveStaleNamespaces() {
   }
 }
 
+// The scheduler's worker ids of the connections from ckpt-a and ckpt-b; -1
+// where none came.
+struct HostWorkers {
+  int a = -1;
+  int b = -1;
+};
+
+// Waits up to 2 minutes for a worker to connect from each host.
+HostWorkers WaitForBothHosts(const Child& scheduler) {
+  HostWorkers w;
+  const auto connect_until = std::chrono::steady_clock::now() + std::chrono::minutes(2);
+  while ((w.a < 0 || w.b < 0) && std::chrono::steady_clock::now() < connect_until) {
+    const auto trace = testing::ParseTrace(scheduler.Log());
+    w.a = testing::WorkerConnectedFrom(trace, "10.77.0.2");
+    w.b = testing::WorkerConnectedFrom(trace, "10.77.0.3");
+    if (w.a < 0 || w.b < 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return w;
+}
+
+// Waits (up to 2 minutes, while the run lasts) until the scheduler sends
+// `worker` a TRAIN beyond the `sent_before` it had sent.
+void WaitForNextTrain(Child& scheduler, int worker, int sent_before) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::minutes(2);
+  while (testing::CountTrace(testing::ParseTrace(scheduler.Log()), TraceLine::kSent, worker) ==
+             sent_before &&
+         scheduler.Running() && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(milliseconds(2));
+  }
+}
+
+// The index of the last trace line that says `worker` was lost;
+// trace.size() if none does.
+size_t LossOf(const std::vector<TraceLine>& trace, int worker) {
+  size_t lost_at = trace.size();
+  for (size_t i = 0; i < trace.size(); ++i) {
+    if (trace[i].kind == TraceLine::kLost && trace[i].worker == worker) lost_at = i;
+  }
+  return lost_at;
+}
+
+// The tasks sent to `worker` before trace line `end` without a result:
+// task -> member.
+std::map<int64_t, std::string> InFlightBefore(const std::vector<TraceLine>& trace, int worker,
+                                              size_t end) {
+  std::map<int64_t, std::string> in_flight;
+  for (size_t i = 0; i < end; ++i) {
+    if (trace[i].worker != worker) continue;
+    if (trace[i].kind == TraceLine::kSent) in_flight[trace[i].task] = trace[i].text;
+    if (trace[i].kind == TraceLine::kResult) in_flight.erase(trace[i].task);
+  }
+  return in_flight;
+}
+
+// Whether, after trace line `from`, `worker` was sent `member` and returned
+// a result for that task.
+bool RetrainedAfter(const std::vector<TraceLine>& trace, size_t from, int worker,
+                    const std::string& member) {
+  for (size_t i = from + 1; i < trace.size(); ++i) {
+    if (trace[i].kind != TraceLine::kSent || trace[i].worker != worker || trace[i].text != member) {
+      continue;
+    }
+    for (size_t j = i + 1; j < trace.size(); ++j) {
+      if (trace[j].kind == TraceLine::kResult && trace[j].worker == worker &&
+          trace[j].task == trace[i].task) {
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
+// The audit log holds one worker loss, `worker`'s, which put back `requeued`
+// members.
+void ExpectOneLoss(const testing::StoreSnapshot& run, int worker, size_t requeued,
+                   const Child& scheduler) {
+  int lost_events = 0;
+  for (const auto& e : run.events) {
+    const auto j = nlohmann::json::parse(e, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object() || j.value("type", "") != "worker_lost") continue;
+    ++lost_events;
+    EXPECT_EQ(j.value("worker", -1), worker) << e;
+    EXPECT_EQ(j.value("requeued", size_t{0}), requeued) << e;
+  }
+  EXPECT_EQ(lost_events, 1) << scheduler.Log();
+}
+
 class NetnsWorkersTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -169,14 +256,7 @@ TEST_F(NetnsWorkersTest, CuttingAWorkersLinkLosesNothingAndTheOtherHostRetrainsI
   // Both are connected before the results are counted: one worker's start
   // (a second or more on a loaded machine, where it starts again for its
   // BLAS kernels) can outlast the other's first third of the results.
-  int a = -1, b = -1;
-  const auto connect_until = std::chrono::steady_clock::now() + std::chrono::minutes(2);
-  while ((a < 0 || b < 0) && std::chrono::steady_clock::now() < connect_until) {
-    const auto trace = testing::ParseTrace(scheduler.Log());
-    a = testing::WorkerConnectedFrom(trace, "10.77.0.2");
-    b = testing::WorkerConnectedFrom(trace, "10.77.0.3");
-    if (a < 0 || b < 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
+  const auto [a, b] = WaitForBothHosts(scheduler);
   ASSERT_GE(a, 0) << "no worker connected from ckpt-a (10.77.0.2):\n"
                   << scheduler.Log() << "\nworker a:\n"
                   << worker_a.Log();
@@ -194,12 +274,7 @@ TEST_F(NetnsWorkersTest, CuttingAWorkersLinkLosesNothingAndTheOtherHostRetrainsI
   // takes hundreds of ms here; noticing and cutting take a few). Its link
   // goes down: no FIN, no RST reaches the scheduler, only silence.
   const int sent_before = testing::CountTrace(early, TraceLine::kSent, a);
-  const auto until = std::chrono::steady_clock::now() + std::chrono::minutes(2);
-  while (testing::CountTrace(testing::ParseTrace(scheduler.Log()), TraceLine::kSent, a) ==
-             sent_before &&
-         scheduler.Running() && std::chrono::steady_clock::now() < until) {
-    std::this_thread::sleep_for(milliseconds(2));
-  }
+  WaitForNextTrain(scheduler, a, sent_before);
   std::string out;
   ASSERT_EQ(Sh("ip -n " + a_ + " link set eth0 down", &out), 0) << out;
   ASSERT_TRUE(scheduler.Running()) << "the run ended before the cut; make it longer\n"
@@ -221,37 +296,17 @@ TEST_F(NetnsWorkersTest, CuttingAWorkersLinkLosesNothingAndTheOtherHostRetrainsI
   // The scheduler found a silent (heartbeat timeout), not closed, and put
   // back what a had in flight; b trained each of those members afterwards.
   const auto trace = testing::ParseTrace(scheduler.Log());
-  size_t lost_at = trace.size();
-  for (size_t i = 0; i < trace.size(); ++i) {
-    if (trace[i].kind == TraceLine::kLost && trace[i].worker == a) lost_at = i;
-  }
+  const size_t lost_at = LossOf(trace, a);
   ASSERT_LT(lost_at, trace.size()) << "worker " << a << " (ckpt-a) was never lost:\n"
                                    << scheduler.Log();
   EXPECT_NE(trace[lost_at].text.find("heartbeat timeout"), std::string::npos)
       << trace[lost_at].text;
-  std::map<int64_t, std::string> in_flight;  // a's tasks without a result: task -> member
-  for (size_t i = 0; i < lost_at; ++i) {
-    if (trace[i].worker != a) continue;
-    if (trace[i].kind == TraceLine::kSent) in_flight[trace[i].task] = trace[i].text;
-    if (trace[i].kind == TraceLine::kResult) in_flight.erase(trace[i].task);
-  }
+  const auto in_flight = InFlightBefore(trace, a, lost_at);
   ASSERT_FALSE(in_flight.empty()) << "a had nothing in flight when its link went down";
   for (const auto& [task, member] : in_flight) {
-    bool retrained = false;
-    for (size_t i = lost_at + 1; i < trace.size() && !retrained; ++i) {
-      if (trace[i].kind != TraceLine::kSent || trace[i].worker != b || trace[i].text != member) {
-        continue;
-      }
-      for (size_t j = i + 1; j < trace.size(); ++j) {
-        if (trace[j].kind == TraceLine::kResult && trace[j].worker == b &&
-            trace[j].task == trace[i].task) {
-          retrained = true;
-          break;
-        }
-      }
-    }
-    EXPECT_TRUE(retrained) << member << " (task " << task << " on a) was not retrained by b:\n"
-                           << scheduler.Log();
+    EXPECT_TRUE(RetrainedAfter(trace, lost_at, b, member))
+        << member << " (task " << task << " on a) was not retrained by b:\n"
+        << scheduler.Log();
   }
 
   const auto run = testing::ReadStore(store, name);
@@ -262,15 +317,7 @@ TEST_F(NetnsWorkersTest, CuttingAWorkersLinkLosesNothingAndTheOtherHostRetrainsI
   }
   testing::ExpectEachIntervalTrainedOnce(testing::ReadCommits(run), run, kIntervals);
   // One loss, a's, in the audit log, with the members it put back.
-  int lost_events = 0;
-  for (const auto& e : run.events) {
-    const auto j = nlohmann::json::parse(e, nullptr, /*allow_exceptions=*/false);
-    if (!j.is_object() || j.value("type", "") != "worker_lost") continue;
-    ++lost_events;
-    EXPECT_EQ(j.value("worker", -1), a) << e;
-    EXPECT_EQ(j.value("requeued", size_t{0}), in_flight.size()) << e;
-  }
-  EXPECT_EQ(lost_events, 1) << scheduler.Log();
+  ExpectOneLoss(run, a, in_flight.size(), scheduler);
   testing::ExpectHeadsAsReference(run, reference);
 }
 

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -1310,6 +1311,229 @@ Outcome OutcomeOf(Harness& h) {
   return o;
 }
 
+// Counts over all the random sequences, printed and checked at the end.
+struct RandomTally {
+  int sequences = 0;
+  int events = 0;
+  int restarts = 0;
+  int ran_ahead = 0;
+  int commits_lost = 0;
+  int full_disks = 0;
+  int writes_refused = 0;
+};
+
+// One random sequence's experiment: its config and options, and whether its
+// policy is synchronous (then its end is known from an in-order run).
+struct RandomSequence {
+  records::ExperimentConfig config;
+  ExperimentOptions opts;
+  bool sync = false;
+};
+
+RandomSequence DrawSequence(std::mt19937_64& rng, int seq) {
+  RandomSequence s;
+  const int population = 2 + static_cast<int>(rng() % 7);
+  const int intervals = 1 + static_cast<int>(rng() % 4);
+  records::ExperimentConfig& c = s.config;
+  c = BaseConfig(population, intervals);
+  c.seed = rng();
+  c.source = "random " + std::to_string(seq);
+  const int kind = static_cast<int>(rng() % 3);
+  c.policy.kind = kind == 0 ? records::PolicyKind::kPbt
+                            : (kind == 1 ? records::PolicyKind::kSuccessiveHalving
+                                         : records::PolicyKind::kRandom);
+  c.policy.eta = 2;
+  c.policy.quantile = 0.25 + 0.05 * static_cast<double>(rng() % 5);
+  s.sync = rng() % 4 != 0;
+  c.policy.mode = s.sync ? records::PolicyMode::kSync : records::PolicyMode::kAsync;
+  s.opts.max_member_failures = 3;
+  s.opts.final_eval_top = 2;
+  return s;
+}
+
+// How a synchronous sequence must end: its experiment run in order, waiting
+// at every barrier, as "ref<seq>" in `shared`.
+void RunReference(const RandomSequence& s, int seq, store::Store* shared, Outcome* expected) {
+  records::ExperimentConfig rc = s.config;
+  rc.name = "ref" + std::to_string(seq);
+  ExperimentOptions waits = s.opts;
+  waits.run_ahead = false;  // the random run runs ahead of barriers and must end the same
+  Harness ref(rc, waits, shared);
+  ref.RunToEnd();
+  ASSERT_TRUE(ref.e().ended());
+  *expected = OutcomeOf(ref);
+}
+
+// Applies random events to one harness: results, failures, worker losses,
+// scheduler restarts and full disks, each drawn from `rng`, and holds the
+// work the workers have in flight.
+class RandomEvents {
+ public:
+  RandomEvents(Harness* h, std::mt19937_64* rng, const ExperimentOptions& opts, RandomTally* tally)
+      : h_(*h), rng_(*rng), opts_(opts), tally_(*tally) {}
+
+  const std::vector<WorkItem>& in_flight() const { return in_flight_; }
+
+  void Step() {
+    ++tally_.events;
+    if (full_for_ > 0 && --full_for_ == 0) {
+      tally_.writes_refused += h_.io().refused();
+      h_.SetFull(false);
+      h_.e().RetryDeferred();  // StoreHealth's probe found space
+    }
+    const int action = static_cast<int>(rng_() % 10);
+    if (action < 4 && Runnable()) {
+      in_flight_.push_back(h_.Take());
+      if (in_flight_.back().state_after.ahead()) ++tally_.ran_ahead;
+    } else if (!in_flight_.empty() && action < 8) {
+      ReportRandomOne(action);
+    } else if (!in_flight_.empty() && action == 8) {
+      // A worker is lost with everything it held.
+      for (const auto& w : in_flight_) h_.e().OnReturned(w);
+      in_flight_.clear();
+    } else if (action == 9 && rng_() % 8 == 0) {
+      KillScheduler();
+    } else if (action == 9 && full_for_ == 0 && rng_() % 6 == 0) {
+      // The disk fills for a while: every write of the experiment is
+      // refused (records, events, exploits, its end).
+      full_for_ = 1 + static_cast<int>(rng_() % 30);
+      ++tally_.full_disks;
+      h_.SetFull(true);
+    } else if (Runnable()) {
+      in_flight_.push_back(h_.Take());
+    } else if (!in_flight_.empty()) {
+      WorkItem w = in_flight_.front();
+      in_flight_.erase(in_flight_.begin());
+      if (w.eval_only) {
+        h_.e().OnEvaluated(w, 0.5);
+      } else {
+        Commit(w);
+      }
+    } else if (h_.full()) {
+      full_for_ = 1;  // nothing left to do but wait for space
+    }
+  }
+
+ private:
+  // Dispatch pauses once a write was refused (StoreHealth) until space returns.
+  bool Runnable() { return h_.e().Runnable() && !(h_.full() && h_.e().WaitingForStore()); }
+
+  // What the scheduler does with a result while the disk is full: the
+  // commit is refused (the interval reruns from its committed head) or, the
+  // disk having filled just after it, the writes after it are.
+  void Commit(const WorkItem& w) {
+    if (h_.full() && rng_() % 2 == 0) {
+      h_.e().OnReturned(w);
+    } else {
+      h_.Commit(w, ScoreOf(w.hparams, w.interval_after));
+    }
+  }
+
+  // A random in-flight item comes back: failed (action 7, while the member
+  // has failures to spare), evaluated or committed.
+  void ReportRandomOne(int action) {
+    const size_t i = rng_() % in_flight_.size();
+    WorkItem w = in_flight_[i];
+    in_flight_.erase(in_flight_.begin() + static_cast<std::ptrdiff_t>(i));
+    const Member& m = h_.e().members()[h_.e().Find(w.member)];
+    if (action == 7 && m.state.failures + 1 < opts_.max_member_failures) {
+      h_.e().OnFailed(w, ipc::FailureCode::kNonFinite, "random failure", false);
+    } else if (w.eval_only) {
+      h_.e().OnEvaluated(w, 0.5);
+    } else {
+      Commit(w);
+    }
+  }
+
+  // The scheduler is killed: in-flight work is never reported. Half the
+  // time one interval's result was committed just before, and the process
+  // died before it wrote the member's state record (the record is
+  // reconciled from the head at the next start).
+  void KillScheduler() {
+    const bool committed_one = !in_flight_.empty() && rng_() % 2 == 0;
+    if (committed_one) {
+      const size_t i = rng_() % in_flight_.size();
+      const WorkItem w = in_flight_[i];
+      if (!w.eval_only) {
+        try {
+          h_.Commit(w, ScoreOf(w.hparams, w.interval_after), /*crash_before_state=*/true);
+        } catch (const Harness::Crash&) {
+          ++tally_.commits_lost;
+        }
+      }
+    }
+    in_flight_.clear();
+    ++tally_.restarts;
+    h_.Open();
+  }
+
+  Harness& h_;
+  std::mt19937_64& rng_;
+  const ExperimentOptions& opts_;
+  RandomTally& tally_;
+  std::vector<WorkItem> in_flight_;
+  int full_for_ = 0;  // steps the disk stays full
+};
+
+// What must hold after every event: each interval trained once, each
+// barrier decided once, no member past the last interval, and the
+// experiment's count of work in flight the workers'.
+void CheckInvariants(Harness& h, const std::vector<WorkItem>& in_flight, int seq, int intervals) {
+  for (const auto& [key, times] : h.trained()) {
+    ASSERT_EQ(times, 1) << "seq " << seq << ": " << key.first << " trained interval " << key.second
+                        << " " << times << " times";
+  }
+  for (const auto& [gen, times] : h.decided()) {
+    ASSERT_EQ(times, 1) << "seq " << seq << ": barrier " << gen << " decided " << times << " times";
+  }
+  for (const auto& m : h.e().members()) {
+    ASSERT_LE(m.state.interval, intervals) << "seq " << seq << " " << m.name;
+    ASSERT_LE(m.state.last_exploit, m.state.interval);
+  }
+  ASSERT_GE(h.e().in_flight(), 0);
+  ASSERT_EQ(static_cast<size_t>(h.e().in_flight()), in_flight.size()) << "seq " << seq;
+}
+
+// What must hold once a sequence's events ran out: it ended, exploited no
+// member twice in an interval, trained its done members to the end, ended
+// as its in-order reference did (sync), and stored its end.
+void CheckEnd(Harness& h, const RandomSequence& s, int seq, const Outcome& expected) {
+  const records::ExperimentConfig& c = s.config;
+  if (!h.e().ended()) {
+    std::string where;
+    for (const auto& m : h.e().members()) {
+      where += " " + m.name + "@" + std::to_string(m.state.interval) + "/" +
+               records::MemberStatusName(m.state.status) +
+               (m.state.ahead() ? "/ahead of " + std::to_string(m.state.ahead_of) : "");
+    }
+    FAIL() << "seq " << seq << " did not end: generation " << h.e().generation() << ", "
+           << h.e().queued() << " queued, " << h.e().in_flight() << " in flight;" << where;
+  }
+  std::set<std::tuple<std::string, int>> exploited;
+  for (const auto& ev : h.Events("exploit")) {
+    ASSERT_TRUE(exploited.insert({ev["member"], ev["interval"].get<int>()}).second)
+        << "seq " << seq << ": " << ev.dump() << " exploited twice";
+  }
+  for (const auto& m : h.e().members()) {
+    if (m.state.status == records::MemberStatus::kDone && s.sync) {
+      EXPECT_EQ(m.step, static_cast<int64_t>(c.intervals) * c.steps_per_interval)
+          << "seq " << seq << " " << m.name;
+    }
+    if (m.state.status == records::MemberStatus::kDone) {
+      EXPECT_EQ(m.state.interval, c.intervals);
+    }
+  }
+  if (s.sync) {
+    const Outcome got = OutcomeOf(h);
+    EXPECT_EQ(got.members, expected.members) << "seq " << seq;
+    EXPECT_EQ(got.exploits, expected.exploits) << "seq " << seq;
+  }
+  // Its end is stored (a full disk at the end only delays it).
+  EXPECT_EQ(h.store().GetExperiment(c.name)->status, records::ExperimentStatusName(h.e().status()))
+      << "seq " << seq;
+  EXPECT_FALSE(h.Events("final_eval").empty()) << "seq " << seq;
+}
+
 // Thousands of random sequences of results, failures, worker losses and
 // scheduler restarts; the invariants are checked after every event.
 TEST(ExperimentRandomTest, InvariantsHoldUnderRandomEventOrders) {
@@ -1321,183 +1545,37 @@ TEST(ExperimentRandomTest, InvariantsHoldUnderRandomEventOrders) {
   auto shared = store::Store::Open(so);
   ASSERT_TRUE(shared.ok());
   std::mt19937_64 rng(20261203);
-  int sequences = 0, events = 0, restarts = 0, ran_ahead = 0, commits_lost = 0, full_disks = 0,
-      writes_refused = 0;
+  RandomTally tally;
   for (int seq = 0; seq < kSequences; ++seq) {
-    const int population = 2 + static_cast<int>(rng() % 7);
-    const int intervals = 1 + static_cast<int>(rng() % 4);
-    auto c = BaseConfig(population, intervals);
-    c.seed = rng();
-    c.source = "random " + std::to_string(seq);
-    const int kind = static_cast<int>(rng() % 3);
-    c.policy.kind = kind == 0 ? records::PolicyKind::kPbt
-                              : (kind == 1 ? records::PolicyKind::kSuccessiveHalving
-                                           : records::PolicyKind::kRandom);
-    c.policy.eta = 2;
-    c.policy.quantile = 0.25 + 0.05 * static_cast<double>(rng() % 5);
-    const bool sync = rng() % 4 != 0;
-    c.policy.mode = sync ? records::PolicyMode::kSync : records::PolicyMode::kAsync;
-    ExperimentOptions opts;
-    opts.max_member_failures = 3;
-    opts.final_eval_top = 2;
-
+    RandomSequence s = DrawSequence(rng, seq);
     Outcome expected;
-    if (sync) {
-      records::ExperimentConfig rc = c;
-      rc.name = "ref" + std::to_string(seq);
-      ExperimentOptions waits = opts;
-      waits.run_ahead = false;  // the run below runs ahead of barriers and must end the same
-      Harness ref(rc, waits, shared->get());
-      ref.RunToEnd();
-      ASSERT_TRUE(ref.e().ended());
-      expected = OutcomeOf(ref);
+    if (s.sync) {
+      RunReference(s, seq, shared->get(), &expected);
+      if (HasFatalFailure()) return;
     }
-    c.name = "run" + std::to_string(seq);
-    Harness h(c, opts, shared->get());
-    std::vector<WorkItem> in_flight;
-    std::set<std::tuple<std::string, int>> exploited;
-    int full_for = 0;  // steps the disk stays full
-    // What the scheduler does with a result while the disk is full: the
-    // commit is refused (the interval reruns from its committed head) or, the
-    // disk having filled just after it, the writes after it are.
-    const auto commit = [&](const WorkItem& w) {
-      if (h.full() && rng() % 2 == 0) {
-        h.e().OnReturned(w);
-      } else {
-        h.Commit(w, ScoreOf(w.hparams, w.interval_after));
-      }
-    };
-    // Dispatch pauses once a write was refused (StoreHealth) until space returns.
-    const auto runnable = [&] {
-      return h.e().Runnable() && !(h.full() && h.e().WaitingForStore());
-    };
+    s.config.name = "run" + std::to_string(seq);
+    Harness h(s.config, s.opts, shared->get());
+    RandomEvents events(&h, &rng, s.opts, &tally);
     for (int step = 0; step < 5000 && !h.e().ended(); ++step) {
-      ++events;
-      if (full_for > 0 && --full_for == 0) {
-        writes_refused += h.io().refused();
-        h.SetFull(false);
-        h.e().RetryDeferred();  // StoreHealth's probe found space
-      }
-      const int action = static_cast<int>(rng() % 10);
-      if (action < 4 && runnable()) {
-        in_flight.push_back(h.Take());
-        if (in_flight.back().state_after.ahead()) ++ran_ahead;
-      } else if (!in_flight.empty() && action < 8) {
-        const size_t i = rng() % in_flight.size();
-        WorkItem w = in_flight[i];
-        in_flight.erase(in_flight.begin() + static_cast<long>(i));
-        const Member& m = h.e().members()[h.e().Find(w.member)];
-        if (action == 7 && m.state.failures + 1 < opts.max_member_failures) {
-          h.e().OnFailed(w, ipc::FailureCode::kNonFinite, "random failure", false);
-        } else if (w.eval_only) {
-          h.e().OnEvaluated(w, 0.5);
-        } else {
-          commit(w);
-        }
-      } else if (!in_flight.empty() && action == 8) {
-        // A worker is lost with everything it held.
-        for (const auto& w : in_flight) h.e().OnReturned(w);
-        in_flight.clear();
-      } else if (action == 9 && rng() % 8 == 0) {
-        // The scheduler is killed: in-flight work is never reported. Half the
-        // time one interval's result was committed just before, and the
-        // process died before it wrote the member's state record (the record
-        // is reconciled from the head at the next start).
-        const bool committed_one = !in_flight.empty() && rng() % 2 == 0;
-        if (committed_one) {
-          const size_t i = rng() % in_flight.size();
-          const WorkItem w = in_flight[i];
-          if (!w.eval_only) {
-            try {
-              h.Commit(w, ScoreOf(w.hparams, w.interval_after), /*crash_before_state=*/true);
-            } catch (const Harness::Crash&) {
-              ++commits_lost;
-            }
-          }
-        }
-        in_flight.clear();
-        ++restarts;
-        h.Open();
-      } else if (action == 9 && full_for == 0 && rng() % 6 == 0) {
-        // The disk fills for a while: every write of the experiment is
-        // refused (records, events, exploits, its end).
-        full_for = 1 + static_cast<int>(rng() % 30);
-        ++full_disks;
-        h.SetFull(true);
-      } else if (runnable()) {
-        in_flight.push_back(h.Take());
-      } else if (!in_flight.empty()) {
-        WorkItem w = in_flight.front();
-        in_flight.erase(in_flight.begin());
-        if (w.eval_only) {
-          h.e().OnEvaluated(w, 0.5);
-        } else {
-          commit(w);
-        }
-      } else if (h.full()) {
-        full_for = 1;  // nothing left to do but wait for space
-      }
-      // Invariants.
-      for (const auto& [key, times] : h.trained()) {
-        ASSERT_EQ(times, 1) << "seq " << seq << ": " << key.first << " trained interval "
-                            << key.second << " " << times << " times";
-      }
-      for (const auto& [gen, times] : h.decided()) {
-        ASSERT_EQ(times, 1) << "seq " << seq << ": barrier " << gen << " decided " << times
-                            << " times";
-      }
-      for (const auto& m : h.e().members()) {
-        ASSERT_LE(m.state.interval, intervals) << "seq " << seq << " " << m.name;
-        ASSERT_LE(m.state.last_exploit, m.state.interval);
-      }
-      ASSERT_GE(h.e().in_flight(), 0);
-      ASSERT_EQ(static_cast<size_t>(h.e().in_flight()), in_flight.size()) << "seq " << seq;
+      events.Step();
+      CheckInvariants(h, events.in_flight(), seq, s.config.intervals);
+      if (HasFatalFailure()) return;
     }
-    if (!h.e().ended()) {
-      std::string where;
-      for (const auto& m : h.e().members()) {
-        where += " " + m.name + "@" + std::to_string(m.state.interval) + "/" +
-                 records::MemberStatusName(m.state.status) +
-                 (m.state.ahead() ? "/ahead of " + std::to_string(m.state.ahead_of) : "");
-      }
-      FAIL() << "seq " << seq << " did not end: generation " << h.e().generation() << ", "
-             << h.e().queued() << " queued, " << h.e().in_flight() << " in flight;" << where;
-    }
-    for (const auto& ev : h.Events("exploit")) {
-      ASSERT_TRUE(exploited.insert({ev["member"], ev["interval"].get<int>()}).second)
-          << "seq " << seq << ": " << ev.dump() << " exploited twice";
-    }
-    for (const auto& m : h.e().members()) {
-      if (m.state.status == records::MemberStatus::kDone && sync) {
-        EXPECT_EQ(m.step, static_cast<int64_t>(intervals) * c.steps_per_interval)
-            << "seq " << seq << " " << m.name;
-      }
-      if (m.state.status == records::MemberStatus::kDone) {
-        EXPECT_EQ(m.state.interval, intervals);
-      }
-    }
-    if (sync) {
-      const Outcome got = OutcomeOf(h);
-      EXPECT_EQ(got.members, expected.members) << "seq " << seq;
-      EXPECT_EQ(got.exploits, expected.exploits) << "seq " << seq;
-    }
-    // Its end is stored (a full disk at the end only delays it).
-    EXPECT_EQ(h.store().GetExperiment(c.name)->status,
-              records::ExperimentStatusName(h.e().status()))
-        << "seq " << seq;
-    EXPECT_FALSE(h.Events("final_eval").empty()) << "seq " << seq;
-    ++sequences;
+    CheckEnd(h, s, seq, expected);
+    if (HasFatalFailure()) return;
+    ++tally.sequences;
   }
   std::printf(
       "%d sequences, %d events, %d scheduler restarts (%d right after a commit, before its "
       "state record), %d intervals run ahead, %d full disks (%d writes refused)\n",
-      sequences, events, restarts, commits_lost, ran_ahead, full_disks, writes_refused);
-  EXPECT_EQ(sequences, kSequences);
-  EXPECT_GT(ran_ahead, kSequences / 10);
-  EXPECT_GT(restarts, 5 * kSequences / 40);
-  EXPECT_GT(commits_lost, restarts / 8);
-  EXPECT_GT(full_disks, kSequences / 10);
-  EXPECT_GT(writes_refused, full_disks);
+      tally.sequences, tally.events, tally.restarts, tally.commits_lost, tally.ran_ahead,
+      tally.full_disks, tally.writes_refused);
+  EXPECT_EQ(tally.sequences, kSequences);
+  EXPECT_GT(tally.ran_ahead, kSequences / 10);
+  EXPECT_GT(tally.restarts, 5 * kSequences / 40);
+  EXPECT_GT(tally.commits_lost, tally.restarts / 8);
+  EXPECT_GT(tally.full_disks, kSequences / 10);
+  EXPECT_GT(tally.writes_refused, tally.full_disks);
 }
 
 }  // namespace

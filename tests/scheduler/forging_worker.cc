@@ -83,6 +83,78 @@ std::string Flattened(const ckpt::format::CheckpointView& view, int64_t step) {
   return w.Encode();
 }
 
+// Says HELLO offering `slots`. Returns false, said on stderr, if it could
+// not be sent.
+bool SayHello(Channel* channel, int64_t slots) {
+  ckpt::ipc::Hello hello;
+  hello.device = "cpu";
+  hello.slots = static_cast<int32_t>(slots);
+  hello.mode = "plain";
+  hello.version = "forging_worker";
+  if (Status s = SendMessage(channel, ckpt::ipc::RecordType::kHello, hello); !s.ok()) {
+    std::fprintf(stderr, "forging_worker: HELLO: %s\n", s.ToString().c_str());
+    return false;
+  }
+  std::printf("said HELLO with %lld slots\n", static_cast<long long>(slots));
+  std::fflush(stdout);
+  return true;
+}
+
+// The forgery that answers a TRAIN: a score forgery to a final evaluation,
+// else the next of `stateful` to a TRAIN with a state, else the next of
+// `plain`, else a score forgery again, 200 ms late. `*from`: the list it was
+// taken from; nullptr when none.
+std::string NextForgery(const ckpt::ipc::Train& train, bool has_state,
+                        std::deque<std::string>* plain, std::deque<std::string>* stateful,
+                        std::deque<std::string>** from) {
+  *from = nullptr;
+  std::string forgery;
+  if (train.eval_test) {
+    // A final evaluation commits no state: only a score can be forged.
+    forgery = "score";
+  } else if (has_state && !stateful->empty()) {
+    forgery = stateful->front();
+    stateful->pop_front();
+    *from = stateful;
+  } else if (!plain->empty()) {
+    forgery = plain->front();
+    plain->pop_front();
+    *from = plain;
+  } else {
+    forgery = "score";
+    std::this_thread::sleep_for(milliseconds(200));
+  }
+  return forgery;
+}
+
+// The RESULT an honest worker could send for `train` from step `start`.
+ckpt::ipc::Result HonestResult(const ckpt::ipc::Train& train, int64_t start) {
+  ckpt::ipc::Result r;
+  r.task_id = train.task_id;
+  r.member = train.member;
+  r.step = start + train.steps;
+  r.train_loss = 0.5;
+  r.val_score = 0.5;
+  r.samples = train.steps * 16;  // the test's batch size
+  r.compute_s = 0.01;
+  return r;
+}
+
+// Makes `*r` the `forgery`. Returns the state to send with it: for "layout"
+// `view` (of `sent`, the TRAIN's state) flattened, for "stale" `sent`.
+std::string Forge(const std::string& forgery, const std::string& sent,
+                  const std::optional<ckpt::StatusOr<ckpt::format::CheckpointView>>& view,
+                  ckpt::ipc::Result* r) {
+  std::string state(64, '\0');  // read by no rule before the ones forged here
+  if (forgery == "score") r->val_score = 1e308;
+  if (forgery == "samples") r->samples = std::numeric_limits<int64_t>::max();
+  if (forgery == "step") r->step += 1;
+  if (forgery == "loss") r->train_loss = std::numeric_limits<double>::quiet_NaN();
+  if (forgery == "layout") state = Flattened(**view, r->step);
+  if (forgery == "stale") state = sent;
+  return state;
+}
+
 // How one connection ended.
 enum class Ended { kDone, kDropped, kError };
 
@@ -102,17 +174,7 @@ Ended Connection(const std::string& addr, const std::string& secret, const std::
     return Ended::kError;
   }
   Channel* channel = ch->get();
-  ckpt::ipc::Hello hello;
-  hello.device = "cpu";
-  hello.slots = static_cast<int32_t>(hello_slots);
-  hello.mode = "plain";
-  hello.version = "forging_worker";
-  if (Status s = SendMessage(channel, ckpt::ipc::RecordType::kHello, hello); !s.ok()) {
-    std::fprintf(stderr, "forging_worker: HELLO: %s\n", s.ToString().c_str());
-    return Ended::kError;
-  }
-  std::printf("said HELLO with %lld slots\n", static_cast<long long>(hello_slots));
-  std::fflush(stdout);
+  if (!SayHello(channel, hello_slots)) return Ended::kError;
   // The last forgery from a list, while no TRAIN has come after it: the
   // scheduler may have dropped the connection before reading it, so a
   // dropped connection puts it back to be sent again.
@@ -134,7 +196,6 @@ Ended Connection(const std::string& addr, const std::string& secret, const std::
     if (rec->type != ckpt::ipc::RecordType::kTrain || mode != "results") continue;
     auto train = ckpt::ipc::DecodeTrain(rec->payload, rec->size);
     if (!train.ok()) std::abort();
-    last_list = nullptr;
     int64_t start = 0;
     std::string sent(reinterpret_cast<const char*>(train->state.data), train->state.size);
     channel->Release();
@@ -144,38 +205,10 @@ Ended Connection(const std::string& addr, const std::string& secret, const std::
       if (!view->ok()) std::abort();
       start = (*view)->meta().step;
     }
-    ckpt::ipc::Result r;
-    r.task_id = train->task_id;
-    r.member = train->member;
-    r.step = start + train->steps;
-    r.train_loss = 0.5;
-    r.val_score = 0.5;
-    r.samples = train->steps * 16;  // the test's batch size
-    r.compute_s = 0.01;
-    std::string state(64, '\0');  // read by no rule before the ones forged here
-    std::string forgery;
-    if (train->eval_test) {
-      // A final evaluation commits no state: only a score can be forged.
-      forgery = "score";
-    } else if (!sent.empty() && !stateful.empty()) {
-      forgery = stateful.front();
-      stateful.pop_front();
-      last_list = &stateful;
-    } else if (!plain.empty()) {
-      forgery = plain.front();
-      plain.pop_front();
-      last_list = &plain;
-    } else {
-      forgery = "score";
-      std::this_thread::sleep_for(milliseconds(200));
-    }
+    ckpt::ipc::Result r = HonestResult(*train, start);
+    const std::string forgery = NextForgery(*train, !sent.empty(), &plain, &stateful, &last_list);
     if (last_list != nullptr) last = forgery;
-    if (forgery == "score") r.val_score = 1e308;
-    if (forgery == "samples") r.samples = std::numeric_limits<int64_t>::max();
-    if (forgery == "step") r.step += 1;
-    if (forgery == "loss") r.train_loss = std::numeric_limits<double>::quiet_NaN();
-    if (forgery == "layout") state = Flattened(**view, r.step);
-    if (forgery == "stale") state = sent;
+    const std::string state = Forge(forgery, sent, view, &r);
     r.state = ckpt::ipc::ByteSpan{reinterpret_cast<const uint8_t*>(state.data()), state.size()};
     if (Status s = SendMessage(channel, ckpt::ipc::RecordType::kResult, r); !s.ok()) {
       std::printf("RESULT not sent: %s\n", s.ToString().c_str());

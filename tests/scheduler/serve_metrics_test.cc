@@ -80,6 +80,87 @@ double Value(const testing::Exposition& e, const std::string& family,
   return s != nullptr ? s->value : 0;
 }
 
+// The service's configuration: its store and runtime directory under `dir`,
+// metrics on 127.0.0.1:`port`, one CPU device of 2 slots.
+std::string ServiceToml(const std::string& dir, const std::string& store, int port) {
+  std::ostringstream config;
+  config << "store = \"" << store << "\"\nruntime_directory = \"" << dir << "/run\"\n"
+         << "metrics = \"127.0.0.1:" << port << "\"\ngrace_s = 5\nlog_progress = false\n"
+         << "[workers]\nrestart_backoff_s = 0.1\nmax_member_failures = 40\n"
+         << "[[devices]]\ndevice = \"cpu\"\nslots = 2\nfusion = \"plain\"\nintra_op_threads = 1\n";
+  return config.str();
+}
+
+// Sync PBT: a quarter of the population exploits at every generation. The
+// learning rates reach 1e5: with this seed one member's diverges at once
+// (non_finite), and it is retried from its head until max_member_failures
+// (40) in a row stop it. The first generation waits for it, so the kill
+// after the third commit lands among its failures, and most of them come
+// from the second process.
+std::string ExperimentToml() {
+  std::ostringstream exp;
+  exp << "name = \"vals\"\nseed = 21\n[model]\nspec = \"lenet5\"\noptimizer = \"sgd\"\n"
+      << "[data]\nbatch_size = " << kBatch << "\neval_size = 200\n"
+      << "[population]\nsize = " << kPopulation << "\nsteps_per_interval = " << kSteps
+      << "\nintervals = " << kIntervals << "\n"
+      << "[search_space.lr]\ntype = \"log_uniform\"\nmin = 0.001\nmax = 100000.0\n"
+      << "[policy]\nkind = \"pbt\"\nmode = \"sync\"\nquantile = 0.25\n";
+  return exp.str();
+}
+
+int64_t FailureCount(const Logged& l) {
+  int64_t n = 0;
+  for (const auto& [code, k] : l.failures) n += k;
+  return n;
+}
+
+// Runs the first `serve` of `service_toml` (the config's runtime directory
+// under `dir`), submits `experiment` through `socket`, and waits for it to
+// SIGKILL itself after its 3rd commit (and state record).
+void RunFirstServeToItsKillPoint(const std::string& binary, const std::string& dir,
+                                 const std::string& socket, const std::string& experiment) {
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) env.emplace_back(*e);
+  env.push_back("CKPT_KILL_AT=scheduler.committed:3");
+  Child first({binary, "serve", "--config", dir + "/service.toml"}, dir + "/serve-1.log", env);
+  auto client =
+      testing::ConnectWhenUp(socket, milliseconds(120000), [&first] { return first.Running(); });
+  ASSERT_NE(client, nullptr) << first.Log();
+  auto submitted = client->Submit(experiment, "serve_metrics_test");
+  ASSERT_TRUE(submitted.ok()) << submitted.status().ToString();
+  ASSERT_TRUE(first.WaitFor(milliseconds(240000))) << "the kill point was not reached\n"
+                                                   << first.Log();
+  const int st = first.Wait();
+  ASSERT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL) << first.Log();
+}
+
+// Whether experiment "vals" stops running within 4 minutes.
+bool WaitUntilNotRunning(scheduler::ControlClient* client) {
+  bool done = false;
+  for (int i = 0; i < 2400 && !done; ++i) {
+    auto s = client->ExperimentStatus("vals");
+    done = s.ok() && s->status != records::ExperimentStatus::kRunning;
+    if (!done) std::this_thread::sleep_for(milliseconds(100));
+  }
+  return done;
+}
+
+// The counters of exposition `e` are the events `after` read from the log.
+void ExpectCountersEqualTheLog(const testing::Exposition& e, const Logged& after) {
+  EXPECT_EQ(Value(e, "ckpt_trained_samples_total", {{"experiment", "vals"}, {"device", "cpu"}}),
+            static_cast<double>(after.trained * kSteps * kBatch));
+  EXPECT_EQ(Value(e, "ckpt_exploits_total", {{"experiment", "vals"}}),
+            static_cast<double>(after.exploits));
+  for (int c = 0; c < ipc::kMemberFailureCodeCount; ++c) {
+    const auto code = static_cast<ipc::FailureCode>(c);
+    const auto it = after.failures.find(code);
+    EXPECT_EQ(Value(e, "ckpt_member_failures_total",
+                    {{"experiment", "vals"}, {"reason", ipc::FailureCodeName(code)}}),
+              static_cast<double>(it == after.failures.end() ? 0 : it->second))
+        << ipc::FailureCodeName(code);
+  }
+}
+
 TEST(ServeMetricsTest, CountersEqualTheEventLogAcrossARestart) {
   const std::string dir = testing::TempDir("serve-metrics");
   ASSERT_FALSE(dir.empty());
@@ -88,43 +169,11 @@ TEST(ServeMetricsTest, CountersEqualTheEventLogAcrossARestart) {
   const std::string store = dir + "/store";
   const int port = testing::FreeLoopbackPort();
   ASSERT_GT(port, 0);
-  std::ostringstream config;
-  config << "store = \"" << store << "\"\nruntime_directory = \"" << dir << "/run\"\n"
-         << "metrics = \"127.0.0.1:" << port << "\"\ngrace_s = 5\nlog_progress = false\n"
-         << "[workers]\nrestart_backoff_s = 0.1\nmax_member_failures = 40\n"
-         << "[[devices]]\ndevice = \"cpu\"\nslots = 2\nfusion = \"plain\"\nintra_op_threads = 1\n";
-  std::ofstream(dir + "/service.toml") << config.str();
-  // Sync PBT: a quarter of the population exploits at every generation. The
-  // learning rates reach 1e5: with this seed one member's diverges at once
-  // (non_finite), and it is retried from its head until max_member_failures
-  // (40) in a row stop it. The first generation waits for it, so the kill
-  // after the third commit lands among its failures, and most of them come
-  // from the second process.
-  std::ostringstream exp;
-  exp << "name = \"vals\"\nseed = 21\n[model]\nspec = \"lenet5\"\noptimizer = \"sgd\"\n"
-      << "[data]\nbatch_size = " << kBatch << "\neval_size = 200\n"
-      << "[population]\nsize = " << kPopulation << "\nsteps_per_interval = " << kSteps
-      << "\nintervals = " << kIntervals << "\n"
-      << "[search_space.lr]\ntype = \"log_uniform\"\nmin = 0.001\nmax = 100000.0\n"
-      << "[policy]\nkind = \"pbt\"\nmode = \"sync\"\nquantile = 0.25\n";
+  std::ofstream(dir + "/service.toml") << ServiceToml(dir, store, port);
 
   // First process: SIGKILLs itself after its 3rd commit (and state record).
-  std::vector<std::string> env;
-  for (char** e = environ; *e != nullptr; ++e) env.emplace_back(*e);
-  env.push_back("CKPT_KILL_AT=scheduler.committed:3");
-  std::vector<std::string> pids_before;
-  {
-    Child first({binary, "serve", "--config", dir + "/service.toml"}, dir + "/serve-1.log", env);
-    auto client =
-        testing::ConnectWhenUp(socket, milliseconds(120000), [&first] { return first.Running(); });
-    ASSERT_NE(client, nullptr) << first.Log();
-    auto submitted = client->Submit(exp.str(), "serve_metrics_test");
-    ASSERT_TRUE(submitted.ok()) << submitted.status().ToString();
-    ASSERT_TRUE(first.WaitFor(milliseconds(240000))) << "the kill point was not reached\n"
-                                                     << first.Log();
-    const int st = first.Wait();
-    ASSERT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL) << first.Log();
-  }
+  RunFirstServeToItsKillPoint(binary, dir, socket, ExperimentToml());
+  if (HasFatalFailure()) return;
   const Logged before = ReadLog(store, "vals", 0);
   ASSERT_GE(before.trained, 3);
 
@@ -133,13 +182,7 @@ TEST(ServeMetricsTest, CountersEqualTheEventLogAcrossARestart) {
   auto client =
       testing::ConnectWhenUp(socket, milliseconds(120000), [&second] { return second.Running(); });
   ASSERT_NE(client, nullptr) << second.Log();
-  bool done = false;
-  for (int i = 0; i < 2400 && !done; ++i) {
-    auto s = client->ExperimentStatus("vals");
-    done = s.ok() && s->status != records::ExperimentStatus::kRunning;
-    if (!done) std::this_thread::sleep_for(milliseconds(100));
-  }
-  ASSERT_TRUE(done) << second.Log();
+  ASSERT_TRUE(WaitUntilNotRunning(client.get())) << second.Log();
   auto ended = client->ExperimentStatus("vals");
   ASSERT_TRUE(ended.ok());
   EXPECT_EQ(ended->status, records::ExperimentStatus::kDone) << second.Log();
@@ -150,38 +193,23 @@ TEST(ServeMetricsTest, CountersEqualTheEventLogAcrossARestart) {
   const Logged after = ReadLog(store, "vals", before.last_seq);
 
   // The second process's counters are the events it wrote.
-  EXPECT_EQ(Value(*e, "ckpt_trained_samples_total", {{"experiment", "vals"}, {"device", "cpu"}}),
-            static_cast<double>(after.trained * kSteps * kBatch));
-  EXPECT_EQ(Value(*e, "ckpt_exploits_total", {{"experiment", "vals"}}),
-            static_cast<double>(after.exploits));
-  for (int c = 0; c < ipc::kMemberFailureCodeCount; ++c) {
-    const auto code = static_cast<ipc::FailureCode>(c);
-    const auto it = after.failures.find(code);
-    EXPECT_EQ(Value(*e, "ckpt_member_failures_total",
-                    {{"experiment", "vals"}, {"reason", ipc::FailureCodeName(code)}}),
-              static_cast<double>(it == after.failures.end() ? 0 : it->second))
-        << ipc::FailureCodeName(code);
-  }
+  ExpectCountersEqualTheLog(*e, after);
   // And the two processes together trained each member-interval once: a
   // commit acknowledged before the kill is not trained again.
-  auto sum = [](const Logged& l) {
-    int64_t n = 0;
-    for (const auto& [code, k] : l.failures) n += k;
-    return n;
-  };
   std::printf(
       "before the kill: %lld trained, %lld exploits, %lld failed; after: %lld trained, %lld "
       "exploits, %lld failed\n",
       static_cast<long long>(before.trained), static_cast<long long>(before.exploits),
-      static_cast<long long>(sum(before)), static_cast<long long>(after.trained),
-      static_cast<long long>(after.exploits), static_cast<long long>(sum(after)));
+      static_cast<long long>(FailureCount(before)), static_cast<long long>(after.trained),
+      static_cast<long long>(after.exploits), static_cast<long long>(FailureCount(after)));
   EXPECT_GT(after.trained, 0);
   EXPECT_GT(after.exploits, 0);
-  EXPECT_GT(sum(after), 0) << "no member failed after the restart: the failure counter was not "
-                              "compared with anything";
+  EXPECT_GT(FailureCount(after), 0)
+      << "no member failed after the restart: the failure counter was not "
+         "compared with anything";
   // Failures in a row are counted across the restart (the member record
   // keeps them): the diverging member is stopped after 40 in all.
-  EXPECT_EQ(sum(before) + sum(after), 40);
+  EXPECT_EQ(FailureCount(before) + FailureCount(after), 40);
 
   client.reset();
   kill(second.pid(), SIGTERM);

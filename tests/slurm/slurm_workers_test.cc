@@ -43,6 +43,38 @@ constexpr int kStepsPerInterval = 6;
 // The private cluster's run directory: $TMPDIR/<prefix><pid of this test>.
 constexpr char kPrivateClusterPrefix[] = "ckpt-slurm-test-";
 
+// Nothing committed before the cancel was lost or changed: every head that
+// `ls` (ckpt-tool's JSON, read then) shows is in the commit log with that
+// blob (retention may have dropped the version since; the log keeps it).
+void ExpectCommittedKept(const std::string& ls, const testing::Commits& commits,
+                         const testing::StoreSnapshot& run) {
+  const auto snapshot = nlohmann::json::parse(ls, nullptr, /*allow_exceptions=*/false);
+  ASSERT_TRUE(snapshot.is_object() && snapshot.contains("members")) << ls;
+  int committed = 0;
+  for (const auto& m : snapshot["members"]) {
+    const std::string member = m.value("member", "");
+    const int64_t version = m.value("version", int64_t{0});
+    if (version == 0) continue;
+    ++committed;
+    auto it = commits.blob.find({member, version});
+    ASSERT_NE(it, commits.blob.end()) << member << " v" << version << " is not in the log";
+    EXPECT_EQ(it->second, m.value("blob", "")) << member << " v" << version;
+    EXPECT_GE(run.heads.at(member).version, version) << member;
+  }
+  EXPECT_GT(committed, 0) << ls;
+}
+
+// Both jobs' workers trained: those of `first_workers` (connected before
+// the cancel), and those after.
+void ExpectBothJobsTrained(const testing::Commits& commits, const std::set<int>& first_workers) {
+  int first_job = 0, second_job = 0;
+  for (const auto& [worker, n] : commits.trained_by_worker) {
+    (first_workers.count(worker) ? first_job : second_job) += n;
+  }
+  EXPECT_GT(first_job, 0);
+  EXPECT_GT(second_job, 0);
+}
+
 class SlurmWorkersTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -180,6 +212,42 @@ class SlurmWorkersTest : public ::testing::Test {
     return ss.str();
   }
 
+  // Waits (up to 5 minutes, while the run lasts) until both workers of job
+  // `first` have trained and a third of the run's `total` results are in;
+  // `first_workers`: the scheduler's indexes of the job's workers.
+  void WaitForFirstJobToTrain(Child& scheduler, const std::string& first, int total,
+                              std::set<int>* first_workers) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::minutes(5);
+    for (;;) {
+      const auto trace = testing::ParseTrace(scheduler.Log());
+      first_workers->clear();
+      int trained = 0;  // of first_workers, how many delivered a result
+      for (const auto& t : trace) {
+        if (t.kind == testing::TraceLine::kConnected) first_workers->insert(t.worker);
+      }
+      for (int w : *first_workers) trained += testing::CountTrace(trace, TraceLine::kResult, w) > 0;
+      if (trained == 2 && testing::ResultsLogged(scheduler) >= total / 3) break;
+      ASSERT_TRUE(scheduler.Running() && std::chrono::steady_clock::now() < until)
+          << "job " << first << " (" << JobField(first, "JobState")
+          << "): not both workers trained within 5 minutes, or the run ended first\n"
+          << JobOutput("first", first) << "\nscheduler:\n"
+          << scheduler.Log();
+      std::this_thread::sleep_for(milliseconds(5));
+    }
+  }
+
+  // Cancels job `first` (its 2 workers) and waits until Slurm has ended it.
+  void CancelFirstJob(const std::string& first) {
+    std::string out;
+    ASSERT_EQ(Sh("scancel " + first, &out), 0) << out;
+    ASSERT_TRUE(WaitForJobEnd(first, std::chrono::seconds(60)))
+        << "job " << first << " still " << JobField(first, "JobState") << " 60 s after scancel";
+    EXPECT_EQ(JobField(first, "JobState"), "CANCELLED");
+    const std::string first_output = JobOutput("first", first);
+    EXPECT_NE(first_output.find("ckpt-workers: job " + first + ": 2 workers"), std::string::npos)
+        << first_output;
+  }
+
   std::string dir_, source_, scheduler_, worker_, slurm_dir_, slurm_, secret_;
   bool started_slurm_ = false;
   std::vector<std::string> jobs_;
@@ -218,32 +286,11 @@ TEST_F(SlurmWorkersTest, WorkerJobRunsAPopulationAndASecondJobFinishesACancelled
   ASSERT_FALSE(first.empty());
   const int total = kPopulation * kIntervals;
   std::set<int> first_workers;  // the scheduler's indexes of the first job's workers
-  const auto until = std::chrono::steady_clock::now() + std::chrono::minutes(5);
-  for (;;) {
-    const auto trace = testing::ParseTrace(scheduler.Log());
-    first_workers.clear();
-    int trained = 0;  // of first_workers, how many delivered a result
-    for (const auto& t : trace) {
-      if (t.kind == testing::TraceLine::kConnected) first_workers.insert(t.worker);
-    }
-    for (int w : first_workers) trained += testing::CountTrace(trace, TraceLine::kResult, w) > 0;
-    if (trained == 2 && testing::ResultsLogged(scheduler) >= total / 3) break;
-    ASSERT_TRUE(scheduler.Running() && std::chrono::steady_clock::now() < until)
-        << "job " << first << " (" << JobField(first, "JobState")
-        << "): not both workers trained within 5 minutes, or the run ended first\n"
-        << JobOutput("first", first) << "\nscheduler:\n"
-        << scheduler.Log();
-    std::this_thread::sleep_for(milliseconds(5));
-  }
+  WaitForFirstJobToTrain(scheduler, first, total, &first_workers);
+  if (HasFatalFailure()) return;
   ASSERT_EQ(first_workers.size(), 2u) << scheduler.Log();
-  std::string out;
-  ASSERT_EQ(Sh("scancel " + first, &out), 0) << out;
-  ASSERT_TRUE(WaitForJobEnd(first, std::chrono::seconds(60)))
-      << "job " << first << " still " << JobField(first, "JobState") << " 60 s after scancel";
-  EXPECT_EQ(JobField(first, "JobState"), "CANCELLED");
-  const std::string first_output = JobOutput("first", first);
-  EXPECT_NE(first_output.find("ckpt-workers: job " + first + ": 2 workers"), std::string::npos)
-      << first_output;
+  CancelFirstJob(first);
+  if (HasFatalFailure()) return;
 
   // What is committed now, read while the scheduler runs (ckpt-tool reads
   // never block it); none of it may be lost or changed later.
@@ -284,30 +331,9 @@ TEST_F(SlurmWorkersTest, WorkerJobRunsAPopulationAndASecondJobFinishesACancelled
   EXPECT_EQ(testing::CountEvents(run, "worker_lost"), 2) << scheduler.Log();
   const auto commits = testing::ReadCommits(run);
   testing::ExpectEachIntervalTrainedOnce(commits, run, kIntervals);
-  // Nothing committed before the cancel was lost or changed: every head
-  // ckpt-tool read then is in the commit log with that blob (retention may
-  // have dropped the version since; the log keeps it).
-  const auto snapshot = nlohmann::json::parse(ls, nullptr, /*allow_exceptions=*/false);
-  ASSERT_TRUE(snapshot.is_object() && snapshot.contains("members")) << ls;
-  int committed = 0;
-  for (const auto& m : snapshot["members"]) {
-    const std::string member = m.value("member", "");
-    const int64_t version = m.value("version", int64_t{0});
-    if (version == 0) continue;
-    ++committed;
-    auto it = commits.blob.find({member, version});
-    ASSERT_NE(it, commits.blob.end()) << member << " v" << version << " is not in the log";
-    EXPECT_EQ(it->second, m.value("blob", "")) << member << " v" << version;
-    EXPECT_GE(run.heads.at(member).version, version) << member;
-  }
-  EXPECT_GT(committed, 0) << ls;
-  // Both jobs' workers trained: those connected before the cancel, and after.
-  int first_job = 0, second_job = 0;
-  for (const auto& [worker, n] : commits.trained_by_worker) {
-    (first_workers.count(worker) ? first_job : second_job) += n;
-  }
-  EXPECT_GT(first_job, 0);
-  EXPECT_GT(second_job, 0);
+  ExpectCommittedKept(ls, commits, run);
+  if (HasFatalFailure()) return;
+  ExpectBothJobsTrained(commits, first_workers);
   // And the end is the undisturbed run's, member for member.
   testing::ExpectHeadsAsReference(run, reference);
 }

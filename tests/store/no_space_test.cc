@@ -117,93 +117,85 @@ CommitRequest Request(const std::string& member, int64_t head, const std::string
   return r;
 }
 
-TEST(StoreNoSpaceTest, CommitsFailWithNoSpaceAndGoOnOnceSpaceIsFreed) {
-  std::string skip;
-  if (!RunInPrivateMountNamespace("StoreNoSpaceTest.CommitsFailWithNoSpaceAndGoOnOnceSpaceIsFreed",
-                                  &skip)) {
-    if (!skip.empty()) GTEST_SKIP() << skip;
-    return;
+// A store on a tmpfs that the test fills, and the heads of its members "a"
+// and "b" of experiment "e" as the test committed them.
+struct StoreOnTmpfs {
+  std::string mnt;   // the tmpfs
+  std::string path;  // the store, in it
+  Store* store = nullptr;
+  std::map<std::string, int64_t> heads = {{"a", 0}, {"b", 0}};
+  std::map<std::pair<std::string, int64_t>, std::string> committed;
+  uint64_t seed = 1;
+
+  // Commits a fresh 64 KiB blob on `member`'s head.
+  Status Commit(const std::string& member) {
+    std::string blob = MakeBlob(seed++, size_t{64} * 1024, heads[member] + 1);
+    auto v = store->CommitResult(Request(member, heads[member], blob));
+    if (v.ok()) {
+      heads[member] = *v;
+      committed[{member, *v}] = std::move(blob);
+    }
+    return v.status();
   }
-  TempDir dir;
-  const std::string mnt = dir.Sub("tmpfs");
-  std::filesystem::create_directories(mnt);
-  ASSERT_EQ(mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=24m"), 0)
-      << "mount tmpfs on " << mnt << ": " << std::strerror(errno);
-  const std::string path = mnt + "/db";
-  {
-    StoreOptions options = TestOptions(path);
-    options.blob_memtable_bytes = size_t{2} << 20;  // flushes happen while the disk is full too
-    auto opened = Store::Open(options);
-    ASSERT_TRUE(opened.ok()) << opened.status().ToString();
-    Store* store = opened->get();
-    ASSERT_TRUE(store->CreateExperiment("e", "{}").ok());
-    ASSERT_TRUE(store->CreateMembers("e", {{"a", {}}, {"b", {}}}).ok());
+  // The i-th of a run of commits that alternate between a and b.
+  Status CommitNth(int i) { return Commit(i % 2 ? "b" : "a"); }
+};
 
-    // Committed before the disk fills: every one must survive.
-    std::map<std::string, int64_t> heads = {{"a", 0}, {"b", 0}};
-    std::map<std::pair<std::string, int64_t>, std::string> committed;
-    uint64_t seed = 1;
-    auto commit = [&](const std::string& member) {
-      std::string blob = MakeBlob(seed++, 64 * 1024, heads[member] + 1);
-      auto v = store->CommitResult(Request(member, heads[member], blob));
-      if (v.ok()) {
-        heads[member] = *v;
-        committed[{member, *v}] = std::move(blob);
-      }
-      return v.status();
-    };
-    for (int i = 0; i < 10; ++i) {
-      Status s = commit(i % 2 ? "b" : "a");
-      ASSERT_TRUE(s.ok()) << s.ToString();
-    }
+// Fills the disk with ballast and commits until a commit fails: it fails as
+// a full disk does, naming the store and what was being written.
+void ExpectCommitsRunOutOfSpace(StoreOnTmpfs* s) {
+  ASSERT_GT(FillWithBallast(s->mnt + "/ballast"), 0u);
+  // Commits go on into the memtable and the WAL's last page until a write
+  // hits the full disk.
+  Status failed;
+  for (int i = 0; i < 400 && failed.ok(); ++i) failed = s->CommitNth(i);
+  ASSERT_TRUE(failed.IsResourceExhausted()) << failed.ToString();
+  EXPECT_NE(failed.message().find(s->path), std::string::npos) << failed.ToString();
+  EXPECT_NE(failed.message().find("no space"), std::string::npos) << failed.ToString();
+  // It names what was being written.
+  EXPECT_NE(failed.message().find("trained of e/"), std::string::npos) << failed.ToString();
+}
 
-    ASSERT_GT(FillWithBallast(mnt + "/ballast"), 0u);
-    // Commits go on into the memtable and the WAL's last page until a write
-    // hits the full disk.
-    Status failed;
-    for (int i = 0; i < 400 && failed.ok(); ++i) failed = commit(i % 2 ? "b" : "a");
-    ASSERT_TRUE(failed.IsResourceExhausted()) << failed.ToString();
-    EXPECT_NE(failed.message().find(path), std::string::npos) << failed.ToString();
-    EXPECT_NE(failed.message().find("no space"), std::string::npos) << failed.ToString();
-    // It names what was being written.
-    EXPECT_NE(failed.message().find("trained of e/"), std::string::npos) << failed.ToString();
-
-    // Still full (RocksDB may have deleted a WAL file since: fill that too):
-    // every write says so, reads work, nothing changes.
-    FillWithBallast(mnt + "/ballast2");
-    EXPECT_TRUE(commit("a").IsResourceExhausted());
-    EXPECT_TRUE(store->SetMemberState("e", "b", "x").IsResourceExhausted());
-    EXPECT_TRUE(store->Recover().IsResourceExhausted());
-    for (const auto& [member, version] : heads) {
-      auto head = store->GetMember("e", member);
-      ASSERT_TRUE(head.ok());
-      EXPECT_EQ(head->version, version) << member;
-    }
-
-    // Space is freed: the store resumes. RocksDB's own recovery may be
-    // running (Recover() says ResourceExhausted meanwhile); it polls every
-    // few seconds, so allow it a minute.
-    ASSERT_TRUE(std::filesystem::remove(mnt + "/ballast"));
-    std::filesystem::remove(mnt + "/ballast2");
-    Status recovered = store->Recover();
-    for (int i = 0; i < 600 && recovered.IsResourceExhausted(); ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      recovered = store->Recover();
-    }
-    ASSERT_TRUE(recovered.ok()) << recovered.ToString() << "\nRocksDB's LOG:\n"
-                                << LogTail(path + "/LOG") << "\nfiles:\n"
-                                << Listing(path);
-    for (int i = 0; i < 6; ++i) {
-      Status s = commit(i % 2 ? "b" : "a");
-      ASSERT_TRUE(s.ok()) << s.ToString();
-    }
-    ASSERT_TRUE(store->SetMemberState("e", "b", "after").ok());
-    auto report = store->Verify();
-    ASSERT_TRUE(report.ok()) << report.status().ToString();
-    EXPECT_TRUE(report->ok()) << report->problems.front();
+// Still full (RocksDB may have deleted a WAL file since: fill that too):
+// every write says so, reads work, nothing changes.
+void ExpectFullDiskRefusesWrites(StoreOnTmpfs* s) {
+  FillWithBallast(s->mnt + "/ballast2");
+  EXPECT_TRUE(s->Commit("a").IsResourceExhausted());
+  EXPECT_TRUE(s->store->SetMemberState("e", "b", "x").IsResourceExhausted());
+  EXPECT_TRUE(s->store->Recover().IsResourceExhausted());
+  for (const auto& [member, version] : s->heads) {
+    auto head = s->store->GetMember("e", member);
+    ASSERT_TRUE(head.ok());
+    EXPECT_EQ(head->version, version) << member;
   }
+}
 
-  // Reopened: the heads and every blob still kept read back intact.
+// Space is freed: the store resumes, commits and verifies. RocksDB's own
+// recovery may be running (Recover() says ResourceExhausted meanwhile); it
+// polls every few seconds, so allow it a minute.
+void ExpectResumesOnceSpaceIsFreed(StoreOnTmpfs* s) {
+  ASSERT_TRUE(std::filesystem::remove(s->mnt + "/ballast"));
+  std::filesystem::remove(s->mnt + "/ballast2");
+  Status recovered = s->store->Recover();
+  for (int i = 0; i < 600 && recovered.IsResourceExhausted(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    recovered = s->store->Recover();
+  }
+  ASSERT_TRUE(recovered.ok()) << recovered.ToString() << "\nRocksDB's LOG:\n"
+                              << LogTail(s->path + "/LOG") << "\nfiles:\n"
+                              << Listing(s->path);
+  for (int i = 0; i < 6; ++i) {
+    Status st = s->CommitNth(i);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+  }
+  ASSERT_TRUE(s->store->SetMemberState("e", "b", "after").ok());
+  auto report = s->store->Verify();
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_TRUE(report->ok()) << report->problems.front();
+}
+
+// Reopened: the heads and every blob still kept read back intact.
+void ExpectReopenedIntact(const std::string& path) {
   auto reopened = Store::Open(TestOptions(path));
   ASSERT_TRUE(reopened.ok()) << reopened.status().ToString();
   Store* store = reopened->get();
@@ -224,7 +216,46 @@ TEST(StoreNoSpaceTest, CommitsFailWithNoSpaceAndGoOnOnceSpaceIsFreed) {
   }
   EXPECT_EQ(store->GetMember("e", "b")->state, "after");
   reopened->reset();
-  umount2(mnt.c_str(), MNT_DETACH);
+}
+
+TEST(StoreNoSpaceTest, CommitsFailWithNoSpaceAndGoOnOnceSpaceIsFreed) {
+  std::string skip;
+  if (!RunInPrivateMountNamespace("StoreNoSpaceTest.CommitsFailWithNoSpaceAndGoOnOnceSpaceIsFreed",
+                                  &skip)) {
+    if (!skip.empty()) GTEST_SKIP() << skip;
+    return;
+  }
+  TempDir dir;
+  StoreOnTmpfs s;
+  s.mnt = dir.Sub("tmpfs");
+  std::filesystem::create_directories(s.mnt);
+  ASSERT_EQ(mount("tmpfs", s.mnt.c_str(), "tmpfs", 0, "size=24m"), 0)
+      << "mount tmpfs on " << s.mnt << ": " << std::strerror(errno);
+  s.path = s.mnt + "/db";
+  {
+    StoreOptions options = TestOptions(s.path);
+    options.blob_memtable_bytes = size_t{2} << 20;  // flushes happen while the disk is full too
+    auto opened = Store::Open(options);
+    ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+    s.store = opened->get();
+    ASSERT_TRUE(s.store->CreateExperiment("e", "{}").ok());
+    ASSERT_TRUE(s.store->CreateMembers("e", {{"a", {}}, {"b", {}}}).ok());
+
+    // Committed before the disk fills: every one must survive.
+    for (int i = 0; i < 10; ++i) {
+      Status st = s.CommitNth(i);
+      ASSERT_TRUE(st.ok()) << st.ToString();
+    }
+    ExpectCommitsRunOutOfSpace(&s);
+    if (HasFatalFailure()) return;
+    ExpectFullDiskRefusesWrites(&s);
+    if (HasFatalFailure()) return;
+    ExpectResumesOnceSpaceIsFreed(&s);
+    if (HasFatalFailure()) return;
+  }
+  ExpectReopenedIntact(s.path);
+  if (HasFatalFailure()) return;
+  umount2(s.mnt.c_str(), MNT_DETACH);
 }
 
 }  // namespace

@@ -138,6 +138,148 @@ class ClientTest : public ::testing::Test {
     return j.contains("experiment") ? j["experiment"].value("member_intervals", int64_t{-1}) : -1;
   }
 
+  // A bad file is refused here, with the key and its line, and nothing is sent.
+  void CheckBadFileRefused() {
+    const std::string bad = Write("bad.toml", "name = \"bad\"\n[population]\nsize = 0\n");
+    Result r = Tool({"submit", bad});
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_EQ(Lines(r.err), 1u) << r.err;
+    EXPECT_NE(r.err.find("population.size"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("line 3"), std::string::npos) << r.err;
+    EXPECT_TRUE(StatusJson()["experiments"].empty()) << "a refused file reached the service";
+  }
+
+  // Submits "live", a run that outlasts the test, and checks the service's
+  // status with it.
+  void SubmitLiveAndCheckService() {
+    Result r = Tool({"submit", Write("live.toml", ExperimentToml("live", 100000))});
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_NE(r.out.find("submitted live"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("watch live"), std::string::npos) << r.out;
+
+    // The service: version, host, uptime, store, workers, the experiment.
+    r = Tool({"status"});
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_NE(r.out.find("ckpt-scheduler 0.1.0 on "), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("store " + dir_ + "/store"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("workers 1"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("live [running]"), std::string::npos) << r.out;
+    json all = StatusJson();
+    EXPECT_EQ(all["service"]["version"], "0.1.0");
+    EXPECT_EQ(all["service"]["socket"], socket_);
+    EXPECT_GE(all["service"]["uptime_s"].get<double>(), 0.0);
+    ASSERT_EQ(all["experiments"].size(), 1u);
+    EXPECT_EQ(all["experiments"][0]["id"], "live");
+  }
+
+  // Once "live" committed 2 intervals: its progress line and every member.
+  void CheckLiveStatus() {
+    ASSERT_TRUE(WaitUntil([&] { return MemberIntervals("live") >= 2; }, milliseconds(180000)))
+        << serve_->Log();
+    Result r = Tool({"status", "live"});
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_NE(r.out.find("live: training interval"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("experiment live: running, 2 members"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("m000"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("m001"), std::string::npos) << r.out;
+  }
+
+  // Workers: host, device, slots, state, samples/s, memory.
+  void CheckWorkers() {
+    Result r = Tool({"workers"});
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_NE(r.out.find("samples/s"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("cpu"), std::string::npos) << r.out;
+    char host[256] = {};
+    gethostname(host, sizeof host - 1);
+    EXPECT_NE(r.out.find(host), std::string::npos) << r.out;
+    r = Tool({"workers", "--json"});
+    ASSERT_EQ(r.code, 0) << r.err;
+    json workers = json::parse(r.out, nullptr, false);
+    ASSERT_EQ(workers["workers"].size(), 1u) << r.out;
+    EXPECT_EQ(workers["workers"][0]["device"], "cpu");
+    EXPECT_EQ(workers["workers"][0]["capacity"], 2);
+    EXPECT_TRUE(workers["workers"][0]["ready"].get<bool>());
+    // Memory, from the worker's STATS (one a second): its resident set; no
+    // device allocator on a CPU; no NVML figures for a CPU worker.
+    json worker;
+    ASSERT_TRUE(WaitUntil(
+        [&] {
+          r = Tool({"workers", "--json"});
+          worker = json::parse(r.out, nullptr, false)["workers"][0];
+          return worker.value("rss_bytes", int64_t{0}) > 0;
+        },
+        milliseconds(30000)))
+        << r.out;
+    EXPECT_GT(worker["rss_bytes"].get<int64_t>(), int64_t{10} << 20) << worker.dump();
+    EXPECT_LT(worker["rss_bytes"].get<int64_t>(), int64_t{64} << 30) << worker.dump();
+    EXPECT_EQ(worker["device_memory_bytes"], 0) << worker.dump();
+    EXPECT_TRUE(worker["gpu_utilization"].is_null()) << worker.dump();
+    EXPECT_TRUE(worker["gpu_memory_used_bytes"].is_null()) << worker.dump();
+    r = Tool({"workers"});
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_NE(r.out.find("rss"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find(" MiB"), std::string::npos) << "no resident memory shown:\n" << r.out;
+  }
+
+  // Pause: no new intervals start; resume: they do again.
+  void CheckPauseAndResume() {
+    Result r = Tool({"pause", "live"});
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(r.out, "live: paused\n");
+    EXPECT_EQ(StatusJson("live")["experiment"]["status"], "paused");
+    std::this_thread::sleep_for(milliseconds(3000));  // in-flight intervals land
+    const int64_t paused_at = MemberIntervals("live");
+    std::this_thread::sleep_for(milliseconds(3000));
+    EXPECT_EQ(MemberIntervals("live"), paused_at) << "a paused experiment trained";
+    r = Tool({"resume", "live", "--json"});
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(json::parse(r.out, nullptr, false)["done"], "resumed") << r.out;
+    ASSERT_TRUE(
+        WaitUntil([&] { return MemberIntervals("live") > paused_at; }, milliseconds(120000)))
+        << serve_->Log();
+  }
+
+  // An experiment that does not exist: exit 1, one line naming those that do.
+  void CheckUnknownExperimentRefused() {
+    for (const std::string verb : {"status", "watch", "pause", "resume", "stop"}) {
+      Result r = Tool({verb, "nope"});
+      EXPECT_EQ(r.code, 1) << verb << ": " << r.err;
+      EXPECT_EQ(Lines(r.err), 1u) << r.err;
+      EXPECT_NE(r.err.find("experiment 'nope' not found (experiments: live)"), std::string::npos)
+          << verb << ": " << r.err;
+    }
+  }
+
+  // Stop ends "live"; watch then returns at once with exit 1 (it did not
+  // finish); a second stop is refused.
+  void CheckStopEndsIt() {
+    Result r = Tool({"stop", "live"});
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(StatusJson("live")["experiment"]["status"], "stopped");
+    r = Tool({"watch", "live"});
+    EXPECT_EQ(r.code, 1) << r.out << r.err;
+    EXPECT_NE(r.out.find("experiment live: stopped"), std::string::npos) << r.out;
+    EXPECT_NE(r.err.find("ended stopped"), std::string::npos) << r.err;
+    r = Tool({"stop", "live"});
+    EXPECT_EQ(r.code, 1) << r.err;
+    EXPECT_NE(r.err.find("has ended"), std::string::npos) << r.err;
+  }
+
+  // Usage: every verb has --help; a missing argument is exit 2.
+  void CheckUsage() {
+    for (const std::string verb :
+         {"submit", "status", "watch", "pause", "resume", "stop", "workers", "top"}) {
+      Result r = Tool({verb, "--help"});
+      EXPECT_EQ(r.code, 0) << verb;
+      EXPECT_NE(r.out.find(verb), std::string::npos) << r.out;
+    }
+    for (const std::string verb : {"submit", "watch", "pause", "resume", "stop"}) {
+      Result r = Tool({verb});
+      EXPECT_EQ(r.code, 2) << verb << ": " << r.err;
+    }
+  }
+
   std::string dir_, socket_;
   std::unique_ptr<Process> serve_;
   int runs_ = 0;
@@ -145,128 +287,19 @@ class ClientTest : public ::testing::Test {
 
 TEST_F(ClientTest, EveryVerbDrivesTheRunningService) {
   StartServe();
-  // A bad file is refused here, with the key and its line, and nothing is sent.
-  const std::string bad = Write("bad.toml", "name = \"bad\"\n[population]\nsize = 0\n");
-  Result r = Tool({"submit", bad});
-  EXPECT_EQ(r.code, 2) << r.err;
-  EXPECT_EQ(Lines(r.err), 1u) << r.err;
-  EXPECT_NE(r.err.find("population.size"), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find("line 3"), std::string::npos) << r.err;
-  EXPECT_TRUE(StatusJson()["experiments"].empty()) << "a refused file reached the service";
-
-  r = Tool({"submit", Write("live.toml", ExperimentToml("live", 100000))});
-  ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_NE(r.out.find("submitted live"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("watch live"), std::string::npos) << r.out;
-
-  // The service: version, host, uptime, store, workers, the experiment.
-  r = Tool({"status"});
-  ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_NE(r.out.find("ckpt-scheduler 0.1.0 on "), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("store " + dir_ + "/store"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("workers 1"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("live [running]"), std::string::npos) << r.out;
-  json all = StatusJson();
-  EXPECT_EQ(all["service"]["version"], "0.1.0");
-  EXPECT_EQ(all["service"]["socket"], socket_);
-  EXPECT_GE(all["service"]["uptime_s"].get<double>(), 0.0);
-  ASSERT_EQ(all["experiments"].size(), 1u);
-  EXPECT_EQ(all["experiments"][0]["id"], "live");
-
-  // One experiment: its progress line and every member.
-  ASSERT_TRUE(WaitUntil([&] { return MemberIntervals("live") >= 2; }, milliseconds(180000)))
-      << serve_->Log();
-  r = Tool({"status", "live"});
-  ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_NE(r.out.find("live: training interval"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("experiment live: running, 2 members"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("m000"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("m001"), std::string::npos) << r.out;
-
-  // Workers: host, device, slots, state, samples/s.
-  r = Tool({"workers"});
-  ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_NE(r.out.find("samples/s"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("cpu"), std::string::npos) << r.out;
-  char host[256] = {};
-  gethostname(host, sizeof host - 1);
-  EXPECT_NE(r.out.find(host), std::string::npos) << r.out;
-  r = Tool({"workers", "--json"});
-  ASSERT_EQ(r.code, 0) << r.err;
-  json workers = json::parse(r.out, nullptr, false);
-  ASSERT_EQ(workers["workers"].size(), 1u) << r.out;
-  EXPECT_EQ(workers["workers"][0]["device"], "cpu");
-  EXPECT_EQ(workers["workers"][0]["capacity"], 2);
-  EXPECT_TRUE(workers["workers"][0]["ready"].get<bool>());
-  // Memory, from the worker's STATS (one a second): its resident set; no
-  // device allocator on a CPU; no NVML figures for a CPU worker.
-  json worker;
-  ASSERT_TRUE(WaitUntil(
-      [&] {
-        r = Tool({"workers", "--json"});
-        worker = json::parse(r.out, nullptr, false)["workers"][0];
-        return worker.value("rss_bytes", int64_t{0}) > 0;
-      },
-      milliseconds(30000)))
-      << r.out;
-  EXPECT_GT(worker["rss_bytes"].get<int64_t>(), int64_t{10} << 20) << worker.dump();
-  EXPECT_LT(worker["rss_bytes"].get<int64_t>(), int64_t{64} << 30) << worker.dump();
-  EXPECT_EQ(worker["device_memory_bytes"], 0) << worker.dump();
-  EXPECT_TRUE(worker["gpu_utilization"].is_null()) << worker.dump();
-  EXPECT_TRUE(worker["gpu_memory_used_bytes"].is_null()) << worker.dump();
-  r = Tool({"workers"});
-  ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_NE(r.out.find("rss"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find(" MiB"), std::string::npos) << "no resident memory shown:\n" << r.out;
-
-  // Pause: no new intervals start; resume: they do again.
-  r = Tool({"pause", "live"});
-  ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_EQ(r.out, "live: paused\n");
-  EXPECT_EQ(StatusJson("live")["experiment"]["status"], "paused");
-  std::this_thread::sleep_for(milliseconds(3000));  // in-flight intervals land
-  const int64_t paused_at = MemberIntervals("live");
-  std::this_thread::sleep_for(milliseconds(3000));
-  EXPECT_EQ(MemberIntervals("live"), paused_at) << "a paused experiment trained";
-  r = Tool({"resume", "live", "--json"});
-  ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_EQ(json::parse(r.out, nullptr, false)["done"], "resumed") << r.out;
-  ASSERT_TRUE(WaitUntil([&] { return MemberIntervals("live") > paused_at; }, milliseconds(120000)))
-      << serve_->Log();
-
-  // An experiment that does not exist: exit 1, one line naming those that do.
-  for (const std::string verb : {"status", "watch", "pause", "resume", "stop"}) {
-    r = Tool({verb, "nope"});
-    EXPECT_EQ(r.code, 1) << verb << ": " << r.err;
-    EXPECT_EQ(Lines(r.err), 1u) << r.err;
-    EXPECT_NE(r.err.find("experiment 'nope' not found (experiments: live)"), std::string::npos)
-        << verb << ": " << r.err;
-  }
-
-  // Stop ends it; watch then returns at once with exit 1 (it did not finish);
-  // a second stop is refused.
-  r = Tool({"stop", "live"});
-  ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_EQ(StatusJson("live")["experiment"]["status"], "stopped");
-  r = Tool({"watch", "live"});
-  EXPECT_EQ(r.code, 1) << r.out << r.err;
-  EXPECT_NE(r.out.find("experiment live: stopped"), std::string::npos) << r.out;
-  EXPECT_NE(r.err.find("ended stopped"), std::string::npos) << r.err;
-  r = Tool({"stop", "live"});
-  EXPECT_EQ(r.code, 1) << r.err;
-  EXPECT_NE(r.err.find("has ended"), std::string::npos) << r.err;
-
-  // Usage: every verb has --help; a missing argument is exit 2.
-  for (const std::string verb :
-       {"submit", "status", "watch", "pause", "resume", "stop", "workers", "top"}) {
-    r = Tool({verb, "--help"});
-    EXPECT_EQ(r.code, 0) << verb;
-    EXPECT_NE(r.out.find(verb), std::string::npos) << r.out;
-  }
-  for (const std::string verb : {"submit", "watch", "pause", "resume", "stop"}) {
-    r = Tool({verb});
-    EXPECT_EQ(r.code, 2) << verb << ": " << r.err;
-  }
+  CheckBadFileRefused();
+  SubmitLiveAndCheckService();
+  if (HasFatalFailure()) return;
+  CheckLiveStatus();
+  if (HasFatalFailure()) return;
+  CheckWorkers();
+  if (HasFatalFailure()) return;
+  CheckPauseAndResume();
+  if (HasFatalFailure()) return;
+  CheckUnknownExperimentRefused();
+  CheckStopEndsIt();
+  if (HasFatalFailure()) return;
+  CheckUsage();
   EXPECT_FALSE(serve_->Exited()) << serve_->Log();
 }
 

@@ -4,7 +4,7 @@
                           --blob B --dataset DIR --test-acc A
       F.pt (a bare state_dict) and G.pt (model + torch.optim state + ckpt
       metadata) load with torch.load(weights_only=True) into LeNet5 (ckpt's
-      lenet5 written as one would in Python) with load_state_dict(strict);
+      lenet5 written as one would in Python: ckpt_client.models) with load_state_dict(strict);
       H.safetensors loads with the safetensors package and equals B (the blob
       as ckpt stores it, read here with json + struct, no ckpt code) tensor by
       tensor; logits of all three on a fixed batch agree to 1e-5; the model
@@ -31,28 +31,18 @@ import struct
 import sys
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
-
-class LeNet5(nn.Module):
-    """ckpt's built-in "lenet5" (worker/src/model_spec.cc), in plain PyTorch."""
-
-    def __init__(self, num_classes=10):
-        super().__init__()
-        self.conv1 = nn.Conv2d(1, 6, 5, padding=2)
-        self.conv2 = nn.Conv2d(6, 16, 5)
-        self.fc1 = nn.Linear(400, 120)
-        self.fc2 = nn.Linear(120, 84)
-        self.fc3 = nn.Linear(84, num_classes)
-
-    def forward(self, x):
-        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
-        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
-        x = torch.flatten(x, 1)
-        x = F.relu(self.fc1(x))
-        x = F.relu(self.fc2(x))
-        return self.fc3(x)
+# ckpt's built-in "lenet5" (worker/src/model_spec.cc), in plain PyTorch.
+try:
+    from ckpt_client.models import LeNet5
+except ImportError:
+    # ckpt_client not installed in this python (or installed without models):
+    # this checkout's python/.
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                    "..", "..", "python"))
+    sys.modules.pop("ckpt_client", None)
+    from ckpt_client.models import LeNet5
 
 
 def read_idx(path):

@@ -918,6 +918,70 @@ TEST_F(ToolTest, GcDryRunPredictsWhatGcReleases) {
 
 // ---- a running scheduler ----
 
+// Connects `client` to the control socket of `serve`, trying for up to a
+// minute; fails at once if serve exits.
+void ConnectToServe(const std::string& socket, Process& serve,
+                    std::unique_ptr<scheduler::ControlClient>* client) {
+  for (int i = 0; i < 600 && !*client; ++i) {
+    scheduler::ControlClientOptions o;
+    o.socket_path = socket;
+    auto c = scheduler::ControlClient::Connect(o);
+    if (c.ok()) *client = std::move(*c);
+    if (!*client) std::this_thread::sleep_for(milliseconds(100));
+    ASSERT_FALSE(serve.Exited()) << serve.Log();
+  }
+}
+
+// The head of `member` of experiment "live", read from the store (open
+// read-only only for the read).
+StatusOr<store::MemberHead> LiveHeadOf(const std::string& store, const std::string& member) {
+  auto s = OpenReadOnly(store);
+  return s ? s->GetMember("live", member) : StatusOr<store::MemberHead>(Status::Internal("x"));
+}
+
+// The version of the head of "live"/`member` once it is `version` or later
+// (polled for up to 2 minutes); -1 if it does not get there.
+int64_t WaitForLiveVersion(const std::string& store, const std::string& member, int64_t version) {
+  for (int i = 0; i < 1200; ++i) {
+    auto h = LiveHeadOf(store, member);
+    if (h.ok() && h->version >= version) return h->version;
+    std::this_thread::sleep_for(milliseconds(100));
+  }
+  return int64_t{-1};
+}
+
+// Version `restored` of live/m000 is a restore of version `kept`, and the
+// member's next interval (`steps` steps) trained on from it.
+void ExpectRestoredAndTrainedOn(const std::string& store, int64_t kept, int64_t restored, int steps,
+                                const Process& serve) {
+  auto s = OpenReadOnly(store);
+  auto old = s->GetManifest("live", "m000", kept);
+  auto rm = s->GetManifest("live", "m000", restored);
+  auto next = s->GetManifest("live", "m000", restored + 1);
+  ASSERT_TRUE(rm.ok() && next.ok()) << serve.Log();
+  EXPECT_EQ(rm->reason, "restore");
+  ASSERT_TRUE(rm->parent.has_value());
+  EXPECT_EQ(rm->parent->version, kept);
+  if (old.ok()) {
+    EXPECT_EQ(rm->blob, old->blob);
+  }
+  // The member's next interval starts from the restored state.
+  EXPECT_EQ(next->reason, "trained");
+  ASSERT_TRUE(next->parent.has_value());
+  EXPECT_EQ(next->parent->version, restored);
+  EXPECT_EQ(next->step, rm->step + steps);
+}
+
+// Whether `p`'s output holds `text` within a minute.
+bool WaitForOutput(const Process& p, const std::string& text) {
+  bool found = false;
+  for (int i = 0; i < 600 && !found; ++i) {
+    found = p.Log().find(text) != std::string::npos;
+    if (!found) std::this_thread::sleep_for(milliseconds(100));
+  }
+  return found;
+}
+
 TEST_F(ToolTest, RestoreThroughTheRunningSchedulerTakesEffectAtTheNextInterval) {
   // Intervals long enough (a second or so) for the tool to pin the head it saw.
   constexpr int kLiveSteps = 100;
@@ -933,39 +997,21 @@ TEST_F(ToolTest, RestoreThroughTheRunningSchedulerTakesEffectAtTheNextInterval) 
                                         "[control]\nclient_idle_timeout_s = 3600\n");
   Process serve({CKPT_SCHEDULER_BIN, "serve", "--config", tmp_ + "/service.toml"}, tmp_ + "/serve");
   std::unique_ptr<scheduler::ControlClient> client;
-  for (int i = 0; i < 600 && !client; ++i) {
-    scheduler::ControlClientOptions o;
-    o.socket_path = socket;
-    auto c = scheduler::ControlClient::Connect(o);
-    if (c.ok()) client = std::move(*c);
-    if (!client) std::this_thread::sleep_for(milliseconds(100));
-    ASSERT_FALSE(serve.Exited()) << serve.Log();
-  }
+  ConnectToServe(socket, serve, &client);
+  if (HasFatalFailure()) return;
   ASSERT_NE(client, nullptr) << serve.Log();
   // Random search: no exploit replaces a member's head but training.
   auto id = client->Submit(ExperimentToml("live", 200, "random", kLiveSteps), "tool_test");
   ASSERT_TRUE(id.ok()) << id.status().ToString();
 
-  auto head_of = [&](const std::string& member) {
-    auto s = OpenReadOnly(store);
-    return s ? s->GetMember("live", member) : StatusOr<store::MemberHead>(Status::Internal("x"));
-  };
-  auto wait_for_version = [&](const std::string& member, int64_t version) {
-    for (int i = 0; i < 1200; ++i) {
-      auto h = head_of(member);
-      if (h.ok() && h->version >= version) return h->version;
-      std::this_thread::sleep_for(milliseconds(100));
-    }
-    return int64_t{-1};
-  };
   // The head is never released; retention keeps the last three versions.
-  const int64_t kept = wait_for_version("m000", 1);
+  const int64_t kept = WaitForLiveVersion(store, "m000", 1);
   ASSERT_GE(kept, 1) << serve.Log();
   // Pinned through the scheduler, so retention keeps it while m000 trains on.
   Result pin = Tool({"--socket", socket, "pin", "live/m000@" + std::to_string(kept), "--json"});
   ASSERT_EQ(pin.code, 0) << Show(pin);
   EXPECT_EQ(ParseJson(pin)["via"], "scheduler");
-  ASSERT_GE(wait_for_version("m000", kept + 3), kept + 3) << serve.Log();
+  ASSERT_GE(WaitForLiveVersion(store, "m000", kept + 3), kept + 3) << serve.Log();
 
   // Read commands work while the scheduler holds the store.
   Result ls = Tool({"--store", store, "ls", "live", "--json"});
@@ -995,31 +1041,10 @@ TEST_F(ToolTest, RestoreThroughTheRunningSchedulerTakesEffectAtTheNextInterval) 
   ASSERT_EQ(unpin.code, 0) << Show(unpin);
   EXPECT_EQ(ParseJson(unpin)["via"], "scheduler");
 
-  ASSERT_GT(wait_for_version("m000", restored + 1), restored) << serve.Log();
-  {
-    auto s = OpenReadOnly(store);
-    auto old = s->GetManifest("live", "m000", kept);
-    auto rm = s->GetManifest("live", "m000", restored);
-    auto next = s->GetManifest("live", "m000", restored + 1);
-    ASSERT_TRUE(rm.ok() && next.ok()) << serve.Log();
-    EXPECT_EQ(rm->reason, "restore");
-    ASSERT_TRUE(rm->parent.has_value());
-    EXPECT_EQ(rm->parent->version, kept);
-    if (old.ok()) {
-      EXPECT_EQ(rm->blob, old->blob);
-    }
-    // The member's next interval starts from the restored state.
-    EXPECT_EQ(next->reason, "trained");
-    ASSERT_TRUE(next->parent.has_value());
-    EXPECT_EQ(next->parent->version, restored);
-    EXPECT_EQ(next->step, rm->step + kLiveSteps);
-  }
-  bool followed = false;
-  for (int i = 0; i < 600 && !followed; ++i) {
-    followed = follow.Log().find("\"type\":\"restore\"") != std::string::npos;
-    if (!followed) std::this_thread::sleep_for(milliseconds(100));
-  }
-  EXPECT_TRUE(followed) << follow.Log();
+  ASSERT_GT(WaitForLiveVersion(store, "m000", restored + 1), restored) << serve.Log();
+  ExpectRestoredAndTrainedOn(store, kept, restored, kLiveSteps, serve);
+  if (HasFatalFailure()) return;
+  EXPECT_TRUE(WaitForOutput(follow, "\"type\":\"restore\"")) << follow.Log();
   kill(follow.pid(), SIGINT);
   Result followed_out = follow.Wait();
   EXPECT_EQ(followed_out.code, 0) << Show(followed_out);

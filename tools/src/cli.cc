@@ -3,22 +3,20 @@
 #include "cli.h"
 
 #include <CLI/CLI.hpp>
+#include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace ckpt::tool {
 
-CommandLine ParseCommandLine(int argc, const char* const* argv, std::ostream& out,
-                             std::ostream& err) {
-  CommandLine cl;
-  CLI::App app{
-      "ckpt-tool: inspect, compare, picture, export, import, restore and verify checkpoints,\n"
-      "and drive the running service (submit, status, watch, pause, resume, stop, workers, top).\n"
-      "Members are named EXPERIMENT/MEMBER[@VERSION] (the head when no version).\n"
-      "Exit codes: 0 ok, 1 not found or verification failed, 2 usage."};
-  app.require_subcommand(1);
-  app.fallthrough();
-  ToolOptions& tool = cl.tool;
+namespace {
+
+using Command = CommandLine::Command;
+// Each subcommand with the command it selects, in the order of --help.
+using Subcommands = std::vector<std::pair<const CLI::App*, Command>>;
+
+void AddGlobalOptions(CLI::App& app, ToolOptions& tool) {
   app.add_option("--store", tool.store_path,
                  "store directory (default: ./var, else /var/lib/ckpt/store, else the running "
                  "scheduler's)");
@@ -26,18 +24,21 @@ CommandLine ParseCommandLine(int argc, const char* const* argv, std::ostream& ou
                  "control socket of a running `ckpt-scheduler serve` (default: $CKPT_SOCKET, "
                  "else /run/ckpt/control.sock when it answers)");
   app.add_flag("--json", tool.json, "one JSON document on stdout (read commands)");
+}
 
-  LsOptions& ls = cl.ls;
+// ls, show, lineage, plot, diff, events.
+void AddReadCommands(CLI::App& app, CommandLine& cl, Subcommands& subs) {
   CLI::App* ls_cmd = app.add_subcommand(
       "ls", "experiments (status, members, intervals, best score), or one experiment's members");
-  ls_cmd->add_option("experiment", ls.experiment, "list this experiment's members");
-  ls_cmd->add_option("--sort", ls.sort, "member order: name, score or step")
+  ls_cmd->add_option("experiment", cl.ls.experiment, "list this experiment's members");
+  ls_cmd->add_option("--sort", cl.ls.sort, "member order: name, score or step")
       ->check(CLI::IsMember({"name", "score", "step"}));
+  subs.emplace_back(ls_cmd, Command::kLs);
 
-  std::string& show_ref = cl.show_ref;
   CLI::App* show_cmd = app.add_subcommand(
       "show", "a version's manifest, metrics, hyperparameters, parent, reason and tensors");
-  show_cmd->add_option("member", show_ref, "EXPERIMENT/MEMBER[@VERSION]")->required();
+  show_cmd->add_option("member", cl.show_ref, "EXPERIMENT/MEMBER[@VERSION]")->required();
+  subs.emplace_back(show_cmd, Command::kShow);
 
   LineageOptions& lineage = cl.lineage;
   CLI::App* lineage_cmd = app.add_subcommand(
@@ -50,6 +51,7 @@ CommandLine ParseCommandLine(int argc, const char* const* argv, std::ostream& ou
                         "Graphviz DOT of the experiment's whole exploit graph on stdout");
   lineage_cmd->add_option("--svg", lineage.svg, "render that graph to this SVG file (Graphviz)");
   lineage_cmd->add_option("--png", lineage.png, "render that graph to this PNG file (Graphviz)");
+  subs.emplace_back(lineage_cmd, Command::kLineage);
 
   PlotOptions& plot = cl.plot;
   CLI::App* plot_cmd = app.add_subcommand(
@@ -60,13 +62,13 @@ CommandLine ParseCommandLine(int argc, const char* const* argv, std::ostream& ou
   plot_cmd->add_option("-o,--output", plot.output, "FILE.svg or FILE.png")->required();
   plot_cmd->add_option("--width", plot.width, "pixels (default 1000)");
   plot_cmd->add_option("--panel-height", plot.panel_height, "pixels per panel (default 260)");
+  subs.emplace_back(plot_cmd, Command::kPlot);
 
-  std::string& diff_a = cl.diff_a;
-  std::string& diff_b = cl.diff_b;
   CLI::App* diff_cmd = app.add_subcommand(
       "diff", "hyperparameters side by side and, per tensor, the L2 norm of the difference");
-  diff_cmd->add_option("a", diff_a, "EXPERIMENT/MEMBER[@VERSION]")->required();
-  diff_cmd->add_option("b", diff_b, "EXPERIMENT/MEMBER[@VERSION]")->required();
+  diff_cmd->add_option("a", cl.diff_a, "EXPERIMENT/MEMBER[@VERSION]")->required();
+  diff_cmd->add_option("b", cl.diff_b, "EXPERIMENT/MEMBER[@VERSION]")->required();
+  subs.emplace_back(diff_cmd, Command::kDiff);
 
   EventsOptions& events = cl.events;
   CLI::App* events_cmd = app.add_subcommand(
@@ -77,7 +79,11 @@ CommandLine ParseCommandLine(int argc, const char* const* argv, std::ostream& ou
                        "--json)");
   events_cmd->add_option("--from", events.from_seq, "first sequence number (default 1)");
   events_cmd->add_option("--type", events.type, "only events of this type (exploit, trained, ...)");
+  subs.emplace_back(events_cmd, Command::kEvents);
+}
 
+// export, import, restore, pin, unpin.
+void AddTransferCommands(CLI::App& app, CommandLine& cl, Subcommands& subs) {
   ExportOptions& exp = cl.exp;
   CLI::App* export_cmd = app.add_subcommand(
       "export", "a version to .safetensors (as stored) or .pt (torch.load(weights_only=True))");
@@ -90,32 +96,36 @@ CommandLine ParseCommandLine(int argc, const char* const* argv, std::ostream& ou
   export_cmd->add_option("--top", exp.top, "export the K best members into DIR");
   export_cmd->add_option("--format", exp.format, "with --top: safetensors or pt")
       ->check(CLI::IsMember({"safetensors", "pt"}));
+  subs.emplace_back(export_cmd, Command::kExport);
 
-  ImportOptions& imp = cl.imp;
   CLI::App* import_cmd = app.add_subcommand(
       "import",
       "a .safetensors or .pt state as a member's new version, checked against the "
       "experiment's model");
-  import_cmd->add_option("file", imp.file, "FILE.safetensors or FILE.pt")->required();
-  import_cmd->add_option("--to", imp.to, "EXPERIMENT/MEMBER")->required();
+  import_cmd->add_option("file", cl.imp.file, "FILE.safetensors or FILE.pt")->required();
+  import_cmd->add_option("--to", cl.imp.to, "EXPERIMENT/MEMBER")->required();
+  subs.emplace_back(import_cmd, Command::kImport);
 
-  std::string& restore_ref = cl.restore_ref;
-  std::string& pin_ref = cl.pin_ref;
-  std::string& unpin_ref = cl.unpin_ref;
   CLI::App* restore_cmd = app.add_subcommand(
       "restore",
       "make a past version a member's head again (through the running scheduler when "
       "one serves the store)");
-  restore_cmd->add_option("member", restore_ref, "EXPERIMENT/MEMBER@VERSION")->required();
+  restore_cmd->add_option("member", cl.restore_ref, "EXPERIMENT/MEMBER@VERSION")->required();
+  subs.emplace_back(restore_cmd, Command::kRestore);
   CLI::App* pin_cmd = app.add_subcommand("pin", "keep a version's blob from retention");
-  pin_cmd->add_option("member", pin_ref, "EXPERIMENT/MEMBER@VERSION")->required();
+  pin_cmd->add_option("member", cl.pin_ref, "EXPERIMENT/MEMBER@VERSION")->required();
+  subs.emplace_back(pin_cmd, Command::kPin);
   CLI::App* unpin_cmd = app.add_subcommand("unpin", "let retention release a version again");
-  unpin_cmd->add_option("member", unpin_ref, "EXPERIMENT/MEMBER@VERSION")->required();
+  unpin_cmd->add_option("member", cl.unpin_ref, "EXPERIMENT/MEMBER@VERSION")->required();
+  subs.emplace_back(unpin_cmd, Command::kUnpin);
+}
 
-  std::string& verify_exp = cl.verify_exp;
+// verify, gc, stats.
+void AddMaintenanceCommands(CLI::App& app, CommandLine& cl, Subcommands& subs) {
   CLI::App* verify_cmd = app.add_subcommand(
       "verify", "every blob's checksums and every manifest's references; exit 1 on a problem");
-  verify_cmd->add_option("experiment", verify_exp, "only this experiment");
+  verify_cmd->add_option("experiment", cl.verify_exp, "only this experiment");
+  subs.emplace_back(verify_cmd, Command::kVerify);
 
   GcOptions& gc = cl.gc;
   CLI::App* gc_cmd = app.add_subcommand("gc", "apply retention now and return the space");
@@ -123,54 +133,74 @@ CommandLine ParseCommandLine(int argc, const char* const* argv, std::ostream& ou
   gc_cmd->add_option("--keep-last", gc.keep_last_n, "versions kept per member (default 3)");
   gc_cmd->add_option("--keep-best", gc.keep_best_k,
                      "best versions kept per experiment (default 5)");
+  subs.emplace_back(gc_cmd, Command::kGc);
 
-  CLI::App* stats_cmd = app.add_subcommand("stats", "counts, bytes, bytes saved by shared blobs");
+  subs.emplace_back(app.add_subcommand("stats", "counts, bytes, bytes saved by shared blobs"),
+                    Command::kStats);
+}
 
-  // The running service (`ckpt-scheduler serve`), through its control socket.
-  SubmitOptions& submit = cl.submit;
+// The running service (`ckpt-scheduler serve`), through its control socket:
+// submit, status, watch, pause, resume, stop, workers, top.
+void AddServiceCommands(CLI::App& app, CommandLine& cl, Subcommands& subs) {
   CLI::App* submit_cmd = app.add_subcommand(
       "submit",
       "check an experiment file with the scheduler's parser, then hand it to the running "
       "service; --wait follows it to the end (exit 0 done, 1 stopped or failed)");
-  submit_cmd->add_option("file", submit.file, "EXPERIMENT.toml")->required();
-  submit_cmd->add_flag("--wait", submit.wait, "follow the experiment until it ends (as watch)");
+  submit_cmd->add_option("file", cl.submit.file, "EXPERIMENT.toml")->required();
+  submit_cmd->add_flag("--wait", cl.submit.wait, "follow the experiment until it ends (as watch)");
+  subs.emplace_back(submit_cmd, Command::kSubmit);
   CLI::App* status_cmd = app.add_subcommand(
       "status",
       "the service (version, uptime, store, workers, each experiment's progress), or one "
       "experiment's progress and members, live");
   status_cmd->add_option("experiment", cl.status_exp, "EXPERIMENT");
-  WatchOptions& watch = cl.watch;
+  subs.emplace_back(status_cmd, Command::kStatus);
   CLI::App* watch_cmd = app.add_subcommand(
       "watch",
       "an experiment's progress line (and table, on a terminal) until it ends (exit 0 done, "
       "1 stopped or failed)");
-  watch_cmd->add_option("experiment", watch.experiment, "EXPERIMENT")->required();
-  CLI::App* pause_cmd = app.add_subcommand(
-      "pause", "start no new intervals of an experiment (in-flight ones finish)");
-  pause_cmd->add_option("experiment", cl.control_exp, "EXPERIMENT")->required();
-  CLI::App* resume_cmd = app.add_subcommand("resume", "let a paused experiment train again");
-  resume_cmd->add_option("experiment", cl.control_exp, "EXPERIMENT")->required();
-  CLI::App* stop_cmd = app.add_subcommand(
-      "stop", "end an experiment now (in-flight intervals finish and are committed)");
-  stop_cmd->add_option("experiment", cl.control_exp, "EXPERIMENT")->required();
-  CLI::App* workers_cmd = app.add_subcommand(
-      "workers",
-      "each worker of the service: host, device, slots, state, members in flight, samples/s, "
-      "restarts");
-  TopOptions& top = cl.top;
+  watch_cmd->add_option("experiment", cl.watch.experiment, "EXPERIMENT")->required();
+  subs.emplace_back(watch_cmd, Command::kWatch);
+
+  // pause, resume and stop differ only in their verb.
+  const struct {
+    const char* name;
+    const char* help;
+    Command command;
+  } kControls[] = {
+      {"pause", "start no new intervals of an experiment (in-flight ones finish)", Command::kPause},
+      {"resume", "let a paused experiment train again", Command::kResume},
+      {"stop", "end an experiment now (in-flight intervals finish and are committed)",
+       Command::kStop},
+  };
+  for (const auto& control : kControls) {
+    CLI::App* control_cmd = app.add_subcommand(control.name, control.help);
+    control_cmd->add_option("experiment", cl.control_exp, "EXPERIMENT")->required();
+    subs.emplace_back(control_cmd, control.command);
+  }
+
+  subs.emplace_back(
+      app.add_subcommand(
+          "workers",
+          "each worker of the service: host, device, slots, state, members in flight, samples/s, "
+          "restarts"),
+      Command::kWorkers);
   CLI::App* top_cmd = app.add_subcommand(
       "top",
       "a full-screen live view of the service, refreshed every second (q quits); plain text "
       "when stdout is not a terminal");
   top_cmd
-      ->add_option("-n,--iterations", top.iterations,
+      ->add_option("-n,--iterations", cl.top.iterations,
                    "refreshes before exiting (default: "
                    "until q, or forever without a "
                    "terminal)")
       ->check(CLI::NonNegativeNumber);
+  subs.emplace_back(top_cmd, Command::kTop);
+}
 
-  // CLI11 calls a word that names no command "a subcommand is required";
-  // say what it is.
+// The first word that is not an option, when it names no command: CLI11
+// would call it "a subcommand is required"; this says what it is.
+std::optional<std::string> UnknownCommand(const CLI::App& app, int argc, const char* const* argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--store" || a == "--socket") {
@@ -180,12 +210,35 @@ CommandLine ParseCommandLine(int argc, const char* const* argv, std::ostream& ou
     if (a.empty() || a[0] == '-') continue;
     bool known = false;
     for (const CLI::App* sub : app.get_subcommands({})) known = known || sub->check_name(a);
-    if (!known) {
-      err << "ckpt-tool: unknown command \"" << a << "\" (see ckpt-tool --help)\n";
-      cl.exit_code = kExitUsage;
-      return cl;
-    }
+    if (!known) return a;
     break;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+CommandLine ParseCommandLine(int argc, const char* const* argv, std::ostream& out,
+                             std::ostream& err) {
+  CommandLine cl;
+  CLI::App app{
+      "ckpt-tool: inspect, compare, picture, export, import, restore and verify checkpoints,\n"
+      "and drive the running service (submit, status, watch, pause, resume, stop, workers, top).\n"
+      "Members are named EXPERIMENT/MEMBER[@VERSION] (the head when no version).\n"
+      "Exit codes: 0 ok, 1 not found or verification failed, 2 usage."};
+  app.require_subcommand(1);
+  app.fallthrough();
+  AddGlobalOptions(app, cl.tool);
+  Subcommands subs;
+  AddReadCommands(app, cl, subs);
+  AddTransferCommands(app, cl, subs);
+  AddMaintenanceCommands(app, cl, subs);
+  AddServiceCommands(app, cl, subs);
+
+  if (const auto unknown = UnknownCommand(app, argc, argv)) {
+    err << "ckpt-tool: unknown command \"" << *unknown << "\" (see ckpt-tool --help)\n";
+    cl.exit_code = kExitUsage;
+    return cl;
   }
   try {
     app.parse(argc, argv);
@@ -200,18 +253,7 @@ CommandLine ParseCommandLine(int argc, const char* const* argv, std::ostream& ou
     cl.exit_code = kExitUsage;
     return cl;
   }
-
-  using C = CommandLine::Command;
-  const std::pair<const CLI::App*, C> commands[] = {
-      {ls_cmd, C::kLs},         {show_cmd, C::kShow},     {lineage_cmd, C::kLineage},
-      {plot_cmd, C::kPlot},     {diff_cmd, C::kDiff},     {events_cmd, C::kEvents},
-      {export_cmd, C::kExport}, {import_cmd, C::kImport}, {restore_cmd, C::kRestore},
-      {pin_cmd, C::kPin},       {unpin_cmd, C::kUnpin},   {verify_cmd, C::kVerify},
-      {gc_cmd, C::kGc},         {stats_cmd, C::kStats},   {submit_cmd, C::kSubmit},
-      {status_cmd, C::kStatus}, {watch_cmd, C::kWatch},   {pause_cmd, C::kPause},
-      {resume_cmd, C::kResume}, {stop_cmd, C::kStop},     {workers_cmd, C::kWorkers},
-      {top_cmd, C::kTop}};
-  for (const auto& [sub, command] : commands) {
+  for (const auto& [sub, command] : subs) {
     if (sub->parsed()) {
       cl.command = command;
       return cl;

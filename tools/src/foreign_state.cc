@@ -5,6 +5,7 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "ckpt/format/safetensors.h"
 #include "session.h"
 #include "tensor_math.h"
 
@@ -12,6 +13,10 @@ namespace ckpt::tool {
 namespace {
 
 using json = nlohmann::json;
+
+// The largest dimension, and element count, of a tensor import reads
+// (docs/LIMITS.md).
+constexpr uint64_t kMaxImportElements = uint64_t{1} << 40;
 
 std::optional<std::map<std::string, double>> ParseHparamsJson(const std::string& text) {
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
@@ -21,6 +26,54 @@ std::optional<std::map<std::string, double>> ParseHparamsJson(const std::string&
     if (it->is_number()) out[it.key()] = it->get<double>();
   }
   return out;
+}
+
+// import's words for the faults of a safetensors file that its users know
+// (docs/LIMITS.md); nullopt where ckpt::format's words stand.
+std::optional<std::string> ImportWording(const format::SafetensorsFault& f) {
+  using Kind = format::SafetensorsFault::Kind;
+  using std::to_string;
+  const std::string tensor = "tensor " + f.name + ": ";
+  switch (f.kind) {
+    case Kind::kHeaderBeyondFile:
+      return "header length " + to_string(f.count) + " exceeds the file";
+    case Kind::kHeaderAboveCap:
+      return "header length " + to_string(f.count) + " is above the limit of " +
+             to_string(f.limit) + " bytes";
+    case Kind::kNotObject:
+      return std::string("the header is not a JSON object");
+    case Kind::kRankAboveMax:
+      return tensor + "rank above " + to_string(f.limit);
+    case Kind::kDimensionTooLarge:
+      return tensor + "bad shape: dimension " + to_string(f.count) + " is above " +
+             to_string(f.limit);
+    case Kind::kShapeOverflow:
+      return tensor + "shape too large";
+    case Kind::kOffsetsOutOfBounds:
+      return tensor + "data_offsets [" + to_string(f.begin) + ", " + to_string(f.end) +
+             "] outside the " + to_string(f.limit) + " data bytes";
+    case Kind::kBytesMismatch:
+      return tensor + to_string(f.end - f.begin) + " bytes for " +
+             std::string(format::DTypeName(f.dtype)) + " " + FormatShape(f.shape);
+    default:
+      return std::nullopt;
+  }
+}
+
+// What a safetensors file that is not a ckpt blob says of its state, where
+// its __metadata__ holds ckpt's keys.
+void ReadCkptMetadata(const std::map<std::string, std::string>& meta, ForeignState* st) {
+  if (auto h = meta.find("ckpt.hparams"); h != meta.end()) {
+    st->hparams = ParseHparamsJson(h->second);
+  }
+  if (auto s = meta.find("ckpt.step"); s != meta.end()) {
+    const std::string& step = s->second;
+    if (!step.empty() && step.size() < 19 &&
+        std::all_of(step.begin(), step.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+      st->step = std::stoll(step);
+    }
+  }
+  if (auto m = meta.find("ckpt.model_spec"); m != meta.end()) st->model_spec = m->second;
 }
 
 Status AddPyTensor(const std::string& path, const std::string& name, const PyValue& v,
@@ -49,93 +102,171 @@ std::optional<double> NumberOf(const PyValue* v) {
   return std::nullopt;
 }
 
+// The model's state_dict: a dict of tensors by name.
+Status ReadModel(const PyValue& model, const std::string& path, ForeignState* st) {
+  if (model.kind != PyValue::Kind::kDict) {
+    return Status::Corruption(path + ": \"model\" is not a dict");
+  }
+  for (const auto& [k, v] : model.dict) {
+    if (k->kind != PyValue::Kind::kString) {
+      return Status::Corruption(path + ": a key is not a string");
+    }
+    CKPT_RETURN_IF_ERROR(AddPyTensor(path, k->s, *v, st));
+  }
+  return Status::OK();
+}
+
+// What the "ckpt" dict ckpt's own .pt files hold says: step, hyperparameters
+// and model spec, each where it has the right type.
+void ReadCkptDict(const PyValue* ck, ForeignState* st) {
+  if (ck == nullptr || ck->kind != PyValue::Kind::kDict) return;
+  if (const PyValue* s = ck->Get("step"); s != nullptr && s->kind == PyValue::Kind::kInt) {
+    st->step = s->i;
+  }
+  if (const PyValue* h = ck->Get("hparams"); h != nullptr && h->kind == PyValue::Kind::kDict) {
+    std::map<std::string, double> hp;
+    for (const auto& [k, v] : h->dict) {
+      auto x = NumberOf(v.get());
+      if (k->kind == PyValue::Kind::kString && x) hp[k->s] = *x;
+    }
+    st->hparams = hp;
+  }
+  if (const PyValue* m = ck->Get("model_spec"); m != nullptr && m->kind == PyValue::Kind::kString) {
+    st->model_spec = m->s;
+  }
+}
+
+// The experiment's side of an optimizer state: its trainable parameters in
+// torch.optim's order, and the optimizer that names their slots.
+struct OptimizerTarget {
+  const std::vector<std::string>& trainable;
+  format::OptimizerKind optimizer;
+};
+
+// torch.optim's parameter ids, over its param groups in order.
+StatusOr<std::vector<int64_t>> ParamIds(const PyValue& groups, const std::string& path) {
+  std::vector<int64_t> ids;
+  for (const auto& g : groups.items) {
+    const PyValue* params = g->Get("params");
+    if (params == nullptr || params->kind != PyValue::Kind::kList) {
+      return Status::Corruption(path + ": an optimizer param group has no params");
+    }
+    for (const auto& p : params->items) {
+      if (p->kind != PyValue::Kind::kInt) {
+        return Status::Corruption(path + ": a param id is not an int");
+      }
+      ids.push_back(p->i);
+    }
+  }
+  return ids;
+}
+
+// The slots of one parameter's state (`per`) as "optim.<param>.<slot>"
+// tensors; a slot that is absent or None is left out.
+Status AddParamSlots(const PyValue& per, const std::string& param, format::OptimizerKind optimizer,
+                     const std::string& path, ForeignState* st) {
+  const std::string prefix = kOptimPrefix + param + ".";
+  for (const auto& slot : format::OptimizerSlots(optimizer)) {
+    const PyValue* t = per.Get(slot);
+    const std::string name = prefix + slot;
+    if (t == nullptr || t->kind == PyValue::Kind::kNone) continue;
+    if (t->kind == PyValue::Kind::kInt || t->kind == PyValue::Kind::kFloat) {
+      // torch.optim before 1.12 kept "step" as a Python number.
+      float v = static_cast<float>(t->kind == PyValue::Kind::kInt ? t->i : t->f);
+      std::string data(sizeof(v), '\0');
+      std::memcpy(data.data(), &v, sizeof(v));
+      st->tensors[name] = ForeignTensor{format::DType::kF32, {}, data};
+      continue;
+    }
+    CKPT_RETURN_IF_ERROR(AddPyTensor(path, name, *t, st));
+  }
+  return Status::OK();
+}
+
+// A param group's key read as the hyperparameter of that name, and which
+// optimizers have it ("betas" is read apart, as beta1 and beta2).
+struct GroupKey {
+  const char* key;
+  bool sgd;
+  bool adam;  // and AdamW
+};
+constexpr GroupKey kGroupKeys[] = {
+    {"lr", true, true},        {"weight_decay", true, true}, {"momentum", true, false},
+    {"nesterov", true, false}, {"eps", false, true},
+};
+
+std::map<std::string, double> GroupHparams(const PyValue& group, format::OptimizerKind optimizer) {
+  const bool sgd = optimizer == format::OptimizerKind::kSgd;
+  std::map<std::string, double> hp;
+  for (const GroupKey& k : kGroupKeys) {
+    if (!(sgd ? k.sgd : k.adam)) continue;
+    if (auto v = NumberOf(group.Get(k.key))) hp[k.key] = *v;
+  }
+  const PyValue* betas = sgd ? nullptr : group.Get("betas");
+  if (betas != nullptr && betas->items.size() == 2) {
+    if (auto v = NumberOf(betas->items[0].get())) hp["beta1"] = *v;
+    if (auto v = NumberOf(betas->items[1].get())) hp["beta2"] = *v;
+  }
+  return hp;
+}
+
+// A torch.optim state_dict: its per-parameter slots, mapped to the
+// experiment's parameter names, and its first group's hyperparameters.
+Status ReadOptimizer(const PyValue& opt, const std::string& path, const OptimizerTarget& target,
+                     ForeignState* st) {
+  const PyValue* state = opt.Get("state");
+  const PyValue* groups = opt.Get("param_groups");
+  if (state == nullptr || groups == nullptr || groups->kind != PyValue::Kind::kList ||
+      groups->items.empty()) {
+    return Status::Corruption(path + ": \"optimizer\" is not a torch.optim state_dict");
+  }
+  CKPT_ASSIGN_OR_RETURN(const std::vector<int64_t> ids, ParamIds(*groups, path));
+  if (ids.size() != target.trainable.size()) {
+    return Status::FailedPrecondition(path + ": the optimizer holds " + std::to_string(ids.size()) +
+                                      " parameters, the experiment's model " +
+                                      std::to_string(target.trainable.size()));
+  }
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const PyValue* per = nullptr;
+    for (const auto& [k, v] : state->dict) {
+      if (k->kind == PyValue::Kind::kInt && k->i == ids[i]) per = v.get();
+    }
+    if (per == nullptr) continue;  // no state yet: zeros, as a fresh optimizer
+    CKPT_RETURN_IF_ERROR(AddParamSlots(*per, target.trainable[i], target.optimizer, path, st));
+  }
+  st->hparams = GroupHparams(*groups->items.front(), target.optimizer);
+  return Status::OK();
+}
+
 }  // namespace
 
 StatusOr<ForeignState> ParseSafetensors(std::string_view bytes, const std::string& path) {
-  auto bad = [&](const std::string& why) { return Status::Corruption(path + ": " + why); };
-  if (bytes.size() < 8) return bad("too short for a safetensors file");
-  uint64_t n = 0;
-  for (int i = 0; i < 8; ++i) n |= uint64_t{static_cast<uint8_t>(bytes[i])} << (8 * i);
-  if (n > format::kDefaultMaxHeaderBytes) {
-    return bad("header length " + std::to_string(n) + " is above the limit of " +
-               std::to_string(format::kDefaultMaxHeaderBytes) + " bytes");
+  format::SafetensorsOptions options;
+  options.max_elements = kMaxImportElements;
+  options.origin = path;
+  format::SafetensorsFault fault;
+  auto file = format::ParseSafetensors(bytes.data(), bytes.size(), options, &fault);
+  if (!file.ok()) {
+    std::optional<std::string> words = ImportWording(fault);
+    return words ? Status::Corruption(path + ": " + *words) : file.status();
   }
-  if (n > bytes.size() - 8) {
-    return bad("header length " + std::to_string(n) + " exceeds the file");
-  }
-  json header = json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<std::ptrdiff_t>(n),
-                            nullptr, /*allow_exceptions=*/false);
-  if (!header.is_object()) return bad("the header is not a JSON object");
   ForeignState st;
-  if (header.contains("__metadata__")) {
-    const json& meta = header["__metadata__"];
-    if (!meta.is_object()) return bad("__metadata__ is not an object");
-    if (meta.contains("ckpt.checksums")) {
-      // A ckpt blob: its own checks (tensor and header checksums) apply.
-      auto view = format::ParseCheckpoint(bytes.data(), bytes.size());
-      if (!view.ok()) return Status::Corruption(path + ": " + view.status().message());
-      st.hparams = view->meta().hparams;
-      st.step = view->meta().step;
-      st.model_spec = view->meta().model_spec;
-    } else {
-      if (meta.contains("ckpt.hparams") && meta["ckpt.hparams"].is_string()) {
-        st.hparams = ParseHparamsJson(meta["ckpt.hparams"].get<std::string>());
-      }
-      if (meta.contains("ckpt.step") && meta["ckpt.step"].is_string()) {
-        const std::string s = meta["ckpt.step"].get<std::string>();
-        if (!s.empty() && s.size() < 19 &&
-            std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; })) {
-          st.step = std::stoll(s);
-        }
-      }
-      if (meta.contains("ckpt.model_spec") && meta["ckpt.model_spec"].is_string()) {
-        st.model_spec = meta["ckpt.model_spec"].get<std::string>();
-      }
-    }
+  if (file->metadata.count("ckpt.checksums") != 0) {
+    // A ckpt blob: its own checks (tensor and header checksums) apply.
+    auto view = format::ParseCheckpoint(bytes.data(), bytes.size());
+    if (!view.ok()) return Status::Corruption(path + ": " + view.status().message());
+    st.hparams = view->meta().hparams;
+    st.step = view->meta().step;
+    st.model_spec = view->meta().model_spec;
+  } else {
+    ReadCkptMetadata(file->metadata, &st);
   }
-  const size_t data_begin = 8 + static_cast<size_t>(n);
-  const size_t data_len = bytes.size() - data_begin;
-  for (auto it = header.begin(); it != header.end(); ++it) {
-    if (it.key() == "__metadata__") continue;
-    const std::string& name = it.key();
-    const json& t = *it;
-    if (!t.is_object() || !t.contains("dtype") || !t["dtype"].is_string() || !t.contains("shape") ||
-        !t["shape"].is_array() || !t.contains("data_offsets") || !t["data_offsets"].is_array() ||
-        t["data_offsets"].size() != 2) {
-      return bad("tensor " + name + ": needs dtype, shape and data_offsets");
-    }
-    auto dtype = format::ParseDType(t["dtype"].get<std::string>());
-    if (!dtype.ok()) return bad("tensor " + name + ": unknown dtype " + t["dtype"].dump());
+  for (const format::TensorView& t : file->tensors) {
     ForeignTensor ft;
-    ft.dtype = *dtype;
-    if (t["shape"].size() > static_cast<size_t>(format::kMaxRank)) {
-      return bad("tensor " + name + ": rank above 8");
-    }
-    uint64_t numel = 1;
-    for (const auto& d : t["shape"]) {
-      if (!d.is_number_unsigned() || d.get<uint64_t>() > (uint64_t{1} << 40)) {
-        return bad("tensor " + name + ": bad shape " + t["shape"].dump());
-      }
-      ft.shape.push_back(d.get<int64_t>());
-      numel *= d.get<uint64_t>();
-      if (numel > (uint64_t{1} << 40)) return bad("tensor " + name + ": shape too large");
-    }
-    const json& off = t["data_offsets"];
-    if (!off[0].is_number_unsigned() || !off[1].is_number_unsigned()) {
-      return bad("tensor " + name + ": bad data_offsets");
-    }
-    const uint64_t b = off[0].get<uint64_t>(), e = off[1].get<uint64_t>();
-    if (b > e || e > data_len) {
-      return bad("tensor " + name + ": data_offsets [" + std::to_string(b) + ", " +
-                 std::to_string(e) + "] outside the " + std::to_string(data_len) + " data bytes");
-    }
-    if (e - b != numel * format::DTypeSize(ft.dtype)) {
-      return bad("tensor " + name + ": " + std::to_string(e - b) + " bytes for " +
-                 std::string(format::DTypeName(ft.dtype)) + " " + FormatShape(ft.shape));
-    }
-    ft.data =
-        std::string(bytes.substr(data_begin + static_cast<size_t>(b), static_cast<size_t>(e - b)));
-    st.tensors.emplace(name, std::move(ft));
+    ft.dtype = t.dtype;
+    ft.shape = t.shape;
+    ft.data.assign(reinterpret_cast<const char*>(t.data), t.nbytes);
+    st.tensors.emplace(t.name, std::move(ft));
   }
   return st;
 }
@@ -150,95 +281,13 @@ StatusOr<ForeignState> StateFromPt(const PyRef& root, const std::string& path,
   const PyValue* model = root->Get("model");
   if (model == nullptr) model = root->Get("state_dict");
   if (model == nullptr) model = root.get();
-  if (model->kind != PyValue::Kind::kDict)
-    return Status::Corruption(path + ": \"model\" is not a dict");
   ForeignState st;
-  for (const auto& [k, v] : model->dict) {
-    if (k->kind != PyValue::Kind::kString)
-      return Status::Corruption(path + ": a key is not a string");
-    CKPT_RETURN_IF_ERROR(AddPyTensor(path, k->s, *v, &st));
-  }
-  const PyValue* ck = root->Get("ckpt");
-  if (ck != nullptr && ck->kind == PyValue::Kind::kDict) {
-    if (const PyValue* s = ck->Get("step"); s != nullptr && s->kind == PyValue::Kind::kInt) {
-      st.step = s->i;
-    }
-    if (const PyValue* h = ck->Get("hparams"); h != nullptr && h->kind == PyValue::Kind::kDict) {
-      std::map<std::string, double> hp;
-      for (const auto& [k, v] : h->dict) {
-        auto x = NumberOf(v.get());
-        if (k->kind == PyValue::Kind::kString && x) hp[k->s] = *x;
-      }
-      st.hparams = hp;
-    }
-    if (const PyValue* m = ck->Get("model_spec");
-        m != nullptr && m->kind == PyValue::Kind::kString) {
-      st.model_spec = m->s;
-    }
-  }
-  const PyValue* opt = root != nullptr && model != root.get() ? root->Get("optimizer") : nullptr;
+  CKPT_RETURN_IF_ERROR(ReadModel(*model, path, &st));
+  ReadCkptDict(root->Get("ckpt"), &st);
+  // A bare state_dict has no optimizer, whatever its keys.
+  const PyValue* opt = model != root.get() ? root->Get("optimizer") : nullptr;
   if (opt == nullptr) return st;
-  const PyValue* state = opt->Get("state");
-  const PyValue* groups = opt->Get("param_groups");
-  if (state == nullptr || groups == nullptr || groups->kind != PyValue::Kind::kList ||
-      groups->items.empty()) {
-    return Status::Corruption(path + ": \"optimizer\" is not a torch.optim state_dict");
-  }
-  std::vector<int64_t> ids;
-  for (const auto& g : groups->items) {
-    const PyValue* params = g->Get("params");
-    if (params == nullptr || params->kind != PyValue::Kind::kList) {
-      return Status::Corruption(path + ": an optimizer param group has no params");
-    }
-    for (const auto& p : params->items) {
-      if (p->kind != PyValue::Kind::kInt)
-        return Status::Corruption(path + ": a param id is not an int");
-      ids.push_back(p->i);
-    }
-  }
-  if (ids.size() != trainable.size()) {
-    return Status::FailedPrecondition(path + ": the optimizer holds " + std::to_string(ids.size()) +
-                                      " parameters, the experiment's model " +
-                                      std::to_string(trainable.size()));
-  }
-  const auto slots = format::OptimizerSlots(optimizer);
-  for (size_t i = 0; i < ids.size(); ++i) {
-    const PyValue* per = nullptr;
-    for (const auto& [k, v] : state->dict) {
-      if (k->kind == PyValue::Kind::kInt && k->i == ids[i]) per = v.get();
-    }
-    if (per == nullptr) continue;  // no state yet: zeros, as a fresh optimizer
-    for (const auto& slot : slots) {
-      const PyValue* t = per->Get(slot);
-      const std::string name = kOptimPrefix + trainable[i] + "." + slot;
-      if (t == nullptr || t->kind == PyValue::Kind::kNone) continue;
-      if (t->kind == PyValue::Kind::kInt || t->kind == PyValue::Kind::kFloat) {
-        // torch.optim before 1.12 kept "step" as a Python number.
-        float v = static_cast<float>(t->kind == PyValue::Kind::kInt ? t->i : t->f);
-        std::string data(sizeof(v), '\0');
-        std::memcpy(data.data(), &v, sizeof(v));
-        st.tensors[name] = ForeignTensor{format::DType::kF32, {}, data};
-        continue;
-      }
-      CKPT_RETURN_IF_ERROR(AddPyTensor(path, name, *t, &st));
-    }
-  }
-  const PyValue* g0 = groups->items.front().get();
-  std::map<std::string, double> hp;
-  if (auto v = NumberOf(g0->Get("lr"))) hp["lr"] = *v;
-  if (auto v = NumberOf(g0->Get("weight_decay"))) hp["weight_decay"] = *v;
-  if (optimizer == format::OptimizerKind::kSgd) {
-    if (auto v = NumberOf(g0->Get("momentum"))) hp["momentum"] = *v;
-    if (auto v = NumberOf(g0->Get("nesterov"))) hp["nesterov"] = *v;
-  } else {
-    if (auto v = NumberOf(g0->Get("eps"))) hp["eps"] = *v;
-    const PyValue* betas = g0->Get("betas");
-    if (betas != nullptr && betas->items.size() == 2) {
-      if (auto v = NumberOf(betas->items[0].get())) hp["beta1"] = *v;
-      if (auto v = NumberOf(betas->items[1].get())) hp["beta2"] = *v;
-    }
-  }
-  st.hparams = hp;
+  CKPT_RETURN_IF_ERROR(ReadOptimizer(*opt, path, {trainable, optimizer}, &st));
   return st;
 }
 

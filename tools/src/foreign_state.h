@@ -47,11 +47,12 @@ struct ForeignState {
 inline constexpr const char kOptimPrefix[] = "optim.";
 
 // The tensors (and, when it says, hyperparameters, step and model spec) of a
-// safetensors file's bytes. A ckpt blob (its __metadata__ holds
-// ckpt.checksums) is also checked by the checkpoint reader. Corruption naming
-// `origin` for anything malformed: header length, JSON, dtype, rank above 8,
-// a shape above 2^40 elements, data_offsets outside the data or not matching
-// the shape.
+// safetensors file's bytes, read by format::ParseSafetensors. A ckpt blob (its
+// __metadata__ holds ckpt.checksums) is also checked by the checkpoint reader.
+// Corruption naming `origin` for anything malformed: header length, JSON,
+// __metadata__ values that are not strings, dtype, rank above 8, a dimension
+// or shape above 2^40 elements, data_offsets outside the data, not matching
+// the shape or not tiling the data area.
 StatusOr<ForeignState> ParseSafetensors(std::string_view bytes, const std::string& origin);
 
 // The state of a .pt file's object, its tensors' data filled

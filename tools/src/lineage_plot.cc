@@ -216,6 +216,20 @@ struct ExploitMark {
   PlotPoint point;
 };
 
+// What the plot draws: each member's points, the exploits, and the
+// hyperparameter names (one panel each).
+struct PlotSeries {
+  std::map<std::string, std::vector<PlotPoint>> series;
+  std::vector<ExploitMark> exploits;
+  std::set<std::string> keys;
+
+  size_t Points() const {
+    size_t points = 0;
+    for (const auto& [name, pts] : series) points += pts.size();
+    return points;
+  }
+};
+
 std::string Cell(double v) {
   if (!std::isfinite(v)) return "?";
   char buf[32];
@@ -223,11 +237,8 @@ std::string Cell(double v) {
   return buf;
 }
 
-}  // namespace
-
-Status Plot(const ToolOptions& tool, const PlotOptions& options) {
-  Session session(tool);
-  CKPT_ASSIGN_OR_RETURN(std::string exp, ParseExperimentId(options.experiment));
+// The gnuplot terminal for `options.output`, once the options are in range.
+StatusOr<std::string> PlotTerminal(const PlotOptions& options) {
   CKPT_RETURN_IF_ERROR(CheckOutputPath(options.output));
   std::string terminal;
   if (EndsWith(options.output, ".svg")) {
@@ -241,24 +252,15 @@ Status Plot(const ToolOptions& tool, const PlotOptions& options) {
       options.panel_height > 5000) {
     return Status::InvalidArgument("plot size out of range (width 200..20000, panel 100..5000)");
   }
-  CKPT_ASSIGN_OR_RETURN(store::Store * s, session.Reader());
-  auto info = s->GetExperiment(exp);
-  if (!info.ok()) {
-    if (info.status().IsNotFound()) return Status::NotFound("experiment " + exp + " not found");
-    return info.status();
-  }
-  CKPT_ASSIGN_OR_RETURN(ExperimentSettings settings, ReadExperimentSettings(*info));
-  CKPT_ASSIGN_OR_RETURN(auto members, s->ListMembers(exp));
-  std::map<std::string, std::vector<PlotPoint>> series;
+  return terminal;
+}
+
+// The event log has every interval and exploit; manifests add the exact
+// step and hyperparameters where retention kept them.
+Status AddEventPoints(store::Store* s, const std::string& exp, const ExperimentSettings& settings,
+                      PlotSeries* plot) {
+  auto& series = plot->series;
   std::map<std::string, std::map<std::string, double>> current;
-  std::set<std::string> keys;
-  for (const auto& h : members) {
-    series[h.member];
-    for (const auto& [k, v] : h.hparams) keys.insert(k);
-  }
-  std::vector<ExploitMark> exploits;
-  // The event log has every interval and exploit; manifests add the exact
-  // step and hyperparameters where retention kept them.
   CKPT_ASSIGN_OR_RETURN(auto events, s->ListEvents(exp, 1, size_t{1} << 24));
   for (const auto& e : events) {
     // Other event types, and events this version cannot read, add no point.
@@ -295,106 +297,157 @@ Status Plot(const ToolOptions& tool, const PlotOptions& options) {
       }
       current[x->member] = p.hparams;
       series[x->member].push_back(p);
-      exploits.push_back({x->member, p});
+      plot->exploits.push_back({x->member, p});
     }
   }
-  // A store without events (or with its log trimmed): the manifests alone.
-  bool any = false;
-  for (const auto& [name, pts] : series) any = any || !pts.empty();
-  if (!any) {
-    for (const auto& h : members) {
-      CKPT_ASSIGN_OR_RETURN(auto versions, s->ListVersions(exp, h.member));
-      for (const auto& m : versions) {
-        PlotPoint p{m.step, m.score(), m.hparams};
-        series[h.member].push_back(p);
-        if (m.reason == store::kReasonExploit) exploits.push_back({h.member, p});
-      }
-    }
-  }
-  size_t points = 0;
-  for (const auto& [name, pts] : series) points += pts.size();
-  if (points == 0) return Status::NotFound("experiment " + exp + " has no trained version to plot");
+  return Status::OK();
+}
 
-  std::vector<std::string> hp(keys.begin(), keys.end());
-  const int panels = 1 + static_cast<int>(hp.size());
-  const int height = options.panel_height * panels;
-  std::string script;
-  // Data blocks are named by index: member ids may hold characters gnuplot
-  // does not take in a name.
-  std::string data;
-  std::vector<std::string> names;
-  for (const auto& [name, pts] : series) {
-    const std::string block = "$m" + std::to_string(names.size());
-    names.push_back(name);
-    data += block + " << EOD\n";
-    for (const auto& p : pts) {
-      data += std::to_string(p.step) + " " + Cell(p.score);
-      for (const auto& k : hp) {
-        auto it = p.hparams.find(k);
-        data += " " + Cell(it == p.hparams.end() ? std::nan("") : it->second);
-      }
-      data += "\n";
+// A store without events (or with its log trimmed): the manifests alone.
+Status AddManifestPoints(store::Store* s, const std::string& exp,
+                         const std::vector<store::MemberHead>& members, PlotSeries* plot) {
+  for (const auto& h : members) {
+    CKPT_ASSIGN_OR_RETURN(auto versions, s->ListVersions(exp, h.member));
+    for (const auto& m : versions) {
+      PlotPoint p{m.step, m.score(), m.hparams};
+      plot->series[h.member].push_back(p);
+      if (m.reason == store::kReasonExploit) plot->exploits.push_back({h.member, p});
     }
+  }
+  return Status::OK();
+}
+
+StatusOr<PlotSeries> CollectPlotSeries(store::Store* s, const std::string& exp) {
+  auto info = s->GetExperiment(exp);
+  if (!info.ok()) {
+    if (info.status().IsNotFound()) return Status::NotFound("experiment " + exp + " not found");
+    return info.status();
+  }
+  CKPT_ASSIGN_OR_RETURN(ExperimentSettings settings, ReadExperimentSettings(*info));
+  CKPT_ASSIGN_OR_RETURN(auto members, s->ListMembers(exp));
+  PlotSeries plot;
+  for (const auto& h : members) {
+    plot.series[h.member];
+    for (const auto& [k, v] : h.hparams) plot.keys.insert(k);
+  }
+  CKPT_RETURN_IF_ERROR(AddEventPoints(s, exp, settings, &plot));
+  bool any = false;
+  for (const auto& [name, pts] : plot.series) any = any || !pts.empty();
+  if (!any) CKPT_RETURN_IF_ERROR(AddManifestPoints(s, exp, members, &plot));
+  return plot;
+}
+
+// One data line: the step, the score, then each hyperparameter of `hp`.
+std::string DataLine(const PlotPoint& p, const std::vector<std::string>& hp) {
+  std::string line = std::to_string(p.step) + " " + Cell(p.score);
+  for (const auto& k : hp) {
+    auto it = p.hparams.find(k);
+    line += " " + Cell(it == p.hparams.end() ? std::nan("") : it->second);
+  }
+  return line + "\n";
+}
+
+// The gnuplot data blocks: $m<i> for the i-th member (member ids may hold
+// characters gnuplot does not take in a name), then $exploits.
+std::string GnuplotData(const PlotSeries& plot, const std::vector<std::string>& hp) {
+  std::string data;
+  size_t index = 0;
+  for (const auto& [name, pts] : plot.series) {
+    data += "$m" + std::to_string(index++) + " << EOD\n";
+    for (const auto& p : pts) data += DataLine(p, hp);
     data += "EOD\n";
   }
   data += "$exploits << EOD\n";
-  for (const auto& x : exploits) {
-    data += std::to_string(x.point.step) + " " + Cell(x.point.score);
-    for (const auto& k : hp) {
-      auto it = x.point.hparams.find(k);
-      data += " " + Cell(it == x.point.hparams.end() ? std::nan("") : it->second);
-    }
-    data += "\n";
-  }
-  if (exploits.empty()) data += "? ?" + std::string(hp.size() * 2, ' ') + "\n";
+  for (const auto& x : plot.exploits) data += DataLine(x.point, hp);
+  if (plot.exploits.empty()) data += "? ?" + std::string(hp.size() * 2, ' ') + "\n";
   data += "EOD\n";
+  return data;
+}
 
-  script += "set encoding utf8\nset datafile missing '?'\n";
-  if (terminal == "svg") {
+// One panel: every member's column `column` against the step, exploits circled.
+std::string GnuplotPanel(const std::vector<std::string>& names, int column,
+                         const std::string& ylabel, bool log) {
+  std::string p = "set ylabel '" + ylabel + "'\n";
+  p += log ? "set logscale y\n" : "unset logscale y\n";
+  p += "plot ";
+  for (size_t i = 0; i < names.size(); ++i) {
+    p += "$m" + std::to_string(i) + " using 1:" + std::to_string(column) +
+         " with linespoints pt 7 ps 0.4 lw 1.5 title '" + names[i] + "', ";
+  }
+  p += "$exploits using 1:" + std::to_string(column) +
+       " with points pt 6 ps 1.6 lw 2 lc rgb 'black' title 'exploit'\n";
+  return p;
+}
+
+// A hyperparameter spanning more than a decade is drawn on a log scale.
+bool SpansDecades(const PlotSeries& plot, const std::string& key) {
+  double lo = INFINITY, hi = -INFINITY;
+  for (const auto& [name, pts] : plot.series) {
+    for (const auto& p : pts) {
+      auto it = p.hparams.find(key);
+      if (it != p.hparams.end() && std::isfinite(it->second)) {
+        lo = std::min(lo, it->second);
+        hi = std::max(hi, it->second);
+      }
+    }
+  }
+  return lo > 0 && hi / lo > 10;
+}
+
+struct PlotLayout {
+  std::string exp;
+  std::string terminal;
+  int height = 0;
+  int panels = 0;
+};
+
+std::string GnuplotScript(const PlotOptions& options, const PlotLayout& layout,
+                          const PlotSeries& plot, const std::vector<std::string>& hp,
+                          const std::vector<std::string>& names) {
+  std::string script = "set encoding utf8\nset datafile missing '?'\n";
+  if (layout.terminal == "svg") {
     script += "set terminal svg size " + std::to_string(options.width) + "," +
-              std::to_string(height) + " font 'sans,10' background rgb 'white'\n";
+              std::to_string(layout.height) + " font 'sans,10' background rgb 'white'\n";
   } else {
     script += "set terminal pngcairo size " + std::to_string(options.width) + "," +
-              std::to_string(height) + " font 'sans,9' background rgb 'white'\n";
+              std::to_string(layout.height) + " font 'sans,9' background rgb 'white'\n";
   }
   script += "set output '" + options.output + "'\n";
-  script += data;
-  script += "set multiplot layout " + std::to_string(panels) + ",1 title '" + exp +
-            ": population-based training (" + std::to_string(exploits.size()) +
+  script += GnuplotData(plot, hp);
+  script += "set multiplot layout " + std::to_string(layout.panels) + ",1 title '" + layout.exp +
+            ": population-based training (" + std::to_string(plot.exploits.size()) +
             " exploits, black circles)'\n";
   // Member and hyperparameter names are text, not gnuplot markup (weight_decay).
   script += "set termoption noenhanced\nset format y '%g'\n";
   script += "set grid\nset key outside right top\nset xlabel 'training step'\n";
   script += "set lmargin 12\nset rmargin 16\n";
-  auto plot_panel = [&](int column, const std::string& ylabel, bool log) {
-    std::string p = "set ylabel '" + ylabel + "'\n";
-    p += log ? "set logscale y\n" : "unset logscale y\n";
-    p += "plot ";
-    for (size_t i = 0; i < names.size(); ++i) {
-      p += "$m" + std::to_string(i) + " using 1:" + std::to_string(column) +
-           " with linespoints pt 7 ps 0.4 lw 1.5 title '" + names[i] + "', ";
-    }
-    p += "$exploits using 1:" + std::to_string(column) +
-         " with points pt 6 ps 1.6 lw 2 lc rgb 'black' title 'exploit'\n";
-    return p;
-  };
-  script += plot_panel(2, "validation accuracy", false);
+  script += GnuplotPanel(names, 2, "validation accuracy", false);
   for (size_t k = 0; k < hp.size(); ++k) {
-    // A hyperparameter spanning more than a decade is drawn on a log scale.
-    double lo = INFINITY, hi = -INFINITY;
-    for (const auto& [name, pts] : series) {
-      for (const auto& p : pts) {
-        auto it = p.hparams.find(hp[k]);
-        if (it != p.hparams.end() && std::isfinite(it->second)) {
-          lo = std::min(lo, it->second);
-          hi = std::max(hi, it->second);
-        }
-      }
-    }
-    const bool log = lo > 0 && hi / lo > 10;
-    script += plot_panel(3 + static_cast<int>(k), hp[k], log);
+    script += GnuplotPanel(names, 3 + static_cast<int>(k), hp[k], SpansDecades(plot, hp[k]));
   }
   script += "unset multiplot\nset output\n";
+  return script;
+}
+
+}  // namespace
+
+Status Plot(const ToolOptions& tool, const PlotOptions& options) {
+  Session session(tool);
+  PlotLayout layout;
+  CKPT_ASSIGN_OR_RETURN(layout.exp, ParseExperimentId(options.experiment));
+  CKPT_ASSIGN_OR_RETURN(layout.terminal, PlotTerminal(options));
+  CKPT_ASSIGN_OR_RETURN(store::Store * s, session.Reader());
+  CKPT_ASSIGN_OR_RETURN(PlotSeries plot, CollectPlotSeries(s, layout.exp));
+  const size_t points = plot.Points();
+  if (points == 0) {
+    return Status::NotFound("experiment " + layout.exp + " has no trained version to plot");
+  }
+  const std::vector<std::string> hp(plot.keys.begin(), plot.keys.end());
+  layout.panels = 1 + static_cast<int>(hp.size());
+  layout.height = options.panel_height * layout.panels;
+  std::vector<std::string> names;
+  for (const auto& [name, pts] : plot.series) names.push_back(name);
+  const std::string script = GnuplotScript(options, layout, plot, hp, names);
   for (const auto& n : names) {
     if (n.find('\'') != std::string::npos) {
       return Status::InvalidArgument("member id " + n + " has a quote");
@@ -403,19 +456,19 @@ Status Plot(const ToolOptions& tool, const PlotOptions& options) {
   CKPT_RETURN_IF_ERROR(RunProgram({"gnuplot"}, script,
                                   "Debian package gnuplot-nox; scripts/setup-deps installs it"));
   if (tool.json) {
-    return Print(tool.out, json{{"experiment", exp},
+    return Print(tool.out, json{{"experiment", layout.exp},
                                 {"output", options.output},
                                 {"width", options.width},
-                                {"height", height},
-                                {"panels", panels},
+                                {"height", layout.height},
+                                {"panels", layout.panels},
                                 {"points", points},
-                                {"exploits", exploits.size()}}
+                                {"exploits", plot.exploits.size()}}
                                    .dump(2) +
                                "\n");
   }
   return Print(tool.out, "wrote " + options.output + " (" + std::to_string(options.width) + "x" +
-                             std::to_string(height) + ", " + std::to_string(points) + " points, " +
-                             std::to_string(exploits.size()) + " exploits)\n");
+                             std::to_string(layout.height) + ", " + std::to_string(points) +
+                             " points, " + std::to_string(plot.exploits.size()) + " exploits)\n");
 }
 
 }  // namespace ckpt::tool

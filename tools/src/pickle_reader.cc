@@ -1,6 +1,7 @@
 #include "pickle_reader.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <map>
 #include <unordered_map>
@@ -257,7 +258,10 @@ class Unpickler {
     return out;
   }
 
-  Status Reduce() {
+  // ---- opcode handlers: each reads its operands after the opcode at pos_ ----
+
+  // REDUCE: an empty OrderedDict, or a tensor rebuilt; any other call is refused.
+  Status OpReduce(uint8_t) {
     CKPT_ASSIGN_OR_RETURN(PyRef args, Pop());
     CKPT_ASSIGN_OR_RETURN(PyRef fn, Pop());
     if (fn->kind != PyValue::Kind::kGlobal || args->kind != PyValue::Kind::kTuple) {
@@ -293,7 +297,8 @@ class Unpickler {
     return Bad("REDUCE of " + fn->s);
   }
 
-  Status PersistentId() {
+  // BINPERSID: a torch storage.
+  Status OpPersistentId(uint8_t) {
     CKPT_ASSIGN_OR_RETURN(PyRef pid, Pop());
     if (pid->kind != PyValue::Kind::kTuple || pid->items.size() < 3 ||
         pid->items[0]->kind != PyValue::Kind::kString || pid->items[0]->s != "storage" ||
@@ -315,163 +320,227 @@ class Unpickler {
     return Push(st);
   }
 
-  Status Step(uint8_t op, size_t at) {
+  Status OpProto(uint8_t) {
+    CKPT_ASSIGN_OR_RETURN(uint64_t v, ReadLe(1));
+    if (v > 5) return Bad("pickle protocol " + std::to_string(v));
+    return Status::OK();
+  }
+
+  Status OpFrame(uint8_t) { return ReadLe(8).status(); }
+
+  Status OpMark(uint8_t) {
+    marks_.push_back(stack_.size());
+    return Status::OK();
+  }
+
+  Status OpStop(uint8_t) {
+    stopped_ = true;
+    return Status::OK();
+  }
+
+  // EMPTY_DICT, EMPTY_LIST, EMPTY_TUPLE.
+  Status OpEmpty(uint8_t op) {
     using K = PyValue::Kind;
-    switch (op) {
-      case 0x80: {  // PROTO
-        CKPT_ASSIGN_OR_RETURN(uint64_t v, ReadLe(1));
-        if (v > 5) return Bad("pickle protocol " + std::to_string(v));
-        return Status::OK();
-      }
-      case 0x95:  // FRAME
-        return ReadLe(8).status();
-      case '(':
-        marks_.push_back(stack_.size());
-        return Status::OK();
-      case '.':
-        stopped_ = true;
-        return Status::OK();
-      case '}':
-        return Push(Make(K::kDict));
-      case ']':
-        return Push(Make(K::kList));
-      case ')':
-        return Push(Make(K::kTuple));
-      case 't': {
-        CKPT_ASSIGN_OR_RETURN(auto items, PopMark());
-        return PushTuple(std::move(items));
-      }
-      case 0x85:
-      case 0x86:
-      case 0x87: {
-        const size_t n = op - 0x84;
-        std::vector<PyRef> items(n);
-        for (size_t i = n; i-- > 0;) {
-          CKPT_ASSIGN_OR_RETURN(items[i], Pop());
-        }
-        return PushTuple(std::move(items));
-      }
-      case 's': {
-        CKPT_ASSIGN_OR_RETURN(PyRef v, Pop());
-        CKPT_ASSIGN_OR_RETURN(PyRef k, Pop());
-        return SetItems({k, v});
-      }
-      case 'u': {
-        CKPT_ASSIGN_OR_RETURN(auto kv, PopMark());
-        return SetItems(kv);
-      }
-      case 'a': {
-        CKPT_ASSIGN_OR_RETURN(PyRef v, Pop());
-        return Appends({v});
-      }
-      case 'e': {
-        CKPT_ASSIGN_OR_RETURN(auto items, PopMark());
-        return Appends(items);
-      }
-      case 'q': {
-        CKPT_ASSIGN_OR_RETURN(uint64_t i, ReadLe(1));
-        return Memo(i);
-      }
-      case 'r': {
-        CKPT_ASSIGN_OR_RETURN(uint64_t i, ReadLe(4));
-        return Memo(i);
-      }
-      case 0x94:  // MEMOIZE
-        return Memo(memo_.size());
-      case 'h': {
-        CKPT_ASSIGN_OR_RETURN(uint64_t i, ReadLe(1));
-        return GetMemo(i);
-      }
-      case 'j': {
-        CKPT_ASSIGN_OR_RETURN(uint64_t i, ReadLe(4));
-        return GetMemo(i);
-      }
-      case 'c': {
-        CKPT_ASSIGN_OR_RETURN(std::string module, ReadLine());
-        CKPT_ASSIGN_OR_RETURN(std::string name, ReadLine());
-        return Global(module, name);
-      }
-      case 0x93: {  // STACK_GLOBAL
-        CKPT_ASSIGN_OR_RETURN(PyRef name, Pop());
-        CKPT_ASSIGN_OR_RETURN(PyRef module, Pop());
-        if (name->kind != K::kString || module->kind != K::kString) {
-          return Bad("STACK_GLOBAL of something not two strings");
-        }
-        return Global(module->s, name->s);
-      }
-      case 'Q':
-        return PersistentId();
-      case 'R':
-        return Reduce();
-      case 'b': {  // BUILD: only the state of an OrderedDict (its _metadata), dropped
-        CKPT_ASSIGN_OR_RETURN(PyRef state, Pop());
-        CKPT_ASSIGN_OR_RETURN(PyRef * top, Top());
-        if ((*top)->kind != K::kDict) return Bad("BUILD of something not a dict");
-        (void)state;
-        return Status::OK();
-      }
-      case 'J': {
-        CKPT_ASSIGN_OR_RETURN(uint64_t v, ReadLe(4));
-        return Push(MakeInt(static_cast<int32_t>(static_cast<uint32_t>(v))));
-      }
-      case 'K': {
-        CKPT_ASSIGN_OR_RETURN(uint64_t v, ReadLe(1));
-        return Push(MakeInt(static_cast<int64_t>(v)));
-      }
-      case 'M': {
-        CKPT_ASSIGN_OR_RETURN(uint64_t v, ReadLe(2));
-        return Push(MakeInt(static_cast<int64_t>(v)));
-      }
-      case 0x8a: {  // LONG1
-        CKPT_ASSIGN_OR_RETURN(uint64_t n, ReadLe(1));
-        if (n > 8) return Bad("an integer wider than 64 bits");
-        if (n == 0) return Push(MakeInt(0));
-        CKPT_ASSIGN_OR_RETURN(uint64_t v, ReadLe(n));
-        if (n < 8 && (v >> (8 * n - 1)) & 1) v |= ~uint64_t{0} << (8 * n);  // sign-extend
-        return Push(MakeInt(static_cast<int64_t>(v)));
-      }
-      case 'G': {  // BINFLOAT, big-endian
-        CKPT_RETURN_IF_ERROR(Need(8));
-        uint64_t bits = 0;
-        for (int i = 0; i < 8; ++i) bits = (bits << 8) | static_cast<uint8_t>(p_[pos_ + i]);
-        pos_ += 8;
-        double d;
-        std::memcpy(&d, &bits, sizeof(d));
-        return Push(MakeFloat(d));
-      }
-      case 'X':
-      case 0x8c:
-      case 0x8d:
-      case 'T':
-      case 'U':
-      case 'B':
-      case 'C': {
-        const size_t width = (op == 0x8c || op == 'U' || op == 'C') ? 1 : (op == 0x8d ? 8 : 4);
-        CKPT_ASSIGN_OR_RETURN(uint64_t n, ReadLe(width));
-        CKPT_ASSIGN_OR_RETURN(std::string s, ReadBytes(n));
-        PyRef v = MakeString(std::move(s));
-        if (op == 'B' || op == 'C') v->kind = K::kBytes;
-        return Push(v);
-      }
-      case 'N':
-        return Push(MakeNone());
-      case 0x88:
-        return Push(MakeBool(true));
-      case 0x89:
-        return Push(MakeBool(false));
-      case '0':
-        return Pop().status();
-      case '1':
-        return PopMark().status();
-      case '2': {  // DUP: a copy, as a memo read, so no container is shared
-        CKPT_ASSIGN_OR_RETURN(PyRef * top, Top());
-        CKPT_ASSIGN_OR_RETURN(PyRef v, Copy(*top, 0));
-        return Push(std::move(v));
-      }
-      default:
-        pos_ = at;
-        return Bad("pickle opcode " + Hex2(op) + " is outside the data subset read here");
+    return Push(Make(op == '}' ? K::kDict : (op == ']' ? K::kList : K::kTuple)));
+  }
+
+  Status OpTuple(uint8_t) {
+    CKPT_ASSIGN_OR_RETURN(auto items, PopMark());
+    return PushTuple(std::move(items));
+  }
+
+  // TUPLE1, TUPLE2, TUPLE3.
+  Status OpTupleN(uint8_t op) {
+    const size_t n = op - 0x84;
+    std::vector<PyRef> items(n);
+    for (size_t i = n; i-- > 0;) {
+      CKPT_ASSIGN_OR_RETURN(items[i], Pop());
     }
+    return PushTuple(std::move(items));
+  }
+
+  Status OpSetItem(uint8_t) {
+    CKPT_ASSIGN_OR_RETURN(PyRef v, Pop());
+    CKPT_ASSIGN_OR_RETURN(PyRef k, Pop());
+    return SetItems({k, v});
+  }
+
+  Status OpSetItems(uint8_t) {
+    CKPT_ASSIGN_OR_RETURN(auto kv, PopMark());
+    return SetItems(kv);
+  }
+
+  Status OpAppend(uint8_t) {
+    CKPT_ASSIGN_OR_RETURN(PyRef v, Pop());
+    return Appends({v});
+  }
+
+  Status OpAppends(uint8_t) {
+    CKPT_ASSIGN_OR_RETURN(auto items, PopMark());
+    return Appends(items);
+  }
+
+  // BINPUT (1-byte index), LONG_BINPUT (4-byte).
+  Status OpPut(uint8_t op) {
+    CKPT_ASSIGN_OR_RETURN(uint64_t i, ReadLe(op == 'q' ? 1 : 4));
+    return Memo(i);
+  }
+
+  Status OpMemoize(uint8_t) { return Memo(memo_.size()); }
+
+  // BINGET (1-byte index), LONG_BINGET (4-byte).
+  Status OpGet(uint8_t op) {
+    CKPT_ASSIGN_OR_RETURN(uint64_t i, ReadLe(op == 'h' ? 1 : 4));
+    return GetMemo(i);
+  }
+
+  Status OpGlobal(uint8_t) {
+    CKPT_ASSIGN_OR_RETURN(std::string module, ReadLine());
+    CKPT_ASSIGN_OR_RETURN(std::string name, ReadLine());
+    return Global(module, name);
+  }
+
+  Status OpStackGlobal(uint8_t) {
+    CKPT_ASSIGN_OR_RETURN(PyRef name, Pop());
+    CKPT_ASSIGN_OR_RETURN(PyRef module, Pop());
+    if (name->kind != PyValue::Kind::kString || module->kind != PyValue::Kind::kString) {
+      return Bad("STACK_GLOBAL of something not two strings");
+    }
+    return Global(module->s, name->s);
+  }
+
+  // BUILD: only the state of an OrderedDict (its _metadata), dropped.
+  Status OpBuild(uint8_t) {
+    CKPT_ASSIGN_OR_RETURN(PyRef state, Pop());
+    CKPT_ASSIGN_OR_RETURN(PyRef * top, Top());
+    if ((*top)->kind != PyValue::Kind::kDict) return Bad("BUILD of something not a dict");
+    (void)state;
+    return Status::OK();
+  }
+
+  // BININT (4 bytes, signed), BININT1 (1, unsigned), BININT2 (2, unsigned).
+  Status OpBinInt(uint8_t op) {
+    if (op == 'J') {
+      CKPT_ASSIGN_OR_RETURN(uint64_t v, ReadLe(4));
+      return Push(MakeInt(static_cast<int32_t>(static_cast<uint32_t>(v))));
+    }
+    CKPT_ASSIGN_OR_RETURN(uint64_t v, ReadLe(op == 'K' ? 1 : 2));
+    return Push(MakeInt(static_cast<int64_t>(v)));
+  }
+
+  Status OpLong1(uint8_t) {
+    CKPT_ASSIGN_OR_RETURN(uint64_t n, ReadLe(1));
+    if (n > 8) return Bad("an integer wider than 64 bits");
+    if (n == 0) return Push(MakeInt(0));
+    CKPT_ASSIGN_OR_RETURN(uint64_t v, ReadLe(n));
+    if (n < 8 && (v >> (8 * n - 1)) & 1) v |= ~uint64_t{0} << (8 * n);  // sign-extend
+    return Push(MakeInt(static_cast<int64_t>(v)));
+  }
+
+  // BINFLOAT, big-endian.
+  Status OpBinFloat(uint8_t) {
+    CKPT_RETURN_IF_ERROR(Need(8));
+    uint64_t bits = 0;
+    for (int i = 0; i < 8; ++i) bits = (bits << 8) | static_cast<uint8_t>(p_[pos_ + i]);
+    pos_ += 8;
+    double d;
+    std::memcpy(&d, &bits, sizeof(d));
+    return Push(MakeFloat(d));
+  }
+
+  // The length-prefixed strings: SHORT_BINUNICODE, SHORT_BINSTRING and
+  // SHORT_BINBYTES (1-byte length), BINUNICODE8 (8), the others (4); the
+  // BINBYTES forms are bytes.
+  Status OpString(uint8_t op) {
+    const size_t width = (op == 0x8c || op == 'U' || op == 'C') ? 1 : (op == 0x8d ? 8 : 4);
+    CKPT_ASSIGN_OR_RETURN(uint64_t n, ReadLe(width));
+    CKPT_ASSIGN_OR_RETURN(std::string s, ReadBytes(n));
+    PyRef v = MakeString(std::move(s));
+    if (op == 'B' || op == 'C') v->kind = PyValue::Kind::kBytes;
+    return Push(v);
+  }
+
+  Status OpNone(uint8_t) { return Push(MakeNone()); }
+
+  // NEWTRUE, NEWFALSE.
+  Status OpBool(uint8_t op) { return Push(MakeBool(op == 0x88)); }
+
+  Status OpPop(uint8_t) { return Pop().status(); }
+
+  Status OpPopMark(uint8_t) { return PopMark().status(); }
+
+  // DUP: a copy, as a memo read, so no container is shared.
+  Status OpDup(uint8_t) {
+    CKPT_ASSIGN_OR_RETURN(PyRef * top, Top());
+    CKPT_ASSIGN_OR_RETURN(PyRef v, Copy(*top, 0));
+    return Push(std::move(v));
+  }
+
+  using OpHandler = Status (Unpickler::*)(uint8_t op);
+
+  // The data subset read here, by opcode; nullptr for every other opcode.
+  static const std::array<OpHandler, 256>& Handlers() {
+    static const std::array<OpHandler, 256> table = [] {
+      const std::pair<uint8_t, OpHandler> kOps[] = {
+          {0x80, &Unpickler::OpProto},        // PROTO
+          {0x95, &Unpickler::OpFrame},        // FRAME
+          {'(', &Unpickler::OpMark},          // MARK
+          {'.', &Unpickler::OpStop},          // STOP
+          {'}', &Unpickler::OpEmpty},         // EMPTY_DICT
+          {']', &Unpickler::OpEmpty},         // EMPTY_LIST
+          {')', &Unpickler::OpEmpty},         // EMPTY_TUPLE
+          {'t', &Unpickler::OpTuple},         // TUPLE
+          {0x85, &Unpickler::OpTupleN},       // TUPLE1
+          {0x86, &Unpickler::OpTupleN},       // TUPLE2
+          {0x87, &Unpickler::OpTupleN},       // TUPLE3
+          {'s', &Unpickler::OpSetItem},       // SETITEM
+          {'u', &Unpickler::OpSetItems},      // SETITEMS
+          {'a', &Unpickler::OpAppend},        // APPEND
+          {'e', &Unpickler::OpAppends},       // APPENDS
+          {'q', &Unpickler::OpPut},           // BINPUT
+          {'r', &Unpickler::OpPut},           // LONG_BINPUT
+          {0x94, &Unpickler::OpMemoize},      // MEMOIZE
+          {'h', &Unpickler::OpGet},           // BINGET
+          {'j', &Unpickler::OpGet},           // LONG_BINGET
+          {'c', &Unpickler::OpGlobal},        // GLOBAL
+          {0x93, &Unpickler::OpStackGlobal},  // STACK_GLOBAL
+          {'Q', &Unpickler::OpPersistentId},  // BINPERSID
+          {'R', &Unpickler::OpReduce},        // REDUCE
+          {'b', &Unpickler::OpBuild},         // BUILD
+          {'J', &Unpickler::OpBinInt},        // BININT
+          {'K', &Unpickler::OpBinInt},        // BININT1
+          {'M', &Unpickler::OpBinInt},        // BININT2
+          {0x8a, &Unpickler::OpLong1},        // LONG1
+          {'G', &Unpickler::OpBinFloat},      // BINFLOAT
+          {'X', &Unpickler::OpString},        // BINUNICODE
+          {0x8c, &Unpickler::OpString},       // SHORT_BINUNICODE
+          {0x8d, &Unpickler::OpString},       // BINUNICODE8
+          {'T', &Unpickler::OpString},        // BINSTRING
+          {'U', &Unpickler::OpString},        // SHORT_BINSTRING
+          {'B', &Unpickler::OpString},        // BINBYTES
+          {'C', &Unpickler::OpString},        // SHORT_BINBYTES
+          {'N', &Unpickler::OpNone},          // NONE
+          {0x88, &Unpickler::OpBool},         // NEWTRUE
+          {0x89, &Unpickler::OpBool},         // NEWFALSE
+          {'0', &Unpickler::OpPop},           // POP
+          {'1', &Unpickler::OpPopMark},       // POP_MARK
+          {'2', &Unpickler::OpDup},           // DUP
+      };
+      std::array<OpHandler, 256> t{};
+      for (const auto& [op, handler] : kOps) t[op] = handler;
+      return t;
+    }();
+    return table;
+  }
+
+  // Runs the opcode `op` read at offset `at`.
+  Status Step(uint8_t op, size_t at) {
+    const OpHandler handler = Handlers()[op];
+    if (handler == nullptr) {
+      pos_ = at;
+      return Bad("pickle opcode " + Hex2(op) + " is outside the data subset read here");
+    }
+    return (this->*handler)(op);
   }
 
   std::string_view p_;

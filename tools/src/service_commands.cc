@@ -23,8 +23,8 @@ namespace ckpt::tool {
 namespace {
 
 using json = nlohmann::json;
+using records::ExperimentPhase;
 using scheduler::ControlClient;
-using scheduler::ExperimentPhase;
 using scheduler::ExperimentSummary;
 
 // The reply of one request for --json: the protocol's own forms, without

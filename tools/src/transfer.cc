@@ -391,23 +391,23 @@ StatusOr<ForeignState> ReadPt(const std::string& path, const std::vector<std::st
   return StateFromPt(root, path, trainable, kind);
 }
 
-}  // namespace
-
-Status Import(const ToolOptions& tool, const ImportOptions& options) {
-  Session session(tool);
+// The member an import goes to, once the arguments are usable.
+StatusOr<MemberRef> ParseImportArgs(const ImportOptions& options) {
   CKPT_ASSIGN_OR_RETURN(MemberRef ref, ParseMemberRef(options.to));
   if (ref.version) {
     return Status::InvalidArgument("import --to names a member (EXPERIMENT/MEMBER), not a version");
   }
   if (options.file.empty()) return Status::InvalidArgument("import needs a FILE");
-  {
-    std::error_code ec;
-    if (!fs::is_regular_file(options.file, ec)) {
-      return Status::NotFound(options.file + ": no such file");
-    }
+  std::error_code ec;
+  if (!fs::is_regular_file(options.file, ec)) {
+    return Status::NotFound(options.file + ": no such file");
   }
-  store::StoreOptions so;
-  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<store::Store> s, session.OpenWriter(so));
+  return ref;
+}
+
+// The head of the member `ref` names; NotFound naming the experiment or the
+// member when there is none.
+StatusOr<store::MemberHead> GetImportMember(store::Store* s, const MemberRef& ref) {
   auto info = s->GetExperiment(ref.exp);
   if (!info.ok()) {
     if (info.status().IsNotFound()) return Status::NotFound("experiment " + ref.exp + " not found");
@@ -420,21 +420,120 @@ Status Import(const ToolOptions& tool, const ImportOptions& options) {
     }
     return head.status();
   }
-  // The layout to match: the member's own head, else any member's.
-  std::string ref_member = head->version > 0 ? ref.member : "";
-  if (ref_member.empty()) {
-    CKPT_ASSIGN_OR_RETURN(auto members, s->ListMembers(ref.exp));
-    for (const auto& h : members) {
-      if (h.version > 0) {
-        ref_member = h.member;
-        break;
-      }
+  return std::move(*head);
+}
+
+// The member whose head holds the layout to match: the member's own head,
+// else any member's.
+StatusOr<std::string> LayoutMember(store::Store* s, const MemberRef& ref,
+                                   const store::MemberHead& head) {
+  if (head.version > 0) return ref.member;
+  CKPT_ASSIGN_OR_RETURN(auto members, s->ListMembers(ref.exp));
+  for (const auto& h : members) {
+    if (h.version > 0) return h.member;
+  }
+  return Status::FailedPrecondition("experiment " + ref.exp +
+                                    " has no committed state yet to check an import against");
+}
+
+// A file's state against the layout it must match; `where` names the
+// experiment's model in messages.
+struct ImportCheck {
+  const format::CheckpointView& layout;
+  const ForeignState& state;
+  const std::string& file;
+  const std::string& where;
+};
+
+// The file's tensor `ft` in place of the layout's `rt`: same shape and dtype,
+// every element finite.
+Status CheckImportedTensor(const ImportCheck& c, const format::TensorView& rt,
+                           const ForeignTensor& ft) {
+  if (ft.shape != rt.shape) {
+    return Status::FailedPrecondition("tensor " + rt.name + ": " + c.file + " has shape " +
+                                      FormatShape(ft.shape) + ", " + c.where + " expects " +
+                                      FormatShape(rt.shape));
+  }
+  if (ft.dtype != rt.dtype) {
+    return Status::FailedPrecondition("tensor " + rt.name + ": " + c.file + " has dtype " +
+                                      std::string(format::DTypeName(ft.dtype)) + ", " + c.where +
+                                      " expects " + std::string(format::DTypeName(rt.dtype)));
+  }
+  const int64_t bad = FirstNonFinite(ft.dtype, reinterpret_cast<const uint8_t*>(ft.data.data()),
+                                     static_cast<size_t>(rt.numel()));
+  if (bad >= 0) {
+    return Status::FailedPrecondition("tensor " + rt.name + " of " + c.file + ": element " +
+                                      std::to_string(bad) + " is not finite");
+  }
+  return Status::OK();
+}
+
+// Adds every tensor of the layout to `w`, from the file, with its dtype and
+// shape; optimizer state all or none (none: zeros, which is what a fresh
+// torch.optim starts from). `zeros` holds the zero bytes `w` refers to.
+// Returns whether the file held optimizer state.
+StatusOr<bool> AddImportedTensors(const ImportCheck& c, format::CheckpointWriter* w,
+                                  std::vector<std::string>* zeros) {
+  bool any_optim = false;
+  for (const auto& [name, t] : c.state.tensors) any_optim = any_optim || IsOptimizerTensor(name);
+  for (const auto& [name, t] : c.state.tensors) {
+    if (c.layout.Find(name) == nullptr) {
+      return Status::FailedPrecondition("tensor " + name + " of " + c.file + " is not part of " +
+                                        c.where);
     }
   }
-  if (ref_member.empty()) {
-    return Status::FailedPrecondition("experiment " + ref.exp +
-                                      " has no committed state yet to check an import against");
+  zeros->reserve(c.layout.tensors().size());
+  for (const auto& rt : c.layout.tensors()) {
+    auto it = c.state.tensors.find(rt.name);
+    if (it == c.state.tensors.end()) {
+      if (IsOptimizerTensor(rt.name) && !any_optim) {
+        zeros->emplace_back(rt.nbytes, '\0');
+        CKPT_RETURN_IF_ERROR(
+            w->AddTensor(rt.name, rt.dtype, rt.shape, zeros->back().data(), zeros->back().size()));
+        continue;
+      }
+      return Status::FailedPrecondition(
+          "tensor " + rt.name + " (" + std::string(format::DTypeName(rt.dtype)) + " " +
+          FormatShape(rt.shape) + ") is missing from " + c.file + "; " + c.where + " needs it");
+    }
+    const ForeignTensor& ft = it->second;
+    CKPT_RETURN_IF_ERROR(CheckImportedTensor(c, rt, ft));
+    CKPT_RETURN_IF_ERROR(w->AddTensor(rt.name, ft.dtype, ft.shape, ft.data.data(), ft.data.size()));
   }
+  return any_optim;
+}
+
+// The imported version's metadata: the layout's, with the member's
+// hyperparameters (the names the experiment explores) updated from the file
+// where it has them, and the step the file says, else the member's own when
+// the layout is the member's (its data seed and cursor stay the member's).
+format::CheckpointMeta ImportedMeta(const format::CheckpointMeta& layout_meta,
+                                    const store::MemberHead& head, bool own_layout,
+                                    const ForeignState& st, const std::string& file) {
+  format::CheckpointMeta meta = layout_meta;
+  meta.extra.clear();
+  meta.extra["ckpt.imported_from"] = fs::path(file).filename().string();
+  std::map<std::string, double> hparams = head.hparams.empty() ? layout_meta.hparams : head.hparams;
+  if (st.hparams) {
+    for (const auto& [k, v] : *st.hparams) {
+      if (hparams.count(k)) hparams[k] = v;
+    }
+  }
+  meta.hparams = hparams;
+  if (head.version > 0 && own_layout) meta.step = head.step;
+  if (st.step) meta.step = *st.step;
+  return meta;
+}
+
+}  // namespace
+
+Status Import(const ToolOptions& tool, const ImportOptions& options) {
+  Session session(tool);
+  CKPT_ASSIGN_OR_RETURN(MemberRef ref, ParseImportArgs(options));
+  store::StoreOptions so;
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<store::Store> s, session.OpenWriter(so));
+  CKPT_ASSIGN_OR_RETURN(store::MemberHead head, GetImportMember(s.get(), ref));
+  CKPT_ASSIGN_OR_RETURN(std::string ref_member, LayoutMember(s.get(), ref, head));
   CKPT_ASSIGN_OR_RETURN(store::PinnedBlob ref_blob, s->ReadHeadBlob(ref.exp, ref_member));
   CKPT_ASSIGN_OR_RETURN(format::CheckpointView ref_view,
                         format::ParseCheckpoint(ref_blob.data(), ref_blob.size()));
@@ -454,82 +553,27 @@ Status Import(const ToolOptions& tool, const ImportOptions& options) {
     return Status::FailedPrecondition(options.file + " holds model " + st.model_spec + ", " +
                                       where + " expects " + spec);
   }
-  // Every tensor of the layout, with its dtype and shape; optimizer state all
-  // or none (none: zeros, which is what a fresh torch.optim starts from).
-  bool any_optim = false;
-  for (const auto& [name, t] : st.tensors) any_optim = any_optim || IsOptimizerTensor(name);
-  for (const auto& [name, t] : st.tensors) {
-    if (ref_view.Find(name) == nullptr) {
-      return Status::FailedPrecondition("tensor " + name + " of " + options.file +
-                                        " is not part of " + where);
-    }
-  }
-  std::vector<std::string> zeros;
-  zeros.reserve(ref_view.tensors().size());
   format::CheckpointWriter w;
-  for (const auto& rt : ref_view.tensors()) {
-    auto it = st.tensors.find(rt.name);
-    if (it == st.tensors.end()) {
-      if (IsOptimizerTensor(rt.name) && !any_optim) {
-        zeros.emplace_back(rt.nbytes, '\0');
-        CKPT_RETURN_IF_ERROR(
-            w.AddTensor(rt.name, rt.dtype, rt.shape, zeros.back().data(), zeros.back().size()));
-        continue;
-      }
-      return Status::FailedPrecondition(
-          "tensor " + rt.name + " (" + std::string(format::DTypeName(rt.dtype)) + " " +
-          FormatShape(rt.shape) + ") is missing from " + options.file + "; " + where + " needs it");
-    }
-    const ForeignTensor& ft = it->second;
-    if (ft.shape != rt.shape) {
-      return Status::FailedPrecondition("tensor " + rt.name + ": " + options.file + " has shape " +
-                                        FormatShape(ft.shape) + ", " + where + " expects " +
-                                        FormatShape(rt.shape));
-    }
-    if (ft.dtype != rt.dtype) {
-      return Status::FailedPrecondition("tensor " + rt.name + ": " + options.file + " has dtype " +
-                                        std::string(format::DTypeName(ft.dtype)) + ", " + where +
-                                        " expects " + std::string(format::DTypeName(rt.dtype)));
-    }
-    const int64_t bad = FirstNonFinite(ft.dtype, reinterpret_cast<const uint8_t*>(ft.data.data()),
-                                       static_cast<size_t>(rt.numel()));
-    if (bad >= 0) {
-      return Status::FailedPrecondition("tensor " + rt.name + " of " + options.file + ": element " +
-                                        std::to_string(bad) + " is not finite");
-    }
-    CKPT_RETURN_IF_ERROR(w.AddTensor(rt.name, ft.dtype, ft.shape, ft.data.data(), ft.data.size()));
-  }
-  format::CheckpointMeta meta = ref_meta;
-  meta.extra.clear();
-  meta.extra["ckpt.imported_from"] = fs::path(options.file).filename().string();
-  // The member's hyperparameters (the names the experiment explores), updated
-  // from the file where it has them.
-  std::map<std::string, double> hparams = head->hparams.empty() ? ref_meta.hparams : head->hparams;
-  if (st.hparams) {
-    for (const auto& [k, v] : *st.hparams) {
-      if (hparams.count(k)) hparams[k] = v;
-    }
-  }
-  meta.hparams = hparams;
-  if (head->version > 0 && ref_member == ref.member) {
-    meta.step = head->step;  // data seed and cursor stay the member's own
-  }
-  if (st.step) meta.step = *st.step;
+  std::vector<std::string> zeros;
+  CKPT_ASSIGN_OR_RETURN(const bool any_optim,
+                        AddImportedTensors({ref_view, st, options.file, where}, &w, &zeros));
+  const format::CheckpointMeta meta =
+      ImportedMeta(ref_meta, head, ref_member == ref.member, st, options.file);
   w.SetMeta(meta);
   const std::string blob = w.Encode();
-  auto version = s->Import(ref.exp, ref.member, blob.data(), blob.size(), hparams);
+  auto version = s->Import(ref.exp, ref.member, blob.data(), blob.size(), meta.hparams);
   if (!version.ok()) {
     return Status(version.status().code(),
                   "import into " + ref.exp + "/" + ref.member + ": " + version.status().message());
   }
   json j = {{"experiment", ref.exp}, {"member", ref.member},
             {"version", *version},   {"file", options.file},
-            {"step", meta.step},     {"hparams", hparams},
+            {"step", meta.step},     {"hparams", meta.hparams},
             {"bytes", blob.size()},  {"optimizer_state", any_optim ? "from file" : "zeroed"}};
   if (tool.json) return Print(tool.out, j.dump(2) + "\n");
   return Print(tool.out, "imported " + options.file + " as " + ref.exp + "/" +
                              VersionName(ref.member, *version) + " (step " +
-                             std::to_string(meta.step) + ", " + FormatHparams(hparams) +
+                             std::to_string(meta.step) + ", " + FormatHparams(meta.hparams) +
                              ", optimizer state " + (any_optim ? "from the file" : "zeroed") +
                              ")\n");
 }

@@ -32,6 +32,62 @@ bool OneChannelCpuConvForTraining(const at::Tensor& x, const at::Tensor& weight)
          x.scalar_type() == at::kFloat;
 }
 
+// How many members a pass runs: 1 plain, K fused.
+int64_t PackedMembers(const ForwardPass& pass) {
+  return pass.members != nullptr ? static_cast<int64_t>(pass.members->size()) : 1;
+}
+
+// Plain: one group; fused: K, member k's weights [out, in, k, k] at k.
+at::Tensor Conv2dLayer(const ForwardPass& pass, const LayerSpec& l, const LayerTensors& lt,
+                       const at::Tensor& x) {
+  const std::vector<at::Tensor>& t = *pass.tensors;
+  const bool fused = pass.members != nullptr;
+  const int64_t K = PackedMembers(pass);
+  const at::Tensor w = fused ? t[lt.weight].flatten(0, 1) : t[lt.weight];
+  const at::Tensor b = lt.bias < 0 ? at::Tensor() : fused ? t[lt.bias].flatten() : t[lt.bias];
+  if (FastOneChannelConvApplies(x, w, b, K, l.stride, l.padding)) {
+    return FastOneChannelConv(x, w, b, K, l.padding);
+  }
+  if (FastBatchLaneConvApplies(x, w, b, K, l.stride, l.padding)) {
+    return FastBatchLaneConv(x, w, b, K, l.padding);
+  }
+  if (!fused && OneChannelCpuConvForTraining(x, w)) {
+    return at::thnn_conv2d(x, w, {w.size(2), w.size(3)}, b, {l.stride, l.stride},
+                           {l.padding, l.padding});
+  }
+  return at::conv2d(x, w, b, {l.stride, l.stride}, {l.padding, l.padding}, {1, 1}, K);
+}
+
+// The training pass's dropout of layer `i`: `x` itself where no mask applies.
+at::Tensor DropoutLayer(const Context& ctx, const ForwardPass& pass, const LayerSpec& l, size_t i,
+                        const at::Tensor& x) {
+  if (pass.members == nullptr) {
+    const double p = pass.dropout.value_or(l.p);
+    if (p > 0) return x * DropoutMask(pass.data_seed, pass.step, i, p, x.sizes(), ctx.device);
+    return x;
+  }
+  // Each member's own mask at its own probability, as it would draw it
+  // alone (p = 0: ones, the identity its plain pass skips).
+  bool any = false;
+  for (const MemberTensors* m : *pass.members) any = any || m->hp.dropout.value_or(l.p) > 0;
+  if (!any) return x;
+  std::vector<at::Tensor> masks;
+  masks.reserve(pass.members->size());
+  if (x.dim() == 4) {
+    const int64_t c = x.size(1) / PackedMembers(pass);
+    for (const MemberTensors* m : *pass.members) {
+      masks.push_back(DropoutMask(m->data_seed, m->step, i, m->hp.dropout.value_or(l.p),
+                                  {x.size(0), c, x.size(2), x.size(3)}, ctx.device));
+    }
+    return x * at::cat(masks, 1);
+  }
+  for (const MemberTensors* m : *pass.members) {
+    masks.push_back(DropoutMask(m->data_seed, m->step, i, m->hp.dropout.value_or(l.p),
+                                {x.size(1), x.size(2)}, ctx.device));
+  }
+  return x * at::stack(masks, 0);
+}
+
 // Runs layers [begin, end) of the spec (a residual's body or shortcut is a
 // sub-range).
 at::Tensor RunLayers(const Context& ctx, const ForwardPass& pass, at::Tensor x, size_t begin,
@@ -39,29 +95,16 @@ at::Tensor RunLayers(const Context& ctx, const ForwardPass& pass, at::Tensor x, 
   const auto& layers = ctx.spec.layers();
   const std::vector<at::Tensor>& t = *pass.tensors;
   const bool fused = pass.members != nullptr;
-  const int64_t K = fused ? static_cast<int64_t>(pass.members->size()) : 1;
+  const int64_t K = PackedMembers(pass);
   // A packed [K, ...] tensor as the one-dimensional [K * ...] BatchNorm takes.
   auto flat = [&](int index) { return fused ? t[index].view({-1}) : t[index]; };
   for (size_t i = begin; i < end; ++i) {
     const LayerSpec& l = layers[i];
     const LayerTensors& lt = ctx.layer_tensors[i];
     switch (l.kind) {
-      case LayerKind::kConv2d: {
-        // Plain: one group; fused: K, member k's weights [out, in, k, k] at k.
-        const at::Tensor w = fused ? t[lt.weight].flatten(0, 1) : t[lt.weight];
-        const at::Tensor b = lt.bias < 0 ? at::Tensor() : fused ? t[lt.bias].flatten() : t[lt.bias];
-        if (FastOneChannelConvApplies(x, w, b, K, l.stride, l.padding)) {
-          x = FastOneChannelConv(x, w, b, K, l.padding);
-        } else if (FastBatchLaneConvApplies(x, w, b, K, l.stride, l.padding)) {
-          x = FastBatchLaneConv(x, w, b, K, l.padding);
-        } else if (!fused && OneChannelCpuConvForTraining(x, w)) {
-          x = at::thnn_conv2d(x, w, {w.size(2), w.size(3)}, b, {l.stride, l.stride},
-                              {l.padding, l.padding});
-        } else {
-          x = at::conv2d(x, w, b, {l.stride, l.stride}, {l.padding, l.padding}, {1, 1}, K);
-        }
+      case LayerKind::kConv2d:
+        x = Conv2dLayer(pass, l, lt, x);
         break;
-      }
       case LayerKind::kLinear:
         if (fused) {
           at::Tensor wt = t[lt.weight].transpose(1, 2);
@@ -100,36 +143,9 @@ at::Tensor RunLayers(const Context& ctx, const ForwardPass& pass, at::Tensor x, 
                            flat(lt.running_var), pass.train, l.momentum, l.eps,
                            /*cudnn_enabled=*/true);
         break;
-      case LayerKind::kDropout: {
-        if (!pass.train) break;
-        if (!fused) {
-          const double p = pass.dropout.value_or(l.p);
-          if (p > 0) x = x * DropoutMask(pass.data_seed, pass.step, i, p, x.sizes(), ctx.device);
-          break;
-        }
-        // Each member's own mask at its own probability, as it would draw it
-        // alone (p = 0: ones, the identity its plain pass skips).
-        bool any = false;
-        for (const MemberTensors* m : *pass.members) any = any || m->hp.dropout.value_or(l.p) > 0;
-        if (!any) break;
-        std::vector<at::Tensor> masks;
-        masks.reserve(pass.members->size());
-        if (x.dim() == 4) {
-          const int64_t c = x.size(1) / K;
-          for (const MemberTensors* m : *pass.members) {
-            masks.push_back(DropoutMask(m->data_seed, m->step, i, m->hp.dropout.value_or(l.p),
-                                        {x.size(0), c, x.size(2), x.size(3)}, ctx.device));
-          }
-          x = x * at::cat(masks, 1);
-        } else {
-          for (const MemberTensors* m : *pass.members) {
-            masks.push_back(DropoutMask(m->data_seed, m->step, i, m->hp.dropout.value_or(l.p),
-                                        {x.size(1), x.size(2)}, ctx.device));
-          }
-          x = x * at::stack(masks, 0);
-        }
+      case LayerKind::kDropout:
+        if (pass.train) x = DropoutLayer(ctx, pass, l, i, x);
         break;
-      }
       case LayerKind::kFlatten:
         x = fused ? x.reshape({x.size(0), K, -1}).transpose(0, 1) : x.flatten(1);
         break;

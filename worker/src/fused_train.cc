@@ -189,6 +189,46 @@ std::vector<double> EvaluateFused(const Context& ctx, const std::vector<at::Tens
   return std::vector<double>(host.data_ptr<double>(), host.data_ptr<double>() + K);
 }
 
+// The members' tensors stacked into packed [K, ...] tensors, in layout order;
+// the trainable ones require a gradient.
+std::vector<at::Tensor> PackMembers(const Context& ctx,
+                                    const std::vector<MemberTensors*>& members) {
+  std::vector<at::Tensor> P(ctx.layout.size());
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> parts(members.size());
+  for (size_t i = 0; i < ctx.layout.size(); ++i) {
+    for (size_t k = 0; k < members.size(); ++k) parts[k] = members[k]->tensors[i].detach();
+    P[i] = at::stack(parts, 0);
+    if (ctx.layout[i].trainable) P[i].requires_grad_(true);
+  }
+  return P;
+}
+
+// Points each member's tensors at its slice of the packed tensors.
+void UnpackMembers(const Context& ctx, const std::vector<at::Tensor>& P,
+                   const std::vector<MemberTensors*>& members) {
+  for (size_t i = 0; i < ctx.layout.size(); ++i) {
+    at::Tensor packed = P[i].detach();
+    for (size_t k = 0; k < members.size(); ++k) {
+      members[k]->tensors[i] = packed.select(0, static_cast<int64_t>(k));
+    }
+  }
+}
+
+// Each member's mean loss [K] of the fused output `out` [K, batch, outputs].
+at::Tensor PerMemberLoss(const Context& ctx, const at::Tensor& out, const at::Tensor& y, int64_t K,
+                         int64_t batch) {
+  const int64_t outputs = out.size(2);
+  if (ctx.loss == format::LossKind::kCrossEntropy) {
+    return at::cross_entropy_loss(out.reshape({K * batch, outputs}), y, c10::nullopt,
+                                  at::Reduction::None)
+        .view({K, batch})
+        .mean(1);
+  }
+  at::Tensor err = out - y.view({K, batch, -1});
+  return (err * err).view({K, -1}).mean(1);
+}
+
 }  // namespace
 
 Status TrainFusedGroup(const Context& ctx, std::vector<MemberTensors*>& members, int64_t steps,
@@ -198,16 +238,7 @@ Status TrainFusedGroup(const Context& ctx, std::vector<MemberTensors*>& members,
   const int64_t batch = ctx.options.batch_size;
   auto start = std::chrono::steady_clock::now();
 
-  std::vector<at::Tensor> P(ctx.layout.size());
-  {
-    at::NoGradGuard no_grad;
-    std::vector<at::Tensor> parts(members.size());
-    for (size_t i = 0; i < ctx.layout.size(); ++i) {
-      for (size_t k = 0; k < members.size(); ++k) parts[k] = members[k]->tensors[i].detach();
-      P[i] = at::stack(parts, 0);
-      if (ctx.layout[i].trainable) P[i].requires_grad_(true);
-    }
-  }
+  std::vector<at::Tensor> P = PackMembers(ctx, members);
   const FusedHparams hp = MakeHparams(ctx, members);
   *pack_s = Seconds(start);
 
@@ -239,17 +270,7 @@ Status TrainFusedGroup(const Context& ctx, std::vector<MemberTensors*>& members,
       x = x.view({K, batch, x.size(1)});
     }
     at::Tensor out = ForwardFused(ctx, P, x, /*train=*/true, members);  // [K, B, outputs]
-    const int64_t outputs = out.size(2);
-    at::Tensor per_member;
-    if (ctx.loss == format::LossKind::kCrossEntropy) {
-      per_member = at::cross_entropy_loss(out.reshape({K * batch, outputs}), y, c10::nullopt,
-                                          at::Reduction::None)
-                       .view({K, batch})
-                       .mean(1);
-    } else {
-      at::Tensor err = out - y.view({K, batch, -1});
-      per_member = (err * err).view({K, -1}).mean(1);
-    }
+    at::Tensor per_member = PerMemberLoss(ctx, out, y, K, batch);
     at::Tensor loss = per_member.sum();
     for (const auto& tr : ctx.trainables) P[tr.param].mutable_grad() = at::Tensor();
     loss.backward();
@@ -282,12 +303,7 @@ Status TrainFusedGroup(const Context& ctx, std::vector<MemberTensors*>& members,
   *compute_s = Seconds(start);
 
   start = std::chrono::steady_clock::now();
-  for (size_t i = 0; i < ctx.layout.size(); ++i) {
-    at::Tensor packed = P[i].detach();
-    for (size_t k = 0; k < members.size(); ++k) {
-      members[k]->tensors[i] = packed.select(0, static_cast<int64_t>(k));
-    }
-  }
+  UnpackMembers(ctx, P, members);
   *unpack_s = Seconds(start);
   return Status::OK();
 }

@@ -137,6 +137,155 @@ Status CheckDropoutHparam(const Context& ctx, const Hyperparameters& hp) {
                  : "hyperparameter \"dropout\": the model has no dropout layer to set");
 }
 
+// A member being loaded by LoadMember: `who` names it in errors; `host`
+// receives its tensors in layout order, on the CPU.
+struct MemberLoad {
+  const Context& ctx;
+  const MemberTask& task;
+  const std::string& who;
+  MemberTensors* st;
+  std::vector<at::Tensor>* host;
+};
+
+// Sets st->hp to the task's hyperparameters over `base`.
+std::optional<Failure> SetHparams(const MemberLoad& load,
+                                  const std::map<std::string, double>& base) {
+  auto hp = ResolveHyperparameters(load.ctx.optimizer, base, load.task.hparams);
+  if (!hp.ok()) return Fail(ipc::FailureCode::kBadRequest, hp.status().WithPrefix(load.who));
+  load.st->hp = *hp;
+  if (Status d = CheckDropoutHparam(load.ctx, load.st->hp); !d.ok()) {
+    return Fail(ipc::FailureCode::kBadRequest, d.WithPrefix(load.who));
+  }
+  return std::nullopt;
+}
+
+// A fresh member: tensors initialised from task.init_seed, step 0.
+std::optional<Failure> InitMember(const MemberLoad& load) {
+  const Context& ctx = load.ctx;
+  MemberTensors* st = load.st;
+  std::vector<at::Tensor>& host = *load.host;
+  if (auto failure = SetHparams(load, {})) return failure;
+  for (size_t i = 0; i < host.size(); ++i) {
+    host[i] = at::zeros(ctx.layout[i].shape,
+                        at::TensorOptions().dtype(ScalarTypeOf(ctx.layout[i].dtype)));
+  }
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(load.task.init_seed);
+  if (ctx.spec.is_torchscript()) {
+    InitScriptModel(ctx, gen, &host);
+  } else {
+    InitSpecModel(ctx, gen, &host);
+  }
+  st->adam_step = 0;
+  st->step = 0;
+  st->data_seed = MemberDataSeed(ctx.options.seed, load.task.init_seed);
+  st->data_cursor = 0;
+  return std::nullopt;
+}
+
+// Copies the checkpoint's tensors into host: exactly the layout's, each with
+// its dtype, shape and byte count.
+std::optional<Failure> CopyStoredTensors(const MemberLoad& load,
+                                         const format::CheckpointView& view) {
+  const Context& ctx = load.ctx;
+  const std::string& who = load.who;
+  std::vector<at::Tensor>& host = *load.host;
+  for (const auto& tv : view.tensors()) {
+    if (ctx.index.count(tv.name) == 0) {
+      return Fail(ipc::FailureCode::kBadState,
+                  Status::Corruption(who + ": unexpected tensor " + tv.name +
+                                     " (not in the model spec's layout)"));
+    }
+  }
+  for (size_t i = 0; i < host.size(); ++i) {
+    const TensorSpec& spec = ctx.layout[i];
+    const format::TensorView* tv = view.Find(spec.name);
+    if (tv == nullptr) {
+      return Fail(ipc::FailureCode::kBadState,
+                  Status::Corruption(who + ": missing tensor " + spec.name));
+    }
+    if (tv->dtype != spec.dtype) {
+      return Fail(ipc::FailureCode::kBadState,
+                  Status::Corruption(who + ": tensor " + spec.name + " has dtype " +
+                                     std::string(format::DTypeName(tv->dtype)) + ", expected " +
+                                     std::string(format::DTypeName(spec.dtype))));
+    }
+    if (tv->shape != spec.shape) {
+      return Fail(
+          ipc::FailureCode::kBadState,
+          Status::Corruption(who + ": tensor " + spec.name + " has shape " +
+                             ShapeString(tv->shape) + ", expected " + ShapeString(spec.shape)));
+    }
+    host[i] = at::empty(spec.shape, at::TensorOptions().dtype(ScalarTypeOf(spec.dtype)));
+    if (tv->nbytes != host[i].nbytes()) {
+      return Fail(ipc::FailureCode::kBadState,
+                  Status::Corruption(who + ": tensor " + spec.name + " byte count mismatch"));
+    }
+    if (tv->nbytes > 0) std::memcpy(host[i].data_ptr(), tv->data, tv->nbytes);
+  }
+  return std::nullopt;
+}
+
+// Sets st->adam_step from the stored optim.*.step tensors, which must hold
+// one whole count (non-finite ones are left to the finiteness check).
+std::optional<Failure> ReadAdamStep(const MemberLoad& load) {
+  const Context& ctx = load.ctx;
+  const std::vector<at::Tensor>& host = *load.host;
+  bool first = true;
+  for (const auto& tr : ctx.trainables) {
+    const double s = host[tr.step].item<float>();
+    if (!std::isfinite(s)) continue;  // reported by the finiteness check below
+    if (s < 0 || s != std::floor(s)) {
+      return Fail(ipc::FailureCode::kBadState,
+                  Status::Corruption(load.who + ": tensor " + ctx.layout[tr.step].name +
+                                     " is not a step count"));
+    }
+    if (!first && s != load.st->adam_step) {
+      return Fail(ipc::FailureCode::kBadState,
+                  Status::Corruption(load.who + ": tensor " + ctx.layout[tr.step].name +
+                                     " differs from the other parameters' step"));
+    }
+    load.st->adam_step = s;
+    first = false;
+  }
+  return std::nullopt;
+}
+
+// A member restored from the task's checkpoint blob.
+std::optional<Failure> RestoreMember(const MemberLoad& load) {
+  const Context& ctx = load.ctx;
+  const MemberTask& task = load.task;
+  const std::string& who = load.who;
+  MemberTensors* st = load.st;
+  if (task.state == nullptr) {
+    return Fail(ipc::FailureCode::kBadRequest,
+                Status::InvalidArgument(who + ": state size without bytes"));
+  }
+  auto view = format::ParseCheckpoint(task.state, task.state_size);
+  if (!view.ok()) return Fail(ipc::FailureCode::kBadState, view.status().WithPrefix(who));
+  const format::CheckpointMeta& meta = view->meta();
+  if (!meta.optimizer.empty() && meta.optimizer != OptimizerKindName(ctx.optimizer)) {
+    return Fail(ipc::FailureCode::kBadState,
+                Status::InvalidArgument(who + ": checkpoint holds " + meta.optimizer +
+                                        " state, this worker trains with " +
+                                        std::string(OptimizerKindName(ctx.optimizer))));
+  }
+  auto stored = ResolveHyperparameters(ctx.optimizer, meta.hparams, {});
+  if (!stored.ok())
+    return Fail(ipc::FailureCode::kBadState, stored.status().WithPrefix(who + ": checkpoint"));
+  if (auto failure = SetHparams(load, meta.hparams)) return failure;
+  if (meta.step < 0) {
+    return Fail(ipc::FailureCode::kBadState,
+                Status::Corruption(who + ": negative step in checkpoint"));
+  }
+  st->step = meta.step;
+  st->data_seed = meta.data_seed;
+  st->data_cursor = meta.data_cursor;
+  st->extra = meta.extra;
+  if (auto failure = CopyStoredTensors(load, *view)) return failure;
+  if (ctx.optimizer != OptimizerKind::kSgd) return ReadAdamStep(load);
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::optional<Failure> LoadMember(const Context& ctx, const MemberTask& task, MemberTensors* st) {
@@ -148,112 +297,9 @@ std::optional<Failure> LoadMember(const Context& ctx, const MemberTask& task, Me
   }
   const size_t n = ctx.layout.size();
   std::vector<at::Tensor> host(n);
-
-  if (task.state_size == 0) {
-    auto hp = ResolveHyperparameters(ctx.optimizer, {}, task.hparams);
-    if (!hp.ok()) return Fail(ipc::FailureCode::kBadRequest, hp.status().WithPrefix(who));
-    st->hp = *hp;
-    if (Status d = CheckDropoutHparam(ctx, st->hp); !d.ok()) {
-      return Fail(ipc::FailureCode::kBadRequest, d.WithPrefix(who));
-    }
-    for (size_t i = 0; i < n; ++i) {
-      host[i] = at::zeros(ctx.layout[i].shape,
-                          at::TensorOptions().dtype(ScalarTypeOf(ctx.layout[i].dtype)));
-    }
-    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(task.init_seed);
-    if (ctx.spec.is_torchscript()) {
-      InitScriptModel(ctx, gen, &host);
-    } else {
-      InitSpecModel(ctx, gen, &host);
-    }
-    st->adam_step = 0;
-    st->step = 0;
-    st->data_seed = MemberDataSeed(ctx.options.seed, task.init_seed);
-    st->data_cursor = 0;
-  } else {
-    if (task.state == nullptr) {
-      return Fail(ipc::FailureCode::kBadRequest,
-                  Status::InvalidArgument(who + ": state size without bytes"));
-    }
-    auto view = format::ParseCheckpoint(task.state, task.state_size);
-    if (!view.ok()) return Fail(ipc::FailureCode::kBadState, view.status().WithPrefix(who));
-    const format::CheckpointMeta& meta = view->meta();
-    if (!meta.optimizer.empty() && meta.optimizer != OptimizerKindName(ctx.optimizer)) {
-      return Fail(ipc::FailureCode::kBadState,
-                  Status::InvalidArgument(who + ": checkpoint holds " + meta.optimizer +
-                                          " state, this worker trains with " +
-                                          std::string(OptimizerKindName(ctx.optimizer))));
-    }
-    auto stored = ResolveHyperparameters(ctx.optimizer, meta.hparams, {});
-    if (!stored.ok())
-      return Fail(ipc::FailureCode::kBadState, stored.status().WithPrefix(who + ": checkpoint"));
-    auto hp = ResolveHyperparameters(ctx.optimizer, meta.hparams, task.hparams);
-    if (!hp.ok()) return Fail(ipc::FailureCode::kBadRequest, hp.status().WithPrefix(who));
-    st->hp = *hp;
-    if (Status d = CheckDropoutHparam(ctx, st->hp); !d.ok()) {
-      return Fail(ipc::FailureCode::kBadRequest, d.WithPrefix(who));
-    }
-    if (meta.step < 0) {
-      return Fail(ipc::FailureCode::kBadState,
-                  Status::Corruption(who + ": negative step in checkpoint"));
-    }
-    st->step = meta.step;
-    st->data_seed = meta.data_seed;
-    st->data_cursor = meta.data_cursor;
-    st->extra = meta.extra;
-
-    for (const auto& tv : view->tensors()) {
-      if (ctx.index.count(tv.name) == 0) {
-        return Fail(ipc::FailureCode::kBadState,
-                    Status::Corruption(who + ": unexpected tensor " + tv.name +
-                                       " (not in the model spec's layout)"));
-      }
-    }
-    for (size_t i = 0; i < n; ++i) {
-      const TensorSpec& spec = ctx.layout[i];
-      const format::TensorView* tv = view->Find(spec.name);
-      if (tv == nullptr) {
-        return Fail(ipc::FailureCode::kBadState,
-                    Status::Corruption(who + ": missing tensor " + spec.name));
-      }
-      if (tv->dtype != spec.dtype) {
-        return Fail(ipc::FailureCode::kBadState,
-                    Status::Corruption(who + ": tensor " + spec.name + " has dtype " +
-                                       std::string(format::DTypeName(tv->dtype)) + ", expected " +
-                                       std::string(format::DTypeName(spec.dtype))));
-      }
-      if (tv->shape != spec.shape) {
-        return Fail(
-            ipc::FailureCode::kBadState,
-            Status::Corruption(who + ": tensor " + spec.name + " has shape " +
-                               ShapeString(tv->shape) + ", expected " + ShapeString(spec.shape)));
-      }
-      host[i] = at::empty(spec.shape, at::TensorOptions().dtype(ScalarTypeOf(spec.dtype)));
-      if (tv->nbytes != host[i].nbytes()) {
-        return Fail(ipc::FailureCode::kBadState,
-                    Status::Corruption(who + ": tensor " + spec.name + " byte count mismatch"));
-      }
-      if (tv->nbytes > 0) std::memcpy(host[i].data_ptr(), tv->data, tv->nbytes);
-    }
-    if (ctx.optimizer != OptimizerKind::kSgd) {
-      bool first = true;
-      for (const auto& tr : ctx.trainables) {
-        const double s = host[tr.step].item<float>();
-        if (!std::isfinite(s)) continue;  // reported by the finiteness check below
-        if (s < 0 || s != std::floor(s)) {
-          return Fail(ipc::FailureCode::kBadState,
-                      Status::Corruption(who + ": tensor " + ctx.layout[tr.step].name +
-                                         " is not a step count"));
-        }
-        if (!first && s != st->adam_step) {
-          return Fail(ipc::FailureCode::kBadState,
-                      Status::Corruption(who + ": tensor " + ctx.layout[tr.step].name +
-                                         " differs from the other parameters' step"));
-        }
-        st->adam_step = s;
-        first = false;
-      }
-    }
+  const MemberLoad load{ctx, task, who, st, &host};
+  if (auto failure = task.state_size == 0 ? InitMember(load) : RestoreMember(load)) {
+    return failure;
   }
 
   st->tensors.resize(n);

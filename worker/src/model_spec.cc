@@ -67,24 +67,6 @@ std::string Resnet20() {
   return json{{"input", {3, 32, 32}}, {"layers", layers}}.dump();
 }
 
-struct KindName {
-  LayerKind kind;
-  const char* name;
-};
-constexpr KindName kKinds[] = {
-    {LayerKind::kConv2d, "conv2d"},
-    {LayerKind::kLinear, "linear"},
-    {LayerKind::kRelu, "relu"},
-    {LayerKind::kTanh, "tanh"},
-    {LayerKind::kMaxPool2d, "maxpool2d"},
-    {LayerKind::kAvgPool2d, "avgpool2d"},
-    {LayerKind::kBatchNorm2d, "batchnorm2d"},
-    {LayerKind::kDropout, "dropout"},
-    {LayerKind::kFlatten, "flatten"},
-    {LayerKind::kGlobalAvgPool, "globalavgpool"},
-    {LayerKind::kResidual, "residual"},
-};
-
 std::string ShapeString(const std::vector<int64_t>& shape) {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i) {
@@ -189,214 +171,296 @@ int64_t WindowOut(int64_t in, int64_t kernel, int64_t stride, int64_t padding) {
 // layers are named `name_prefix` + conv1, fc1, bn1, res1, ... unless named.
 Status ParseLayerList(const json& list, const std::string& where_prefix,
                       const std::string& name_prefix, std::vector<int64_t>* shape_io,
+                      std::set<std::string>* names, std::vector<LayerSpec>* out);
+
+// One layer being parsed; `where` names it (index and type) in errors.
+struct LayerSite {
+  const json& obj;
+  const LayerReader& reader;
+  const std::string& where;
+  bool spatial;  // its input is [C, H, W]
+  size_t at;     // its index in the output; a residual's layers follow it
+
+  Status NeedSpatial() const {
+    if (!spatial) {
+      return Status::InvalidArgument(where + ": needs [C, H, W] input but follows the flatten");
+    }
+    return Status::OK();
+  }
+};
+
+// What the layers of one ParseLayerList call share.
+struct ListState {
+  const std::string& name_prefix;
+  std::vector<int64_t>* shape;        // the activation shape, transformed by each layer
+  std::set<std::string>* names;       // every name taken in the model
+  std::vector<LayerSpec>* out;        // the whole model's layers
+  std::map<LayerKind, int> counters;  // default names given per kind in this list
+};
+
+// Gives `layer` the default name `stem` + its count in the list (after the
+// list's prefix) unless the JSON names it, and takes the name.
+Status NameLayer(const char* stem, const LayerSite& site, ListState* list, LayerSpec* layer) {
+  layer->name = list->name_prefix + stem + std::to_string(++list->counters[layer->kind]);
+  CKPT_RETURN_IF_ERROR(site.reader.Name(&layer->name));
+  if (!list->names->insert(layer->name).second) {
+    return Status::InvalidArgument(site.where + ": duplicate layer name \"" + layer->name + "\"");
+  }
+  return Status::OK();
+}
+
+Status SizeMismatch(const std::string& where, const char* field, int64_t value, int64_t input,
+                    const char* unit) {
+  return Status::InvalidArgument(where + ": " + field + " = " + std::to_string(value) +
+                                 " but the input has " + std::to_string(input) + " " + unit);
+}
+
+// [channels, H, W] after `layer`'s window slides over the [C, H, W] `shape`.
+StatusOr<std::vector<int64_t>> WindowOutShape(const std::string& where,
+                                              const std::vector<int64_t>& shape,
+                                              const LayerSpec& layer, int64_t channels) {
+  int64_t h = WindowOut(shape[1], layer.kernel, layer.stride, layer.padding);
+  int64_t w = WindowOut(shape[2], layer.kernel, layer.stride, layer.padding);
+  if (h < 1 || w < 1) {
+    return Status::InvalidArgument(where + ": kernel does not fit input " + ShapeString(shape));
+  }
+  return std::vector<int64_t>{channels, h, w};
+}
+
+// Each parser reads its kind's fields into `layer` and transforms the list's
+// shape; NameLayer names stateful layers afterwards (ParseLayer).
+Status ParseConv2d(const LayerSite& site, ListState* list, LayerSpec* layer) {
+  const LayerReader& r = site.reader;
+  std::vector<int64_t>& shape = *list->shape;
+  CKPT_RETURN_IF_ERROR(r.CheckKnown({"in", "out", "kernel", "stride", "padding", "bias"}));
+  CKPT_RETURN_IF_ERROR(site.NeedSpatial());
+  layer->in = shape[0];
+  CKPT_RETURN_IF_ERROR(r.Int("in", false, 1, &layer->in));
+  CKPT_RETURN_IF_ERROR(r.Int("out", true, 1, &layer->out));
+  CKPT_RETURN_IF_ERROR(r.Int("kernel", true, 1, &layer->kernel));
+  CKPT_RETURN_IF_ERROR(r.Int("stride", false, 1, &layer->stride));
+  CKPT_RETURN_IF_ERROR(r.Int("padding", false, 0, &layer->padding));
+  CKPT_RETURN_IF_ERROR(r.Bool("bias", &layer->bias));
+  if (layer->in != shape[0]) {
+    return SizeMismatch(site.where, "in", layer->in, shape[0], "channels");
+  }
+  CKPT_ASSIGN_OR_RETURN(shape, WindowOutShape(site.where, shape, *layer, layer->out));
+  return Status::OK();
+}
+
+Status ParseLinear(const LayerSite& site, ListState* list, LayerSpec* layer) {
+  const LayerReader& r = site.reader;
+  std::vector<int64_t>& shape = *list->shape;
+  CKPT_RETURN_IF_ERROR(r.CheckKnown({"in", "out", "bias"}));
+  if (site.spatial) {
+    return Status::InvalidArgument(site.where + ": needs [F] input; add a flatten before it");
+  }
+  layer->in = shape[0];
+  CKPT_RETURN_IF_ERROR(r.Int("in", false, 1, &layer->in));
+  CKPT_RETURN_IF_ERROR(r.Int("out", true, 1, &layer->out));
+  CKPT_RETURN_IF_ERROR(r.Bool("bias", &layer->bias));
+  if (layer->in != shape[0]) {
+    return SizeMismatch(site.where, "in", layer->in, shape[0], "features");
+  }
+  shape = {layer->out};
+  return Status::OK();
+}
+
+// maxpool2d and avgpool2d.
+Status ParsePool2d(const LayerSite& site, ListState* list, LayerSpec* layer) {
+  const LayerReader& r = site.reader;
+  std::vector<int64_t>& shape = *list->shape;
+  CKPT_RETURN_IF_ERROR(r.CheckKnown({"kernel", "stride", "padding"}));
+  CKPT_RETURN_IF_ERROR(site.NeedSpatial());
+  CKPT_RETURN_IF_ERROR(r.Int("kernel", true, 1, &layer->kernel));
+  layer->stride = layer->kernel;
+  CKPT_RETURN_IF_ERROR(r.Int("stride", false, 1, &layer->stride));
+  CKPT_RETURN_IF_ERROR(r.Int("padding", false, 0, &layer->padding));
+  if (2 * layer->padding > layer->kernel) {
+    return Status::InvalidArgument(site.where + ": padding must be at most half the kernel");
+  }
+  CKPT_ASSIGN_OR_RETURN(shape, WindowOutShape(site.where, shape, *layer, shape[0]));
+  return Status::OK();
+}
+
+Status ParseBatchNorm2d(const LayerSite& site, ListState* list, LayerSpec* layer) {
+  const LayerReader& r = site.reader;
+  const std::vector<int64_t>& shape = *list->shape;
+  CKPT_RETURN_IF_ERROR(r.CheckKnown({"features", "eps", "momentum"}));
+  CKPT_RETURN_IF_ERROR(site.NeedSpatial());
+  layer->in = shape[0];
+  CKPT_RETURN_IF_ERROR(r.Int("features", false, 1, &layer->in));
+  CKPT_RETURN_IF_ERROR(r.Double("eps", 1e-30, 1.0, &layer->eps));
+  CKPT_RETURN_IF_ERROR(r.Double("momentum", 0.0, 1.0, &layer->momentum));
+  if (layer->in != shape[0]) {
+    return SizeMismatch(site.where, "features", layer->in, shape[0], "channels");
+  }
+  layer->out = layer->in;
+  return Status::OK();
+}
+
+Status ParseDropout(const LayerSite& site, ListState* /*list*/, LayerSpec* layer) {
+  CKPT_RETURN_IF_ERROR(site.reader.CheckKnown({"p"}));
+  return site.reader.Double("p", 0.0, 0.999, &layer->p);
+}
+
+Status ParseFlatten(const LayerSite& site, ListState* list, LayerSpec* /*layer*/) {
+  std::vector<int64_t>& shape = *list->shape;
+  CKPT_RETURN_IF_ERROR(site.reader.CheckKnown({}));
+  if (!site.spatial) return Status::InvalidArgument(site.where + ": the input is already flat");
+  shape = {shape[0] * shape[1] * shape[2]};
+  return Status::OK();
+}
+
+// relu and tanh.
+Status ParseActivation(const LayerSite& site, ListState* /*list*/, LayerSpec* /*layer*/) {
+  return site.reader.CheckKnown({});
+}
+
+Status ParseGlobalAvgPool(const LayerSite& site, ListState* list, LayerSpec* /*layer*/) {
+  std::vector<int64_t>& shape = *list->shape;
+  CKPT_RETURN_IF_ERROR(site.reader.CheckKnown({}));
+  CKPT_RETURN_IF_ERROR(site.NeedSpatial());
+  shape = {shape[0]};
+  return Status::OK();
+}
+
+// A residual's "shortcut" field: "identity" (the default) or "conv1x1".
+StatusOr<std::string> ReadShortcut(const LayerSite& site) {
+  auto sc = site.obj.find("shortcut");
+  if (sc == site.obj.end()) return std::string("identity");
+  if (!sc->is_string() || (*sc != "identity" && *sc != "conv1x1")) {
+    return Status::InvalidArgument(site.where +
+                                   ": \"shortcut\" must be \"identity\" or \"conv1x1\"");
+  }
+  return sc->get<std::string>();
+}
+
+// Appends the conv1x1 shortcut of the residual `layer`, whose body maps the
+// list's shape to `body_shape`: a 1x1 convolution with the stride that maps
+// the input's height and width onto the body's, then a batchnorm2d.
+Status ParseConv1x1Shortcut(const LayerSite& site, const std::vector<int64_t>& body_shape,
+                            ListState* list, LayerSpec* layer) {
+  const std::vector<int64_t>& shape = *list->shape;
+  CKPT_RETURN_IF_ERROR(site.NeedSpatial());
+  if (body_shape.size() != 3) {
+    return Status::InvalidArgument(site.where + ": a conv1x1 shortcut needs a [C, H, W] body");
+  }
+  int64_t stride = 0;
+  for (int64_t s = 1; s <= shape[1] && stride == 0; ++s) {
+    if (WindowOut(shape[1], 1, s, 0) == body_shape[1] &&
+        WindowOut(shape[2], 1, s, 0) == body_shape[2]) {
+      stride = s;
+    }
+  }
+  if (stride == 0) {
+    return Status::InvalidArgument(site.where + ": no 1x1 stride maps " + ShapeString(shape) +
+                                   " to the body's " + ShapeString(body_shape));
+  }
+  json conv = {{"type", "conv2d"},
+               {"out", body_shape[0]},
+               {"kernel", 1},
+               {"stride", stride},
+               {"bias", false}};
+  json shortcut_layers = json::array({conv, json{{"type", "batchnorm2d"}}});
+  std::vector<int64_t> sc_shape = shape;
+  CKPT_RETURN_IF_ERROR(ParseLayerList(shortcut_layers, site.where + " shortcut layer ",
+                                      layer->name + ".shortcut.", &sc_shape, list->names,
+                                      list->out));
+  layer->shortcut = static_cast<int>(list->out->size() - site.at - 1 - layer->body);
+  return Status::OK();
+}
+
+// A residual names itself before its body, whose layers' names it prefixes.
+Status ParseResidual(const LayerSite& site, ListState* list, LayerSpec* layer) {
+  std::vector<int64_t>& shape = *list->shape;
+  CKPT_RETURN_IF_ERROR(site.reader.CheckKnown({"layers", "shortcut"}));
+  auto sub = site.obj.find("layers");
+  if (sub == site.obj.end() || !sub->is_array() || sub->empty()) {
+    return Status::InvalidArgument(site.where + ": \"layers\" must be a non-empty array");
+  }
+  CKPT_RETURN_IF_ERROR(NameLayer("res", site, list, layer));
+  CKPT_ASSIGN_OR_RETURN(const std::string shortcut, ReadShortcut(site));
+  std::vector<int64_t> body_shape = shape;
+  CKPT_RETURN_IF_ERROR(ParseLayerList(*sub, site.where + " layer ", layer->name + ".", &body_shape,
+                                      list->names, list->out));
+  layer->body = static_cast<int>(list->out->size() - site.at - 1);
+  if (shortcut == "identity") {
+    if (body_shape != shape) {
+      return Status::InvalidArgument(site.where + ": the body maps " + ShapeString(shape) + " to " +
+                                     ShapeString(body_shape) +
+                                     "; an identity shortcut needs them equal (use "
+                                     "\"shortcut\": \"conv1x1\")");
+    }
+  } else {
+    CKPT_RETURN_IF_ERROR(ParseConv1x1Shortcut(site, body_shape, list, layer));
+  }
+  shape = body_shape;
+  return Status::OK();
+}
+
+using LayerParser = Status (*)(const LayerSite& site, ListState* list, LayerSpec* layer);
+
+struct KindEntry {
+  LayerKind kind;
+  const char* name;
+  LayerParser parse;
+  // A stateful layer's default-name stem (conv1, fc1, bn1); nullptr for a
+  // layer without state, or a residual (which names itself).
+  const char* state_stem;
+};
+constexpr KindEntry kKinds[] = {
+    {LayerKind::kConv2d, "conv2d", ParseConv2d, "conv"},
+    {LayerKind::kLinear, "linear", ParseLinear, "fc"},
+    {LayerKind::kRelu, "relu", ParseActivation, nullptr},
+    {LayerKind::kTanh, "tanh", ParseActivation, nullptr},
+    {LayerKind::kMaxPool2d, "maxpool2d", ParsePool2d, nullptr},
+    {LayerKind::kAvgPool2d, "avgpool2d", ParsePool2d, nullptr},
+    {LayerKind::kBatchNorm2d, "batchnorm2d", ParseBatchNorm2d, "bn"},
+    {LayerKind::kDropout, "dropout", ParseDropout, nullptr},
+    {LayerKind::kFlatten, "flatten", ParseFlatten, nullptr},
+    {LayerKind::kGlobalAvgPool, "globalavgpool", ParseGlobalAvgPool, nullptr},
+    {LayerKind::kResidual, "residual", ParseResidual, nullptr},
+};
+
+// Parses the list's layer `obj` (index `where`) onto list->out.
+Status ParseLayer(const json& obj, std::string where, ListState* list) {
+  if (!obj.is_object()) return Status::InvalidArgument(where + ": not a JSON object");
+  auto type_it = obj.find("type");
+  if (type_it == obj.end() || !type_it->is_string()) {
+    return Status::InvalidArgument(where + ": missing string field \"type\"");
+  }
+  std::string type = type_it->get<std::string>();
+  const KindEntry* entry = nullptr;
+  for (const auto& k : kKinds) {
+    if (type == k.name) entry = &k;
+  }
+  if (entry == nullptr) {
+    return Status::InvalidArgument(where + ": unknown layer type \"" + type + "\"");
+  }
+  where += " (" + type + ")";
+  LayerReader r(obj, where);
+  LayerSpec layer;
+  layer.kind = entry->kind;
+  const LayerSite site{obj, r, where, list->shape->size() == 3, list->out->size()};
+  list->out->push_back(LayerSpec());
+  CKPT_RETURN_IF_ERROR(entry->parse(site, list, &layer));
+  if (entry->state_stem != nullptr) {
+    CKPT_RETURN_IF_ERROR(NameLayer(entry->state_stem, site, list, &layer));
+  } else if (layer.kind != LayerKind::kResidual && obj.contains("name")) {
+    return Status::InvalidArgument(where + ": a layer without state takes no name");
+  }
+  layer.output_shape = *list->shape;
+  (*list->out)[site.at] = std::move(layer);
+  return Status::OK();
+}
+
+Status ParseLayerList(const json& list, const std::string& where_prefix,
+                      const std::string& name_prefix, std::vector<int64_t>* shape_io,
                       std::set<std::string>* names, std::vector<LayerSpec>* out) {
-  std::vector<int64_t>& shape = *shape_io;
-  std::map<LayerKind, int> counters;
+  ListState state{name_prefix, shape_io, names, out, {}};
   for (size_t i = 0; i < list.size(); ++i) {
-    const json& obj = list[i];
-    std::string where = where_prefix + std::to_string(i);
-    if (!obj.is_object()) return Status::InvalidArgument(where + ": not a JSON object");
-    auto type_it = obj.find("type");
-    if (type_it == obj.end() || !type_it->is_string()) {
-      return Status::InvalidArgument(where + ": missing string field \"type\"");
-    }
-    std::string type = type_it->get<std::string>();
-    LayerSpec layer;
-    bool known = false;
-    for (const auto& k : kKinds) {
-      if (type == k.name) {
-        layer.kind = k.kind;
-        known = true;
-      }
-    }
-    if (!known) return Status::InvalidArgument(where + ": unknown layer type \"" + type + "\"");
-    where += " (" + type + ")";
-    LayerReader r(obj, where);
-    const bool spatial = shape.size() == 3;
-    const size_t at = out->size();
-    out->push_back(LayerSpec());  // this layer; a residual's layers follow it
-    auto need_spatial = [&]() -> Status {
-      if (!spatial) {
-        return Status::InvalidArgument(where + ": needs [C, H, W] input but follows the flatten");
-      }
-      return Status::OK();
-    };
-
-    switch (layer.kind) {
-      case LayerKind::kConv2d: {
-        CKPT_RETURN_IF_ERROR(r.CheckKnown({"in", "out", "kernel", "stride", "padding", "bias"}));
-        CKPT_RETURN_IF_ERROR(need_spatial());
-        layer.in = shape[0];
-        CKPT_RETURN_IF_ERROR(r.Int("in", false, 1, &layer.in));
-        CKPT_RETURN_IF_ERROR(r.Int("out", true, 1, &layer.out));
-        CKPT_RETURN_IF_ERROR(r.Int("kernel", true, 1, &layer.kernel));
-        CKPT_RETURN_IF_ERROR(r.Int("stride", false, 1, &layer.stride));
-        CKPT_RETURN_IF_ERROR(r.Int("padding", false, 0, &layer.padding));
-        CKPT_RETURN_IF_ERROR(r.Bool("bias", &layer.bias));
-        if (layer.in != shape[0]) {
-          return Status::InvalidArgument(where + ": in = " + std::to_string(layer.in) +
-                                         " but the input has " + std::to_string(shape[0]) +
-                                         " channels");
-        }
-        int64_t h = WindowOut(shape[1], layer.kernel, layer.stride, layer.padding);
-        int64_t w = WindowOut(shape[2], layer.kernel, layer.stride, layer.padding);
-        if (h < 1 || w < 1) {
-          return Status::InvalidArgument(where + ": kernel does not fit input " +
-                                         ShapeString(shape));
-        }
-        shape = {layer.out, h, w};
-        break;
-      }
-      case LayerKind::kLinear: {
-        CKPT_RETURN_IF_ERROR(r.CheckKnown({"in", "out", "bias"}));
-        if (spatial) {
-          return Status::InvalidArgument(where + ": needs [F] input; add a flatten before it");
-        }
-        layer.in = shape[0];
-        CKPT_RETURN_IF_ERROR(r.Int("in", false, 1, &layer.in));
-        CKPT_RETURN_IF_ERROR(r.Int("out", true, 1, &layer.out));
-        CKPT_RETURN_IF_ERROR(r.Bool("bias", &layer.bias));
-        if (layer.in != shape[0]) {
-          return Status::InvalidArgument(where + ": in = " + std::to_string(layer.in) +
-                                         " but the input has " + std::to_string(shape[0]) +
-                                         " features");
-        }
-        shape = {layer.out};
-        break;
-      }
-      case LayerKind::kMaxPool2d:
-      case LayerKind::kAvgPool2d: {
-        CKPT_RETURN_IF_ERROR(r.CheckKnown({"kernel", "stride", "padding"}));
-        CKPT_RETURN_IF_ERROR(need_spatial());
-        CKPT_RETURN_IF_ERROR(r.Int("kernel", true, 1, &layer.kernel));
-        layer.stride = layer.kernel;
-        CKPT_RETURN_IF_ERROR(r.Int("stride", false, 1, &layer.stride));
-        CKPT_RETURN_IF_ERROR(r.Int("padding", false, 0, &layer.padding));
-        if (2 * layer.padding > layer.kernel) {
-          return Status::InvalidArgument(where + ": padding must be at most half the kernel");
-        }
-        int64_t h = WindowOut(shape[1], layer.kernel, layer.stride, layer.padding);
-        int64_t w = WindowOut(shape[2], layer.kernel, layer.stride, layer.padding);
-        if (h < 1 || w < 1) {
-          return Status::InvalidArgument(where + ": kernel does not fit input " +
-                                         ShapeString(shape));
-        }
-        shape = {shape[0], h, w};
-        break;
-      }
-      case LayerKind::kBatchNorm2d: {
-        CKPT_RETURN_IF_ERROR(r.CheckKnown({"features", "eps", "momentum"}));
-        CKPT_RETURN_IF_ERROR(need_spatial());
-        layer.in = shape[0];
-        CKPT_RETURN_IF_ERROR(r.Int("features", false, 1, &layer.in));
-        CKPT_RETURN_IF_ERROR(r.Double("eps", 1e-30, 1.0, &layer.eps));
-        CKPT_RETURN_IF_ERROR(r.Double("momentum", 0.0, 1.0, &layer.momentum));
-        if (layer.in != shape[0]) {
-          return Status::InvalidArgument(where + ": features = " + std::to_string(layer.in) +
-                                         " but the input has " + std::to_string(shape[0]) +
-                                         " channels");
-        }
-        layer.out = layer.in;
-        break;
-      }
-      case LayerKind::kDropout:
-        CKPT_RETURN_IF_ERROR(r.CheckKnown({"p"}));
-        CKPT_RETURN_IF_ERROR(r.Double("p", 0.0, 0.999, &layer.p));
-        break;
-      case LayerKind::kFlatten:
-        CKPT_RETURN_IF_ERROR(r.CheckKnown({}));
-        if (!spatial) return Status::InvalidArgument(where + ": the input is already flat");
-        shape = {shape[0] * shape[1] * shape[2]};
-        break;
-      case LayerKind::kRelu:
-      case LayerKind::kTanh:
-        CKPT_RETURN_IF_ERROR(r.CheckKnown({}));
-        break;
-      case LayerKind::kGlobalAvgPool:
-        CKPT_RETURN_IF_ERROR(r.CheckKnown({}));
-        CKPT_RETURN_IF_ERROR(need_spatial());
-        shape = {shape[0]};
-        break;
-      case LayerKind::kResidual: {
-        CKPT_RETURN_IF_ERROR(r.CheckKnown({"layers", "shortcut"}));
-        auto sub = obj.find("layers");
-        if (sub == obj.end() || !sub->is_array() || sub->empty()) {
-          return Status::InvalidArgument(where + ": \"layers\" must be a non-empty array");
-        }
-        layer.name = name_prefix + "res" + std::to_string(++counters[layer.kind]);
-        CKPT_RETURN_IF_ERROR(r.Name(&layer.name));
-        if (!names->insert(layer.name).second) {
-          return Status::InvalidArgument(where + ": duplicate layer name \"" + layer.name + "\"");
-        }
-        std::string shortcut = "identity";
-        auto sc = obj.find("shortcut");
-        if (sc != obj.end()) {
-          if (!sc->is_string() || (*sc != "identity" && *sc != "conv1x1")) {
-            return Status::InvalidArgument(where +
-                                           ": \"shortcut\" must be \"identity\" or \"conv1x1\"");
-          }
-          shortcut = sc->get<std::string>();
-        }
-        std::vector<int64_t> body_shape = shape;
-        CKPT_RETURN_IF_ERROR(
-            ParseLayerList(*sub, where + " layer ", layer.name + ".", &body_shape, names, out));
-        layer.body = static_cast<int>(out->size() - at - 1);
-        if (shortcut == "identity") {
-          if (body_shape != shape) {
-            return Status::InvalidArgument(where + ": the body maps " + ShapeString(shape) +
-                                           " to " + ShapeString(body_shape) +
-                                           "; an identity shortcut needs them equal (use "
-                                           "\"shortcut\": \"conv1x1\")");
-          }
-        } else {
-          CKPT_RETURN_IF_ERROR(need_spatial());
-          if (body_shape.size() != 3) {
-            return Status::InvalidArgument(where + ": a conv1x1 shortcut needs a [C, H, W] body");
-          }
-          // The stride that maps the input's height and width onto the body's.
-          int64_t stride = 0;
-          for (int64_t s = 1; s <= shape[1] && stride == 0; ++s) {
-            if (WindowOut(shape[1], 1, s, 0) == body_shape[1] &&
-                WindowOut(shape[2], 1, s, 0) == body_shape[2]) {
-              stride = s;
-            }
-          }
-          if (stride == 0) {
-            return Status::InvalidArgument(where + ": no 1x1 stride maps " + ShapeString(shape) +
-                                           " to the body's " + ShapeString(body_shape));
-          }
-          json conv = {{"type", "conv2d"},
-                       {"out", body_shape[0]},
-                       {"kernel", 1},
-                       {"stride", stride},
-                       {"bias", false}};
-          json shortcut_layers = json::array({conv, json{{"type", "batchnorm2d"}}});
-          std::vector<int64_t> sc_shape = shape;
-          CKPT_RETURN_IF_ERROR(ParseLayerList(shortcut_layers, where + " shortcut layer ",
-                                              layer.name + ".shortcut.", &sc_shape, names, out));
-          layer.shortcut = static_cast<int>(out->size() - at - 1 - layer.body);
-        }
-        shape = body_shape;
-        break;
-      }
-    }
-
-    const bool has_state = layer.kind == LayerKind::kConv2d || layer.kind == LayerKind::kLinear ||
-                           layer.kind == LayerKind::kBatchNorm2d;
-    if (has_state) {
-      const char* prefix = layer.kind == LayerKind::kConv2d   ? "conv"
-                           : layer.kind == LayerKind::kLinear ? "fc"
-                                                              : "bn";
-      layer.name = name_prefix + prefix + std::to_string(++counters[layer.kind]);
-      CKPT_RETURN_IF_ERROR(r.Name(&layer.name));
-      if (!names->insert(layer.name).second) {
-        return Status::InvalidArgument(where + ": duplicate layer name \"" + layer.name + "\"");
-      }
-    } else if (layer.kind != LayerKind::kResidual && obj.contains("name")) {
-      return Status::InvalidArgument(where + ": a layer without state takes no name");
-    }
-    layer.output_shape = shape;
-    (*out)[at] = std::move(layer);
+    CKPT_RETURN_IF_ERROR(ParseLayer(list[i], where_prefix + std::to_string(i), &state));
   }
   return Status::OK();
 }

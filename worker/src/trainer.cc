@@ -571,15 +571,18 @@ DeviceSplit ToDevice(const Context& ctx, const DataSplit& set) {
   return split;
 }
 
-StatusOr<std::unique_ptr<Trainer>> Create(const TrainerOptions& options) {
-  auto ctx = std::make_unique<Context>();
-  ctx->options = options;
+Status CheckBatchOptions(const TrainerOptions& options) {
   if (options.batch_size < 1) return Status::InvalidArgument("batch_size must be >= 1");
   if (options.eval_size < 0) return Status::InvalidArgument("eval_size must be >= 0");
   if (options.eval_batch_size < 1) return Status::InvalidArgument("eval_batch_size must be >= 1");
   if (options.intra_op_threads < 1) return Status::InvalidArgument("intra_op_threads must be >= 1");
-  CKPT_ASSIGN_OR_RETURN(ctx->optimizer, ParseOptimizerKind(options.optimizer));
+  return Status::OK();
+}
 
+// Sets ctx->device and device_name from options.device: InvalidArgument for
+// a malformed name, Unavailable for a GPU this process cannot use.
+Status OpenDevice(Context* ctx) {
+  const TrainerOptions& options = ctx->options;
   std::string device = options.device == "cuda" ? "cuda:0" : options.device;
   if (device != "cpu" && device.rfind("cuda:", 0) != 0) {
     return Status::InvalidArgument("unknown device \"" + options.device +
@@ -602,7 +605,13 @@ StatusOr<std::unique_ptr<Trainer>> Create(const TrainerOptions& options) {
 #endif
   }
   ctx->device_name = device;
+  return Status::OK();
+}
 
+// Sets ctx->data from the options' dataset and checks that the batch size,
+// loss, metric and augmentation fit it.
+Status LoadData(Context* ctx) {
+  const TrainerOptions& options = ctx->options;
   if (options.data) {
     ctx->data = options.data;
   } else if (options.tensor_data) {
@@ -632,62 +641,90 @@ StatusOr<std::unique_ptr<Trainer>> Create(const TrainerOptions& options) {
     return Status::InvalidArgument("augment needs [N, C, H, W] images; " + data.name +
                                    " holds [N, F] features");
   }
+  return Status::OK();
+}
+
+// Sets ctx's scalar normalization pair, and uniform_norm false when the
+// channels' differ (PlaceData then puts per-channel tensors on the device).
+void ChooseNormalization(Context* ctx) {
+  const DatasetSplits& data = *ctx->data;
   ctx->uniform_norm = true;
   for (size_t c = 1; c < data.scale.size(); ++c) {
     if (data.scale[c] != data.scale[0] || data.shift[c] != data.shift[0]) ctx->uniform_norm = false;
   }
   ctx->scale = data.scale.empty() ? 1.0 : data.scale[0];
   ctx->shift = data.shift.empty() ? 0.0 : data.shift[0];
-  CKPT_ASSIGN_OR_RETURN(ctx->spec, ModelSpec::Parse(options.model_spec, data.sample_shape));
+}
 
+// Puts the per-channel normalization tensors and the splits on ctx->device.
+void PlaceData(Context* ctx) {
+  const DatasetSplits& data = *ctx->data;
+  if (!ctx->uniform_norm) {
+    std::vector<int64_t> shape(data.sample_shape.size() + 1, 1);
+    shape[1] = data.channels();
+    std::vector<float> scale(data.scale.begin(), data.scale.end());
+    std::vector<float> shift(data.shift.begin(), data.shift.end());
+    ctx->scale_t = at::tensor(scale, at::kFloat).view(shape).to(ctx->device);
+    ctx->shift_t = at::tensor(shift, at::kFloat).view(shape).to(ctx->device);
+  }
+  ctx->train = ToDevice(*ctx, data.train);
+  ctx->validation = ToDevice(*ctx, data.validation);
+  ctx->test = ToDevice(*ctx, data.test);
+}
+
+// Loads and inspects the spec's TorchScript file onto ctx->device.
+Status LoadScript(Context* ctx) {
+  const std::string& path = ctx->spec.torchscript_path();
+  // Opened once (no final symlink, no FIFO or device, bounded size) and
+  // loaded from the bytes read through that descriptor: the file checked
+  // is the file loaded.
+  CKPT_ASSIGN_OR_RETURN(
+      std::string bytes,
+      format::ReadRegularFile(path, format::kMaxTorchScriptFileBytes, "TorchScript file"));
+  try {
+    // Read in place: the file's bytes are held once while loading.
+    ctx->script =
+        torch::jit::load(std::make_shared<BytesReadAdapter>(std::move(bytes)), ctx->device);
+  } catch (const c10::Error& e) {
+    return Status::InvalidArgument("TorchScript file " + path + " does not load: " + Brief(e));
+  }
+  Status inspected = InspectScript(ctx);
+  if (!inspected.ok()) return inspected.WithPrefix(path);
+  return Status::OK();
+}
+
+// Sets ctx->model_tensors: a spec model's, whose outputs must match the
+// dataset's, or the loaded TorchScript module's.
+Status PrepareModel(Context* ctx) {
+  if (ctx->spec.is_torchscript()) return LoadScript(ctx);
+  const DatasetSplits& data = *ctx->data;
+  if (ctx->spec.num_outputs() != data.num_outputs()) {
+    return Status::InvalidArgument(
+        "model spec's last layer has " + std::to_string(ctx->spec.num_outputs()) +
+        " outputs, but " + data.name + " has " +
+        (data.target == format::TargetKind::kClasses
+             ? std::to_string(data.num_classes) + " classes"
+             : std::to_string(data.target_width) + " targets per sample"));
+  }
+  ctx->model_tensors = ctx->spec.ModelTensors();
+  return Status::OK();
+}
+
+// The set-up that runs LibTorch on the device; its exceptions become Internal.
+Status SetUpOnDevice(Context* ctx) {
   try {
     ThreadScope scope(*ctx);
-    if (!ctx->uniform_norm) {
-      std::vector<int64_t> shape(data.sample_shape.size() + 1, 1);
-      shape[1] = data.channels();
-      std::vector<float> scale(data.scale.begin(), data.scale.end());
-      std::vector<float> shift(data.shift.begin(), data.shift.end());
-      ctx->scale_t = at::tensor(scale, at::kFloat).view(shape).to(ctx->device);
-      ctx->shift_t = at::tensor(shift, at::kFloat).view(shape).to(ctx->device);
-    }
-    ctx->train = ToDevice(*ctx, data.train);
-    ctx->validation = ToDevice(*ctx, data.validation);
-    ctx->test = ToDevice(*ctx, data.test);
-
-    if (ctx->spec.is_torchscript()) {
-      const std::string& path = ctx->spec.torchscript_path();
-      // Opened once (no final symlink, no FIFO or device, bounded size) and
-      // loaded from the bytes read through that descriptor: the file checked
-      // is the file loaded.
-      CKPT_ASSIGN_OR_RETURN(
-          std::string bytes,
-          format::ReadRegularFile(path, format::kMaxTorchScriptFileBytes, "TorchScript file"));
-      try {
-        // Read in place: the file's bytes are held once while loading.
-        ctx->script =
-            torch::jit::load(std::make_shared<BytesReadAdapter>(std::move(bytes)), ctx->device);
-      } catch (const c10::Error& e) {
-        return Status::InvalidArgument("TorchScript file " + path + " does not load: " + Brief(e));
-      }
-      Status inspected = InspectScript(ctx.get());
-      if (!inspected.ok()) return inspected.WithPrefix(path);
-    } else {
-      if (ctx->spec.num_outputs() != data.num_outputs()) {
-        return Status::InvalidArgument(
-            "model spec's last layer has " + std::to_string(ctx->spec.num_outputs()) +
-            " outputs, but " + data.name + " has " +
-            (data.target == format::TargetKind::kClasses
-                 ? std::to_string(data.num_classes) + " classes"
-                 : std::to_string(data.target_width) + " targets per sample"));
-      }
-      ctx->model_tensors = ctx->spec.ModelTensors();
-    }
+    PlaceData(ctx);
+    return PrepareModel(ctx);
   } catch (const c10::Error& e) {
     return Status::Internal("trainer set-up: " + Brief(e));
   } catch (const std::exception& e) {
     return Status::Internal("trainer set-up: " + Brief(e));
   }
+}
 
+// Sets ctx->layout and the indexes into it: by name, per layer, per trainable.
+Status IndexLayout(Context* ctx) {
   ctx->layout = StateLayout(ctx->model_tensors, ctx->optimizer);
   for (size_t i = 0; i < ctx->layout.size(); ++i) {
     if (!ctx->index.emplace(ctx->layout[i].name, static_cast<int>(i)).second) {
@@ -719,6 +756,20 @@ StatusOr<std::unique_ptr<Trainer>> Create(const TrainerOptions& options) {
     s.step = find("optim." + t.name + ".step");
     ctx->trainables.push_back(s);
   }
+  return Status::OK();
+}
+
+StatusOr<std::unique_ptr<Trainer>> Create(const TrainerOptions& options) {
+  auto ctx = std::make_unique<Context>();
+  ctx->options = options;
+  CKPT_RETURN_IF_ERROR(CheckBatchOptions(options));
+  ctx->optimizer = options.optimizer;
+  CKPT_RETURN_IF_ERROR(OpenDevice(ctx.get()));
+  CKPT_RETURN_IF_ERROR(LoadData(ctx.get()));
+  ChooseNormalization(ctx.get());
+  CKPT_ASSIGN_OR_RETURN(ctx->spec, ModelSpec::Parse(options.model_spec, ctx->data->sample_shape));
+  CKPT_RETURN_IF_ERROR(SetUpOnDevice(ctx.get()));
+  CKPT_RETURN_IF_ERROR(IndexLayout(ctx.get()));
   return std::unique_ptr<Trainer>(new TrainerImpl(std::move(ctx)));
 }
 

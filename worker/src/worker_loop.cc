@@ -26,6 +26,7 @@
 
 #include "ckpt/base/kill_point.h"
 #include "ckpt/base/visible_devices.h"
+#include "ckpt/format/optimizer.h"
 #include "ckpt/ipc/channel.h"
 #include "ckpt/ipc/failure_code.h"
 #include "ckpt/ipc/messages.h"
@@ -33,6 +34,8 @@
 #include "ckpt/logging/logging.h"
 #include "ckpt/logging/trace_file.h"
 #include "ckpt/model/trainer.h"
+#include "kill_points.h"
+#include "phase_times.h"
 
 namespace ckpt::worker {
 namespace {
@@ -45,83 +48,16 @@ using Clock = std::chrono::steady_clock;
 using logging::Logger;
 
 // CKPT_WORKER_PHASES=1: at exit, one stderr line "ckpt-worker phases: {JSON}"
-// with the seconds the slot threads spent per phase of a member-interval,
-// summed over slots (decode: ring copy, blob parse and validation; train;
-// evaluate; encode: finiteness check and blob preparation; send: writing the
-// RESULT into the ring; idle: waiting for work), the CONFIGURE time and the
-// time from start to the first RESULT. For finding where the time goes.
+// (phase_times.h). For finding where the time goes.
 const bool kPhases = [] {
   const char* v = std::getenv("CKPT_WORKER_PHASES");
   return v != nullptr && *v == '1';
 }();
 
-// Crash-test seam, as in the scheduler: CKPT_KILL_AT=POINT:N makes this
-// process SIGKILL itself the N-th time it passes POINT (counted per process, so
-// a restarted worker dies again at its own N-th pass; format/kill_point.h
-// parses it and names the points). The worker's points:
-//   worker.decode       a TRAIN record decoded, still in the ring (not released)
-//   worker.train        a slot starts a member-interval; the kill falls half
-//                       the previous interval's compute time later, mid-training
-//   worker.encode       a RESULT reserved in the ring, its state half written
-//   worker.result_sent  a RESULT committed to the ring, before the scheduler
-//                       has read it
-// Any other point (the scheduler's) is ignored here; a malformed value is
-// ignored too (the scheduler refuses it before a worker is started).
-// CKPT_KILL_ONCE=FILE makes the kill happen only in the process that creates
-// FILE (O_EXCL): one kill over all the worker's restarts, so that a point hit
-// early in every incarnation cannot stop the run from progressing.
-class KillPoints {
- public:
-  KillPoints() {
-    auto at = base::KillAtFromEnvironment();
-    if (!at.ok() || !*at) return;
-    point_ = std::move((*at)->point);
-    n_ = (*at)->n;
-    if (const char* once = std::getenv("CKPT_KILL_ONCE"); once != nullptr && *once != '\0') {
-      once_file_ = once;
-    }
-  }
-  // True the N-th time `point` is passed.
-  bool Hit(const char* point) {
-    if (n_ <= 0 || point_ != point || hits_.fetch_add(1) + 1 != n_) return false;
-    if (once_file_.empty()) return true;
-    const int fd = open(once_file_.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
-    if (fd < 0) return false;
-    close(fd);
-    return true;
-  }
-  void At(const char* point) {
-    if (Hit(point)) Die(point);
-  }
-  // Mid-training: SIGKILL `after` from now, from a thread of its own.
-  void AtAfter(const char* point, double after_s) {
-    if (!Hit(point)) return;
-    std::thread([point, after_s] {
-      std::this_thread::sleep_for(std::chrono::duration<double>(after_s));
-      Die(point);
-    }).detach();
-  }
-
- private:
-  static void Die(const char* point) {
-    logging::EmitTrace(base::kill_points::kTraceEvent, {{"point", point}});
-    Logger().error("ckpt-worker: kill point {}", point);
-    raise(SIGKILL);
-  }
-  std::string point_;
-  std::string once_file_;
-  int64_t n_ = 0;
-  std::atomic<int64_t> hits_{0};
-};
-
-KillPoints& WorkerKillPoints() {
-  static KillPoints k;
-  return k;
-}
-
 struct Job {
   uint64_t task_id = 0;
   std::string experiment;
+  std::string member;          // the member's name within the experiment
   std::vector<uint8_t> state;  // copied out of the ring, so the ring is released at once
   model::MemberTask task;
 };
@@ -129,36 +65,6 @@ struct Job {
 double Since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
-
-// Seconds per phase, summed over the slot threads (see kPhases).
-class PhaseTimes {
- public:
-  enum Phase { kReceive, kDecode, kTrain, kEvaluate, kEncode, kSend, kIdle, kCount };
-  void Add(Phase p, double seconds) {
-    ns_[p].fetch_add(static_cast<int64_t>(seconds * 1e9), std::memory_order_relaxed);
-  }
-  void Member() { members_.fetch_add(1, std::memory_order_relaxed); }
-  void FirstResult(double seconds) {
-    double none = -1;
-    first_result_s_.compare_exchange_strong(none, seconds);
-  }
-  void Configure(double seconds) { configure_s_.store(seconds); }
-  std::string ToJson() const {
-    static constexpr const char* kNames[kCount] = {"receive_s", "decode_s", "train_s", "evaluate_s",
-                                                   "encode_s",  "send_s",   "idle_s"};
-    nlohmann::json j{{"members", members_.load()},
-                     {"configure_s", configure_s_.load()},
-                     {"first_result_s", first_result_s_.load()}};
-    for (int p = 0; p < kCount; ++p) j[kNames[p]] = 1e-9 * static_cast<double>(ns_[p].load());
-    return j.dump();
-  }
-
- private:
-  std::atomic<int64_t> ns_[kCount] = {};
-  std::atomic<int64_t> members_{0};
-  std::atomic<double> configure_s_{0};
-  std::atomic<double> first_result_s_{-1};
-};
 
 int64_t RssBytes() {
   std::ifstream in("/proc/self/statm");
@@ -181,11 +87,13 @@ class WorkerLoop {
   Status SendMessage(ipc::RecordType type, const M& m);
   // `mode`: the one in effect since the last CONFIGURE; none before the first.
   Status SendHello(std::optional<ipc::FusionMode> mode);
-  void SendFailed(uint64_t task_id, const std::string& member, ipc::FailureCode code,
-                  const std::string& reason);
-  void SendOutcome(uint64_t task_id, const model::MemberOutcome& o);
+  // FAILED for the task `task_id` of `member` of `experiment` (task id 0 and
+  // no member: the experiment's CONFIGURE was refused).
+  void SendFailed(uint64_t task_id, const std::string& experiment, const std::string& member,
+                  ipc::FailureCode code, const std::string& reason);
+  void SendOutcome(const Job& job, const model::MemberOutcome& o);
   // SendOutcome, with the outcome's phases and the send counted in phases_.
-  void SendTimed(uint64_t task_id, const model::MemberOutcome& o);
+  void SendTimed(const Job& job, const model::MemberOutcome& o);
   Status HandleConfigure(const ipc::Received& rec);
   void HandleTrain(const ipc::Received& rec);
   void SlotLoop();
@@ -248,24 +156,28 @@ Status WorkerLoop::SendHello(std::optional<ipc::FusionMode> mode) {
   return SendMessage(ipc::RecordType::kHello, h);
 }
 
-void WorkerLoop::SendFailed(uint64_t task_id, const std::string& member, ipc::FailureCode code,
+void WorkerLoop::SendFailed(uint64_t task_id, const std::string& experiment,
+                            const std::string& member, ipc::FailureCode code,
                             const std::string& reason) {
   ipc::Failed f;
   f.task_id = task_id;
+  f.experiment = experiment;
   f.member = member;
-  f.code = ipc::FailureCodeName(code);
+  f.code = code;
   f.reason = reason;
   (void)SendMessage(ipc::RecordType::kFailed, f);
 }
 
-void WorkerLoop::SendOutcome(uint64_t task_id, const model::MemberOutcome& o) {
+void WorkerLoop::SendOutcome(const Job& job, const model::MemberOutcome& o) {
+  const uint64_t task_id = job.task_id;
   if (!o.ok()) {
-    SendFailed(task_id, o.member, o.fail_code, o.status.message());
+    SendFailed(task_id, job.experiment, job.member, o.fail_code, o.status.message());
     return;
   }
   ipc::Result r;
   r.task_id = task_id;
-  r.member = o.member;
+  r.experiment = job.experiment;
+  r.member = job.member;
   r.step = o.step;
   r.train_loss = o.train_loss;
   r.val_score = o.val_score;
@@ -303,44 +215,20 @@ void WorkerLoop::SendOutcome(uint64_t task_id, const model::MemberOutcome& o) {
     }
     channel_->Abandon();
   }
-  SendFailed(task_id, o.member, ipc::FailureCode::kInternal,
+  SendFailed(task_id, job.experiment, job.member, ipc::FailureCode::kInternal,
              "encoding the new state: " + encoded.ToString());
 }
 
-void WorkerLoop::SendTimed(uint64_t task_id, const model::MemberOutcome& o) {
+void WorkerLoop::SendTimed(const Job& job, const model::MemberOutcome& o) {
   phases_.Add(PhaseTimes::kDecode, o.pack_s);
   phases_.Add(PhaseTimes::kTrain, o.compute_s - o.eval_s);
   phases_.Add(PhaseTimes::kEvaluate, o.eval_s);
   phases_.Add(PhaseTimes::kEncode, o.unpack_s);
   const auto start = Clock::now();
-  SendOutcome(task_id, o);
+  SendOutcome(job, o);
   phases_.Add(PhaseTimes::kSend, Since(start));
   phases_.Member();
   phases_.FirstResult(Since(started_));
-}
-
-// The data and task settings of a CONFIGURE, as TrainerOptions.
-Status ApplyDataSettings(const ipc::Configure& c, model::TrainerOptions* t) {
-  CKPT_ASSIGN_OR_RETURN(format::DatasetFormat data_format,
-                        format::ParseDatasetFormat(c.data_format));
-  if (data_format != format::DatasetFormat::kIdx) {
-    format::TensorDatasetOptions d;
-    d.format = data_format;
-    d.path = c.dataset_path;
-    d.val_size = c.val_size;
-    d.classes = c.classes;
-    d.mean = c.data_mean;
-    d.std = c.data_std;
-    t->tensor_data = std::move(d);
-  }
-  if (!c.loss.empty()) {
-    CKPT_ASSIGN_OR_RETURN(t->loss, format::ParseLossKind(c.loss));
-  }
-  if (!c.metric.empty()) {
-    CKPT_ASSIGN_OR_RETURN(t->metric, format::ParseMetricKind(c.metric));
-  }
-  CKPT_ASSIGN_OR_RETURN(t->augment, format::ParseAugmentation(c.augment));
-  return Status::OK();
 }
 
 Status WorkerLoop::HandleConfigure(const ipc::Received& rec) {
@@ -356,11 +244,10 @@ Status WorkerLoop::HandleConfigure(const ipc::Received& rec) {
   t.eval_size = c->eval_size;
   t.dataset = c->dataset;
   t.dataset_path = c->dataset_path;
-  Status data = ApplyDataSettings(*c, &t);
-  if (!data.ok()) {
-    SendFailed(0, c->experiment, ipc::FailureCode::kConfigureRefused, data.ToString());
-    return Status::OK();
-  }
+  t.tensor_data = c->tensor_data;
+  t.loss = c->loss;
+  t.metric = c->metric;
+  t.augment = c->augment;
   t.intra_op_threads = options_.intra_op_threads;
   t.seed = c->seed;
   t.cancel = &cancel_;
@@ -369,8 +256,9 @@ Status WorkerLoop::HandleConfigure(const ipc::Received& rec) {
     Logger().error("ckpt-worker {}: CONFIGURE {}: {}", name_, c->experiment,
                    trainer.status().ToString());
     // The scheduler ends the experiment at once with this reason (task id 0,
-    // the experiment in `member`); its TRAINs here fail as not configured.
-    SendFailed(0, c->experiment, ipc::FailureCode::kConfigureRefused, trainer.status().ToString());
+    // no member); its TRAINs here fail as not configured.
+    SendFailed(0, c->experiment, "", ipc::FailureCode::kConfigureRefused,
+               trainer.status().ToString());
     return Status::OK();
   }
   using ipc::FusionMode;
@@ -408,7 +296,8 @@ void WorkerLoop::HandleTrain(const ipc::Received& rec) {
     Logger().error("ckpt-worker {}: malformed TRAIN: {}", name_, t.status().ToString());
     return;
   }
-  Logger().trace("ckpt-worker {}: got TRAIN task {} {}", name_, t->task_id, t->member);
+  Logger().trace("ckpt-worker {}: got TRAIN task {} {}/{}", name_, t->task_id, t->experiment,
+                 t->member);
   WorkerKillPoints().At(base::kill_points::kWorkerDecode);
   const auto start = Clock::now();
   Job job;
@@ -416,9 +305,10 @@ void WorkerLoop::HandleTrain(const ipc::Received& rec) {
   job.state.assign(t->state.data, t->state.data + t->state.size);
   channel_->Release();
   phases_.Add(PhaseTimes::kReceive, Since(start));
-  const auto slash = t->member.find('/');
-  job.experiment = slash == std::string::npos ? "" : t->member.substr(0, slash);
-  job.task.member = t->member;
+  job.experiment = t->experiment;
+  job.member = t->member;
+  // The trainer names the member in its messages as "exp/member".
+  job.task.member = t->experiment + "/" + t->member;
   job.task.init_seed = t->init_seed;
   job.task.hparams = t->hparams;
   job.task.steps = t->steps;
@@ -426,8 +316,9 @@ void WorkerLoop::HandleTrain(const ipc::Received& rec) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (experiments_.count(job.experiment) == 0) {
-      SendFailed(job.task_id, t->member, ipc::FailureCode::kBadRequest,
-                 "no CONFIGURE for experiment '" + job.experiment + "' of member " + t->member);
+      SendFailed(
+          job.task_id, job.experiment, job.member, ipc::FailureCode::kBadRequest,
+          "no CONFIGURE for experiment '" + job.experiment + "' of member " + job.task.member);
       return;
     }
     jobs_.push_back(std::move(job));
@@ -495,14 +386,14 @@ void WorkerLoop::SlotLoopBody() {
       for (size_t i = 0; i < group.size(); ++i) {
         if (outcomes[i].ok()) samples_.fetch_add(static_cast<uint64_t>(outcomes[i].samples));
         if (outcomes[i].ok()) last_compute_s_.store(outcomes[i].compute_s);
-        SendTimed(group[i].task_id, outcomes[i]);
+        SendTimed(group[i], outcomes[i]);
       }
     } else {
       for (const auto& j : group) {
         auto o = trainer->TrainPlain(j.task);
         if (o.ok()) samples_.fetch_add(static_cast<uint64_t>(o.samples));
         if (o.ok()) last_compute_s_.store(o.compute_s);
-        SendTimed(j.task_id, o);
+        SendTimed(j, o);
       }
     }
     busy_.fetch_sub(1);

@@ -1,17 +1,18 @@
 #include "ckpt/format/checkpoint.h"
 
-#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <nlohmann/json.hpp>
 
 #include "ckpt/format/checksum.h"
 #include "ckpt/format/safetensors.h"
-#include "safetensors_header.h"
+#include "little_endian.h"
 
 namespace ckpt::format {
 namespace {
 
+using internal::LoadLE64;
+using internal::StoreLE64;
 using json = nlohmann::json;
 
 constexpr const char* kMetadataKey = "__metadata__";
@@ -31,16 +32,6 @@ constexpr DTypeInfo kDTypes[] = {
     {DType::kI16, "I16", 2},   {DType::kI8, "I8", 1},   {DType::kU8, "U8", 1},
     {DType::kBool, "BOOL", 1},
 };
-
-uint64_t LoadLE64(const uint8_t* p) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
-  return v;
-}
-
-void StoreLE64(uint8_t* p, uint64_t v) {
-  for (int i = 0; i < 8; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
-}
 
 // Parses a decimal unsigned integer that must fill the whole string.
 bool ParseU64(const std::string& s, uint64_t* out) {
@@ -165,123 +156,6 @@ int64_t TensorView::numel() const {
 
 const TensorView* CheckpointView::Find(std::string_view name) const {
   for (const auto& t : tensors_) {
-    if (t.name == name) return &t;
-  }
-  return nullptr;
-}
-
-StatusOr<SafetensorsView> ParseSafetensors(const void* data, size_t size,
-                                           const SafetensorsOptions& options) {
-  const std::string& origin = options.origin;
-  auto bad = [&](const std::string& what) { return Status::Corruption(origin + ": " + what); };
-  auto bad_tensor = [&](const std::string& name, const std::string& what) {
-    return Status::Corruption(origin + ": tensor " + name + ": " + what);
-  };
-  const uint8_t* bytes = static_cast<const uint8_t*>(data);
-  if (size < 8) return bad("file of " + std::to_string(size) + " bytes is shorter than 8");
-  const uint64_t n = LoadLE64(bytes);
-  if (n > size - 8) {
-    return bad("header length " + std::to_string(n) + " beyond the file of " +
-               std::to_string(size) + " bytes");
-  }
-  if (n > options.max_header_bytes) {
-    return bad("header length " + std::to_string(n) + " above the cap of " +
-               std::to_string(options.max_header_bytes));
-  }
-  const size_t header_end = 8 + static_cast<size_t>(n);
-  internal::SafetensorsHeader header;
-  if (!internal::ParseSafetensorsHeader(bytes + 8, bytes + header_end, &header)) {
-    return bad("header is not valid JSON");
-  }
-  if (!header.is_object) return bad("header is not a JSON object");
-
-  SafetensorsView view;
-  view.header_bytes = header_end;
-  view.total_bytes = size;
-  if (header.has_metadata) {
-    view.has_metadata = true;
-    if (!header.metadata_is_object) return bad("__metadata__ is not an object");
-    for (auto& [key, value] : header.metadata) {
-      if (!value) return bad("__metadata__ value of " + key + " is not a string");
-      view.metadata.emplace_hint(view.metadata.end(), key, std::move(*value));
-    }
-  }
-
-  using Kind = internal::HeaderField::Kind;
-  const size_t data_size = size - header_end;
-  struct Range {
-    uint64_t begin, end;
-    size_t index;
-  };
-  std::vector<Range> ranges;
-  std::vector<TensorView> tensors;
-  ranges.reserve(header.entries.size());
-  tensors.reserve(header.entries.size());
-  for (auto& [name, t] : header.entries) {
-    if (!t.is_object) return bad_tensor(name, "entry is not an object");
-    if (t.dtype.kind != Kind::kString) return bad_tensor(name, "missing or non-string dtype");
-    if (t.shape.kind != Kind::kArray) return bad_tensor(name, "missing or non-array shape");
-    if (t.data_offsets.kind != Kind::kArray || t.data_offsets.count != 2) {
-      return bad_tensor(name, "data_offsets is not a pair");
-    }
-    TensorView tv;
-    tv.name = name;
-    auto dtype = ParseDType(t.dtype.text);
-    if (!dtype.ok()) return bad_tensor(name, dtype.status().message());
-    tv.dtype = *dtype;
-    if (t.shape.count > static_cast<size_t>(kMaxRank)) {
-      return bad_tensor(
-          name, "rank " + std::to_string(t.shape.count) + " above " + std::to_string(kMaxRank));
-    }
-    for (const auto& d : t.shape.items) {
-      if (!d) return bad_tensor(name, "shape has a non-natural dimension");
-      if (*d > (uint64_t{1} << 62)) return bad_tensor(name, "dimension too large");
-      tv.shape.push_back(static_cast<int64_t>(*d));
-    }
-    int64_t numel;
-    if (!ShapeNumel(tv.shape, &numel)) return bad_tensor(name, "shape product overflows");
-    const auto& b = t.data_offsets.items[0];
-    const auto& e = t.data_offsets.items[1];
-    if (!b || !e) return bad_tensor(name, "data_offsets are not natural numbers");
-    const uint64_t begin = *b, end = *e;
-    if (begin > end || end > data_size) {
-      return bad_tensor(name, "data_offsets [" + std::to_string(begin) + ", " +
-                                  std::to_string(end) + "] out of bounds of " +
-                                  std::to_string(data_size) + " data bytes");
-    }
-    const uint64_t esize = DTypeSize(tv.dtype);
-    if (static_cast<uint64_t>(numel) > std::numeric_limits<uint64_t>::max() / esize ||
-        static_cast<uint64_t>(numel) * esize != end - begin) {
-      return bad_tensor(name, std::to_string(end - begin) + " bytes do not match " +
-                                  std::string(DTypeName(tv.dtype)) + " x shape");
-    }
-    tv.data = bytes + header_end + begin;
-    tv.nbytes = static_cast<size_t>(end - begin);
-    ranges.push_back(Range{begin, end, tensors.size()});
-    tensors.push_back(std::move(tv));
-  }
-  // Tensors must tile the data area exactly: sorted, no overlap, no hole.
-  std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) {
-    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
-  });
-  uint64_t pos = 0;
-  for (const Range& r : ranges) {
-    const std::string& name = tensors[r.index].name;
-    if (r.begin < pos) return bad_tensor(name, "overlaps the previous tensor");
-    if (r.begin > pos) return bad_tensor(name, "leaves a hole before it");
-    pos = r.end;
-  }
-  if (pos != data_size) {
-    return bad(std::to_string(data_size - pos) + " trailing bytes after the last tensor");
-  }
-  // Present tensors in data order (the writer's insertion order).
-  view.tensors.reserve(ranges.size());
-  for (const Range& r : ranges) view.tensors.push_back(std::move(tensors[r.index]));
-  return view;
-}
-
-const TensorView* SafetensorsView::Find(std::string_view name) const {
-  for (const auto& t : tensors) {
     if (t.name == name) return &t;
   }
   return nullptr;

@@ -13,7 +13,20 @@
 #include <map>
 #include <utility>
 
+#include "little_endian.h"
+
 namespace ckpt::format {
+namespace {
+
+// The x and y of one split.
+struct SplitTensors {
+  const TensorView* x = nullptr;
+  const TensorView* y = nullptr;
+};
+// The tensors of each split of the file, by split name.
+using Splits = std::map<std::string, SplitTensors>;
+
+}  // namespace
 
 // Fills a TensorDataset (whose members are private) from validated tensors.
 class TensorDatasetBuilder {
@@ -24,6 +37,15 @@ class TensorDatasetBuilder {
     d->map_ = map;
     d->map_bytes_ = bytes;
   }
+
+ private:
+  // The steps of Build, in order; each fills part of `d` or refuses the data.
+  static Status SetLayout(const TensorView& tx, const TensorView& ty, TensorDataset* d);
+  static Status SetSplits(const Splits& splits, const TensorDatasetOptions& options,
+                          TensorDataset* d);
+  static Status HoldOutValidation(bool has_val, const TensorView& ty,
+                                  const TensorDatasetOptions& options, TensorDataset* d);
+  static Status SetNormalization(const TensorDatasetOptions& options, TensorDataset* d);
 };
 
 namespace {
@@ -32,11 +54,9 @@ constexpr const char* kSplitNames[] = {"train", "val", "test"};
 // Largest number of classes accepted from the data.
 constexpr int64_t kMaxClasses = int64_t{1} << 24;
 
-uint16_t LoadLE16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
-uint32_t LoadLE32(const uint8_t* p) {
-  return uint32_t{p[0]} | (uint32_t{p[1]} << 8) | (uint32_t{p[2]} << 16) | (uint32_t{p[3]} << 24);
-}
-uint64_t LoadLE64(const uint8_t* p) { return LoadLE32(p) | (uint64_t{LoadLE32(p + 4)} << 32); }
+using internal::LoadLE16;
+using internal::LoadLE32;
+using internal::LoadLE64;
 
 float HalfToFloat(uint16_t h) {
   const uint32_t sign = (h >> 15) & 1;
@@ -167,12 +187,146 @@ Status ParseNpy(const uint8_t* p, uint64_t size, const std::string& where, Tenso
   return Status::OK();
 }
 
-// ---- validation -----------------------------------------------------------
-
-struct SplitTensors {
-  const TensorView* x = nullptr;
-  const TensorView* y = nullptr;
+// The bytes of an .npz archive, and the name its errors start with.
+struct ZipArchive {
+  const uint8_t* p;
+  size_t size;
+  const std::string& origin;
+  Status Bad(const std::string& what) const { return Status::Corruption(origin + ": " + what); }
 };
+
+// Where the central directory lies, as the end-of-central-directory record
+// (or its ZIP64 form) says.
+struct CentralDirectory {
+  uint64_t entries = 0;
+  uint64_t size = 0;
+  uint64_t offset = 0;
+};
+
+// One entry of the central directory, its ZIP64 extra field applied.
+struct ZipEntry {
+  std::string name;
+  uint16_t flags = 0;
+  uint16_t method = 0;
+  uint64_t comp = 0;    // compressed size
+  uint64_t uncomp = 0;  // uncompressed size
+  uint64_t local = 0;   // offset of its local header
+};
+
+// REQUIRES: zip.size >= 22.
+StatusOr<CentralDirectory> FindCentralDirectory(const ZipArchive& zip) {
+  const uint8_t* p = zip.p;
+  const size_t size = zip.size;
+  // The end-of-central-directory record: the last 22 bytes unless a comment follows.
+  size_t eocd = std::string::npos;
+  const size_t lowest = size >= 22 + 65535 ? size - 22 - 65535 : 0;
+  for (size_t at = size - 22 + 1; at-- > lowest;) {
+    if (LoadLE32(p + at) == 0x06054b50u) {
+      eocd = at;
+      break;
+    }
+  }
+  if (eocd == std::string::npos) return zip.Bad("not a zip archive (no end of central directory)");
+  CentralDirectory cd;
+  cd.entries = LoadLE16(p + eocd + 10);
+  cd.size = LoadLE32(p + eocd + 12);
+  cd.offset = LoadLE32(p + eocd + 16);
+  if (cd.entries == 0xFFFF || cd.size == 0xFFFFFFFFu || cd.offset == 0xFFFFFFFFu) {
+    // ZIP64: a locator just before the record points at the ZIP64 record.
+    if (eocd < 20 || LoadLE32(p + eocd - 20) != 0x07064b50u) {
+      return zip.Bad("zip64 archive without its locator");
+    }
+    const uint64_t z = LoadLE64(p + eocd - 20 + 8);
+    if (z > size || size - z < 56 || LoadLE32(p + z) != 0x06064b50u) {
+      return zip.Bad("zip64 end of central directory out of bounds");
+    }
+    cd.entries = LoadLE64(p + z + 32);
+    cd.size = LoadLE64(p + z + 40);
+    cd.offset = LoadLE64(p + z + 48);
+  }
+  if (cd.offset > size || cd.size > size - cd.offset) {
+    return zip.Bad("central directory beyond the file of " + std::to_string(size) + " bytes");
+  }
+  if (cd.entries > cd.size / 46) return zip.Bad("central directory claims too many entries");
+  return cd;
+}
+
+// The ZIP64 extra field of `entry` in the extra fields [x, x_end): the 64-bit
+// values of the fields that read 0xFFFFFFFF, in order.
+Status ApplyZip64Extra(const ZipArchive& zip, const uint8_t* x, const uint8_t* x_end,
+                       ZipEntry* entry) {
+  while (x_end - x >= 4) {
+    const uint16_t id = LoadLE16(x);
+    const uint16_t len = LoadLE16(x + 2);
+    if (x_end - x - 4 < len) return zip.Bad(entry->name + ": bad zip extra field");
+    if (id == 0x0001) {
+      const uint8_t* v = x + 4;
+      const uint8_t* v_end = v + len;
+      for (uint64_t* field : {&entry->uncomp, &entry->comp, &entry->local}) {
+        if (*field != 0xFFFFFFFFu) continue;
+        if (v_end - v < 8) return zip.Bad(entry->name + ": short zip64 extra field");
+        *field = LoadLE64(v);
+        v += 8;
+      }
+    }
+    x += 4 + len;
+  }
+  return Status::OK();
+}
+
+// Entry `e` of the central directory at `*at`; moves `*at` past it.
+Status ReadDirectoryEntry(const ZipArchive& zip, const CentralDirectory& cd, uint64_t e,
+                          uint64_t* at, ZipEntry* entry) {
+  const uint8_t* p = zip.p;
+  const uint64_t cd_end = cd.offset + cd.size;
+  const uint64_t pos = *at;
+  if (cd_end - pos < 46 || LoadLE32(p + pos) != 0x02014b50u) {
+    return zip.Bad("bad central directory entry " + std::to_string(e));
+  }
+  entry->flags = LoadLE16(p + pos + 8);
+  entry->method = LoadLE16(p + pos + 10);
+  entry->comp = LoadLE32(p + pos + 20);
+  entry->uncomp = LoadLE32(p + pos + 24);
+  const uint64_t name_len = LoadLE16(p + pos + 28);
+  const uint64_t extra_len = LoadLE16(p + pos + 30);
+  const uint64_t comment_len = LoadLE16(p + pos + 32);
+  entry->local = LoadLE32(p + pos + 42);
+  if (cd_end - pos - 46 < name_len + extra_len + comment_len) {
+    return zip.Bad("central directory entry " + std::to_string(e) + " runs past the directory");
+  }
+  entry->name.assign(reinterpret_cast<const char*>(p + pos + 46), name_len);
+  const uint8_t* extra = p + pos + 46 + name_len;
+  CKPT_RETURN_IF_ERROR(ApplyZip64Extra(zip, extra, extra + extra_len, entry));
+  *at = pos + 46 + name_len + extra_len + comment_len;
+  return Status::OK();
+}
+
+// Where the bytes of `entry` start: a stored (uncompressed, unencrypted)
+// entry whose local header and bytes lie within the archive.
+Status LocateStoredData(const ZipArchive& zip, const ZipEntry& entry, uint64_t* data_start) {
+  const uint8_t* p = zip.p;
+  const size_t size = zip.size;
+  const std::string& name = entry.name;
+  if (entry.flags & 1) return zip.Bad(name + ": encrypted zip entry");
+  if (entry.method != 0) {
+    return zip.Bad(name + ": compressed zip entry (method " + std::to_string(entry.method) +
+                   "): write the archive with np.savez, not np.savez_compressed");
+  }
+  if (entry.comp != entry.uncomp) return zip.Bad(name + ": stored entry whose sizes differ");
+  const uint64_t local = entry.local;
+  if (local > size || size - local < 30 || LoadLE32(p + local) != 0x04034b50u) {
+    return zip.Bad(name + ": local header out of bounds");
+  }
+  const uint64_t start = local + 30 + LoadLE16(p + local + 26) + LoadLE16(p + local + 28);
+  if (start > size || entry.comp > size - start) {
+    return zip.Bad(name + ": " + std::to_string(entry.comp) + " bytes beyond the file of " +
+                   std::to_string(size) + " bytes");
+  }
+  *data_start = start;
+  return Status::OK();
+}
+
+// ---- validation -----------------------------------------------------------
 
 Status CheckFinite(const std::string& origin, const TensorView& t, int64_t row_elems) {
   const int64_t n = t.numel();
@@ -191,6 +345,156 @@ Status CheckFinite(const std::string& origin, const TensorView& t, int64_t row_e
     }
   }
   return Status::OK();
+}
+
+Status BadTensor(const std::string& origin, const std::string& tensor, const std::string& what) {
+  return Status::Corruption(origin + ": " + tensor + ": " + what);
+}
+
+// Each tensor is the x or y of a known split, each split has both, and there
+// is a train split.
+StatusOr<Splits> GroupSplits(const std::vector<TensorView>& tensors, const std::string& origin) {
+  Splits splits;
+  for (const TensorView& t : tensors) {
+    bool known = false;
+    for (const char* s : kSplitNames) {
+      if (t.name == std::string(s) + ".x") {
+        splits[s].x = &t;
+        known = true;
+      } else if (t.name == std::string(s) + ".y") {
+        splits[s].y = &t;
+        known = true;
+      }
+    }
+    if (!known) {
+      return BadTensor(origin, t.name,
+                       "unknown tensor (expected train.x, train.y, and optionally val.x, val.y, "
+                       "test.x, test.y)");
+    }
+  }
+  for (const char* s : kSplitNames) {
+    auto it = splits.find(s);
+    if (it == splits.end()) continue;
+    const std::string split(s);
+    if (it->second.x == nullptr) {
+      return BadTensor(origin, split + ".x", "missing (" + split + ".y is there)");
+    }
+    if (it->second.y == nullptr) {
+      return BadTensor(origin, split + ".y", "missing (" + split + ".x is there)");
+    }
+  }
+  if (splits.count("train") == 0) {
+    return Status::Corruption(origin + ": train.x: missing (the file has no train split)");
+  }
+  return splits;
+}
+
+// A split's x and y have train's dtypes and shapes after N, and as many rows.
+Status CheckSplitMatchesTrain(const std::string& origin, const SplitTensors& split,
+                              const SplitTensors& train) {
+  const TensorView& x = *split.x;
+  const TensorView& y = *split.y;
+  const TensorView& tx = *train.x;
+  const TensorView& ty = *train.y;
+  if (x.dtype != tx.dtype) {
+    return BadTensor(origin, x.name,
+                     "dtype " + std::string(DTypeName(x.dtype)) + " differs from train.x's " +
+                         std::string(DTypeName(tx.dtype)));
+  }
+  if (x.shape.size() != tx.shape.size() ||
+      !std::equal(x.shape.begin() + 1, x.shape.end(), tx.shape.begin() + 1)) {
+    return BadTensor(
+        origin, x.name,
+        "shape " + ShapeText(x.shape) + " does not match train.x's " + ShapeText(tx.shape));
+  }
+  if (y.dtype != ty.dtype || y.shape.size() != ty.shape.size() ||
+      !std::equal(y.shape.begin() + 1, y.shape.end(), ty.shape.begin() + 1)) {
+    return BadTensor(origin, y.name,
+                     std::string(DTypeName(y.dtype)) + " " + ShapeText(y.shape) +
+                         " does not match train.y's " + std::string(DTypeName(ty.dtype)) + " " +
+                         ShapeText(ty.shape));
+  }
+  if (x.shape[0] != y.shape[0]) {
+    return BadTensor(
+        origin, y.name,
+        std::to_string(y.shape[0]) + " rows, but " + x.name + " has " + std::to_string(x.shape[0]));
+  }
+  return Status::OK();
+}
+
+// Every label of I64 [N] `y` is in [0, limit); raises *max_label to the
+// largest.
+Status CheckLabels(const std::string& origin, const TensorView& y, int64_t limit,
+                   int64_t* max_label) {
+  for (int64_t r = 0; r < y.shape[0]; ++r) {
+    const int64_t label = static_cast<int64_t>(LoadLE64(y.data + 8 * r));
+    if (label < 0 || label >= limit) {
+      return BadTensor(origin, y.name,
+                       "label " + std::to_string(label) + " at row " + std::to_string(r) +
+                           " is outside [0, " + std::to_string(limit) + ")");
+    }
+    *max_label = std::max(*max_label, label);
+  }
+  return Status::OK();
+}
+
+// Normalization given in the options: one finite mean and one finite std > 0
+// per channel.
+Status CheckGivenNormalization(const std::string& origin, int64_t channels,
+                               const TensorDatasetOptions& options) {
+  if (options.mean.size() != static_cast<size_t>(channels) ||
+      options.std.size() != static_cast<size_t>(channels)) {
+    return Status::InvalidArgument(origin + ": mean and std need " + std::to_string(channels) +
+                                   " values each (one per channel), got " +
+                                   std::to_string(options.mean.size()) + " and " +
+                                   std::to_string(options.std.size()));
+  }
+  for (size_t c = 0; c < options.std.size(); ++c) {
+    if (!(options.std[c] > 0) || !std::isfinite(options.std[c]) ||
+        !std::isfinite(options.mean[c])) {
+      return Status::InvalidArgument(origin + ": std[" + std::to_string(c) +
+                                     "] must be finite and > 0, mean finite");
+    }
+  }
+  return Status::OK();
+}
+
+// The train split's rows of x that the statistics are taken over.
+struct TrainRows {
+  DType dtype;
+  const uint8_t* base;
+  int64_t count;        // rows
+  int64_t sample;       // elements per row
+  int64_t per_channel;  // elements per channel in a row: H * W, or 1 for features
+};
+
+// The mean and the mean of squares of channel `c`'s values (U8 as value /
+// 255: integer sums, then double).
+std::pair<double, double> ChannelMoments(const TrainRows& rows, int64_t c) {
+  const double count = static_cast<double>(rows.count) * static_cast<double>(rows.per_channel);
+  if (rows.dtype == DType::kU8) {
+    const double unit = 255.0;
+    uint64_t sum = 0, sum_sq = 0;
+    for (int64_t r = 0; r < rows.count; ++r) {
+      const uint8_t* q = rows.base + r * rows.sample + c * rows.per_channel;
+      for (int64_t i = 0; i < rows.per_channel; ++i) {
+        sum += q[i];
+        sum_sq += uint64_t{q[i]} * q[i];
+      }
+    }
+    return {static_cast<double>(sum) / (count * unit),
+            static_cast<double>(sum_sq) / (count * unit * unit)};
+  }
+  double sum = 0, sum_sq = 0;
+  for (int64_t r = 0; r < rows.count; ++r) {
+    const int64_t first = r * rows.sample + c * rows.per_channel;
+    for (int64_t i = 0; i < rows.per_channel; ++i) {
+      const double v = Element(rows.dtype, rows.base, first + i);
+      sum += v;
+      sum_sq += v * v;
+    }
+  }
+  return {sum / count, sum_sq / count};
 }
 
 }  // namespace
@@ -227,102 +531,27 @@ TensorDataset::~TensorDataset() {
 
 StatusOr<std::vector<TensorView>> ParseNpz(const void* data, size_t size,
                                            const std::string& origin) {
-  const uint8_t* p = static_cast<const uint8_t*>(data);
-  auto bad = [&](const std::string& what) { return Status::Corruption(origin + ": " + what); };
-  if (size < 22) return bad("not a zip archive (shorter than 22 bytes)");
-  // The end-of-central-directory record: the last 22 bytes unless a comment follows.
-  size_t eocd = std::string::npos;
-  const size_t lowest = size >= 22 + 65535 ? size - 22 - 65535 : 0;
-  for (size_t at = size - 22 + 1; at-- > lowest;) {
-    if (LoadLE32(p + at) == 0x06054b50u) {
-      eocd = at;
-      break;
-    }
-  }
-  if (eocd == std::string::npos) return bad("not a zip archive (no end of central directory)");
-  uint64_t entries = LoadLE16(p + eocd + 10);
-  uint64_t cd_size = LoadLE32(p + eocd + 12);
-  uint64_t cd_offset = LoadLE32(p + eocd + 16);
-  if (entries == 0xFFFF || cd_size == 0xFFFFFFFFu || cd_offset == 0xFFFFFFFFu) {
-    // ZIP64: a locator just before the record points at the ZIP64 record.
-    if (eocd < 20 || LoadLE32(p + eocd - 20) != 0x07064b50u) {
-      return bad("zip64 archive without its locator");
-    }
-    const uint64_t z = LoadLE64(p + eocd - 20 + 8);
-    if (z > size || size - z < 56 || LoadLE32(p + z) != 0x06064b50u) {
-      return bad("zip64 end of central directory out of bounds");
-    }
-    entries = LoadLE64(p + z + 32);
-    cd_size = LoadLE64(p + z + 40);
-    cd_offset = LoadLE64(p + z + 48);
-  }
-  if (cd_offset > size || cd_size > size - cd_offset) {
-    return bad("central directory beyond the file of " + std::to_string(size) + " bytes");
-  }
-  if (entries > cd_size / 46) return bad("central directory claims too many entries");
+  const ZipArchive zip{static_cast<const uint8_t*>(data), size, origin};
+  if (size < 22) return zip.Bad("not a zip archive (shorter than 22 bytes)");
+  CKPT_ASSIGN_OR_RETURN(const CentralDirectory cd, FindCentralDirectory(zip));
   std::vector<TensorView> out;
-  uint64_t at = cd_offset;
-  const uint64_t cd_end = cd_offset + cd_size;
-  for (uint64_t e = 0; e < entries; ++e) {
-    if (cd_end - at < 46 || LoadLE32(p + at) != 0x02014b50u) {
-      return bad("bad central directory entry " + std::to_string(e));
-    }
-    const uint16_t flags = LoadLE16(p + at + 8);
-    const uint16_t method = LoadLE16(p + at + 10);
-    uint64_t comp = LoadLE32(p + at + 20);
-    uint64_t uncomp = LoadLE32(p + at + 24);
-    const uint64_t name_len = LoadLE16(p + at + 28);
-    const uint64_t extra_len = LoadLE16(p + at + 30);
-    const uint64_t comment_len = LoadLE16(p + at + 32);
-    uint64_t local = LoadLE32(p + at + 42);
-    if (cd_end - at - 46 < name_len + extra_len + comment_len) {
-      return bad("central directory entry " + std::to_string(e) + " runs past the directory");
-    }
-    std::string name(reinterpret_cast<const char*>(p + at + 46), name_len);
-    // ZIP64 extra field: the 64-bit values of the fields that read 0xFFFFFFFF, in order.
-    const uint8_t* x = p + at + 46 + name_len;
-    const uint8_t* x_end = x + extra_len;
-    while (x_end - x >= 4) {
-      const uint16_t id = LoadLE16(x);
-      const uint16_t len = LoadLE16(x + 2);
-      if (x_end - x - 4 < len) return bad(name + ": bad zip extra field");
-      if (id == 0x0001) {
-        const uint8_t* v = x + 4;
-        const uint8_t* v_end = v + len;
-        for (uint64_t* field : {&uncomp, &comp, &local}) {
-          if (*field != 0xFFFFFFFFu) continue;
-          if (v_end - v < 8) return bad(name + ": short zip64 extra field");
-          *field = LoadLE64(v);
-          v += 8;
-        }
-      }
-      x += 4 + len;
-    }
-    at += 46 + name_len + extra_len + comment_len;
-    if (flags & 1) return bad(name + ": encrypted zip entry");
-    if (method != 0) {
-      return bad(name + ": compressed zip entry (method " + std::to_string(method) +
-                 "): write the archive with np.savez, not np.savez_compressed");
-    }
-    if (comp != uncomp) return bad(name + ": stored entry whose sizes differ");
-    if (local > size || size - local < 30 || LoadLE32(p + local) != 0x04034b50u) {
-      return bad(name + ": local header out of bounds");
-    }
-    const uint64_t data_start = local + 30 + LoadLE16(p + local + 26) + LoadLE16(p + local + 28);
-    if (data_start > size || comp > size - data_start) {
-      return bad(name + ": " + std::to_string(comp) + " bytes beyond the file of " +
-                 std::to_string(size) + " bytes");
-    }
+  uint64_t at = cd.offset;
+  for (uint64_t e = 0; e < cd.entries; ++e) {
+    ZipEntry entry;
+    CKPT_RETURN_IF_ERROR(ReadDirectoryEntry(zip, cd, e, &at, &entry));
+    uint64_t data_start = 0;
+    CKPT_RETURN_IF_ERROR(LocateStoredData(zip, entry, &data_start));
     constexpr std::string_view kNpy = ".npy";
+    const std::string& name = entry.name;
     if (name.size() <= kNpy.size() || name.compare(name.size() - kNpy.size(), kNpy.size(), kNpy)) {
-      return bad(name + ": not an .npy entry");
+      return zip.Bad(name + ": not an .npy entry");
     }
     TensorView t;
     t.name = name.substr(0, name.size() - kNpy.size());
     for (const TensorView& seen : out) {
-      if (seen.name == t.name) return bad(t.name + ": two entries of that name");
+      if (seen.name == t.name) return zip.Bad(t.name + ": two entries of that name");
     }
-    CKPT_RETURN_IF_ERROR(ParseNpy(p + data_start, comp, origin + ": " + t.name, &t));
+    CKPT_RETURN_IF_ERROR(ParseNpy(zip.p + data_start, entry.comp, origin + ": " + t.name, &t));
     out.push_back(std::move(t));
   }
   return out;
@@ -330,54 +559,34 @@ StatusOr<std::vector<TensorView>> ParseNpz(const void* data, size_t size,
 
 StatusOr<std::shared_ptr<TensorDataset>> TensorDatasetBuilder::Build(
     const std::vector<TensorView>& tensors, const TensorDatasetOptions& options) {
-  const std::string& origin = options.path;
-  auto bad = [&](const std::string& tensor, const std::string& what) {
-    return Status::Corruption(origin + ": " + tensor + ": " + what);
-  };
-  std::map<std::string, SplitTensors> splits;
-  for (const TensorView& t : tensors) {
-    bool known = false;
-    for (const char* s : kSplitNames) {
-      if (t.name == std::string(s) + ".x") {
-        splits[s].x = &t;
-        known = true;
-      } else if (t.name == std::string(s) + ".y") {
-        splits[s].y = &t;
-        known = true;
-      }
-    }
-    if (!known) {
-      return bad(t.name,
-                 "unknown tensor (expected train.x, train.y, and optionally val.x, val.y, test.x, "
-                 "test.y)");
-    }
-  }
-  for (const char* s : kSplitNames) {
-    auto it = splits.find(s);
-    if (it == splits.end()) continue;
-    if (it->second.x == nullptr)
-      return bad(std::string(s) + ".x", "missing (" + std::string(s) + ".y is there)");
-    if (it->second.y == nullptr)
-      return bad(std::string(s) + ".y", "missing (" + std::string(s) + ".x is there)");
-  }
-  if (splits.count("train") == 0) {
-    return Status::Corruption(origin + ": train.x: missing (the file has no train split)");
-  }
-
+  CKPT_ASSIGN_OR_RETURN(const Splits splits, GroupSplits(tensors, options.path));
   auto d = std::shared_ptr<TensorDataset>(new TensorDataset());
   d->path_ = options.path;
-  const TensorView& tx = *splits["train"].x;
-  const TensorView& ty = *splits["train"].y;
+  const SplitTensors& train = splits.at("train");
+  CKPT_RETURN_IF_ERROR(SetLayout(*train.x, *train.y, d.get()));
+  CKPT_RETURN_IF_ERROR(SetSplits(splits, options, d.get()));
+  CKPT_RETURN_IF_ERROR(HoldOutValidation(splits.count("val") != 0, *train.y, options, d.get()));
+  CKPT_RETURN_IF_ERROR(SetNormalization(options, d.get()));
+  return d;
+}
+
+Status TensorDatasetBuilder::SetLayout(const TensorView& tx, const TensorView& ty,
+                                       TensorDataset* d) {
+  const std::string& origin = d->path_;
   if (tx.dtype != DType::kU8 && tx.dtype != DType::kF16 && tx.dtype != DType::kF32) {
-    return bad(tx.name, "dtype " + std::string(DTypeName(tx.dtype)) + " is not U8, F16 or F32");
+    return BadTensor(origin, tx.name,
+                     "dtype " + std::string(DTypeName(tx.dtype)) + " is not U8, F16 or F32");
   }
   if (tx.shape.size() != 2 && tx.shape.size() != 4) {
-    return bad(tx.name, "shape " + ShapeText(tx.shape) + " is neither [N, C, H, W] nor [N, F]");
+    return BadTensor(origin, tx.name,
+                     "shape " + ShapeText(tx.shape) + " is neither [N, C, H, W] nor [N, F]");
   }
   d->x_dtype_ = tx.dtype;
   d->sample_shape_.assign(tx.shape.begin() + 1, tx.shape.end());
   for (int64_t dim : d->sample_shape_) {
-    if (dim < 1) return bad(tx.name, "shape " + ShapeText(tx.shape) + " has an empty sample");
+    if (dim < 1) {
+      return BadTensor(origin, tx.name, "shape " + ShapeText(tx.shape) + " has an empty sample");
+    }
   }
   if (ty.dtype == DType::kI64 && ty.shape.size() == 1) {
     d->target_ = TargetKind::kClasses;
@@ -385,53 +594,36 @@ StatusOr<std::shared_ptr<TensorDataset>> TensorDatasetBuilder::Build(
     d->target_ = TargetKind::kValues;
     d->target_rank_ = static_cast<int>(ty.shape.size());
     d->target_width_ = ty.shape.size() == 2 ? ty.shape[1] : 1;
-    if (d->target_width_ < 1) return bad(ty.name, "shape " + ShapeText(ty.shape) + " is empty");
+    if (d->target_width_ < 1) {
+      return BadTensor(origin, ty.name, "shape " + ShapeText(ty.shape) + " is empty");
+    }
   } else {
-    return bad(ty.name, std::string(DTypeName(ty.dtype)) + " " + ShapeText(ty.shape) +
-                            " is neither I64 [N] class labels nor F32 [N] or [N, T] targets");
+    return BadTensor(origin, ty.name,
+                     std::string(DTypeName(ty.dtype)) + " " + ShapeText(ty.shape) +
+                         " is neither I64 [N] class labels nor F32 [N] or [N, T] targets");
   }
+  return Status::OK();
+}
 
-  const int64_t sample = d->sample_numel();
+Status TensorDatasetBuilder::SetSplits(const Splits& splits, const TensorDatasetOptions& options,
+                                       TensorDataset* d) {
+  const std::string& origin = d->path_;
+  const SplitTensors& train = splits.at("train");
+  const int64_t label_limit = options.classes > 0 ? options.classes : kMaxClasses;
   int64_t max_label = -1;
   for (const char* s : kSplitNames) {
     auto it = splits.find(s);
     if (it == splits.end()) continue;
     const TensorView& x = *it->second.x;
     const TensorView& y = *it->second.y;
-    if (x.dtype != tx.dtype) {
-      return bad(x.name, "dtype " + std::string(DTypeName(x.dtype)) + " differs from train.x's " +
-                             std::string(DTypeName(tx.dtype)));
-    }
-    if (x.shape.size() != tx.shape.size() ||
-        !std::equal(x.shape.begin() + 1, x.shape.end(), tx.shape.begin() + 1)) {
-      return bad(x.name, "shape " + ShapeText(x.shape) + " does not match train.x's " +
-                             ShapeText(tx.shape));
-    }
-    if (y.dtype != ty.dtype || y.shape.size() != ty.shape.size() ||
-        !std::equal(y.shape.begin() + 1, y.shape.end(), ty.shape.begin() + 1)) {
-      return bad(y.name, std::string(DTypeName(y.dtype)) + " " + ShapeText(y.shape) +
-                             " does not match train.y's " + std::string(DTypeName(ty.dtype)) + " " +
-                             ShapeText(ty.shape));
-    }
-    if (x.shape[0] != y.shape[0]) {
-      return bad(y.name, std::to_string(y.shape[0]) + " rows, but " + x.name + " has " +
-                             std::to_string(x.shape[0]));
-    }
-    if (x.dtype != DType::kU8) CKPT_RETURN_IF_ERROR(CheckFinite(origin, x, sample));
+    CKPT_RETURN_IF_ERROR(CheckSplitMatchesTrain(origin, it->second, train));
+    if (x.dtype != DType::kU8) CKPT_RETURN_IF_ERROR(CheckFinite(origin, x, d->sample_numel()));
     if (d->target_ == TargetKind::kValues) {
       CKPT_RETURN_IF_ERROR(CheckFinite(origin, y, d->target_width_));
     } else {
-      const int64_t limit = options.classes > 0 ? options.classes : kMaxClasses;
-      for (int64_t r = 0; r < y.shape[0]; ++r) {
-        const int64_t label = static_cast<int64_t>(LoadLE64(y.data + 8 * r));
-        if (label < 0 || label >= limit) {
-          return bad(y.name, "label " + std::to_string(label) + " at row " + std::to_string(r) +
-                                 " is outside [0, " + std::to_string(limit) + ")");
-        }
-        max_label = std::max(max_label, label);
-      }
+      CKPT_RETURN_IF_ERROR(CheckLabels(origin, y, label_limit, &max_label));
     }
-    TensorSplit split{x.shape[0], x.data, y.data};
+    const TensorSplit split{x.shape[0], x.data, y.data};
     if (std::string(s) == "train") d->train_ = split;
     if (std::string(s) == "val") d->validation_ = split;
     if (std::string(s) == "test") d->test_ = split;
@@ -444,91 +636,62 @@ StatusOr<std::shared_ptr<TensorDataset>> TensorDatasetBuilder::Build(
                                      "; a classification needs at least 2 classes");
     }
   }
+  return Status::OK();
+}
 
-  const size_t x_row = static_cast<size_t>(sample) * DTypeSize(tx.dtype);
-  const size_t y_row = static_cast<size_t>(d->target_width_) * DTypeSize(ty.dtype);
-  if (splits.count("val") != 0) {
+Status TensorDatasetBuilder::HoldOutValidation(bool has_val, const TensorView& ty,
+                                               const TensorDatasetOptions& options,
+                                               TensorDataset* d) {
+  const std::string& origin = d->path_;
+  if (has_val) {
     if (options.val_size != 0) {
       return Status::InvalidArgument(
           origin + ": has a val split; val_size = " + std::to_string(options.val_size) +
           " applies only without one");
     }
-  } else {
-    if (options.val_size < 1 || options.val_size >= d->train_.count) {
-      return Status::InvalidArgument(
-          origin + ": has no val split, so val_size must hold out 1 to " +
-          std::to_string(d->train_.count - 1) + " of train's " + std::to_string(d->train_.count) +
-          " rows (it is " + std::to_string(options.val_size) + ")");
-    }
-    const int64_t keep = d->train_.count - options.val_size;
-    d->validation_.count = options.val_size;
-    d->validation_.x = static_cast<const uint8_t*>(d->train_.x) + keep * x_row;
-    d->validation_.y = static_cast<const uint8_t*>(d->train_.y) + keep * y_row;
-    d->train_.count = keep;
+    return Status::OK();
   }
+  if (options.val_size < 1 || options.val_size >= d->train_.count) {
+    return Status::InvalidArgument(origin + ": has no val split, so val_size must hold out 1 to " +
+                                   std::to_string(d->train_.count - 1) + " of train's " +
+                                   std::to_string(d->train_.count) + " rows (it is " +
+                                   std::to_string(options.val_size) + ")");
+  }
+  const size_t x_row = static_cast<size_t>(d->sample_numel()) * DTypeSize(d->x_dtype_);
+  const size_t y_row = static_cast<size_t>(d->target_width_) * DTypeSize(ty.dtype);
+  const int64_t keep = d->train_.count - options.val_size;
+  d->validation_.count = options.val_size;
+  d->validation_.x = static_cast<const uint8_t*>(d->train_.x) + keep * x_row;
+  d->validation_.y = static_cast<const uint8_t*>(d->train_.y) + keep * y_row;
+  d->train_.count = keep;
+  return Status::OK();
+}
 
-  // Per-channel statistics of the train split.
+Status TensorDatasetBuilder::SetNormalization(const TensorDatasetOptions& options,
+                                              TensorDataset* d) {
   const int64_t channels = d->sample_shape_[0];
-  const int64_t per_channel = sample / channels;  // H * W, or 1 for features
-  const bool u8 = tx.dtype == DType::kU8;
-  const double unit = u8 ? 255.0 : 1.0;
   if (!options.mean.empty() || !options.std.empty()) {
-    if (options.mean.size() != static_cast<size_t>(channels) ||
-        options.std.size() != static_cast<size_t>(channels)) {
-      return Status::InvalidArgument(origin + ": mean and std need " + std::to_string(channels) +
-                                     " values each (one per channel), got " +
-                                     std::to_string(options.mean.size()) + " and " +
-                                     std::to_string(options.std.size()));
-    }
-    for (size_t c = 0; c < options.std.size(); ++c) {
-      if (!(options.std[c] > 0) || !std::isfinite(options.std[c]) ||
-          !std::isfinite(options.mean[c])) {
-        return Status::InvalidArgument(origin + ": std[" + std::to_string(c) +
-                                       "] must be finite and > 0, mean finite");
-      }
-    }
+    CKPT_RETURN_IF_ERROR(CheckGivenNormalization(d->path_, channels, options));
     d->mean_ = options.mean;
     d->stddev_ = options.std;
   } else {
+    const int64_t sample = d->sample_numel();
+    const TrainRows rows{d->x_dtype_, static_cast<const uint8_t*>(d->train_.x), d->train_.count,
+                         sample, sample / channels};
     d->mean_.assign(static_cast<size_t>(channels), 0);
     d->stddev_.assign(static_cast<size_t>(channels), 1);
-    const auto* base = static_cast<const uint8_t*>(d->train_.x);
-    const double count = static_cast<double>(d->train_.count) * static_cast<double>(per_channel);
     for (int64_t c = 0; c < channels; ++c) {
-      double mean, mean_sq;
-      if (u8) {
-        uint64_t sum = 0, sum_sq = 0;
-        for (int64_t r = 0; r < d->train_.count; ++r) {
-          const uint8_t* q = base + r * sample + c * per_channel;
-          for (int64_t i = 0; i < per_channel; ++i) {
-            sum += q[i];
-            sum_sq += uint64_t{q[i]} * q[i];
-          }
-        }
-        mean = static_cast<double>(sum) / (count * unit);
-        mean_sq = static_cast<double>(sum_sq) / (count * unit * unit);
-      } else {
-        double sum = 0, sum_sq = 0;
-        for (int64_t r = 0; r < d->train_.count; ++r) {
-          const int64_t first = r * sample + c * per_channel;
-          for (int64_t i = 0; i < per_channel; ++i) {
-            const double v = Element(tx.dtype, base, first + i);
-            sum += v;
-            sum_sq += v * v;
-          }
-        }
-        mean = sum / count;
-        mean_sq = sum_sq / count;
-      }
+      const auto [mean, mean_sq] = ChannelMoments(rows, c);
       d->mean_[c] = mean;
       d->stddev_[c] = std::sqrt(std::max(mean_sq - mean * mean, 1e-12));
     }
   }
+  const double unit = d->x_dtype_ == DType::kU8 ? 255.0 : 1.0;
   for (int64_t c = 0; c < channels; ++c) {
     d->scale_.push_back(1.0 / (unit * d->stddev_[c]));
     d->shift_.push_back(-d->mean_[c] / d->stddev_[c]);
   }
-  return d;
+  return Status::OK();
 }
 
 StatusOr<std::shared_ptr<const TensorDataset>> ValidateTensorDataset(

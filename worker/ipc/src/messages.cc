@@ -64,26 +64,28 @@ json ToJson(const Hello& m) {
               {"version", m.version}};
 }
 
+// CONFIGURE on the wire: one "dataset_path" (the IDX directory or the tensor
+// file) with "data_format" saying which, the tensor file's options beside it,
+// every kind by its format name ("" for an unset loss or metric).
 json ToJson(const Configure& m) {
+  const format::TensorDatasetOptions tensor =
+      m.tensor_data.value_or(format::TensorDatasetOptions{});
   return json{{"experiment", m.experiment},
               {"model_spec", m.model_spec},
+              {"optimizer", format::OptimizerKindName(m.optimizer)},
               {"dataset", m.dataset},
-              {"dataset_path", m.dataset_path},
-              {"data_format", m.data_format},
-              {"val_size", m.val_size},
-              {"classes", m.classes},
-              {"data_mean", m.data_mean},
-              {"data_std", m.data_std},
-              {"loss", m.loss},
-              {"metric", m.metric},
-              {"augment", m.augment},
-              {"optimizer", m.optimizer},
+              {"dataset_path", m.tensor_data ? tensor.path : m.dataset_path},
+              {"data_format", format::DatasetFormatName(
+                                  m.tensor_data ? tensor.format : format::DatasetFormat::kIdx)},
+              {"val_size", tensor.val_size},
+              {"classes", tensor.classes},
+              {"data_mean", tensor.mean},
+              {"data_std", tensor.std},
+              {"loss", m.loss ? format::LossKindName(*m.loss) : ""},
+              {"metric", m.metric ? format::MetricKindName(*m.metric) : ""},
+              {"augment", format::AugmentationNames(m.augment)},
               {"batch_size", m.batch_size},
               {"eval_size", m.eval_size},
-              {"slots", m.slots},
-              {"intra_op_threads", m.intra_op_threads},
-              {"fusion", m.fusion},
-              {"fusion_width", m.fusion_width},
               {"seed", m.seed}};
 }
 
@@ -94,14 +96,15 @@ json HParams(const std::map<std::string, double>& h) {
 }
 
 json ToJson(const Train& m) {
-  return json{{"task_id", m.task_id},         {"member", m.member},
-              {"version", m.version},         {"steps", m.steps},
-              {"eval_test", m.eval_test},     {"init_seed", m.init_seed},
-              {"hparams", HParams(m.hparams)}};
+  return json{{"task_id", m.task_id},     {"experiment", m.experiment},
+              {"member", m.member},       {"version", m.version},
+              {"steps", m.steps},         {"eval_test", m.eval_test},
+              {"init_seed", m.init_seed}, {"hparams", HParams(m.hparams)}};
 }
 
 json ToJson(const Result& m) {
   return json{{"task_id", m.task_id},
+              {"experiment", m.experiment},
               {"member", m.member},
               {"step", m.step},
               {"train_loss", Number(m.train_loss)},
@@ -112,7 +115,11 @@ json ToJson(const Result& m) {
 }
 
 json ToJson(const Failed& m) {
-  return json{{"task_id", m.task_id}, {"member", m.member}, {"code", m.code}, {"reason", m.reason}};
+  return json{{"task_id", m.task_id},
+              {"experiment", m.experiment},
+              {"member", m.member},
+              {"code", FailureCodeName(m.code)},
+              {"reason", m.reason}};
 }
 
 json ToJson(const Stats& m) {
@@ -310,6 +317,27 @@ class Fields {
       out->push_back(x.get<std::string>());
     }
   }
+  // A string naming a kind, read with `parse` (a format::Parse* function);
+  // its error, naming the value, is the field's.
+  template <typename T, typename Parse>
+  void Named(const char* key, Parse parse, T* out) {
+    std::string name;
+    Str(key, &name);
+    if (!status_.ok() || obj_.find(key) == obj_.end()) return;
+    StatusOr<T> v = parse(name);
+    if (!v.ok()) return Fail(key, v.status().message());
+    *out = *v;
+  }
+  // As Named; "" (or no key) leaves `out` unset.
+  template <typename T, typename Parse>
+  void OptionalNamed(const char* key, Parse parse, std::optional<T>* out) {
+    std::string name;
+    Str(key, &name);
+    if (!status_.ok() || name.empty()) return;
+    StatusOr<T> v = parse(name);
+    if (!v.ok()) return Fail(key, v.status().message());
+    *out = *v;
+  }
   void Numbers(const char* key, std::vector<double>* out) {
     const json* v = Find(key, false);
     if (v == nullptr) return;
@@ -502,25 +530,36 @@ StatusOr<Configure> DecodeConfigure(const uint8_t* p, size_t n) {
     Fields f(j, "CONFIGURE");
     f.Str("experiment", &m.experiment, true);
     f.Str("model_spec", &m.model_spec);
+    f.Named("optimizer", format::ParseOptimizerKind, &m.optimizer);
     f.Str("dataset", &m.dataset);
     f.Str("dataset_path", &m.dataset_path);
-    f.Str("data_format", &m.data_format);
-    f.I64("val_size", &m.val_size);
-    f.I64("classes", &m.classes);
-    f.Numbers("data_mean", &m.data_mean);
-    f.Numbers("data_std", &m.data_std);
-    f.Str("loss", &m.loss);
-    f.Str("metric", &m.metric);
-    f.Strings("augment", &m.augment);
-    f.Str("optimizer", &m.optimizer);
+    format::DatasetFormat data_format = format::DatasetFormat::kIdx;
+    f.Named("data_format", format::ParseDatasetFormat, &data_format);
+    format::TensorDatasetOptions tensor;
+    f.I64("val_size", &tensor.val_size);
+    f.I64("classes", &tensor.classes);
+    f.Numbers("data_mean", &tensor.mean);
+    f.Numbers("data_std", &tensor.std);
+    f.OptionalNamed("loss", format::ParseLossKind, &m.loss);
+    f.OptionalNamed("metric", format::ParseMetricKind, &m.metric);
+    std::vector<std::string> augment;
+    f.Strings("augment", &augment);
     f.I32("batch_size", &m.batch_size);
     f.I32("eval_size", &m.eval_size);
-    f.I32("slots", &m.slots);
-    f.I32("intra_op_threads", &m.intra_op_threads);
-    f.Str("fusion", &m.fusion);
-    f.I32("fusion_width", &m.fusion_width);
     f.U64("seed", &m.seed);
     CKPT_RETURN_IF_ERROR(f.status());
+    auto augmentation = format::ParseAugmentation(augment);
+    if (!augmentation.ok()) {
+      return Status::Corruption("CONFIGURE message: field 'augment': " +
+                                augmentation.status().message());
+    }
+    m.augment = *augmentation;
+    if (data_format != format::DatasetFormat::kIdx) {
+      tensor.format = data_format;
+      tensor.path = std::move(m.dataset_path);
+      m.dataset_path.clear();
+      m.tensor_data = std::move(tensor);
+    }
     return m;
   });
 }
@@ -530,6 +569,7 @@ StatusOr<Train> DecodeTrain(const uint8_t* p, size_t n) {
     Train m;
     Fields f(j, "TRAIN");
     f.U64("task_id", &m.task_id, true);
+    f.Str("experiment", &m.experiment, true);
     f.Str("member", &m.member, true);
     f.I64("version", &m.version);
     f.I64("steps", &m.steps, true);
@@ -547,6 +587,7 @@ StatusOr<Result> DecodeResult(const uint8_t* p, size_t n) {
     Result m;
     Fields f(j, "RESULT");
     f.U64("task_id", &m.task_id, true);
+    f.Str("experiment", &m.experiment);
     f.Str("member", &m.member, true);
     f.I64("step", &m.step);
     f.F64("train_loss", &m.train_loss);
@@ -566,10 +607,13 @@ StatusOr<Failed> DecodeFailed(const uint8_t* p, size_t n) {
     Failed m;
     Fields f(j, "FAILED");
     f.U64("task_id", &m.task_id, true);
-    f.Str("member", &m.member, true);
-    f.Str("code", &m.code, true);
+    f.Str("experiment", &m.experiment);
+    f.Str("member", &m.member);
+    std::string code;
+    f.Str("code", &code, true);
     f.Str("reason", &m.reason);
     CKPT_RETURN_IF_ERROR(f.status());
+    m.code = FailureCodeFromWorker(code);
     return m;
   });
 }

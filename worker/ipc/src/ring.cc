@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <new>
+#include <optional>
 #include <utility>
 
 #include "ckpt/format/checksum.h"
@@ -20,6 +21,47 @@ void SealHeader(RecordHeader* h) { h->header_xxh3 = Xxh3_64(h, layout::kRecordHe
 
 std::string At(const std::string& ring, uint64_t position) {
   return ring + " at position " + std::to_string(position);
+}
+
+// Why a record header at data offset `offset`, with `available` bytes
+// published from there, cannot be trusted (its length included), or nothing
+// when it can. The checks run in layout.h's order.
+std::optional<std::string> UntrustedHeaderReason(const RecordHeader& h, uint64_t offset,
+                                                 uint64_t available, uint64_t ring_bytes) {
+  if (h.magic != layout::kRecordMagic) return "bad record magic";
+  if (Xxh3_64(&h, layout::kRecordHeaderChecked) != h.header_xxh3) {
+    return "record header checksum mismatch";
+  }
+  if (h.type > static_cast<uint16_t>(RecordType::kShutdown)) {
+    return "unknown record type " + std::to_string(h.type);
+  }
+  if (h.payload_bytes > ring_bytes - kAlign) {
+    return "payload length " + std::to_string(h.payload_bytes) + " exceeds the ring";
+  }
+  const uint64_t record_bytes = kAlign + layout::RoundUp64(h.payload_bytes);
+  if (offset + record_bytes > ring_bytes) {
+    return "record of " + std::to_string(record_bytes) + " bytes crosses the ring's end";
+  }
+  if (record_bytes > available) {
+    return "record of " + std::to_string(record_bytes) + " bytes, only " +
+           std::to_string(available) + " published";
+  }
+  return std::nullopt;
+}
+
+// A padding record carries no flags or fragment fields and fills exactly to
+// the end of the data area.
+bool IsWellFormedPadding(const RecordHeader& h, bool fills_to_end) {
+  return h.flags == 0 && fills_to_end && h.fragment_offset == 0 &&
+         h.message_bytes == h.payload_bytes && h.message_type == h.type && h.reserved16 == 0 &&
+         h.reserved32 == 0;
+}
+
+// True when a header carries fragment fields: a record that is not a fragment
+// describes only itself.
+bool HasFragmentFields(const RecordHeader& h) {
+  return h.flags != 0 || h.message_type != h.type || h.message_bytes != h.payload_bytes ||
+         h.fragment_offset != 0;
 }
 
 }  // namespace
@@ -199,7 +241,6 @@ RingReader::Result RingReader::Reject(bool skip_all, uint64_t head, uint64_t rec
 
 RingReader::Result RingReader::Next(Message* out, std::string* error) {
   PublishTail();
-  const uint64_t mask = ring_bytes_ - 1;
   for (;;) {
     if (broken_) {
       *error = broken_reason_;
@@ -215,165 +256,152 @@ RingReader::Result RingReader::Next(Message* out, std::string* error) {
       *error = broken_reason_;
       return Result::kBroken;
     }
-    const uint64_t offset = cursor_ & mask;
-    const uint64_t available = head - cursor_;
-    // The one copy of the header; nothing below reads the ring's header again.
-    RecordHeader h;
-    std::memcpy(&h, data_ + offset, sizeof(h));
-
-    if (h.magic != layout::kRecordMagic) {
-      return Reject(true, head, 0, "bad record magic", error);
-    }
-    if (Xxh3_64(&h, layout::kRecordHeaderChecked) != h.header_xxh3) {
-      return Reject(true, head, 0, "record header checksum mismatch", error);
-    }
-    const auto type = static_cast<RecordType>(h.type);
-    if (h.type > static_cast<uint16_t>(RecordType::kShutdown)) {
-      return Reject(true, head, 0, "unknown record type " + std::to_string(h.type), error);
-    }
-    if (h.payload_bytes > ring_bytes_ - kAlign) {
-      return Reject(true, head, 0,
-                    "payload length " + std::to_string(h.payload_bytes) + " exceeds the ring",
-                    error);
-    }
-    const uint64_t record_bytes = kAlign + layout::RoundUp64(h.payload_bytes);
-    if (offset + record_bytes > ring_bytes_) {
-      return Reject(true, head, 0,
-                    "record of " + std::to_string(record_bytes) + " bytes crosses the ring's end",
-                    error);
-    }
-    if (record_bytes > available) {
-      return Reject(true, head, 0,
-                    "record of " + std::to_string(record_bytes) + " bytes, only " +
-                        std::to_string(available) + " published",
-                    error);
-    }
-    // From here on the length is trustworthy: a bad record is skipped alone.
-    if (!resync_ && h.sequence != expected_sequence_) {
-      const uint64_t seq = h.sequence;
-      Result r = Reject(
-          false, head, record_bytes,
-          "sequence " + std::to_string(seq) + ", expected " + std::to_string(expected_sequence_),
-          error);
-      expected_sequence_ = seq + 1;
-      return r;
-    }
-    resync_ = false;
-    expected_sequence_ = h.sequence + 1;
-    const uint8_t* payload = data_ + offset + kAlign;
-
-    if (type == RecordType::kPadding) {
-      if (h.flags != 0 || offset + record_bytes != ring_bytes_ || h.fragment_offset != 0 ||
-          h.message_bytes != h.payload_bytes || h.message_type != h.type || h.reserved16 != 0 ||
-          h.reserved32 != 0) {
-        return Reject(false, head, record_bytes, "malformed padding record", error);
-      }
-      cursor_ += record_bytes;
-      PublishTail();
-      continue;
-    }
-    if (h.reserved16 != 0 || h.reserved32 != 0 || (h.flags & ~layout::kKnownFlags) != 0) {
-      return Reject(false, head, record_bytes, "reserved header bits set", error);
-    }
-
-    if (type != RecordType::kFragment) {
-      if (h.flags != 0 || h.message_type != h.type || h.message_bytes != h.payload_bytes ||
-          h.fragment_offset != 0) {
-        return Reject(false, head, record_bytes,
-                      std::string(RecordTypeName(type)) + " record with fragment fields set",
-                      error);
-      }
-      if (PayloadXxh3(payload, h.payload_bytes) != h.payload_xxh3) {
-        return Reject(false, head, record_bytes,
-                      std::string(RecordTypeName(type)) + " payload checksum mismatch", error);
-      }
-      // A whole message ends any partial fragmented one.
-      DropPartial();
-      out->type = type;
-      out->sequence = h.sequence;
-      out->payload = payload;
-      out->size = h.payload_bytes;
-      cursor_ += record_bytes;  // held until Release() or the next Next()
-      return Result::kMessage;
-    }
-
-    // A fragment: validate its bookkeeping against the assembly, then copy the
-    // payload out and check the copy, so later writes to the ring cannot
-    // change what was checked.
-    if (!IsMessageType(h.message_type)) {
-      return Reject(false, head, record_bytes,
-                    "fragment of unknown message type " + std::to_string(h.message_type), error);
-    }
-    if (h.message_bytes > max_message_bytes_) {
-      return Reject(false, head, record_bytes,
-                    "fragmented message of " + std::to_string(h.message_bytes) +
-                        " bytes exceeds the cap of " + std::to_string(max_message_bytes_),
-                    error);
-    }
-    const bool first = (h.flags & layout::kFlagFirst) != 0;
-    const bool last = (h.flags & layout::kFlagLast) != 0;
-    if (first) {
-      if (h.fragment_offset != 0) {
-        return Reject(false, head, record_bytes, "first fragment at a non-zero offset", error);
-      }
-      DropPartial();
-    } else if (!assembling_ || h.message_type != static_cast<uint16_t>(assembly_type_) ||
-               h.message_bytes != assembly_total_ || h.fragment_offset != assembly_size_) {
-      return Reject(false, head, record_bytes,
-                    "fragment at offset " + std::to_string(h.fragment_offset) +
-                        " does not continue the message being assembled",
-                    error);
-    }
-    const uint64_t so_far = first ? 0 : assembly_size_;
-    if (h.payload_bytes > h.message_bytes - so_far ||
-        last != (so_far + h.payload_bytes == h.message_bytes)) {
-      return Reject(false, head, record_bytes, "fragment lengths do not add up", error);
-    }
-    if (first) {
-      assembling_ = true;
-      assembly_type_ = static_cast<RecordType>(h.message_type);
-      assembly_total_ = h.message_bytes;
-      assembly_sequence_ = h.sequence;
-      assembly_size_ = 0;
-    }
-    // The claimed total is untrusted: room for at most 64 MiB of it up front,
-    // then in doublings as fragments actually arrive.
-    const uint64_t need = so_far + h.payload_bytes;
-    const uint64_t room =
-        need <= assembly_capacity_
-            ? assembly_capacity_
-            : std::min<uint64_t>(
-                  h.message_bytes,
-                  std::max({need, assembly_capacity_ * 2,
-                            std::min<uint64_t>(h.message_bytes, uint64_t{64} << 20)}));
-    if (!ReserveAssembly(room)) {
-      const uint64_t total = assembly_total_;
-      assembly_.reset();
-      assembly_capacity_ = 0;
-      assembly_size_ = 0;
-      assembling_ = false;
-      return Reject(false, head, record_bytes,
-                    "out of memory assembling a message of " + std::to_string(total) + " bytes",
-                    error);
-    }
-    // Copied out and checked in one pass over the bytes; what is checked is
-    // the copy, so later writes to the ring cannot change it.
-    if (CopyAndXxh3(assembly_.get() + so_far, payload, h.payload_bytes) != h.payload_xxh3) {
-      assembly_size_ = so_far;
-      return Reject(false, head, record_bytes, "fragment payload checksum mismatch", error);
-    }
-    assembly_size_ = need;
-    cursor_ += record_bytes;
-    PublishTail();
-    if (last) {
-      assembling_ = false;
-      out->type = assembly_type_;
-      out->sequence = assembly_sequence_;
-      out->payload = assembly_.get();
-      out->size = assembly_size_;
-      return Result::kMessage;
-    }
+    if (std::optional<Result> result = ReadRecord(head, out, error)) return *result;
   }
+}
+
+std::optional<RingReader::Result> RingReader::ReadRecord(uint64_t head, Message* out,
+                                                         std::string* error) {
+  const uint64_t offset = cursor_ & (ring_bytes_ - 1);
+  CheckedRecord r;
+  r.head = head;
+  // The one copy of the header; nothing below reads the ring's header again.
+  std::memcpy(&r.header, data_ + offset, sizeof(r.header));
+  const RecordHeader& h = r.header;
+  if (std::optional<std::string> why =
+          UntrustedHeaderReason(h, offset, head - cursor_, ring_bytes_)) {
+    return Reject(true, head, 0, std::move(*why), error);
+  }
+  r.bytes = kAlign + layout::RoundUp64(h.payload_bytes);
+  r.payload = data_ + offset + kAlign;
+  // From here on the length is trustworthy: a bad record is skipped alone.
+  if (!resync_ && h.sequence != expected_sequence_) {
+    const uint64_t seq = h.sequence;
+    Result bad = Reject(
+        false, head, r.bytes,
+        "sequence " + std::to_string(seq) + ", expected " + std::to_string(expected_sequence_),
+        error);
+    expected_sequence_ = seq + 1;
+    return bad;
+  }
+  resync_ = false;
+  expected_sequence_ = h.sequence + 1;
+
+  const auto type = static_cast<RecordType>(h.type);
+  if (type == RecordType::kPadding) {
+    if (!IsWellFormedPadding(h, offset + r.bytes == ring_bytes_)) {
+      return Reject(false, head, r.bytes, "malformed padding record", error);
+    }
+    cursor_ += r.bytes;
+    PublishTail();
+    return std::nullopt;
+  }
+  if (h.reserved16 != 0 || h.reserved32 != 0 || (h.flags & ~layout::kKnownFlags) != 0) {
+    return Reject(false, head, r.bytes, "reserved header bits set", error);
+  }
+  if (type == RecordType::kFragment) return ReadFragment(r, out, error);
+
+  if (HasFragmentFields(h)) {
+    return Reject(false, head, r.bytes,
+                  std::string(RecordTypeName(type)) + " record with fragment fields set", error);
+  }
+  if (PayloadXxh3(r.payload, h.payload_bytes) != h.payload_xxh3) {
+    return Reject(false, head, r.bytes,
+                  std::string(RecordTypeName(type)) + " payload checksum mismatch", error);
+  }
+  // A whole message ends any partial fragmented one.
+  DropPartial();
+  out->type = type;
+  out->sequence = h.sequence;
+  out->payload = r.payload;
+  out->size = h.payload_bytes;
+  cursor_ += r.bytes;  // held until Release() or the next Next()
+  return Result::kMessage;
+}
+
+// A fragment: its bookkeeping is validated against the assembly, then its
+// payload is copied out and the copy checked, so later writes to the ring
+// cannot change what was checked.
+std::optional<RingReader::Result> RingReader::ReadFragment(const CheckedRecord& r, Message* out,
+                                                           std::string* error) {
+  const RecordHeader& h = r.header;
+  if (!IsMessageType(h.message_type)) {
+    return Reject(false, r.head, r.bytes,
+                  "fragment of unknown message type " + std::to_string(h.message_type), error);
+  }
+  if (h.message_bytes > max_message_bytes_) {
+    return Reject(false, r.head, r.bytes,
+                  "fragmented message of " + std::to_string(h.message_bytes) +
+                      " bytes exceeds the cap of " + std::to_string(max_message_bytes_),
+                  error);
+  }
+  const bool first = (h.flags & layout::kFlagFirst) != 0;
+  const bool last = (h.flags & layout::kFlagLast) != 0;
+  if (first) {
+    if (h.fragment_offset != 0) {
+      return Reject(false, r.head, r.bytes, "first fragment at a non-zero offset", error);
+    }
+    DropPartial();
+  } else if (!assembling_ || h.message_type != static_cast<uint16_t>(assembly_type_) ||
+             h.message_bytes != assembly_total_ || h.fragment_offset != assembly_size_) {
+    return Reject(false, r.head, r.bytes,
+                  "fragment at offset " + std::to_string(h.fragment_offset) +
+                      " does not continue the message being assembled",
+                  error);
+  }
+  const uint64_t so_far = first ? 0 : assembly_size_;
+  if (h.payload_bytes > h.message_bytes - so_far ||
+      last != (so_far + h.payload_bytes == h.message_bytes)) {
+    return Reject(false, r.head, r.bytes, "fragment lengths do not add up", error);
+  }
+  if (first) {
+    assembling_ = true;
+    assembly_type_ = static_cast<RecordType>(h.message_type);
+    assembly_total_ = h.message_bytes;
+    assembly_sequence_ = h.sequence;
+    assembly_size_ = 0;
+  }
+  if (std::optional<std::string> why = AppendFragment(r, so_far)) {
+    return Reject(false, r.head, r.bytes, std::move(*why), error);
+  }
+  cursor_ += r.bytes;
+  PublishTail();
+  if (!last) return std::nullopt;
+  assembling_ = false;
+  out->type = assembly_type_;
+  out->sequence = assembly_sequence_;
+  out->payload = assembly_.get();
+  out->size = assembly_size_;
+  return Result::kMessage;
+}
+
+std::optional<std::string> RingReader::AppendFragment(const CheckedRecord& r, uint64_t so_far) {
+  const RecordHeader& h = r.header;
+  // The claimed total is untrusted: room for at most 64 MiB of it up front,
+  // then in doublings as fragments actually arrive.
+  const uint64_t need = so_far + h.payload_bytes;
+  const uint64_t room =
+      need <= assembly_capacity_
+          ? assembly_capacity_
+          : std::min<uint64_t>(h.message_bytes,
+                               std::max({need, assembly_capacity_ * 2,
+                                         std::min<uint64_t>(h.message_bytes, uint64_t{64} << 20)}));
+  if (!ReserveAssembly(room)) {
+    const uint64_t total = assembly_total_;
+    assembly_.reset();
+    assembly_capacity_ = 0;
+    assembly_size_ = 0;
+    assembling_ = false;
+    return "out of memory assembling a message of " + std::to_string(total) + " bytes";
+  }
+  // Copied out and checked in one pass over the bytes; what is checked is
+  // the copy, so later writes to the ring cannot change it.
+  if (CopyAndXxh3(assembly_.get() + so_far, r.payload, h.payload_bytes) != h.payload_xxh3) {
+    assembly_size_ = so_far;
+    return "fragment payload checksum mismatch";
+  }
+  assembly_size_ = need;
+  return std::nullopt;
 }
 
 }  // namespace ckpt::ipc::internal

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -142,6 +143,15 @@ class RingReader {
   layout::RingHeader* header() const { return header_; }
 
  private:
+  // A record whose header was copied once and checked, so that its length is
+  // trusted.
+  struct CheckedRecord {
+    layout::RecordHeader header;       // the one copy of the ring's header
+    const uint8_t* payload = nullptr;  // in the ring, header.payload_bytes long
+    uint64_t bytes = 0;                // the record's header and padded payload
+    uint64_t head = 0;                 // the producer's position it was read below
+  };
+
   // Advances the released position to cursor_ and wakes a sleeping producer.
   void PublishTail();
   void DropPartial();
@@ -151,6 +161,16 @@ class RingReader {
   bool ReserveAssembly(uint64_t bytes);
   Result Reject(bool skip_all, uint64_t head, uint64_t record_bytes, std::string why,
                 std::string* error);
+
+  // Reads the record at cursor_, below the published `head`: kMessage (*out
+  // set), kBad (rejected, as Reject), or nothing when the record was consumed
+  // without a message to deliver (padding, a fragment before the last).
+  std::optional<Result> ReadRecord(uint64_t head, Message* out, std::string* error);
+  // ReadRecord for a fragment: adds it to the assembly; kMessage after the last.
+  std::optional<Result> ReadFragment(const CheckedRecord& r, Message* out, std::string* error);
+  // Copies the fragment's payload into the assembly after its first `so_far`
+  // bytes and checks the copy; why it could not (memory, checksum), or nothing.
+  std::optional<std::string> AppendFragment(const CheckedRecord& r, uint64_t so_far);
 
   layout::RingHeader* const header_;
   const uint8_t* const data_;

@@ -1,7 +1,7 @@
 // The status enums of what the scheduler stores and reports: an experiment's
-// status (the store's experiment record, the control API, ckpt-tool) and a
-// member's (the member record, metrics, summaries), each with its one
-// spelling.
+// status (the store's experiment record, the control API, ckpt-tool), its
+// phase (summaries, the control API) and a member's status (the member
+// record, metrics, summaries), each with its one spelling.
 //
 // Thread-safety: pure functions.
 #ifndef CKPT_RECORDS_STATUS_H_
@@ -20,6 +20,15 @@ const char* ExperimentStatusName(ExperimentStatus status);
 // The names above; the store's initial "created" reads as kRunning.
 // InvalidArgument quoting any other name.
 StatusOr<ExperimentStatus> ParseExperimentStatus(std::string_view name);
+
+// Where an experiment is in its run: training its intervals, evaluating its
+// best members on the test split, or ended (done, stopped or failed). Not
+// stored: summaries and the control API report it.
+enum class ExperimentPhase { kTraining, kFinalEval, kDone };
+// "training", "final eval", "done".
+const char* ExperimentPhaseName(ExperimentPhase phase);
+// The names above. InvalidArgument quoting any other name.
+StatusOr<ExperimentPhase> ParseExperimentPhase(std::string_view name);
 
 // What a member is doing. The first three are the event loop's; the member
 // record keeps kIdle, kQueued and kRunning as one stored value ("running").

@@ -20,10 +20,6 @@
 
 namespace ckpt::scheduler {
 
-// Where an experiment is: training its intervals, evaluating its best members
-// on the test split, or ended (done, stopped or failed).
-enum class ExperimentPhase { kTraining, kFinalEval, kDone };
-
 // One member's line in an experiment's summary.
 struct MemberSummary {
   std::string member;
@@ -68,7 +64,7 @@ struct WorkerStatus {
 struct ExperimentSummary {
   std::string id;
   records::ExperimentStatus status = records::ExperimentStatus::kRunning;
-  ExperimentPhase phase = ExperimentPhase::kTraining;
+  records::ExperimentPhase phase = records::ExperimentPhase::kTraining;
   // What every score is (shown as "val_accuracy", "test_r2", ...).
   format::MetricKind metric = format::MetricKind::kAccuracy;
   int population = 0;

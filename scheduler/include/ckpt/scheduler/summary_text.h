@@ -17,11 +17,6 @@
 
 namespace ckpt::scheduler {
 
-// "training", "final eval", "done".
-const char* ExperimentPhaseName(ExperimentPhase phase);
-// InvalidArgument quoting an unknown name.
-StatusOr<ExperimentPhase> ParseExperimentPhase(std::string_view name);
-
 // "42s", "3m07s", "2h05m"; "?" for a negative or non-finite time.
 std::string FormatDuration(double seconds);
 

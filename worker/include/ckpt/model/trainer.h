@@ -56,6 +56,7 @@
 
 #include "ckpt/base/status.h"
 #include "ckpt/format/checkpoint.h"
+#include "ckpt/format/optimizer.h"
 #include "ckpt/format/task.h"
 #include "ckpt/ipc/failure_code.h"
 #include "ckpt/ipc/fusion_mode.h"
@@ -68,8 +69,8 @@ struct TrainerOptions {
   std::string device = "cpu";
   // A model spec (ckpt/model/model_spec.h). Default: "lenet5".
   std::string model_spec = "lenet5";
-  // "sgd" | "adam" | "adamw". Default: "sgd".
-  std::string optimizer = "sgd";
+  // Default: SGD.
+  format::OptimizerKind optimizer = format::OptimizerKind::kSgd;
   // Training minibatch per member. Default: 64.
   int32_t batch_size = 64;
   // Validation samples evaluated after each interval (the first eval_size of

@@ -20,8 +20,8 @@
 // past the JSON, zero padding; any failure is Corruption naming the message
 // type and field. Unknown keys are ignored (a newer sender may add fields);
 // missing keys keep the struct's defaults, except the required ones: HELLO
-// device; CONFIGURE experiment; TRAIN task_id, member, steps; RESULT task_id,
-// member; FAILED task_id, member, code. Decoded state spans point into the
+// device; CONFIGURE experiment; TRAIN task_id, experiment, member, steps;
+// RESULT task_id, member; FAILED task_id, code. Decoded state spans point into the
 // payload.
 //
 // Thread-safety: pure functions.
@@ -31,11 +31,15 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "ckpt/base/status.h"
+#include "ckpt/format/optimizer.h"
 #include "ckpt/format/task.h"
+#include "ckpt/format/tensor_dataset.h"
+#include "ckpt/ipc/failure_code.h"
 
 namespace ckpt::ipc {
 
@@ -70,35 +74,37 @@ struct Hello {
 };
 
 // scheduler -> worker: the experiment's fixed settings. Sent before any TRAIN.
+// Typed as the experiment file's parser made them (records::ExperimentConfig)
+// and as the trainer takes them (model::TrainerOptions): only this codec
+// spells them as text on the wire (the names of ckpt/format/task.h,
+// tensor_dataset.h and optimizer.h), and a name the worker's build does not
+// know is Corruption naming the field.
 struct Configure {
   std::string experiment;
   std::string model_spec = "lenet5";  // name or JSON list of layers, or "torchscript:PATH"
+  format::OptimizerKind optimizer = format::OptimizerKind::kSgd;
+  // IDX data: the data set's name and its directory ("" = the default one).
   std::string dataset = "fashion-mnist";
-  std::string dataset_path;  // directory with the IDX files ("" = default), or the tensor file
-  // How dataset_path is read: "idx" | "safetensors" | "npz" (ckpt/format/tensor_dataset.h).
-  std::string data_format = "idx";
-  int64_t val_size = 0;                     // tensor file without a val split: train rows held out
-  int64_t classes = 0;                      // 0 = from the data
-  std::vector<double> data_mean, data_std;  // per channel; empty = from the train split
-  std::string loss;                         // "" = the data's default (ckpt/format/task.h)
-  std::string metric;                       // "" = the data's default
-  std::vector<std::string> augment;         // "random_crop:P", "hflip" (ckpt/format/task.h)
-  std::string optimizer = "sgd";            // "sgd" | "adam" | "adamw"
+  std::string dataset_path;
+  // A tensor file (safetensors or npz) read instead of the IDX data; its
+  // path, format and options travel here once. Default: none (IDX).
+  std::optional<format::TensorDatasetOptions> tensor_data;
+  // The training loss and validation metric; unset = the data's default.
+  std::optional<format::LossKind> loss;
+  std::optional<format::MetricKind> metric;
+  format::Augmentation augment;
   int32_t batch_size = 64;
   int32_t eval_size = 10000;  // validation samples per evaluation
-  int32_t slots = 0;          // 0 = worker's default
-  int32_t intra_op_threads = 1;
-  std::string fusion = "auto";  // "auto" | "plain" | "fused"
-  int32_t fusion_width = 8;     // K when fused
   uint64_t seed = 0;
 };
 
 // scheduler -> worker: train one member for `steps` steps from `state`.
 // An empty state means: initialise the member from `init_seed`.
 struct Train {
-  uint64_t task_id = 0;  // echoed in RESULT/FAILED
-  std::string member;    // "exp/member" or the member's name
-  int64_t version = 0;   // head version the state came from
+  uint64_t task_id = 0;    // echoed in RESULT/FAILED
+  std::string experiment;  // which CONFIGURE applies
+  std::string member;      // the member's name within the experiment
+  int64_t version = 0;     // head version the state came from
   int64_t steps = 0;
   bool eval_test = false;  // also evaluate on the test split
   uint64_t init_seed = 0;
@@ -109,6 +115,7 @@ struct Train {
 // worker -> scheduler.
 struct Result {
   uint64_t task_id = 0;
+  std::string experiment;  // the TRAIN's, echoed
   std::string member;
   int64_t step = 0;  // training step after this interval
   double train_loss = 0;
@@ -121,14 +128,15 @@ struct Result {
   ByteSpan state;
 };
 
-// worker -> scheduler: the member could not be trained.
+// worker -> scheduler: the member could not be trained, or (task id 0,
+// kConfigureRefused, no member) the experiment could not be set up.
 struct Failed {
   uint64_t task_id = 0;
+  std::string experiment;
   std::string member;
-  // ipc::FailureCodeName of why ("non_finite", "bad_state", ...;
-  // "configure_refused" with task id 0). The codec carries any string; the
-  // scheduler reads it with ipc::FailureCodeFromWorker.
-  std::string code;
+  // On the wire FailureCodeName's spelling; decoded with
+  // FailureCodeFromWorker, so a newer worker's unknown code reads kInternal.
+  FailureCode code = FailureCode::kInternal;
   std::string reason;  // human-readable, names the tensor/step
 };
 

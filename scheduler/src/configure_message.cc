@@ -1,0 +1,29 @@
+#include "configure_message.h"
+
+#include "ckpt/format/tensor_dataset.h"
+
+namespace ckpt::scheduler {
+
+ipc::Configure ConfigureMessage(const records::ExperimentConfig& c) {
+  ipc::Configure m;
+  m.experiment = c.name;
+  m.model_spec = c.model_spec;
+  m.optimizer = c.optimizer;
+  m.dataset = c.dataset;
+  if (c.data_format == format::DatasetFormat::kIdx) {
+    m.dataset_path = c.dataset_path;
+  } else {
+    m.tensor_data = c.tensor_data;
+    m.tensor_data->format = c.data_format;
+    m.tensor_data->path = c.dataset_path;
+  }
+  m.loss = c.loss;
+  m.metric = c.metric;
+  m.augment = c.augment;
+  m.batch_size = c.batch_size;
+  m.eval_size = c.eval_size;
+  m.seed = c.seed;
+  return m;
+}
+
+}  // namespace ckpt::scheduler
