@@ -33,7 +33,9 @@ std::string TensorText(const StateLayout::Tensor& t) {
   return std::string(format::DTypeName(t.dtype)) + " " + ShapeText(t.shape);
 }
 
-std::string Who(const SentTask& sent) { return "member " + sent.member + ", " + sent.worker; }
+std::string Who(const SentTask& sent) {
+  return "member " + sent.experiment + "/" + sent.member + ", " + sent.worker;
+}
 
 // A score of the experiment's metric on `split` ("val", "test"): in its range,
 // or "not evaluated" (format::kNotEvaluated, null on the wire) where
@@ -67,6 +69,44 @@ Status CheckEqual(const SentTask& sent, const char* field, int64_t got, int64_t 
                                  Num(want) + " (" + why + ")");
 }
 
+// The state's metadata against the task (the file comment's "metadata").
+Status CheckStateMetadata(const SentTask& sent, const format::CheckpointMeta& meta,
+                          int64_t samples) {
+  const std::string want_optimizer = format::OptimizerKindName(sent.rules.optimizer);
+  if (meta.optimizer != want_optimizer) {
+    return Status::InvalidArgument(Who(sent) + ": state ckpt.optimizer \"" +
+                                   meta.optimizer.substr(0, 32) + "\", expected \"" +
+                                   want_optimizer + "\" (the experiment's)");
+  }
+  for (const auto& [name, value] : sent.hparams) {
+    auto it = meta.hparams.find(name);
+    if (it == meta.hparams.end()) {
+      return Status::InvalidArgument(Who(sent) + ": state ckpt.hparams has no " + name +
+                                     ", expected " + Num(value) + " (the TRAIN's)");
+    }
+    // Exact: the worker stores the value it was sent, and JSON carries
+    // doubles exactly.
+    if (!(it->second == value)) {
+      return Status::InvalidArgument(Who(sent) + ": state ckpt.hparams " + name + " " +
+                                     Num(it->second) + ", expected " + Num(value) +
+                                     " (the TRAIN's)");
+    }
+  }
+  const uint64_t want_cursor = sent.start_cursor + static_cast<uint64_t>(samples);
+  if (meta.data_cursor != want_cursor) {
+    return Status::InvalidArgument(
+        Who(sent) + ": state ckpt.data_cursor " + std::to_string(meta.data_cursor) + ", expected " +
+        std::to_string(want_cursor) + " (the sent state's " + std::to_string(sent.start_cursor) +
+        " + " + Num(samples) + " samples)");
+  }
+  if (sent.data_seed && meta.data_seed != *sent.data_seed) {
+    return Status::InvalidArgument(Who(sent) + ": state ckpt.data_seed " +
+                                   std::to_string(meta.data_seed) + ", expected " +
+                                   std::to_string(*sent.data_seed) + " (the sent state's)");
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
 ResultRules ResultRulesFor(const records::ExperimentConfig& config) {
@@ -74,6 +114,7 @@ ResultRules ResultRulesFor(const records::ExperimentConfig& config) {
   rules.metric = config.Metric();
   rules.validates = config.eval_size > 0;
   rules.batch_size = config.batch_size;
+  rules.optimizer = config.optimizer;
   return rules;
 }
 
@@ -114,9 +155,9 @@ Status CompareLayouts(std::string_view who, const StateLayout& want, const State
 
 Status CheckResult(const SentTask& sent, const ipc::Result& r, StateLayout* result_layout,
                    std::optional<format::CheckpointView>* state_view) {
-  if (r.member != sent.member) {
-    return Status::InvalidArgument(Who(sent) + ": member \"" + r.member + "\", expected \"" +
-                                   sent.member + "\"");
+  if (r.experiment != sent.experiment || r.member != sent.member) {
+    return Status::InvalidArgument(Who(sent) + ": member \"" + r.experiment + "/" + r.member +
+                                   "\", expected \"" + sent.experiment + "/" + sent.member + "\"");
   }
   const bool validates = sent.rules.validates;
   CKPT_RETURN_IF_ERROR(CheckScore(sent, "val", r.val_score, /*allow_unevaluated=*/true,
@@ -161,6 +202,7 @@ Status CheckResult(const SentTask& sent, const ipc::Result& r, StateLayout* resu
       CheckEqual(sent, "state ckpt.step", view->meta().step, r.step, "the result's step"));
   StateLayout got = LayoutOf(*view);
   if (sent.layout) CKPT_RETURN_IF_ERROR(CompareLayouts(Who(sent), *sent.layout, got));
+  CKPT_RETURN_IF_ERROR(CheckStateMetadata(sent, view->meta(), want_samples));
   if (result_layout != nullptr) *result_layout = std::move(got);
   if (state_view != nullptr) *state_view = std::move(*view);
   return Status::OK();

@@ -5,7 +5,7 @@
 //
 // The rules (each refusal names the member, the worker, the field, the value
 // sent and the value expected):
-//   member      the "exp/member" the TRAIN named.
+//   member      the experiment and member the TRAIN named.
 //   val_score   the experiment's metric (format::MetricKind), finite: accuracy
 //               in [0, 1], neg_mse in (-inf, 0], r2 in (-inf, 1]; or none
 //               (null, format::kNotEvaluated), the worker's "not evaluated",
@@ -33,6 +33,14 @@
 //               ckpt.step); and its layout, the set of tensor names with each
 //               one's dtype and shape (order aside: a reader finds tensors by
 //               name), equals the expected one below.
+//   metadata    training results only: the state's optimizer is the
+//               experiment's; each hyperparameter the TRAIN sent is in the
+//               state with the value sent (the worker adds the optimizer's
+//               defaults for the ones not sent); the data cursor is the sent
+//               state's cursor (0 for an initialised member) + samples; the
+//               data seed is the sent state's (an initialised member's is
+//               drawn by the worker and not checked). The next worker resumes
+//               from these, so a lie in them would be trusted later.
 //
 // The expected layout: the layout of the state the worker was sent (the head
 // blob the sender read from the store). For an initialised member (no state
@@ -90,6 +98,8 @@ struct ResultRules {
   bool validates = true;
   // Samples per training step ([data] batch_size).
   int64_t batch_size = 64;
+  // The experiment's optimizer ([model] optimizer).
+  format::OptimizerKind optimizer = format::OptimizerKind::kSgd;
 };
 
 // The rules of an experiment's results. REQUIRES: `config` parsed with file
@@ -98,7 +108,8 @@ ResultRules ResultRulesFor(const records::ExperimentConfig& config);
 
 // What a worker was sent, as the check needs it.
 struct SentTask {
-  std::string member;  // as the TRAIN named it: "exp/member"
+  std::string experiment;  // as the TRAIN named them
+  std::string member;
   std::string worker;  // who answers, for messages: "worker 3 (r0@10.0.0.7:41234)"
   ResultRules rules;
   int64_t steps = 0;  // 0 for an evaluation
@@ -106,6 +117,12 @@ struct SentTask {
   // The step of the state sent (its ckpt.step); 0 when the member was
   // initialised (no state sent).
   int64_t start_step = 0;
+  // The hyperparameters the TRAIN carried.
+  std::map<std::string, double> hparams;
+  // The sent state's data cursor (0 when none was sent) and data seed (none
+  // when no state was sent, or its header is not known).
+  uint64_t start_cursor = 0;
+  std::optional<uint64_t> data_seed;
   // The layout the result's state must have (see the file comment); null
   // when none is known yet (then any well-formed layout passes, and the
   // caller may record the result's as the reference).

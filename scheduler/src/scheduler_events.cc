@@ -6,8 +6,8 @@
 
 #include "ckpt/records/events.h"
 #include "log.h"
-#include "trace.h"
 #include "scheduler_impl.h"
+#include "trace.h"
 
 namespace ckpt::scheduler {
 
@@ -46,7 +46,7 @@ void SchedulerImpl::OnTaskEvent(size_t worker, WorkerEvent ev) {
       case WorkerEvent::Kind::kCommitted:
         if (metrics_) {
           metrics_->IntervalCommitted(
-              e->id(), pool_->devices()[worker].device, SecondsSince(ev.task.dispatched),
+              e->id(), ev.device, SecondsSince(ev.task.dispatched),
               static_cast<uint64_t>(std::max<int64_t>(0, ev.result.samples)));
         }
         NoteStateSize(entries_[e->id()], ev.result.state.size);
@@ -110,8 +110,9 @@ void SchedulerImpl::OnStoreWritable() {
   Dispatch();
 }
 
-void SchedulerImpl::OnWorkerLost(size_t worker, const std::string& reason,
-                                 std::vector<Task> unfinished, bool given_up) {
+void SchedulerImpl::OnWorkerLost(size_t worker, const std::string& device,
+                                 const std::string& reason, std::vector<Task> unfinished,
+                                 bool given_up) {
   for (const Task& t : unfinished) {
     Experiment* e = Find(t.exp);
     if (e == nullptr) continue;
@@ -120,7 +121,6 @@ void SchedulerImpl::OnWorkerLost(size_t worker, const std::string& reason,
     }
     e->OnReturned(t);
   }
-  const auto& device = pool_->devices()[worker].device;
   const std::string event = records::EncodeEvent(
       records::WorkerLostEvent{given_up && !stopping_, static_cast<int64_t>(worker), device, reason,
                                static_cast<int64_t>(unfinished.size())});

@@ -115,8 +115,8 @@ class SchedulerImpl : public Scheduler, public ControlTarget, public WorkerPoolL
   // WorkerPoolListener (event loop thread).
   void OnWorkerReady(size_t worker) override { Dispatch(); }
   void OnTaskEvent(size_t worker, WorkerEvent ev) override;
-  void OnWorkerLost(size_t worker, const std::string& reason, std::vector<Task> unfinished,
-                    bool given_up) override;
+  void OnWorkerLost(size_t worker, const std::string& device, const std::string& reason,
+                    std::vector<Task> unfinished, bool given_up) override;
   void OnAllGivenUp(const std::string& last_reason) override;
 
  private:

@@ -74,6 +74,8 @@ void WorkerHandle::HandleResult(const ipc::Received& rec) {
   c.committed_blob = &committed;
   const auto t0 = std::chrono::steady_clock::now();
   auto version = store_->CommitResult(c);
+  const uint64_t data_seed = view ? view->meta().data_seed : 0;
+  const uint64_t data_cursor = view ? view->meta().data_cursor : 0;
   view.reset();  // it points into the ring's bytes
   channel_->Release();
   if (spec_.metrics && version.ok()) {
@@ -88,7 +90,8 @@ void WorkerHandle::HandleResult(const ipc::Received& rec) {
     return;
   }
   if (spec_.layouts && layout) {
-    spec_.layouts->RememberCommitted(c.exp, c.member, {committed, r->step, std::move(layout)});
+    spec_.layouts->RememberCommitted(
+        c.exp, c.member, {committed, r->step, std::move(layout), data_seed, data_cursor});
   }
   if (trace::Enabled()) {
     trace::Committed(c.exp, c.member, *version, e.task.interval_after, committed.Hex());
@@ -114,13 +117,17 @@ Status WorkerHandle::CheckAgainstTask(const Task& task, const ipc::Result& r,
                                       std::optional<format::CheckpointView>* view,
                                       std::shared_ptr<const StateLayout>* layout) const {
   SentTask sent;
-  sent.member = task.exp + "/" + task.member;
+  sent.experiment = task.exp;
+  sent.member = task.member;
   sent.worker = Name();
   sent.rules = task.rules;
   sent.steps = task.steps;
   sent.eval_only = task.eval_only;
   sent.start_step = task.sent_step;
   sent.layout = task.sent_layout;
+  sent.hparams = task.hparams;
+  sent.start_cursor = task.sent_data_cursor;
+  sent.data_seed = task.sent_data_seed;
   if (!sent.layout && spec_.layouts) sent.layout = spec_.layouts->Find(task.exp);
   StateLayout got;
   CKPT_RETURN_IF_ERROR(CheckResult(sent, r, &got, view));
@@ -136,7 +143,8 @@ Status WorkerHandle::CheckAgainstTask(const Task& task, const ipc::Result& r,
   // The experiment's first state seen: it becomes the reference, unless
   // another handle's result got there first.
   std::shared_ptr<const StateLayout> ref = spec_.layouts->Establish(task.exp, got);
-  CKPT_RETURN_IF_ERROR(CompareLayouts("member " + sent.member + ", " + sent.worker, *ref, got));
+  CKPT_RETURN_IF_ERROR(
+      CompareLayouts("member " + task.exp + "/" + task.member + ", " + sent.worker, *ref, got));
   *layout = std::move(ref);
   return Status::OK();
 }

@@ -82,6 +82,10 @@ struct Task : WorkItem {
   // state whose header did not parse: the worker refuses that one).
   int64_t sent_step = 0;
   std::shared_ptr<const StateLayout> sent_layout;
+  // The sent state's data seed and cursor (its header's), when one was sent
+  // and its header is known.
+  std::optional<uint64_t> sent_data_seed;
+  uint64_t sent_data_cursor = 0;
 };
 
 // The state layout of each experiment, as far as the scheduler has seen one
@@ -102,6 +106,8 @@ class StateLayouts {
     BlobId blob;
     int64_t step = 0;
     std::shared_ptr<const StateLayout> layout;
+    uint64_t data_seed = 0;
+    uint64_t data_cursor = 0;
   };
   // The member's state `blob` was committed with this header (replacing what
   // was remembered of the member).
@@ -175,6 +181,9 @@ struct WorkerEvent {
   Status record_status;
   std::string reason;  // kFailed / kCommitError / kLost / kConfigureRefused
   std::string exp;     // kConfigureRefused
+  // The worker's device entry ("cpu", "cuda:0", "r0@ADDRESS"), set by the
+  // pool as it reports the event up, so that its listener never asks back.
+  std::string device;
 };
 
 struct WorkerSpec {

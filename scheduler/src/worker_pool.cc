@@ -436,7 +436,7 @@ void WorkerPool::OnEvent(size_t i, uint64_t inc, WorkerEvent ev) {
     // event was queued. A task's outcome was taken out of the handle's
     // in-flight set before it was queued, so it is not among the tasks
     // OnLost requeued: delivered here, or its member would wait forever.
-    if (IsTaskOutcome(ev.kind)) listener_->OnTaskEvent(i, std::move(ev));
+    if (IsTaskOutcome(ev.kind)) ForwardTaskEvent(i, std::move(ev));
     return;
   }
   switch (ev.kind) {
@@ -474,7 +474,7 @@ void WorkerPool::OnEvent(size_t i, uint64_t inc, WorkerEvent ev) {
       }
       return;
     case WorkerEvent::Kind::kConfigureRefused:
-      listener_->OnTaskEvent(i, std::move(ev));
+      ForwardTaskEvent(i, std::move(ev));
       return;
     default: {
       w.busy = std::max(0, w.busy - 1);
@@ -488,7 +488,7 @@ void WorkerPool::OnEvent(size_t i, uint64_t inc, WorkerEvent ev) {
         OnLost(i, std::to_string(kMaxBadResultsInRow) +
                       " RESULTs in a row did not answer their tasks (see the warnings above)");
       }
-      listener_->OnTaskEvent(i, std::move(ev));
+      ForwardTaskEvent(i, std::move(ev));
       return;
     }
   }
@@ -514,11 +514,11 @@ void WorkerPool::OnLost(size_t i, const std::string& reason) {
   if (w.remote) {
     // Not ours to restart: its launcher may connect a new one.
     w.given_up = true;
-    listener_->OnWorkerLost(i, reason, std::move(unfinished), true);
+    listener_->OnWorkerLost(i, w.spec.device.device, reason, std::move(unfinished), true);
     return;
   }
   if (stopped_ || draining_) {
-    listener_->OnWorkerLost(i, reason, std::move(unfinished), true);
+    listener_->OnWorkerLost(i, w.spec.device.device, reason, std::move(unfinished), true);
     return;
   }
   w.backoff = NextRestartDelay(w.backoff, Clock::now() - w.started, options_.supervision);
@@ -533,13 +533,18 @@ void WorkerPool::OnLost(size_t i, const std::string& reason) {
       if (!ec && !stopped_) Start(i);
     });
   }
-  listener_->OnWorkerLost(i, reason, std::move(unfinished), given_up);
+  listener_->OnWorkerLost(i, w.spec.device.device, reason, std::move(unfinished), given_up);
   if (given_up) {
     const bool any =
         std::any_of(workers_.begin(), workers_.end(), [](const auto& o) { return !o->given_up; });
     // While listening, workers may still connect: the run waits for them.
     if (!any && !listener_socket_) listener_->OnAllGivenUp(reason);
   }
+}
+
+void WorkerPool::ForwardTaskEvent(size_t i, WorkerEvent ev) {
+  ev.device = workers_[i]->spec.device.device;
+  listener_->OnTaskEvent(i, std::move(ev));
 }
 
 void WorkerPool::Reap() {

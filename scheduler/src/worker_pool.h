@@ -78,12 +78,13 @@ class WorkerPoolListener {
   virtual void OnWorkerReady(size_t worker) = 0;
   // A task's outcome (kCommitted, kEvaluated, kFailed, kCommitError, kBadResult) or a
   // refused CONFIGURE (kConfigureRefused), from the worker's current
-  // incarnation. The worker's busy count is already decremented.
+  // incarnation, with the worker's device in event.device. The worker's busy
+  // count is already decremented.
   virtual void OnTaskEvent(size_t worker, WorkerEvent event) = 0;
-  // A worker was lost; `unfinished` are the tasks it was given and never
-  // reported (to requeue). `given_up`: it will not be restarted.
-  virtual void OnWorkerLost(size_t worker, const std::string& reason, std::vector<Task> unfinished,
-                            bool given_up) = 0;
+  // A worker (on `device`) was lost; `unfinished` are the tasks it was given
+  // and never reported (to requeue). `given_up`: it will not be restarted.
+  virtual void OnWorkerLost(size_t worker, const std::string& device, const std::string& reason,
+                            std::vector<Task> unfinished, bool given_up) = 0;
   // Every worker has been given up on.
   virtual void OnAllGivenUp(const std::string& last_reason) = 0;
 };
@@ -208,6 +209,8 @@ class WorkerPool : public TaskSink {
   void StopListening();
   void OnEvent(size_t i, uint64_t incarnation, WorkerEvent ev);
   void OnLost(size_t i, const std::string& reason);
+  // Reports a task event of worker `i` to the listener, with its device.
+  void ForwardTaskEvent(size_t i, WorkerEvent ev);
 
   boost::asio::io_context& io_;
   store::Store* const store_;

@@ -82,7 +82,8 @@ Status WorkerHandle::SendTask(const Task& task) {
       auto view = format::ParseCheckpoint(blob.data(), blob.size(), header_only);
       if (view.ok()) {
         header = StateLayouts::Header{blob.id(), view->meta().step,
-                                      std::make_shared<const StateLayout>(LayoutOf(*view))};
+                                      std::make_shared<const StateLayout>(LayoutOf(*view)),
+                                      view->meta().data_seed, view->meta().data_cursor};
         if (spec_.layouts && !spec_.layouts->Find(task.exp)) {
           (void)spec_.layouts->Establish(task.exp, *header->layout);
         }
@@ -94,6 +95,8 @@ Status WorkerHandle::SendTask(const Task& task) {
       if (it != in_flight_.end()) {
         it->second.sent_step = header->step;
         it->second.sent_layout = std::move(header->layout);
+        it->second.sent_data_seed = header->data_seed;
+        it->second.sent_data_cursor = header->data_cursor;
       }
     }
   }

@@ -22,6 +22,9 @@ import sys
 import tempfile
 import unittest
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from unittest_exit import main  # noqa: E402  (tests/unittest_exit.py)
+
 ARGS = None
 POPULATION, INTERVALS, STEPS, SEED = 6, 2, 30, 2026
 DATASET = "/usr/share/datasets/fashion-mnist"
@@ -189,4 +192,4 @@ if __name__ == "__main__":
     parser.add_argument("--script", required=True)
     parser.add_argument("--python", default="/usr/bin/python3")
     ARGS, rest = parser.parse_known_args()
-    unittest.main(argv=[sys.argv[0]] + rest)
+    main(argv=[sys.argv[0]] + rest)

@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "ckpt/records/service_config.h"
+#include "ckpt/scheduler/service.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);
@@ -17,7 +17,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       std::abort();
     }
     (void)ckpt::scheduler::SchedulerOptionsFor(*config);
-    (void)ckpt::scheduler::SettingsNeedingRestart(*config, *config);
+    (void)ckpt::records::SettingsNeedingRestart(*config, *config);
   } else if (!config.status().IsInvalidArgument()) {
     std::abort();
   }

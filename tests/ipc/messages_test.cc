@@ -257,11 +257,11 @@ std::vector<uint8_t> WithField(const M& m, const std::string& key, const nlohman
 TEST(MessagesTest, ConfigureKindsAreTypedAndAnUnknownNameIsCorruptionNamingTheField) {
   Configure c;
   c.experiment = "e";
-  for (const auto& [key, value] : std::vector<std::pair<std::string, std::string>>{
-           {"data_format", "parquet"},
-           {"loss", "hinge"},
-           {"metric", "f1"},
-           {"optimizer", "lion"}}) {
+  for (const auto& [key, value] :
+       std::vector<std::pair<std::string, std::string>>{{"data_format", "parquet"},
+                                                        {"loss", "hinge"},
+                                                        {"metric", "f1"},
+                                                        {"optimizer", "lion"}}) {
     auto bytes = WithField(c, key, value);
     auto d = DecodeConfigure(bytes.data(), bytes.size());
     ASSERT_FALSE(d.ok()) << key;
@@ -313,14 +313,15 @@ TEST(MessagesTest, UntrustedBytesAreRefusedWithCorruption) {
 
   auto missing = WithJson(R"({"member":"m"})");
   EXPECT_TRUE(DecodeTrain(missing.data(), missing.size()).status().IsCorruption());
-  auto neg =
-      WithJson(R"({"task_id":-1,"member":"m","steps":1,"state_offset":128,"state_bytes":0})", 128);
+  auto neg = WithJson(
+      R"({"task_id":-1,"experiment":"e","member":"m","steps":1,"state_offset":128,"state_bytes":0})",
+      128);
   EXPECT_TRUE(DecodeTrain(neg.data(), neg.size()).status().IsCorruption());
   auto big = WithJson(R"({"experiment":"e","batch_size":4294967296})");
   EXPECT_TRUE(DecodeConfigure(big.data(), big.size()).status().IsCorruption());
 
   const std::string train =
-      R"({"task_id":1,"member":"m","steps":1,"state_offset":128,"state_bytes":)";
+      R"({"task_id":1,"experiment":"e","member":"m","steps":1,"state_offset":128,"state_bytes":)";
   auto ok = WithJson(train + "8}", 136);
   ASSERT_TRUE(DecodeTrain(ok.data(), ok.size()).ok());
   auto past_end = WithJson(train + "9}", 136);

@@ -12,11 +12,13 @@
 #include <fstream>
 #include <mutex>
 #include <sstream>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "ckpt/ipc/messages.h"
 #include "ckpt/ipc/tcp_channel.h"
+#include "source_network.h"
 #include "tcp_test_peer.h"
 
 namespace ckpt::ipc {
@@ -256,12 +258,12 @@ TEST(TcpAttackTest, AThousandSlowConnectionsDoNotKeepAWorkerOut) {
   auto l = TcpListener::Listen("127.0.0.1:0", kSecret, o);
   ASSERT_TRUE(l.ok());
   const uint16_t port = (*l)->port();
-  // 1,000 connections from 127.0.0.2, each with the first byte of a TLS
-  // record and then nothing (a slow client).
+  // 1,000 connections from 127.0.1.2 (another /24 than the worker's), each
+  // with the first byte of a TLS record and then nothing (a slow client).
   const auto start = Clock::now();
   std::vector<int> slow;
   for (int i = 0; i < 1000; ++i) {
-    const int fd = testing::RawConnect(port, "127.0.0.2");
+    const int fd = testing::RawConnect(port, "127.0.1.2");
     const uint8_t first = 0x16;
     testing::WriteRaw(fd, &first, 1);
     slow.push_back(fd);
@@ -292,6 +294,67 @@ TEST(TcpAttackTest, AThousandSlowConnectionsDoNotKeepAWorkerOut) {
   ASSERT_TRUE(r.ok()) << r.status().ToString();
 }
 
+TEST(TcpAttackTest, OneSubnetHoldsAtMostItsShareOfHandshakes) {
+  std::vector<std::string> why;
+  std::mutex mu;
+  TcpOptions o;
+  o.handshake_timeout = milliseconds(20000);
+  o.on_refused = [&](const std::string& peer, const Status& s) {
+    std::lock_guard<std::mutex> lock(mu);
+    why.push_back(peer + ": " + s.ToString());
+  };
+  auto l = TcpListener::Listen("127.0.0.1:0", kSecret, o);
+  ASSERT_TRUE(l.ok());
+  const uint16_t port = (*l)->port();
+  // One more slow client than the per-network share, each from an address
+  // of its own in 127.0.2.0/24: counted per address, every one would hold a
+  // slot; counted per /24, the last is refused at once.
+  std::vector<int> slow;
+  for (int i = 0; i <= o.max_handshakes_per_source; ++i) {
+    const std::string from = "127.0.2." + std::to_string(10 + i);
+    const int fd = testing::RawConnect(port, from.c_str());
+    const uint8_t first = 0x16;
+    testing::WriteRaw(fd, &first, 1);
+    slow.push_back(fd);
+  }
+  const auto until = Clock::now() + milliseconds(10000);
+  while ((*l)->Stats().refused < 1 && Clock::now() < until) {
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    ASSERT_EQ(why.size(), 1u);
+    EXPECT_NE(why[0].find("too many handshakes in progress from 127.0.2.0/24 (" +
+                          std::to_string(o.max_handshakes_per_source) + ")"),
+              std::string::npos)
+        << why[0];
+  }
+  // Another /24 still gets a slot: a worker from 127.0.0.1 is accepted.
+  auto wk = TcpChannel::Connect("127.0.0.1:" + std::to_string(port), kSecret, {});
+  ASSERT_TRUE(wk.ok()) << wk.status().ToString();
+  auto a = (*l)->Accept(DeadlineIn(milliseconds(10000)));
+  EXPECT_TRUE(a.ok()) << a.status().ToString();
+  for (int fd : slow) close(fd);
+}
+
+TEST(SourceNetworkTest, IPv4CountsPerSlash24AndIPv6PerSlash64) {
+  namespace ip = boost::asio::ip;
+  using internal::SourceNetwork;
+  EXPECT_EQ(SourceNetwork(ip::make_address("192.0.2.77")), "192.0.2.0/24");
+  EXPECT_EQ(SourceNetwork(ip::make_address("192.0.2.1")),
+            SourceNetwork(ip::make_address("192.0.2.254")));
+  EXPECT_NE(SourceNetwork(ip::make_address("192.0.2.1")),
+            SourceNetwork(ip::make_address("192.0.3.1")));
+  EXPECT_EQ(SourceNetwork(ip::make_address("2001:db8:1:2:aaaa:bbbb:cccc:dddd")),
+            "2001:db8:1:2::/64");
+  EXPECT_EQ(SourceNetwork(ip::make_address("2001:db8:1:2::1")),
+            SourceNetwork(ip::make_address("2001:db8:1:2:ffff::9")));
+  EXPECT_NE(SourceNetwork(ip::make_address("2001:db8:1:2::1")),
+            SourceNetwork(ip::make_address("2001:db8:1:3::1")));
+  EXPECT_EQ(SourceNetwork(ip::make_address("::ffff:198.51.100.9")), "198.51.100.0/24");
+  EXPECT_EQ(SourceNetwork(ip::make_address("::1")), "::/64");
+}
+
 // docs/LIMITS.md's TCP rows say what the code's constants are: each number
 // is printed from the constant and looked for in the row that names it.
 std::string Mib(size_t bytes) {
@@ -313,7 +376,8 @@ TEST(TcpAttackTest, LimitsDocMatchesTheConstants) {
       Mib(kTcpMaxFramePayload) + " (`kTcpMaxFramePayload`)",
       std::to_string(o.max_pending_handshakes) + " (`max_pending_handshakes`), " +
           std::to_string(o.max_handshakes_per_source) +
-          " from one address (`max_handshakes_per_source`), each done within " +
+          " from one network, an IPv4 /24 or an IPv6 /64 (`max_handshakes_per_source`), each "
+          "done within " +
           std::to_string(o.handshake_timeout.count() / 1000) + " s",
   };
   for (const auto& w : want) EXPECT_NE(doc.find(w), std::string::npos) << "not in LIMITS.md: " << w;

@@ -8,6 +8,9 @@ import sys
 import tempfile
 import unittest
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from unittest_exit import main  # noqa: E402  (tests/unittest_exit.py)
+
 CHECKER = sys.argv.pop(1) if len(sys.argv) > 1 else os.path.join(
     os.path.dirname(__file__), "..", "..", "scripts", "check-layers")
 
@@ -96,4 +99,4 @@ class CheckLayersTest(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main()
+    main()

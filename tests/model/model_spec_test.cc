@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <fstream>
 #include <set>
+#include <string>
 
 #include "ckpt/model/dataset.h"
 #include "ckpt/model/hparams.h"
@@ -194,6 +195,14 @@ class IdxTest : public ::testing::Test {
               static_cast<int>(bytes.size()));
     gzclose(f);
   }
+  // An IDX header of u8 elements alone.
+  static std::string IdxHeader(const std::vector<uint32_t>& dims) {
+    std::string s = {0, 0, 0x08, static_cast<char>(dims.size())};
+    for (uint32_t d : dims) {
+      for (int i = 3; i >= 0; --i) s.push_back(static_cast<char>((d >> (8 * i)) & 0xff));
+    }
+    return s;
+  }
   static std::string Idx(std::vector<uint32_t> dims, uint8_t fill, uint8_t type = 0x08) {
     std::string s = {0, 0, static_cast<char>(type), static_cast<char>(dims.size())};
     size_t n = 1;
@@ -259,6 +268,47 @@ TEST_F(IdxTest, RejectsMalformedFiles) {
   EXPECT_TRUE(ReadIdxFile(dir_ + "/absent").status().IsNotFound());
   EXPECT_TRUE(LoadDataset("fashion-mnist", dir_).status().IsNotFound());
   EXPECT_TRUE(LoadDataset("cifar", "").status().IsInvalidArgument());
+}
+
+// The process's peak resident set (VmHWM), after `reset` starts it anew from
+// the current resident set (/proc/self/clear_refs, "5").
+int64_t PeakRssBytes(bool reset) {
+  if (reset) std::ofstream("/proc/self/clear_refs") << "5";
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  }
+  return -1;
+}
+
+// A header claims what the file does not hold: memory follows the bytes the
+// file (or its gzip stream) yields, never the header's claim. The old reader
+// zero-filled the whole claim first (1 GiB here, for a 20-byte file).
+TEST_F(IdxTest, MemoryFollowsTheFileNotWhatItsHeaderClaims) {
+  // 16,383 x 65,536 bytes: just under the 1 GiB limit.
+  const std::string header = IdxHeader({16383, 65536});
+  WritePlain("claims.idx", header + std::string(12, '\1'));
+  WriteGz("claims.idx.gz", header + std::string(12, '\1'));
+  for (const char* name : {"claims.idx", "claims.idx.gz"}) {
+    SCOPED_TRACE(name);
+    const int64_t before = PeakRssBytes(/*reset=*/true);
+    ASSERT_GT(before, 0) << "no VmHWM in /proc/self/status";
+    auto x = ReadIdxFile(dir_ + "/" + name, 100);
+    const int64_t grown = PeakRssBytes(/*reset=*/false) - before;
+    ASSERT_FALSE(x.ok());
+    EXPECT_TRUE(x.status().IsCorruption()) << x.status().ToString();
+    EXPECT_NE(x.status().message().find("IDX holds 12 elements, dimensions say 1073676288"),
+              std::string::npos)
+        << x.status().ToString();
+    EXPECT_LT(grown, int64_t{256} << 20)
+        << "peak resident set grew by " << (grown >> 20) << " MiB for a 20-byte file";
+  }
+  // Past the limit, refused from the header alone.
+  WritePlain("huge.idx", IdxHeader({16385, 65536}));
+  auto huge = ReadIdxFile(dir_ + "/huge.idx");
+  EXPECT_NE(huge.status().message().find("IDX dimensions too large"), std::string::npos)
+      << huge.status().ToString();
 }
 
 TEST_F(IdxTest, SplitsAndNormalizes) {

@@ -60,19 +60,20 @@ TEST(ForgedResultTest, LiesOfAnAuthenticatedWorkerAreRefusedAndNothingIsCommitte
 
   // The liar connects alone and forges the four lies any TRAIN can carry
   // before the honest worker starts: until then every task is its own, on
-  // any CPU. It offers more slots (kForgerSlots) than the honest worker
-  // (WorkerTrainingFlags: 2), and the dispatcher hands each task to the
-  // worker with the most free capacity: while it is connected, it is offered
-  // every TRAIN, so it gets the first ones that carry a state (the honest
-  // worker trains only while the forger is dropped and reconnecting) and
-  // forges the two state lies before the run can end. A fast CPU on which
-  // the honest worker trained the whole run first failed this test (Zen 5:
-  // 5 of 6 runs).
+  // any CPU, until the scheduler has refused all four. It offers more slots (kForgerSlots) than the
+  // honest worker (WorkerTrainingFlags: 2), and the dispatcher hands each task to the worker with
+  // the most free capacity: while it is connected, it is offered every TRAIN, so it gets the first
+  // ones that carry a state (the honest worker trains only while the forger is dropped and
+  // reconnecting) and forges the two state lies before the run can end. A fast CPU on which the
+  // honest worker trained the whole run first failed this test (Zen 5: 5 of 6 runs).
   constexpr int kForgerSlots = 8;
   Child greedy({forger_bin, addr, secret, "hello", "2147483647"}, dir + "/greedy.log");
   Child forger({forger_bin, addr, secret, "results", std::to_string(kForgerSlots)},
                dir + "/forger.log");
-  ASSERT_TRUE(WaitForOutput(forger, "forged loss")) << forger.Log() << "\n" << scheduler.Log();
+  // The scheduler's own log says when it has refused the last of them.
+  ASSERT_TRUE(WaitForOutput(scheduler, "train_loss nan, expected a finite value >= 0"))
+      << forger.Log() << "\n"
+      << scheduler.Log();
   std::vector<std::string> args = {worker_bin, "--connect", addr, "--secret-file", secret};
   for (const auto& f : testing::WorkerTrainingFlags()) args.push_back(f);
   Child honest(args, dir + "/worker-honest.log");

@@ -14,15 +14,15 @@
 // The first four are answered to any TRAIN, the last two only to a training
 // TRAIN that carries a state (an initialised member has no layout to flatten
 // yet; an evaluation's state is not read), a final evaluation gets a score
-// forgery. Once every forgery has been sent it prints "forged all" and
-// exits: the tasks it still holds go back to the queue as a lost worker's. A
-// TRAIN that comes while only state forgeries remain gets a score forgery
-// again, 200 ms late. The scheduler drops a worker after kMaxBadResultsInRow
-// refused RESULTs (worker_pool.h); dropped, it connects again ("reconnecting",
-// 50 ms later, at most kMaxReconnects times) and goes on with the forgeries
-// it has not sent (the last one again if no TRAIN came after it: the
-// scheduler may have closed the connection before reading it), as an
-// attacker would.
+// forgery. Once every forgery has been sent where the scheduler reads it it
+// prints "forged all" and exits: the tasks it still holds go back to the
+// queue as a lost worker's. A TRAIN that comes while only state forgeries
+// remain gets a score forgery again, 200 ms late. The scheduler drops a
+// worker after kMaxBadResultsInRow refused RESULTs (worker_pool.h) and reads
+// none after them; dropped, it connects again ("reconnecting", 50 ms later,
+// at most kMaxReconnects times) and goes on with the forgeries it has not
+// sent and those it sent past the kMaxBadResultsInRow-th RESULT of the
+// dropped connection, as an attacker would.
 //
 //   forging_worker HOST:PORT SECRET_FILE results [SLOTS]  (HELLO offering SLOTS,
 //                                                          default 1)
@@ -45,6 +45,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "ckpt/format/checkpoint.h"
@@ -131,6 +132,7 @@ std::string NextForgery(const ckpt::ipc::Train& train, bool has_state,
 ckpt::ipc::Result HonestResult(const ckpt::ipc::Train& train, int64_t start) {
   ckpt::ipc::Result r;
   r.task_id = train.task_id;
+  r.experiment = train.experiment;
   r.member = train.member;
   r.step = start + train.steps;
   r.train_loss = 0.5;
@@ -155,6 +157,10 @@ std::string Forge(const std::string& forgery, const std::string& sent,
   return state;
 }
 
+// The scheduler drops a worker whose RESULTs fail this many times in a row
+// (kMaxBadResultsInRow of scheduler/src/worker_pool.h).
+constexpr size_t kMaxBadResultsInRow = 3;
+
 // How one connection ended.
 enum class Ended { kDone, kDropped, kError };
 
@@ -175,13 +181,18 @@ Ended Connection(const std::string& addr, const std::string& secret, const std::
   }
   Channel* channel = ch->get();
   if (!SayHello(channel, hello_slots)) return Ended::kError;
-  // The last forgery from a list, while no TRAIN has come after it: the
-  // scheduler may have dropped the connection before reading it, so a
-  // dropped connection puts it back to be sent again.
-  std::deque<std::string>* last_list = nullptr;
-  std::string last;
+  // Every RESULT sent on this connection, in order, with the list its
+  // forgery came from (nullptr: a score forgery again). The scheduler reads
+  // them in order and drops the connection at the kMaxBadResultsInRow-th, so
+  // the ones past it were never read, however many TRAINs came meanwhile
+  // (it has several in flight here): a dropped connection puts their
+  // forgeries back, in order, to be sent again.
+  std::vector<std::pair<std::deque<std::string>*, std::string>> sent_here;
   const auto put_back = [&] {
-    if (last_list != nullptr) last_list->push_front(last);
+    for (size_t i = sent_here.size(); i > kMaxBadResultsInRow; --i) {
+      auto& [list, forgery] = sent_here[i - 1];
+      if (list != nullptr) list->push_front(forgery);
+    }
   };
   while (true) {
     auto rec = channel->Receive(DeadlineIn(milliseconds(500)));
@@ -206,8 +217,9 @@ Ended Connection(const std::string& addr, const std::string& secret, const std::
       start = (*view)->meta().step;
     }
     ckpt::ipc::Result r = HonestResult(*train, start);
-    const std::string forgery = NextForgery(*train, !sent.empty(), &plain, &stateful, &last_list);
-    if (last_list != nullptr) last = forgery;
+    std::deque<std::string>* from = nullptr;
+    const std::string forgery = NextForgery(*train, !sent.empty(), &plain, &stateful, &from);
+    sent_here.emplace_back(from, forgery);
     const std::string state = Forge(forgery, sent, view, &r);
     r.state = ckpt::ipc::ByteSpan{reinterpret_cast<const uint8_t*>(state.data()), state.size()};
     if (Status s = SendMessage(channel, ckpt::ipc::RecordType::kResult, r); !s.ok()) {
@@ -218,7 +230,10 @@ Ended Connection(const std::string& addr, const std::string& secret, const std::
     std::printf("forged %s task %llu %s\n", forgery.c_str(),
                 static_cast<unsigned long long>(r.task_id), r.member.c_str());
     std::fflush(stdout);
-    if (plain.empty() && stateful.empty()) {
+    // Done once every forgery went out among the first RESULTs of its
+    // connection, which the scheduler reads; a later one waits for the drop
+    // and goes again.
+    if (plain.empty() && stateful.empty() && sent_here.size() <= kMaxBadResultsInRow) {
       std::printf("forged all\n");
       std::fflush(stdout);
       // Give the scheduler the last RESULT before the connection goes.

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -34,12 +35,23 @@ std::vector<TensorSpec> Lenetish() {
           {"optim.fc.bias.momentum_buffer", format::DType::kF32, {4}}};
 }
 
-// A well-formed checkpoint of `tensors` (zeros) at `step`.
-std::string Blob(const std::vector<TensorSpec>& tensors, int64_t step) {
+// The fixture's data: batches of 32, one data seed.
+constexpr int64_t kBatch = 32;
+constexpr uint64_t kDataSeed = 77;
+
+// A well-formed checkpoint of `tensors` (zeros) at `step`, with the metadata
+// an honest worker writes there (SGD, lr 0.05 with the defaults beside it,
+// the data cursor past `step` batches); `tweak` changes it.
+std::string Blob(const std::vector<TensorSpec>& tensors, int64_t step,
+                 const std::function<void(format::CheckpointMeta*)>& tweak = nullptr) {
   format::CheckpointMeta meta;
   meta.model_spec = "test";
   meta.optimizer = "sgd";
   meta.step = step;
+  meta.hparams = {{"lr", 0.05}, {"momentum", 0.0}, {"nesterov", 0.0}, {"weight_decay", 0.0}};
+  meta.data_seed = kDataSeed;
+  meta.data_cursor = static_cast<uint64_t>(step * kBatch);
+  if (tweak) tweak(&meta);
   format::CheckpointWriter writer;
   writer.SetMeta(meta);
   static const std::vector<uint8_t> zeros(1 << 16);
@@ -62,17 +74,22 @@ StateLayout LayoutOfBlob(const std::string& blob) {
 class ResultCheckTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    sent_.member = "exp/m3";
+    sent_.experiment = "exp";
+    sent_.member = "m3";
     sent_.worker = "worker 2 (r0@10.0.0.7:41234)";
     sent_.rules.metric = format::MetricKind::kAccuracy;
     sent_.rules.validates = true;
-    sent_.rules.batch_size = 32;
+    sent_.rules.batch_size = kBatch;
     sent_.steps = 20;
     sent_.start_step = 100;
+    sent_.hparams = {{"lr", 0.05}};
+    sent_.start_cursor = 100 * kBatch;
+    sent_.data_seed = kDataSeed;
     sent_.layout = std::make_shared<const StateLayout>(LayoutOfBlob(Blob(Lenetish(), 100)));
     SetState(Blob(Lenetish(), 120));
     result_.task_id = 7;
-    result_.member = "exp/m3";
+    result_.experiment = "exp";
+    result_.member = "m3";
     result_.step = 120;
     result_.train_loss = 0.42;
     result_.val_score = 0.87;
@@ -195,8 +212,9 @@ TEST_F(ResultCheckTest, StepMustBeTheSentStatesPlusTheSteps) {
   EXPECT_HAS(m, "step 121, expected 120 (step 100 + 20 steps)");
   result_.step = std::numeric_limits<int64_t>::max();
   EXPECT_FALSE(CheckResult(sent_, result_).ok());
-  // An initialised member starts at 0.
+  // An initialised member starts at 0 (its data cursor too).
   sent_.start_step = 0;
+  sent_.start_cursor = 0;
   result_.step = 20;
   SetState(Blob(Lenetish(), 20));
   EXPECT_TRUE(CheckResult(sent_, result_).ok());
@@ -237,8 +255,11 @@ TEST_F(ResultCheckTest, ComputeSecondsMustBeFiniteAndNonNegative) {
 }
 
 TEST_F(ResultCheckTest, MemberMustBeTheOneSent) {
-  result_.member = "exp/m4";
+  result_.member = "m4";
   EXPECT_HAS(Refusal(), "member \"exp/m4\", expected \"exp/m3\"");
+  result_.member = "m3";
+  result_.experiment = "other";
+  EXPECT_HAS(Refusal(), "member \"other/m3\", expected \"exp/m3\"");
 }
 
 TEST_F(ResultCheckTest, StateMustBeACheckpoint) {
@@ -256,6 +277,29 @@ TEST_F(ResultCheckTest, StateMustBeACheckpoint) {
 TEST_F(ResultCheckTest, StateStepMustBeTheResultsStep) {
   SetState(Blob(Lenetish(), 119));
   EXPECT_HAS(Refusal(), "state ckpt.step 119, expected 120 (the result's step)");
+}
+
+// The metadata the next worker resumes from must be what the task implies.
+TEST_F(ResultCheckTest, StateMetadataMustBeWhatTheTaskImplies) {
+  SetState(Blob(Lenetish(), 120, [](format::CheckpointMeta* m) { m->hparams["lr"] = 0.5; }));
+  EXPECT_HAS(Refusal(), "state ckpt.hparams lr 0.5, expected 0.05 (the TRAIN's)");
+  SetState(Blob(Lenetish(), 120, [](format::CheckpointMeta* m) { m->hparams.erase("lr"); }));
+  EXPECT_HAS(Refusal(), "state ckpt.hparams has no lr, expected 0.05");
+  SetState(Blob(Lenetish(), 120, [](format::CheckpointMeta* m) { m->data_cursor = 0; }));
+  EXPECT_HAS(Refusal(), "state ckpt.data_cursor 0, expected 3840 (the sent state's 3200 + 640");
+  SetState(Blob(Lenetish(), 120, [](format::CheckpointMeta* m) { m->data_seed = 78; }));
+  EXPECT_HAS(Refusal(), "state ckpt.data_seed 78, expected 77 (the sent state's)");
+  SetState(Blob(Lenetish(), 120, [](format::CheckpointMeta* m) { m->optimizer = "adam"; }));
+  EXPECT_HAS(Refusal(), "state ckpt.optimizer \"adam\", expected \"sgd\"");
+  // An initialised member: its seed is the worker's to draw; its cursor
+  // starts at 0.
+  sent_.data_seed.reset();
+  sent_.start_cursor = 0;
+  sent_.start_step = 0;
+  result_.step = 20;
+  SetState(Blob(Lenetish(), 20, [](format::CheckpointMeta* m) { m->data_seed = 12345; }));
+  Status s = CheckResult(sent_, result_);
+  EXPECT_TRUE(s.ok()) << s.ToString();
 }
 
 TEST_F(ResultCheckTest, StateLayoutMustBeTheSentStates) {

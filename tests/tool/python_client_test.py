@@ -20,6 +20,9 @@ sys.path.insert(0, os.path.join(ROOT, "examples"))
 
 from ckpt_client import CkptError, Client, load_state_dict, results  # noqa: E402
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from unittest_exit import main  # noqa: E402  (tests/unittest_exit.py)
+
 
 def experiment(name, intervals, population=2, steps=4):
     return f"""name = "{name}"
@@ -210,4 +213,4 @@ class PythonClientTest(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main()
+    main()

@@ -16,7 +16,13 @@ namespace {
 
 constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
 // An IDX file larger than this is refused (the MNIST family is ~47 MB unpacked).
-constexpr size_t kMaxIdxBytes = size_t{1} << 32;
+// The largest IDX file's elements (docs/LIMITS.md): EMNIST's largest split
+// is 0.64 GB; a file that says more is refused before anything is read.
+constexpr size_t kMaxIdxBytes = size_t{1} << 30;
+// Elements are read in steps of this many bytes, so that memory follows what
+// the file holds, never what its header claims (a 20-byte file may claim a
+// GiB; a gzip bomb may decompress to one).
+constexpr size_t kIdxReadStep = size_t{64} << 20;
 
 bool EndsWith(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() &&
@@ -89,6 +95,23 @@ class IdxReader {
   FILE* plain_ = nullptr;
 };
 
+// Reads up to `want` bytes into `*out` (appended), growing it a step at a
+// time: it never holds more than what was read plus one step. The number of
+// bytes appended; fewer than `want` only at the end of the file.
+StatusOr<uint64_t> ReadGrowing(IdxReader* reader, uint64_t want, std::vector<uint8_t>* out) {
+  uint64_t done = 0;
+  while (done < want) {
+    const size_t step = static_cast<size_t>(std::min<uint64_t>(want - done, kIdxReadStep));
+    const size_t before = out->size();
+    out->resize(before + step);
+    CKPT_ASSIGN_OR_RETURN(size_t got, reader->Read(out->data() + before, step));
+    out->resize(before + got);
+    done += got;
+    if (got < step) break;
+  }
+  return done;
+}
+
 uint32_t LoadBE32(const uint8_t* p) {
   return (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) | (uint32_t{p[2]} << 8) | p[3];
 }
@@ -103,8 +126,9 @@ StatusOr<IdxArray> ReadFromDir(const std::string& dir, const std::string& base,
 
 }  // namespace
 
-// The elements are read straight into the array, sized from the header: no
-// copy of the file in between (the Fashion-MNIST train images are 47 MB).
+// The elements are read straight into the arrays, grown as the file yields
+// them (never sized from the header alone, which is untrusted): no copy of the
+// file in between (the Fashion-MNIST train images are 47 MB).
 StatusOr<IdxArray> ReadIdxFile(const std::string& path, int64_t tail_rows) {
   CKPT_ASSIGN_OR_RETURN(auto reader, IdxReader::Open(path));
   uint8_t head[4 + 4 * 4];
@@ -136,15 +160,13 @@ StatusOr<IdxArray> ReadIdxFile(const std::string& path, int64_t tail_rows) {
   const uint64_t per_row = rows == 0 ? 0 : count / rows;
   const uint64_t tail =
       std::min<uint64_t>(rows, static_cast<uint64_t>(std::max<int64_t>(0, tail_rows)));
-  out.data.resize(count - tail * per_row);
-  out.tail.resize(tail * per_row);
-  CKPT_ASSIGN_OR_RETURN(got, reader->Read(out.data.data(), out.data.size()));
-  uint64_t held = got;
-  if (got == out.data.size() && !out.tail.empty()) {
-    CKPT_ASSIGN_OR_RETURN(got, reader->Read(out.tail.data(), out.tail.size()));
-    held += got;
-    got = held;
+  const uint64_t head_bytes = count - tail * per_row;
+  CKPT_ASSIGN_OR_RETURN(uint64_t held, ReadGrowing(reader.get(), head_bytes, &out.data));
+  if (held == head_bytes && tail > 0) {
+    CKPT_ASSIGN_OR_RETURN(uint64_t tail_got, ReadGrowing(reader.get(), tail * per_row, &out.tail));
+    held += tail_got;
   }
+  got = held;
   if (got == count) {
     // Anything after the last element is an error too; count it for the message.
     uint8_t rest[1 << 12];

@@ -25,6 +25,7 @@
 
 #include "ckpt/base/host_port.h"
 #include "ckpt/ipc/tcp_channel.h"
+#include "source_network.h"
 #include "tcp_io.h"
 #include "tls.h"
 
@@ -145,7 +146,7 @@ class TcpListenerImpl final : public TcpListener {
     tcp::socket socket;
     asio::steady_timer timer;
     std::string peer;    // ADDRESS:PORT
-    std::string source;  // ADDRESS: the key of its handshake slot
+    std::string source;  // its network (SourceNetwork): the key of its handshake slot
     std::unique_ptr<TlsSession> tls;
     std::vector<uint8_t> out;  // handshake bytes being sent
     bool done = false;
@@ -220,7 +221,7 @@ class TcpListenerImpl final : public TcpListener {
     boost::system::error_code ec;
     const tcp::endpoint remote = s->socket.remote_endpoint(ec);
     s->peer = ec ? std::string("unknown peer") : Endpoint(remote);
-    s->source = ec ? std::string("unknown") : remote.address().to_string();
+    s->source = ec ? std::string("unknown") : internal::SourceNetwork(remote.address());
     ++pending_;
     const int from_source = ++by_source_[s->source];
     if (pending_ > options_.max_pending_handshakes) {
@@ -328,7 +329,7 @@ class TcpListenerImpl final : public TcpListener {
   asio::steady_timer backoff_timer_;      // listener thread only
   milliseconds backoff_{0};               // listener thread only
   int pending_ = 0;                       // listener thread only
-  std::map<std::string, int> by_source_;  // listener thread only: handshakes per address
+  std::map<std::string, int> by_source_;  // listener thread only: handshakes per network
   uint16_t port_ = 0;
   std::string address_;
   std::thread thread_;

@@ -100,8 +100,9 @@ struct TcpOptions {
   // TcpListener only: connections being authenticated at once; more are
   // closed at once (and refused). Default: 64.
   int max_pending_handshakes = 64;
-  // TcpListener only: of those, from one source address at once (so that one
-  // host cannot hold every slot). Default: 8.
+  // TcpListener only: of those, from one source network at once, an IPv4 /24
+  // or an IPv6 /64 (so that one host, or the addresses of one subnet, cannot
+  // hold every slot). Default: 8.
   int max_handshakes_per_source = 8;
   // TcpListener only: told of each refused connection (peer "ADDRESS:PORT",
   // why), of each failed accept (peer "(accept)") and of each handler that
@@ -139,9 +140,9 @@ struct TcpListenerStats {
 // Listens on one address and authenticates connecting workers on its own
 // thread (asynchronous TLS handshakes, each with a deadline, at most
 // max_pending_handshakes at once and max_handshakes_per_source from one
-// address; no thread per connection; a failed accept backs off up to 1 s); authenticated ones are
-// queued for Accept, or handed to TcpOptions::on_accepted. A refused connection is closed, logged
-// as a warning naming the peer, and counted; it costs nothing else.
+// network, an IPv4 /24 or an IPv6 /64; no thread per connection; a failed accept backs off up to 1
+// s); authenticated ones are queued for Accept, or handed to TcpOptions::on_accepted. A refused
+// connection is closed, logged as a warning naming the peer, and counted; it costs nothing else.
 class TcpListener {
  public:
   // Binds `host_port` ("HOST:PORT", port 0 = an ephemeral port). InvalidArgument
