@@ -4,10 +4,13 @@
 // the run went on on the other worker and the stopped one was never noticed;
 // with one worker the run hung for good).
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "../integration/process_util.h"
 
@@ -29,7 +32,17 @@ TEST(StartHangTest, WorkerStoppedWhileStartingIsReplaced) {
                         << "[supervision]\nrestart_backoff_s = 0.1\nheartbeat_timeout_s = 2\n"
                         << "[[devices]]\ndevice = \"cpu\"\ncount = 1\nslots = 1\n"
                         << "fusion = \"plain\"\n";
-  Child c({CKPT_SCHEDULER_BIN, "run", config, "--store", dir + "/store", "--quiet"}, dir + "/log");
+  // The scheduler and its worker in a process group of their own, whose
+  // leader's parent (this test) is in the same session: a group that is never
+  // orphaned. In an orphaned one (the test's own, where a runner detached it,
+  // as ctest run from a background job here did), the exit of any process of
+  // the group makes the kernel send SIGHUP to a group with a stopped member
+  // (POSIX): the stopped worker died at once and the start deadline was
+  // never reached ("killed by signal 1", 2 of 2 full runs under ctest -j2).
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) env.emplace_back(*e);
+  Child c({CKPT_SCHEDULER_BIN, "run", config, "--store", dir + "/store", "--quiet"}, dir + "/log",
+          env, [] { return setpgid(0, 0) == 0; });
   // The only worker, stopped as soon as it exists: long before it has loaded
   // LibTorch and attached to its ring.
   pid_t stopped = 0;
