@@ -7,10 +7,12 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <set>
+#include <string>
 #include <thread>
 
 #include "ckpt/base/kill_point.h"
@@ -27,6 +29,40 @@ using testing::Child;
 using testing::ChildrenOf;
 using testing::Head;
 using testing::ResultsLogged;
+
+// The segment of worker `w` of a scheduler of `store` with the default
+// instance name ("ckpt-" + 10 hex digits of the store path's XXH3 + "-wN").
+std::string SegmentOf(const std::string& store, int w) {
+  const std::string abs = std::filesystem::absolute(store).lexically_normal().string();
+  return "ckpt-" + HexU64(Xxh3_64(abs.data(), abs.size())).substr(0, 10) + "-w" + std::to_string(w);
+}
+
+// Waits (up to 60 s) until no process runs with a segment of a scheduler of
+// `store` on its command line: the workers of a killed scheduler die with it
+// (their parent-death signal) or notice it (the heartbeat). False when one
+// is still there.
+bool WaitForWorkersGone(const std::string& store) {
+  const std::string prefix = SegmentOf(store, 0);
+  const std::string instance = prefix.substr(0, prefix.size() - 1);  // "ckpt-...-w"
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < until) {
+    bool any = false;
+    for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+      const std::string name = e.path().filename().string();
+      if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+      std::ifstream in(e.path() / "cmdline", std::ios::binary);
+      const std::string cmdline((std::istreambuf_iterator<char>(in)),
+                                std::istreambuf_iterator<char>());
+      if (cmdline.find(instance) != std::string::npos) {
+        any = true;
+        break;
+      }
+    }
+    if (!any) return true;
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  return false;
+}
 
 std::string Config(const std::string& name, const std::string& mode, int workers,
                    int population = 6, int intervals = 4) {
@@ -292,7 +328,7 @@ TEST_F(PbtRunTest, SchedulerKilledAndRerunEndsAsUninterrupted) {
     c.Wait();
     ++kills;
     // The workers die with their scheduler (and notice it if they did not).
-    std::this_thread::sleep_for(milliseconds(100));
+    ASSERT_TRUE(WaitForWorkersGone(dir_ + "/rough"));
   }
   EXPECT_GE(kills, 10);
   ASSERT_EQ(RunToEnd(config, dir_ + "/rough"), 0);
@@ -329,20 +365,13 @@ TEST_F(PbtRunTest, SchedulerKilledAtEachKindOfPointResumesAsUninterrupted) {
     ASSERT_TRUE(killed.WaitFor(milliseconds(300000))) << killed.Log();
     const int st = killed.Wait();
     ASSERT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL) << "never reached\n" << killed.Log();
-    std::this_thread::sleep_for(milliseconds(100));  // its workers notice and exit
+    ASSERT_TRUE(WaitForWorkersGone(store));  // its workers notice and exit
     ASSERT_EQ(RunToEnd(config, store), 0);
     const auto resumed = Heads(store, "kp");
     ASSERT_EQ(resumed.size(), 6u);
     for (const auto& [m, h] : resumed) EXPECT_EQ(h.step, 36) << m;
     EXPECT_TRUE(calm == resumed);
   }
-}
-
-// The segment of worker `w` of a scheduler of `store` with the default
-// instance name ("ckpt-" + 10 hex digits of the store path's XXH3 + "-wN").
-std::string SegmentOf(const std::string& store, int w) {
-  const std::string abs = std::filesystem::absolute(store).lexically_normal().string();
-  return "ckpt-" + HexU64(Xxh3_64(abs.data(), abs.size())).substr(0, 10) + "-w" + std::to_string(w);
 }
 
 TEST_F(PbtRunTest, SegmentsOfAKilledSchedulerAreSweptByTheNextOne) {
@@ -356,7 +385,7 @@ TEST_F(PbtRunTest, SegmentsOfAKilledSchedulerAreSweptByTheNextOne) {
   const std::string left = "/dev/shm/" + SegmentOf(dir_ + "/killed", 0);
   // It is there now, unless a scheduler of a test running alongside has
   // already swept it (which is what this checks, too).
-  std::this_thread::sleep_for(milliseconds(300));  // its worker notices and exits
+  ASSERT_TRUE(WaitForWorkersGone(dir_ + "/killed"));  // its worker notices and exits
   // A scheduler of another store removes it at start.
   Child other(RunArgs(config, dir_ + "/other"), dir_ + "/sw-other.log");
   ASSERT_TRUE(other.WaitFor(milliseconds(300000))) << other.Log();

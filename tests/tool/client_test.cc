@@ -131,6 +131,17 @@ class ClientTest : public ::testing::Test {
 
   // Intervals the experiment committed; -1 while the service does not know
   // it yet (a submit in another process may not have reached it).
+  // Tasks the service's workers hold (`workers --json`, summed busy); -1
+  // when the answer does not parse.
+  int64_t BusyTasks() {
+    Result r = Tool({"workers", "--json"});
+    json j = json::parse(r.out, nullptr, false);
+    if (r.code != 0 || !j.contains("workers")) return -1;
+    int64_t busy = 0;
+    for (const auto& w : j["workers"]) busy += w.value("busy", int64_t{0});
+    return busy;
+  }
+
   int64_t MemberIntervals(const std::string& experiment) {
     Result r = Tool({"status", experiment, "--json"});
     if (r.code != 0) return -1;
@@ -228,10 +239,14 @@ class ClientTest : public ::testing::Test {
     ASSERT_EQ(r.code, 0) << r.err;
     EXPECT_EQ(r.out, "live: paused\n");
     EXPECT_EQ(StatusJson("live")["experiment"]["status"], "paused");
-    std::this_thread::sleep_for(milliseconds(3000));  // in-flight intervals land
+    // The intervals in flight land: no worker holds a task any more (its busy
+    // count and the experiment's interval count change in one event).
+    ASSERT_TRUE(WaitUntil([&] { return BusyTasks() == 0; }, milliseconds(120000))) << serve_->Log();
     const int64_t paused_at = MemberIntervals("live");
+    // Nothing starts while paused: a span with nothing to wait for but time.
     std::this_thread::sleep_for(milliseconds(3000));
     EXPECT_EQ(MemberIntervals("live"), paused_at) << "a paused experiment trained";
+    EXPECT_EQ(BusyTasks(), 0) << "a paused experiment dispatched";
     r = Tool({"resume", "live", "--json"});
     ASSERT_EQ(r.code, 0) << r.err;
     EXPECT_EQ(json::parse(r.out, nullptr, false)["done"], "resumed") << r.out;
