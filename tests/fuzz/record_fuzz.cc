@@ -70,8 +70,8 @@ void DecodeOne(int which, const uint8_t* p, size_t n) {
       }
       Train b = RoundTrip(*m, DecodeTrain, &buf);
       if (b.task_id != m->task_id || b.experiment != m->experiment || b.member != m->member ||
-          b.steps != m->steps ||
-          b.hparams.size() != m->hparams.size() || b.state.size != m->state.size ||
+          b.steps != m->steps || b.hparams.size() != m->hparams.size() ||
+          b.state.size != m->state.size ||
           (b.state.size != 0 && std::memcmp(b.state.data, m->state.data, b.state.size) != 0)) {
         std::abort();
       }
