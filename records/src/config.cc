@@ -85,9 +85,7 @@ Status CheckTensorData(TomlTableReader* r, ExperimentConfig* c) {
   std::error_code ec;
   const std::filesystem::path abs = std::filesystem::absolute(c->dataset_path, ec);
   if (!ec) c->dataset_path = abs.string();
-  c->tensor_data.format = c->data_format;
-  c->tensor_data.path = c->dataset_path;
-  auto d = format::TensorDataset::Open(c->tensor_data);
+  auto d = format::TensorDataset::Open(c->TensorData());
   if (!d.ok()) return r->Error("path", d.status().message());
   c->target = (*d)->target();
   if (c->augment.any() && (*d)->sample_shape().size() != 3) {
@@ -321,7 +319,7 @@ Status ReadDataTable(TomlTableReader* top, const ParseContext& ctx, ExperimentCo
   c->data_format = *format::ParseDatasetFormat(data_format);
   CKPT_RETURN_IF_ERROR(r.OneOf("dataset", {"fashion-mnist", "mnist"}, &c->dataset));
   CKPT_RETURN_IF_ERROR(r.String("path", &c->dataset_path));
-  format::TensorDatasetOptions& t = c->tensor_data;
+  format::TensorDatasetOptions& t = c->tensor_file;
   CKPT_RETURN_IF_ERROR(r.Int("val_size", 0, int64_t{1} << 40, &t.val_size));
   CKPT_RETURN_IF_ERROR(r.Int("classes", 0, int64_t{1} << 24, &t.classes));
   CKPT_RETURN_IF_ERROR(r.Doubles("mean", &t.mean));

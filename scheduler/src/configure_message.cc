@@ -13,9 +13,7 @@ ipc::Configure ConfigureMessage(const records::ExperimentConfig& c) {
   if (c.data_format == format::DatasetFormat::kIdx) {
     m.dataset_path = c.dataset_path;
   } else {
-    m.tensor_data = c.tensor_data;
-    m.tensor_data->format = c.data_format;
-    m.tensor_data->path = c.dataset_path;
+    m.tensor_data = c.TensorData();
   }
   m.loss = c.loss;
   m.metric = c.metric;

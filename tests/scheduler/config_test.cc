@@ -245,8 +245,8 @@ TEST(ConfigTest, TensorDataAndTask) {
   auto c = records::ParseExperimentConfig(text + "[task]\nloss = \"cross_entropy\"\n", "exp.toml");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_EQ(c->data_format, format::DatasetFormat::kSafetensors);
-  EXPECT_EQ(c->tensor_data.val_size, 4);
-  EXPECT_EQ(c->tensor_data.classes, 5);
+  EXPECT_EQ(c->tensor_file.val_size, 4);
+  EXPECT_EQ(c->tensor_file.classes, 5);
   EXPECT_EQ(c->augment.crop_padding, 2);
   EXPECT_TRUE(c->augment.hflip);
   EXPECT_EQ(c->loss, format::LossKind::kCrossEntropy);
@@ -343,7 +343,7 @@ TEST(ConfigTest, FileChecksCanBeSkippedByAReader) {
   auto c = records::ParseExperimentConfig(text, "exp.toml", records::FileChecks::kSkip);
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_EQ(c->dataset_path, "/nonexistent/d.safetensors");
-  EXPECT_EQ(c->tensor_data.val_size, 4);
+  EXPECT_EQ(c->tensor_file.val_size, 4);
   const std::string torchscript =
       Replace(kGood, "spec = \"lenet5\"", "spec = \"torchscript:/nonexistent/m.pt\"");
   EXPECT_TRUE(

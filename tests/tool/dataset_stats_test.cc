@@ -38,9 +38,7 @@ class DatasetStatsTest : public ::testing::Test {
     records::ExperimentConfig c;
     c.data_format = format::DatasetFormat::kSafetensors;
     c.dataset_path = path;
-    c.tensor_data.format = format::DatasetFormat::kSafetensors;
-    c.tensor_data.path = path;
-    c.tensor_data.val_size = 2;
+    c.tensor_file.val_size = 2;
     return c;
   }
 
@@ -80,7 +78,7 @@ TEST_F(DatasetStatsTest, ATensorFileGivesThePerChannelValuesTheWorkersUse) {
     EXPECT_NEAR(n->shift[c], -(c * 10 + 2.5) / std05, 1e-9) << c;
   }
   // Exactly the workers' values: the same reader computes them.
-  auto data = format::TensorDataset::Open(config.tensor_data);
+  auto data = format::TensorDataset::Open(config.TensorData());
   ASSERT_TRUE(data.ok()) << data.status().ToString();
   EXPECT_EQ(n->scale, (*data)->scale());
   EXPECT_EQ(n->shift, (*data)->shift());
@@ -89,6 +87,29 @@ TEST_F(DatasetStatsTest, ATensorFileGivesThePerChannelValuesTheWorkersUse) {
   EXPECT_EQ(n->target, "classes");
   EXPECT_EQ(n->num_classes, 5);
   EXPECT_EQ(n->num_outputs, 5);
+}
+
+// ckpt-tool reads a stored experiment's file without its file checks
+// (FileChecks::kSkip): the tensor file's path is still the one [data] names.
+// When the parser kept the path twice and filled the second copy only while
+// checking files, export found no file here and wrote no normalization.
+TEST_F(DatasetStatsTest, AStoredConfigurationReadWithoutFileChecksFindsItsTensorFile) {
+  const std::vector<int64_t> y = {0, 1, 2, 3, 4, 0, 1, 2};
+  const auto written =
+      Config("stored.safetensors", testing::Safetensors({
+                                       Make("train.x", "F32", {8, 3, 2, 2}, ThreeChannels()),
+                                       Make("train.y", "I64", {8}, y),
+                                   }));
+  const std::string toml = "name = \"st\"\n[data]\nformat = \"safetensors\"\npath = \"" +
+                           written.dataset_path +
+                           "\"\nval_size = 2\n[population]\nsize = 2\n"
+                           "[search_space.lr]\ntype = \"log_uniform\"\nmin = 0.001\nmax = 0.1\n";
+  auto stored = records::ParseExperimentConfig(toml, "experiment st", records::FileChecks::kSkip);
+  ASSERT_TRUE(stored.ok()) << stored.status().ToString();
+  auto n = ComputeInputNormalization(*stored);
+  ASSERT_TRUE(n.ok()) << n.status().ToString();
+  EXPECT_EQ(n->input_shape, (std::vector<int64_t>{3, 2, 2}));
+  EXPECT_EQ(n->num_classes, 5);
 }
 
 TEST_F(DatasetStatsTest, RegressionTargetsGiveTheirWidthAndNoClasses) {

@@ -129,7 +129,7 @@ StatusOr<InputNormalization> ComputeInputNormalization(const records::Experiment
     return IdxNormalization(config.dataset_path);
   }
   CKPT_ASSIGN_OR_RETURN(std::shared_ptr<const format::TensorDataset> data,
-                        format::TensorDataset::Open(config.tensor_data));
+                        format::TensorDataset::Open(config.TensorData()));
   InputNormalization n;
   n.mean = data->mean();
   n.std = data->stddev();

@@ -182,10 +182,19 @@ struct ExperimentConfig {
   format::OptimizerKind optimizer = format::OptimizerKind::kSgd;
   std::string dataset = "fashion-mnist";
   std::string dataset_path = "/usr/share/datasets/fashion-mnist";
-  // How dataset_path is read; for a tensor file (made absolute here) also
-  // val_size, classes, mean and std (tensor_data.format == data_format).
+  // How dataset_path is read (a tensor file's path is made absolute here
+  // when the files are checked).
   format::DatasetFormat data_format = format::DatasetFormat::kIdx;
-  format::TensorDatasetOptions tensor_data;
+  // A tensor file's val_size, classes, mean and std. Its format and path are
+  // data_format and dataset_path, held there alone: TensorData() gives the
+  // options whole, as TensorDataset::Open and CONFIGURE take them.
+  format::TensorDatasetOptions tensor_file;
+  format::TensorDatasetOptions TensorData() const {
+    format::TensorDatasetOptions t = tensor_file;
+    t.format = data_format;
+    t.path = dataset_path;
+    return t;
+  }
   format::Augmentation augment;
   // The data's target kind (class labels for IDX).
   format::TargetKind target = format::TargetKind::kClasses;
