@@ -91,6 +91,7 @@ class Result:
         self._ls = self._run_tool("ls", self.experiment, "--sort", "score")
         self._events = self._run_tool("events", self.experiment)["events"]
         self._initial = None
+        self._normalization = None
         self.metric = self._find_metric()
         return self
 
@@ -263,6 +264,40 @@ class Result:
         ref = member if member is not None else self._best_member()
         return load_state_dict(f"{self.experiment}/{ref}", store=self.store, tool=self._tool)
 
+    def normalize(self, x, member=None):
+        """``x`` (NumPy or torch, raw values: uint8 images as stored) as ckpt's
+        workers feed it to the model: float32 ``x * input_scale[c] +
+        input_shift[c]`` per channel ``c`` (dim 1), the training split's
+        normalization that ``ckpt-tool export`` records with the state of
+        ``member`` (default the best). Scoring :meth:`best_module` in PyTorch
+        on ``normalize(test_x)`` reproduces ckpt's test score."""
+        import torch
+
+        if self._normalization is None or member is not None:
+            ref = member if member is not None else self._best_member()
+            _, meta = load_state_dict(f"{self.experiment}/{ref}", store=self.store,
+                                      tool=self._tool, metadata=True)
+            if "ckpt.input_scale" not in meta or "ckpt.input_shift" not in meta:
+                raise CkptError("NotFound", f"{self.experiment}/{ref}: the export records no "
+                                "input normalization (ckpt-tool found no data file for it)")
+            found = (json.loads(meta["ckpt.input_scale"]), json.loads(meta["ckpt.input_shift"]))
+            if member is not None:
+                return self._apply_normalization(torch, x, found)
+            self._normalization = found
+        return self._apply_normalization(torch, x, self._normalization)
+
+    @staticmethod
+    def _apply_normalization(torch, x, normalization):
+        scale, shift = normalization
+        x = torch.as_tensor(x)
+        if x.dim() < 2 or x.shape[1] != len(scale):
+            raise ValueError(f"Result.normalize: x of shape {list(x.shape)} has no dim 1 of "
+                             f"{len(scale)} channels (or features), as the model was trained")
+        view = [1, len(scale)] + [1] * (x.dim() - 2)
+        scale = torch.tensor(scale, dtype=torch.float32).view(view)
+        shift = torch.tensor(shift, dtype=torch.float32).view(view)
+        return x.to(torch.float32) * scale + shift
+
     def best_module(self):
         """A copy of ``module`` with the best member's weights, loaded
         strictly (every tensor named and shaped as the module's), in eval
@@ -270,15 +305,10 @@ class Result:
         if self.module is None:
             raise ValueError("Result.best_module: no module given; pass one "
                              "(Result(store, experiment, module=MyNet())) or use state_dict()")
+        from .convert import load_state
+
         model = copy.deepcopy(self.module)
-        state = self.state_dict()
-        try:
-            from .convert import load_state
-        except ImportError:
-            model.load_state_dict(state, strict=True)
-        else:
-            load_state(model, state)
-        return model.eval()
+        return load_state(model, self.state_dict()).eval()
 
     # ---- the figure ----
 

@@ -227,10 +227,14 @@ class ResultTest(unittest.TestCase):
         x = torch.from_numpy(data["val.x"])
         scale = torch.tensor(json.loads(meta["ckpt.input_scale"])).view(1, -1, 1, 1)
         shift = torch.tensor(json.loads(meta["ckpt.input_shift"])).view(1, -1, 1, 1)
+        self.assertTrue(torch.equal(result.normalize(data["val.x"]), x * scale + shift))
         with torch.no_grad():
-            predicted = model(x * scale + shift).argmax(1).numpy()
+            predicted = model(result.normalize(x)).argmax(1).numpy()
         accuracy = float((predicted == data["val.y"]).mean())
         self.assertAlmostEqual(accuracy, best["score"], delta=2 / len(x))
+        with self.assertRaises(ValueError) as c:
+            result.normalize(x.reshape(len(x), 64))
+        self.assertIn("[250, 64]", str(c.exception))
 
     def test_best_module_loads_strictly(self):
         class Renamed(DigitsNet):
