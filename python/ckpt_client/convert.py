@@ -34,6 +34,7 @@ into the module (strict), leaving out the optimizer's ``optim.*`` tensors.
 
 import copy
 import hashlib
+import io
 import json
 import math
 import operator
@@ -825,25 +826,26 @@ def _save_torchscript(module: nn.Module, input_shape, model_dir: str) -> str:
                     "computes another function in eval mode (a training-mode branch, batch "
                     "norm or dropout frozen into the trace); make it scriptable")
             scripted.train()
+    # Saved to memory first: the archive's folder name inside the zip follows
+    # the file's name, so the bytes hashed must not depend on a temporary name.
+    buffer = io.BytesIO()
+    torch.jit.save(scripted, buffer)
+    data = buffer.getvalue()
     model_dir = os.path.realpath(model_dir)
+    path = os.path.join(model_dir,
+                        f"{type(module).__name__}-{hashlib.sha256(data).hexdigest()[:16]}.pt")
+    if os.path.isfile(path):
+        return path  # the same bytes are there already: a rerun reuses them
     try:
         os.makedirs(model_dir, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".convert-", suffix=".pt", dir=model_dir)
     except OSError as e:
         raise ValueError(f"model_dir {model_dir!r}: cannot write a model file there: {e}") from None
     try:
-        os.close(fd)
-        torch.jit.save(scripted, tmp)
-        digest = hashlib.sha256()
-        with open(tmp, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                digest.update(chunk)
-        path = os.path.join(model_dir, f"{type(module).__name__}-{digest.hexdigest()[:16]}.pt")
-        if os.path.exists(path):
-            os.unlink(tmp)  # the same bytes are there already: a rerun reuses them
-        else:
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
