@@ -289,7 +289,12 @@ class Result:
     @staticmethod
     def _apply_normalization(torch, x, normalization):
         scale, shift = normalization
-        x = torch.as_tensor(x)
+        if not isinstance(x, torch.Tensor):
+            import numpy
+
+            # A float32 copy of its own: the result is new memory either way,
+            # and torch would warn of a read-only array (np.frombuffer's).
+            x = torch.from_numpy(numpy.array(x, dtype=numpy.float32))
         if x.dim() < 2 or x.shape[1] != len(scale):
             raise ValueError(f"Result.normalize: x of shape {list(x.shape)} has no dim 1 of "
                              f"{len(scale)} channels (or features), as the model was trained")
@@ -327,16 +332,25 @@ class Result:
                                  figsize=(8, 2.4 * len(quantities)))
         axes = [a[0] for a in axes]
         step = self._steps_per_interval()
+        donor_score = self._donor_scores(h)
         for member, rows in h.groupby("member", sort=True):
             rows = rows.sort_values("step")
             for ax, q in zip(axes, quantities):
-                where = "post" if q in names else None
-                x = rows["step"] - step if q in names else rows["step"]
-                if where:
-                    ax.step(x.tolist() + [rows["step"].iloc[-1]],
+                if q in names:  # the value an interval trained with, over its steps
+                    ax.step((rows["step"] - step).tolist() + [rows["step"].iloc[-1]],
                             rows[q].tolist() + [rows[q].iloc[-1]], where="post", label=member)
-                else:
-                    ax.plot(rows["step"], rows[q], marker=".", label=member)
+                    continue
+                # The score, broken where the member became a copy of its
+                # donor: the line goes on from the donor's score there.
+                xs, ys = [], []
+                for r in rows.to_dict("records"):
+                    if r["exploited"]:
+                        xs += [math.nan, r["step"] - step]
+                        ys += [math.nan, donor_score.get((r["donor"], r["donor_version"]),
+                                                         math.nan)]
+                    xs.append(r["step"])
+                    ys.append(r[q])
+                ax.plot(xs, ys, marker=".", label=member)
         self._mark_exploits(axes, quantities, h, step)
         for ax, q in zip(axes, quantities):
             ax.set_ylabel(q[len(HPARAM_PREFIX):] if q.startswith(HPARAM_PREFIX) else q)
@@ -352,13 +366,20 @@ class Result:
         plt.close(fig)  # shown once: by Jupyter's display of the return value
         return fig
 
+    def _donor_scores(self, h):
+        """(member, version) -> its score, from the history's rows."""
+        import pandas
+
+        return {(m, int(v)): s for m, v, s in zip(h["member"], h["version"], h[self.score_column])
+                if not pandas.isna(v)}
+
     def _mark_exploits(self, axes, quantities, h, step):
         """One scatter per axes (gid "exploits"): each exploited interval's
         start, at the donor's score there and the interval's new values."""
         ex = h[h["exploited"]]
         if ex.empty:
             return
-        scores = dict(zip(zip(h["member"], h["version"]), h[self.score_column]))
+        scores = self._donor_scores(h)
         for ax, q in zip(axes, quantities):
             xs, ys = [], []
             for _, r in ex.iterrows():
