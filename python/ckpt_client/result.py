@@ -37,6 +37,11 @@ from .client import CkptError, load_state_dict, results
 HPARAM_PREFIX = "config/"
 
 
+def _val_key(record):
+    """The ``val_<metric>`` key of an event or metrics record, else None."""
+    return next((k for k in record if k.startswith("val_")), None)
+
+
 class _StoreSummary:
     """The service's experiment summary (``Client.status(name)``, the form
     ``ckpt-scheduler run --summary-json`` writes too), built from the store,
@@ -96,13 +101,23 @@ class Result:
         return self
 
     def _find_metric(self):
-        """The metric's name, from the trained events' ``val_<metric>`` key."""
+        """The metric's name: the ``val_<metric>`` key of the final
+        evaluation, else of the best head's manifest metrics. (Trained events
+        are not asked: the scheduler logs them as ``val_accuracy`` whatever
+        the metric.)"""
         for e in self._events:
-            if e.get("type") in ("trained", "final_eval"):
-                rows = e.get("results") or [e]
-                for k in rows[0]:
-                    if k.startswith("val_"):
-                        return k[len("val_"):]
+            if e.get("type") == "final_eval" and e.get("results"):
+                found = _val_key(e["results"][0])
+                if found:
+                    return found[len("val_"):]
+        for m in self._ls["members"]:
+            if m.get("score") is None:
+                continue
+            found = _val_key(self._run_tool("show", f"{self.experiment}/{m['member']}")
+                             .get("metrics", {}))
+            if found:
+                return found[len("val_"):]
+            break
         return "accuracy"
 
     @property
@@ -212,7 +227,7 @@ class Result:
                 row = {"member": member, "interval": interval,
                        "step": e.get("step", (interval or 0) * steps_per_interval),
                        "version": e.get("version"),
-                       self.score_column: e.get(self.score_column)}
+                       self.score_column: e.get(_val_key(e) or self.score_column)}
                 for n in names:
                     row[HPARAM_PREFIX + n] = current[member].get(n, math.nan)
                 row.update(exploited=donor is not None, donor=donor, donor_version=donor_version)

@@ -306,6 +306,82 @@ class ResultTest(unittest.TestCase):
         self.assertIn("m099", str(c.exception))
 
 
+REGRESSION = """
+name = "reg"
+seed = 3
+[model]
+spec = '[{{"type": "linear", "out": 16, "name": "fc1"}}, {{"type": "tanh"}}, {{"type": "linear", "out": 1, "name": "fc2"}}]'
+optimizer = "sgd"
+[data]
+format = "safetensors"
+path = "{DATA}"
+batch_size = 16
+[population]
+size = 3
+steps_per_interval = 5
+intervals = 2
+[search_space.lr]
+type = "log_uniform"
+min = 0.001
+max = 0.05
+[policy]
+kind = "random"
+[[devices]]
+device = "cpu"
+slots = 1
+"""
+
+
+class RegressionResultTest(unittest.TestCase):
+    """A regression (neg_mse) under random search: no exploit, scores under
+    the metric's own name everywhere."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory(prefix="ckpt-result-test-")
+        d = cls.tmp.name
+        cls.store = os.path.join(d, "store")
+        data = os.path.join(d, "diabetes.safetensors")
+        subprocess.run([sys.executable, os.path.join(SOURCE, "examples", "make_dataset.py"),
+                        "diabetes", data], check=True, capture_output=True)
+        with open(os.path.join(d, "reg.toml"), "w") as f:
+            f.write(REGRESSION.format(DATA=data))
+        summary = os.path.join(d, "summary.json")
+        subprocess.run([find_binary("ckpt-scheduler"), "run", "reg.toml", "--store", cls.store,
+                        "--summary-json", summary, "--quiet"], cwd=d, check=True,
+                       capture_output=True, timeout=600)
+        with open(summary) as f:
+            cls.summary = json.load(f)
+        cls.result = Result(cls.store, "reg")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def test_scores_are_named_by_the_metric(self):
+        self.assertEqual(self.summary["metric"], "neg_mse")
+        self.assertEqual(self.result.metric, "neg_mse")
+        m = self.result.members
+        self.assertNotIn("val_accuracy", m.columns)
+        self.assertEqual(list(m["member"]), [x["member"] for x in self.summary["members"]])
+        self.assertEqual(list(m["val_neg_mse"]), [x["val_score"] for x in self.summary["members"]])
+        self.assertEqual(list(m["test_neg_mse"]),
+                         [x["test_score"] for x in self.summary["members"]])
+
+    def test_history_without_exploits(self):
+        h = self.result.history
+        self.assertEqual(len(h), 3 * 2)
+        self.assertFalse(h["exploited"].any())
+        self.assertTrue(h["val_neg_mse"].notna().all(), h)
+        # The last interval's score is the head's, member by member.
+        last = h[h["interval"] == 2].set_index("member")["val_neg_mse"]
+        for row in self.summary["members"]:
+            self.assertEqual(last[row["member"]], row["val_score"])
+        fig = self.result.plot()
+        self.assertEqual([a.get_ylabel() for a in fig.axes], ["val_neg_mse", "lr"])
+        self.assertEqual([c for a in fig.axes for c in a.collections], [])
+
+
 class FindBinaryTest(unittest.TestCase):
 
     def setUp(self):
