@@ -147,7 +147,8 @@ class Result:
     def members(self):
         """One row per member, best validation score first: experiment,
         member, status, intervals_done, ``val_<metric>``, ``test_<metric>``
-        (None until the final evaluation), version, step and each
+        (only for the members ckpt's final evaluation scored: the best few,
+        once the run ended), version, step and each
         hyperparameter as ``config/<name>`` (the head's)."""
         import pandas
 
@@ -344,7 +345,7 @@ class Result:
         names = [c for c in h.columns if c.startswith(HPARAM_PREFIX)]
         quantities = [self.score_column] + names
         fig, axes = plt.subplots(len(quantities), 1, sharex=True, squeeze=False,
-                                 figsize=(8, 2.4 * len(quantities)))
+                                 constrained_layout=True, figsize=(9, 2.4 * len(quantities)))
         axes = [a[0] for a in axes]
         step = self._steps_per_interval()
         donor_score = self._donor_scores(h)
@@ -375,9 +376,16 @@ class Result:
             ax.grid(True, alpha=0.3)
         axes[-1].set_xlabel("step")
         axes[0].set_title(f"{self.experiment}: {self.score_column} and hyperparameters")
-        axes[0].legend(fontsize="small", ncol=max(1, min(6, len(h["member"].unique()) // 8 + 1)),
-                       loc="best")
-        fig.tight_layout()
+        # Beside the axes. Members by name while their colours tell them
+        # apart (matplotlib's cycle has 10); past that, the exploit mark only.
+        handles, labels = axes[0].get_legend_handles_labels()
+        if h["member"].nunique() > 10:
+            handles, labels = handles[-1:], labels[-1:]
+            if labels != ["exploit"]:
+                handles, labels = [], []
+        if handles:
+            axes[0].legend(handles, labels, fontsize="small", loc="upper left",
+                           bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
         plt.close(fig)  # shown once: by Jupyter's display of the return value
         return fig
 
