@@ -76,6 +76,11 @@ class NotebookTest(unittest.TestCase):
             try:
                 os.environ.update(SMALL)
                 os.environ["JUPYTER_PATH"] = os.path.join(d, "jupyter")
+                # Nothing of the user's: connection files, IPython profile
+                # (startup scripts) and matplotlib's cache in the temp dir.
+                os.environ["JUPYTER_RUNTIME_DIR"] = os.path.join(d, "runtime")
+                os.environ["IPYTHONDIR"] = os.path.join(d, "ipython")
+                os.environ["MPLCONFIGDIR"] = os.path.join(d, "matplotlib")
                 os.environ["CKPT_STORE"] = os.path.join(d, "store")
                 os.environ["FASHION_MNIST"] = FASHION_MNIST
                 # The kernel's own inline backend draws the figures (a
