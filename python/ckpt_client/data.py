@@ -39,11 +39,6 @@ def _bad(argument, value, why):
     return ArgumentError(argument, value, why)
 
 
-def _describe(a):
-    shape = "x".join(str(d) for d in a.shape) or "scalar"
-    return f"<{type(a).__module__.split('.')[0]} array {shape} {a.dtype}>"
-
-
 def _to_numpy(a, argument):
     """The array as NumPy without a copy where the memory allows it."""
     mod = type(a).__module__
@@ -69,7 +64,7 @@ def _target_dtype_x(x, argument):
         return x.dtype
     if x.dtype == np.float64:
         return np.dtype(np.float32)
-    raise _bad(argument, _describe(x),
+    raise _bad(argument, x,
                f"x has dtype {x.dtype}; ckpt trains on uint8, float16 or float32 inputs")
 
 
@@ -78,7 +73,7 @@ def _target_dtype_y(y, argument):
         return np.dtype(np.int64)
     if y.dtype.kind == "f":
         return np.dtype(np.float32)
-    raise _bad(argument, _describe(y),
+    raise _bad(argument, y,
                f"y has dtype {y.dtype}; give integer class labels or float regression targets")
 
 
@@ -104,10 +99,9 @@ class TensorFile:
             x = _to_numpy(pair[0], where)
             y = _to_numpy(pair[1], where)
             if x.ndim == 0 or y.ndim == 0:
-                raise _bad(where, (_describe(x), _describe(y)), "x and y must have a row dimension")
+                raise _bad(where, (x, y), "x and y must have a row dimension")
             if x.shape[0] != y.shape[0]:
-                raise _bad(where, (_describe(x), _describe(y)),
-                           f"x has {x.shape[0]} rows but y has {y.shape[0]}")
+                raise _bad(where, (x, y), f"x has {x.shape[0]} rows but y has {y.shape[0]}")
             xt = _target_dtype_x(x, where)
             yt = _target_dtype_y(y, where)
             if yt == np.int64 and y.size:

@@ -290,7 +290,7 @@ class Experiment:
         self.converted = None  # convert.ConvertedModel of an nn.Module, once written
         self._data = None  # TensorFile or DataFile
         self.data = data
-        splits = as_splits(data)
+        splits = self._splits = as_splits(data)
         if splits is not None:
             self._data = TensorFile(splits, "data", classes if isinstance(classes, int) else None)
         elif isinstance(data, DataFile):
@@ -478,6 +478,7 @@ class Experiment:
             raise ArgumentError("path", path, str(e)) from None
         doc = copy.deepcopy(doc)
         model = doc.pop("model", {})
+        spec = model.pop("spec", "lenet5")
         data = doc.pop("data", {})
         task = doc.pop("task", {})
         population = doc.pop("population", {})
@@ -505,8 +506,7 @@ class Experiment:
         left += [f"task.{k}" for k in task] + [f"population.{k}" for k in population]
         if left:
             raise ArgumentError("path", path, f"key {left[0]} is not an experiment file's key")
-        return cls(model.get("spec", "lenet5") if "spec" in model else "lenet5", file, space,
-                   **kwargs)
+        return cls(spec, file, space, **kwargs)
 
     # ---- the scheduler's check ----
 
@@ -515,7 +515,7 @@ class Experiment:
         if key.startswith("search_space."):
             rest = key[len("search_space."):]
             head, _, tail = rest.rpartition(".")
-            name = head if tail in ("type", "min", "max", "values") and head else rest
+            name = head if tail in ("type", "min", "max", "min/max", "values") and head else rest
             name = name.strip('"')
             return f"search_space[{name!r}]", self.search_space.get(name)
         if key.startswith("hparams."):
@@ -549,6 +549,7 @@ class Experiment:
             t = _TENSOR.match(what)
             if t is not None:
                 argument = f"data[{t.group('split')!r}]"
+                value = self._splits.get(t.group("split"), value)
                 what = f"{t.group('xy')}: {what[t.end():]}"
             else:  # the file is ours, not the user's: not named
                 what = re.sub(r"^\S+\.safetensors: ", "", what)

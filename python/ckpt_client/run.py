@@ -20,6 +20,7 @@ resumes from it. A second Ctrl-C while it stops sends SIGTERM, a third
 SIGKILL (nothing committed is lost; in-flight intervals rerun).
 """
 
+import json
 import os
 import pty
 import re
@@ -52,6 +53,7 @@ def parse_progress(line):
     """The scheduler's progress line as a dict (experiment, phase, interval,
     intervals, members_done, population, samples_per_s, metric, best,
     median, exploits, eta, line), or None for another line."""
+    line = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", line)
     m = _PROGRESS.search(line)
     if m is None:
         return None
@@ -179,18 +181,24 @@ class _Scheduler:
     """``ckpt-scheduler run`` on a pseudo-terminal (its progress line every
     second), its log appended to ``<store>/logs/<name>.log``."""
 
-    def __init__(self, cmd, log_path):
+    def __init__(self, cmd, log_path, trace_path):
         self.log_path = log_path
         os.makedirs(os.path.dirname(log_path), exist_ok=True)
         self.log = open(log_path, "ab")
+        # The structured trace (ckpt/logging/trace_file.h): a line per
+        # committed member-interval, read as it is written.
+        self.trace = open(trace_path, "a+b")
+        self.trace_rest = b""
+        env = dict(os.environ, CKPT_TRACE_FILE=trace_path)
         master, slave = pty.openpty()
         try:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=slave,
-                                         stderr=self.log, start_new_session=True)
+                                         stderr=self.log, start_new_session=True, env=env)
         except BaseException:
             os.close(master)
             os.close(slave)
             self.log.close()
+            self.trace.close()
             raise
         os.close(slave)
         self.master = master
@@ -198,9 +206,24 @@ class _Scheduler:
         self.output = []  # lines other than progress (the summary table)
         self.signals = 0
 
-    def pump(self, on_line, timeout):
+    def events(self):
+        """The trace's events written since the last call."""
+        self.trace_rest += self.trace.read()
+        *lines, self.trace_rest = self.trace_rest.split(b"\n")
+        out = []
+        for line in lines:
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue
+        return out
+
+    def pump(self, on_line, timeout, on_event=None):
         """Reads what the scheduler wrote within ``timeout`` s; False at its end."""
         r, _, _ = select.select([self.master], [], [], timeout)
+        if on_event is not None:
+            for event in self.events():
+                on_event(event)
         if not r:
             return self.proc.poll() is None
         try:
@@ -243,6 +266,7 @@ class _Scheduler:
     def close(self):
         os.close(self.master)
         self.log.close()
+        self.trace.close()
 
     def log_tail(self, lines=20):
         try:
@@ -278,20 +302,35 @@ def run(exp, store=None, progress=True, callback=None):
         summary = os.path.join(tmp, "summary.json")
         proc = _Scheduler([scheduler, "run", path, "--store", store, "--worker", worker,
                            "--summary-json", summary],
-                          os.path.join(store, "logs", f"{name}.log"))
+                          os.path.join(store, "logs", f"{name}.log"),
+                          os.path.join(tmp, "trace.jsonl"))
         try:
+            last = {}
+
             def on_line(line):
                 info = parse_progress(line)
                 if info is None:
                     proc.output.append(line)
                     return
+                info["event"] = "progress"
+                info["committed"] = last.get("committed", 0)
+                last.clear()
+                last.update(info)
                 bar.update(info)
                 if callback is not None:
-                    callback(info)
+                    callback(dict(info))
+
+            def on_event(event):
+                if event.get("ev") != "committed" or event.get("exp") != name:
+                    return
+                last["committed"] = last.get("committed", 0) + 1
+                if callback is not None and "line" in last:
+                    callback(dict(last, event="committed", member=event.get("member"),
+                                  member_interval=event.get("interval")))
 
             interrupted = False
             try:
-                while proc.pump(on_line, 0.5):
+                while proc.pump(on_line, 0.1, on_event):
                     pass
             except KeyboardInterrupt:
                 interrupted = True
@@ -334,7 +373,13 @@ def submit(exp, client=None, progress=True, callback=None, poll_s=1.0, data_dir=
     in the service (``Client.stop(name)`` stops it), and submit() again
     watches it again.
     """
-    c = client if isinstance(client, Client) else Client(client)
+    if isinstance(client, Client):
+        return _submit(exp, client, progress, callback, poll_s, data_dir, model_dir, detach)
+    with Client(client) as c:
+        return _submit(exp, c, progress, callback, poll_s, data_dir, model_dir, detach)
+
+
+def _submit(exp, c, progress, callback, poll_s, data_dir, model_dir, detach):
     store = c.status()["service"]["store"]
     data_dir = data_dir or os.path.join(store, "data")
     if isinstance(exp._data, TensorFile):
