@@ -306,11 +306,13 @@ class ResultTest(unittest.TestCase):
         self.assertIn("m099", str(c.exception))
 
 
+REGRESSION_SPEC = ('[{"type": "linear", "out": 16, "name": "fc1"}, {"type": "tanh"}, '
+                   '{"type": "linear", "out": 1, "name": "fc2"}]')
 REGRESSION = """
 name = "reg"
 seed = 3
 [model]
-spec = '[{{"type": "linear", "out": 16, "name": "fc1"}}, {{"type": "tanh"}}, {{"type": "linear", "out": 1, "name": "fc2"}}]'
+spec = '{SPEC}'
 optimizer = "sgd"
 [data]
 format = "safetensors"
@@ -345,7 +347,7 @@ class RegressionResultTest(unittest.TestCase):
         subprocess.run([sys.executable, os.path.join(SOURCE, "examples", "make_dataset.py"),
                         "diabetes", data], check=True, capture_output=True)
         with open(os.path.join(d, "reg.toml"), "w") as f:
-            f.write(REGRESSION.format(DATA=data))
+            f.write(REGRESSION.format(SPEC=REGRESSION_SPEC, DATA=data))
         summary = os.path.join(d, "summary.json")
         subprocess.run([find_binary("ckpt-scheduler"), "run", "reg.toml", "--store", cls.store,
                         "--summary-json", summary, "--quiet"], cwd=d, check=True,
