@@ -57,8 +57,8 @@ class _StoreSummary:
 class Result:
     """An experiment of a ckpt store, read as DataFrames, tensors and a figure.
 
-    ``store``: the store directory (``ckpt-scheduler run``'s ``var/`` by
-    default, or the service's). ``experiment``: its name. ``module``: the
+    ``store``: the store directory (``Experiment.run()``'s, by default
+    ``./ckpt-store``; ``ckpt-scheduler run``'s ``var/``; or the service's). ``experiment``: its name. ``module``: the
     user's ``nn.Module``, an instance whose class is the trained model, used
     as the template of :meth:`best_module`; None when only state dicts are
     wanted.
