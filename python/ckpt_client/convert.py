@@ -202,7 +202,7 @@ def _state_names(layers) -> List[str]:
 
 
 def _layer_names(layers) -> List[str]:
-    """Every name a layer list takes (stateful layers and residuals), as ckpt's parser counts them."""
+    """Every name a layer list takes (stateful layers, residuals), as ckpt's parser counts them."""
     out = []
     for layer in layers:
         if "name" in layer:
@@ -590,16 +590,20 @@ class _Converter:
             raise _Unsupported(f"{where}: adds a tensor to itself")
         # The shape the residual reads: the shape after the common layers.
         in_shape, in_flat = self.shape_after(base.layers)
-        if in_flat:
-            raise _Unsupported(f"{where}: a residual after the flatten")
+        if in_flat and len(a.shape) != 1:
+            raise _Unsupported(f"{where}: adds two [{', '.join(map(str, a.shape))}] activations "
+                               "after a globalavgpool")
         if not rest_b or not rest_a:
             body = rest_a or rest_b
             name = self.residual_name(body)
             block = {"type": "residual", "name": name, "layers": body, "shortcut": "identity"}
+        elif in_flat:
+            raise _Unsupported(f"{where}: a residual after the flatten takes an identity "
+                               "shortcut only")
         else:
             block = self.conv1x1_residual(where, in_shape, rest_a, rest_b)
         self.taken.update(_layer_names([block]))
-        return base.then(block, a.shape, False)
+        return base.then(block, a.shape, in_flat)
 
     def shape_after(self, layers) -> Tuple[Tuple[int, ...], bool]:
         """ckpt's activation shape after `layers` from the input (flat: [F])."""
@@ -770,9 +774,9 @@ def _to_layers(module: nn.Module, input_shape) -> List[dict]:
     with torch.no_grad():
         try:
             recorder.run(torch.randn((_RECORD_BATCH,) + tuple(input_shape), generator=gen))
-        except Exception as e:  # noqa: BLE001
-            raise _Unsupported(f"the module does not run on [N, {', '.join(map(str, input_shape))}]"
-                               f" inputs: {e}") from None
+        except Exception as e:  # noqa: BLE001  (the user's forward: any error)
+            raise ValueError(f"input_shape = {list(input_shape)}: {type(module).__name__} does "
+                             f"not run on a batch of that shape: {e}") from None
     conv = _Converter(gm, recorder.seen, input_shape)
     layers = conv.run()
     expected = sorted(work.state_dict().keys())
@@ -789,7 +793,13 @@ def _to_layers(module: nn.Module, input_shape) -> List[dict]:
     # difference), in eval mode and in training mode without dropout.
     x = torch.randn((_CHECK_BATCH,) + tuple(input_shape), generator=gen, dtype=torch.float64)
     for train in (False, True):
-        why = _agree(copy.deepcopy(work).double(), layers, x, train)
+        try:
+            why = _agree(copy.deepcopy(work).double(), layers, x, train)
+        except Exception:  # noqa: BLE001  (a forward that needs float32: check in float32)
+            try:
+                why = _agree(copy.deepcopy(work), layers, x.float(), train)
+            except Exception as e:  # noqa: BLE001
+                why = f"the module fails on a random batch in the check: {e}"
         if why is not None:
             raise _Unsupported(why)
     return _clean(layers)
@@ -865,9 +875,9 @@ def convert_module(module: nn.Module, input_shape: Sequence[int], model_dir: str
     ConversionWarning naming the first op that kept it off the fused path
     (``reason``). The module itself is left as it was (mode and state).
 
-    Raises ValueError naming the argument for a bad `input_shape`, a
-    `model_dir` that cannot be written (only when a file is needed), or a
-    module that neither converts nor saves as TorchScript.
+    Raises ValueError naming the argument for a bad `input_shape` (also one the
+    module does not run on), a `model_dir` that cannot be written (only when a
+    file is needed), or a module that neither converts nor saves as TorchScript.
     """
     if not isinstance(module, nn.Module):
         raise TypeError(f"module: expected a torch.nn.Module, got {type(module).__name__}")
