@@ -9,8 +9,12 @@ val_accuracy 0.7712 median 0.7020 | exploits 4 | ETA 1m10s"), read from a
 pseudo-terminal the local scheduler writes to (where it rewrites the line
 every second) or from the service's ``status`` replies, and shown as a tqdm
 bar (``tqdm.auto``: a widget in Jupyter when ipywidgets is there, text
-otherwise). ``callback(info)`` gets the same values as a dict each time the
-line changes.
+otherwise). ``callback(info)`` gets the same values as a dict (``event``
+"progress") on each line, and, from ``run()``, on each member-interval the
+scheduler commits (``event`` "committed", with ``member`` and
+``member_interval``), read from the structured trace it writes
+(``CKPT_TRACE_FILE``, ``ckpt/logging/trace_file.h``); ``committed`` counts
+those of this call.
 
 Ctrl-C (KeyboardInterrupt) during ``run()`` sends the scheduler SIGINT, as
 Ctrl-C in its terminal would: it lets in-flight intervals finish for its
@@ -78,27 +82,26 @@ class _Bar:
         self.last = None
 
     def update(self, info):
-        if not self.progress or info is None:
+        if not self.progress or info is None or info["line"] == self.last:
             return
+        self.last = info["line"]
+        done = info["phase"] == "done"
+        n = info["intervals"] if done else min(info["interval"], info["intervals"])
+        postfix = (f"members done {info['members_done']}/{info['population']}, best "
+                   f"{info['metric']} {info['best']:.4f}, {info['samples_per_s']:.0f} samples/s, "
+                   f"ETA {info['eta']}")
         if self.bar is None:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # tqdm.auto without ipywidgets: text
                 from tqdm.auto import tqdm
             kwargs = {} if self.progress is True else {"file": self.progress}
-            self.bar = tqdm(total=info["intervals"], desc=info["experiment"], unit="interval",
+            self.bar = tqdm(total=info["intervals"], initial=n, desc=info["experiment"],
+                            unit="interval", postfix=postfix, dynamic_ncols=True,
                             bar_format="{desc}: {percentage:3.0f}%|{bar}| interval "
-                                       "{n_fmt}/{total_fmt} [{elapsed}{postfix}]",
-                            dynamic_ncols=True, **kwargs)
-        key = info["line"]
-        if key == self.last:
+                                       "{n_fmt}/{total_fmt} [{elapsed}{postfix}]", **kwargs)
             return
-        self.last = key
-        done = info["phase"] == "done"
-        self.bar.n = info["intervals"] if done else min(info["interval"], info["intervals"])
-        self.bar.set_postfix_str(
-            f"members done {info['members_done']}/{info['population']}, best {info['metric']} "
-            f"{info['best']:.4f}, {info['samples_per_s']:.0f} samples/s, ETA {info['eta']}",
-            refresh=False)
+        self.bar.n = n
+        self.bar.set_postfix_str(postfix, refresh=False)
         self.bar.refresh()
 
     def close(self):
@@ -282,7 +285,8 @@ def run(exp, store=None, progress=True, callback=None):
     """Runs ``exp`` with ``ckpt-scheduler run`` on the embedded store
     ``store`` (default: ``exp.store``, else ``default_store()``), showing
     progress (``progress``: True, False, or a file for the bar), calling
-    ``callback(info)`` (parse_progress's dict) on each new progress line.
+    ``callback(info)`` (parse_progress's dict and ``event``, see above) on
+    each progress line and each committed member-interval.
     Returns a ``Result`` once the experiment ends; run it again on the same
     store and it resumes (or, when done, returns the same result at once).
 
