@@ -19,6 +19,7 @@ run.
 import copy
 import hashlib
 import json
+import numbers
 import os
 import re
 import shutil
@@ -230,7 +231,8 @@ _ARGUMENT_OF_KEY = {
 }
 _MESSAGE = re.compile(r"(?P<key>[A-Za-z_][\w\-]*(?:\[\d+\])?(?:\.[\w\-\[\]/]+)*) "
                       r"\((?P<origin>[^()]*?)(?: line (?P<line>\d+))?\): (?P<what>.*)", re.S)
-_TENSOR = re.compile(r"^(?P<file>.+?\.(?:safetensors|npz)): (?P<split>train|val|test)\.(?P<xy>[xy]): ")
+_TENSOR = re.compile(r"^(?P<file>.+?\.(?:safetensors|npz)): "
+                     r"(?P<split>train|val|test)\.(?P<xy>[xy]): ")
 
 
 class Experiment:
@@ -292,7 +294,8 @@ class Experiment:
         self.data = data
         splits = self._splits = as_splits(data)
         if splits is not None:
-            self._data = TensorFile(splits, "data", classes if isinstance(classes, int) else None)
+            known = int(classes) if isinstance(classes, numbers.Integral) else None
+            self._data = TensorFile(splits, "data", known)
         elif isinstance(data, DataFile):
             self._data = data
         elif isinstance(data, (str, os.PathLike)):
