@@ -335,7 +335,14 @@ class Experiment:
         m = self.model
         if self.is_module():
             from .convert import convert_module
-            self.converted = convert_module(m, self.input_shape(), model_dir)
+            shape = self.input_shape()
+            try:
+                self.converted = convert_module(m, shape, model_dir)
+            except ValueError as e:
+                raise ArgumentError("model", m, f"{e} (the data's samples are "
+                                    f"{list(shape)})") from None
+            if not self.converted.fused:
+                self._check_outputs(shape)
             return self.converted.spec
         if isinstance(m, (list, dict)):
             return json.dumps(m, separators=(",", ":"))
@@ -345,6 +352,46 @@ class Experiment:
         if text.endswith((".pt", ".pth", ".ts", ".zip")) or os.sep in text:
             return _TORCHSCRIPT + os.path.abspath(os.path.expanduser(text))
         return text  # the scheduler names the built-ins it knows
+
+    def _outputs_wanted(self):
+        """The outputs the data asks of the model: its classes, or the width
+        of its float targets; None when only the scheduler can tell."""
+        if isinstance(self._data, DataFile):
+            return 10 if self._data.format in (None, "idx") else None
+        ys = [a for name, a, dtype in self._data.tensors if name.endswith(".y")]
+        if ys[0].dtype.kind == "f":
+            return 1 if ys[0].ndim == 1 else int(ys[0].shape[1])
+        if isinstance(self.classes, numbers.Integral) and self.classes > 0:
+            return int(self.classes)
+        return 1 + max(int(y.max()) for y in ys if y.size)
+
+    def _check_outputs(self, shape):
+        """A module kept as TorchScript, run once on zeros: its output size
+        against the data's, which the scheduler can only learn by loading the
+        file with LibTorch (a layer list it checks itself)."""
+        import torch
+        wanted = self._outputs_wanted()
+        if wanted is None:
+            return
+        was_training = self.model.training
+        try:
+            self.model.eval()
+            with torch.no_grad():
+                out = self.model(torch.zeros(2, *shape))
+        except Exception:
+            return  # convert_module ran it: a failure here is the worker's to report
+        finally:
+            self.model.train(was_training)
+        got = int(out.shape[-1]) if out.dim() > 1 else 1
+        if got != wanted:
+            raise ArgumentError("model", self.model, f"outputs {got} values a sample, but the "
+                                f"data has {wanted} {self._outputs_kind()}")
+
+    def _outputs_kind(self):
+        if isinstance(self._data, DataFile):
+            return "classes"
+        ys = [a for name, a, dtype in self._data.tensors if name.endswith(".y")]
+        return "targets" if ys[0].dtype.kind == "f" else "classes"
 
     def _model_label(self):
         if self.is_module():

@@ -232,6 +232,35 @@ class ExperimentTest(unittest.TestCase):
         self.assert_refused(lambda s: self.experiment(data=(x, y)).run(s), "model",
                             "linear", "5")
 
+    def test_a_module_kept_as_torchscript_against_the_classes(self):
+        import torch
+        from torch import nn
+
+        from ckpt_client.convert import ConversionWarning
+
+        class Gated(nn.Module):  # torch.sigmoid has no layer: TorchScript
+            def __init__(self, outputs):
+                super().__init__()
+                self.fc1 = nn.Linear(6, 8)
+                self.fc2 = nn.Linear(8, outputs)
+
+            def forward(self, x):
+                return self.fc2(torch.sigmoid(self.fc1(x)))
+
+        x, y = arrays(classes=5)
+        with self.assertWarns(ConversionWarning):
+            self.assert_refused(lambda s: self.experiment(model=Gated(3), data=(x, y)).run(s),
+                                "model", "<Gated module>", "outputs 3 values a sample",
+                                "5 classes")
+        with self.assertWarns(ConversionWarning):
+            text = self.experiment(model=Gated(5), data=(x, y)).check(self.store)
+        spec = tomllib.loads(text)["model"]["spec"]
+        self.assertTrue(spec.startswith("torchscript:" + os.path.join(self.store, "models")), spec)
+        # A module that does not run on the data's samples: named, nothing left.
+        shutil.rmtree(self.store)
+        self.assert_refused(lambda s: self.experiment(model=nn.Conv2d(3, 4, 3), data=(x, y)).run(s),
+                            "model", "<Conv2d module>", "[6]")
+
     def test_missing_binaries(self):
         # A copy of the package outside the checkout (so its build/bin is not
         # found), with CKPT_BIN and PATH leading nowhere.
