@@ -255,21 +255,35 @@ class _Scheduler:
         else:
             os.killpg(self.proc.pid, signal.SIGKILL)
 
-    def finish(self, on_line):
+    def finish(self, on_line, on_event=None):
         """Waits for the scheduler to exit, reading its output; Ctrl-C meanwhile
         escalates the signal. Returns its exit status."""
         while True:
             try:
-                while self.pump(on_line, 0.2):
+                while self.pump(on_line, 0.2, on_event):
                     pass
+                if on_event is not None:
+                    for event in self.events():
+                        on_event(event)
                 return self.proc.wait()
             except KeyboardInterrupt:
                 self.interrupt()
 
     def close(self):
-        os.close(self.master)
-        self.log.close()
-        self.trace.close()
+        """Closes the terminal; a scheduler still running (an exception out of
+        a callback) is stopped as Ctrl-C stops it, and waited for."""
+        os.close(self.master)  # its writes fail from now on instead of blocking
+        try:
+            if self.proc.poll() is None:
+                self.proc.send_signal(signal.SIGINT)
+                try:
+                    self.proc.wait(120)
+                except subprocess.TimeoutExpired:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                    self.proc.wait()
+        finally:
+            self.log.close()
+            self.trace.close()
 
     def log_tail(self, lines=20):
         try:
@@ -343,7 +357,8 @@ def run(exp, store=None, progress=True, callback=None):
                 proc.interrupt()
                 proc.finish(lambda line: None)
                 raise
-            rc = proc.finish(on_line if not interrupted else (lambda line: None))
+            rc = proc.finish(on_line, on_event) if not interrupted else \
+                proc.finish(lambda line: None)
             bar.close()
             if interrupted:
                 print(f"ckpt: stopped {name}; what was committed is kept in {store}: run() "

@@ -116,6 +116,19 @@ class RunTest(unittest.TestCase):
         self.assertEqual(table(final), table(self.reference))
         self.assertEqual(final.history.shape, self.reference.history.shape)
 
+    def test_an_error_in_the_callback_stops_the_scheduler(self):
+        store = os.path.join(self.dir, "callback-error")
+
+        def fail(info):
+            if info["event"] == "committed":
+                raise RuntimeError("the callback failed")
+
+        with self.assertRaisesRegex(RuntimeError, "the callback failed"):
+            experiment(intervals=3).run(store, progress=False, callback=fail)
+        # The scheduler is gone (its store's lock is free): a run resumes at once.
+        r = experiment(intervals=3).run(store, progress=False)
+        self.assertEqual([row["intervals_done"] for row in table(r)], [3] * 4)
+
     def test_progress_bar_text(self):
         out = io.StringIO()
         infos = []
