@@ -60,9 +60,10 @@ def _to_numpy(a, argument):
 
 
 def _target_dtype_x(x, argument):
-    if x.dtype in (np.uint8, np.float16, np.float32):
-        return x.dtype
-    if x.dtype == np.float64:
+    kind = np.dtype(x.dtype.type)  # big-endian arrays too: written little-endian
+    if kind in (np.uint8, np.float16, np.float32):
+        return kind
+    if kind == np.float64:
         return np.dtype(np.float32)
     raise _bad(argument, x,
                f"x has dtype {x.dtype}; ckpt trains on uint8, float16 or float32 inputs")

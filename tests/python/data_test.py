@@ -89,6 +89,10 @@ class TensorFileTest(unittest.TestCase):
         self.assertEqual(got["train.y"].dtype, np.int64)
         np.testing.assert_array_equal(got["train.y"], labels)
 
+        swapped = x.astype(">f4")  # big-endian, written little-endian
+        got = self.read_back(write_tensor_file((swapped, labels), self.dir))
+        np.testing.assert_array_equal(got["train.x"], x.astype(np.float32))
+
         big = self.rng.standard_normal((8, 30)).astype(np.float32)
         view = big.T  # [30, 8], not C-contiguous
         t = torch.from_numpy(big).t()
