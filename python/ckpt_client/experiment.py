@@ -250,8 +250,8 @@ class Experiment:
     hparams: {name: value}, fixed hyperparameters.
     policy: "pbt" (sync), "pbt_async", "random", "successive_halving", or
         pbt(...), random_search(...), successive_halving(...).
-    population, intervals, steps_per_interval, target_metric, max_wall_s:
-        ``[population]``. batch_size, eval_size, augment (["random_crop:4",
+    population (default 8), intervals, steps_per_interval, target_metric,
+        max_wall_s: ``[population]``. batch_size, eval_size, augment (["random_crop:4",
         "hflip"]), val_size, classes, mean, std: ``[data]``. optimizer
         ("sgd", "adam", "adamw"), loss, metric: ``[model]`` and ``[task]``.
     devices: "cpu", "auto", "cuda:N", a dict of ``[[devices]]`` keys
@@ -259,7 +259,11 @@ class Experiment:
     supervision, workers: dicts of ``[supervision]`` and ``[workers]`` keys.
     name: the experiment's name; default: the model's and a hash of the
         file, so the same definition finds its own run again in a store.
-    metrics: the scheduler's Prometheus address; default "" (none).
+    seed: default 0. metrics: the scheduler's Prometheus address; default
+        "" (none). store: the default store of run() and of the file.
+
+    Construction checks what the file cannot hold (types, the arrays); the
+    rest is the scheduler's (``check()``, ``run()``, ``submit()``).
     """
 
     def __init__(self, model, data, search_space=None, *, name=None, hparams=None,
