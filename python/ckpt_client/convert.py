@@ -881,9 +881,14 @@ def convert_module(module: nn.Module, input_shape: Sequence[int], model_dir: str
     """
     if not isinstance(module, nn.Module):
         raise TypeError(f"module: expected a torch.nn.Module, got {type(module).__name__}")
-    shape = list(input_shape) if isinstance(input_shape, (list, tuple, torch.Size)) else None
-    if shape is None or len(shape) not in (1, 3) or \
-            not all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in shape):
+    shape = None
+    if isinstance(input_shape, (list, tuple, torch.Size)) and \
+            not any(isinstance(d, bool) for d in input_shape):
+        try:
+            shape = [operator.index(d) for d in input_shape]  # ints, NumPy's included
+        except TypeError:
+            pass
+    if shape is None or len(shape) not in (1, 3) or min(shape) < 1:
         raise ValueError(f"input_shape = {input_shape!r}: must be [channels, height, width] or "
                          "[features], positive integers")
     try:

@@ -416,10 +416,13 @@ class ConvertTest(unittest.TestCase):
         self.assertIn("called twice", out.reason)
 
     def test_bad_input_shape(self):
-        for bad in ([1, 28], [0, 28, 28], "1,28,28", [1.0, 28, 28]):
+        for bad in ([1, 28], [0, 28, 28], "1,28,28", [1.0, 28, 28], [True, 28, 28], []):
             with self.assertRaises(ValueError) as e:
                 convert_module(LeNet5(), bad, self.dir)
             self.assertIn("input_shape", str(e.exception))
+        import numpy as np
+
+        self.assertTrue(convert_module(MLP(), (np.int64(64),), self.dir).fused)
         with self.assertRaises(ValueError) as e:  # LeNet-5's fc1 takes 400 features, not 64
             convert_module(LeNet5(), [1, 8, 8], self.dir)
         self.assertIn("input_shape = [1, 8, 8]", str(e.exception))
