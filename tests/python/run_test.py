@@ -27,7 +27,7 @@ from ckpt_client import (ArgumentError, CkptError, Client, Experiment, Result,  
 
 LAYERS = [{"type": "linear", "out": 16}, {"type": "relu"}, {"type": "linear", "out": 3}]
 COLUMNS = ["member", "status", "intervals_done", "val_accuracy", "test_accuracy", "version",
-           "step", "config/lr", "config/momentum"]
+           "step"]
 
 
 def workload():
@@ -52,8 +52,9 @@ def experiment(intervals=INTERVALS):
                       devices={"device": "cpu", "slots": 1})
 
 
-def table(result):
-    return result.members[COLUMNS].to_dict("records")
+def table(result, hparams=("lr", "momentum")):
+    columns = COLUMNS + [f"config/{h}" for h in hparams]
+    return result.members[columns].to_dict("records")
 
 
 class RunTest(unittest.TestCase):
@@ -225,6 +226,34 @@ class SubmitTest(unittest.TestCase):
         # The service trained what a local run trains.
         local = experiment(intervals=3).run(os.path.join(self.dir, "local"), progress=False)
         self.assertEqual(table(local), rows)
+
+    def test_a_module_kept_as_torchscript_goes_to_the_allowed_model_dir(self):
+        import torch
+        from torch import nn
+
+        from ckpt_client.convert import ConversionWarning
+
+        class Gated(nn.Module):  # torch.sigmoid has no layer: TorchScript
+            def __init__(self):
+                super().__init__()
+                self.fc1 = nn.Linear(8, 16)
+                self.fc2 = nn.Linear(16, 3)
+
+            def forward(self, x):
+                return self.fc2(torch.sigmoid(self.fc1(x)))
+
+        exp = Experiment(Gated(), workload(), {"lr": loguniform(0.05, 0.5)}, name="pyscript",
+                         population=2, intervals=2, steps_per_interval=10, batch_size=16,
+                         eval_size=100)
+        with self.assertWarns(ConversionWarning):
+            r = exp.submit(self.socket, progress=False, poll_s=0.2)
+        self.assertFalse(exp.converted.fused)
+        models = os.path.join(self.store, "models")
+        self.assertEqual(exp.converted.spec,
+                         "torchscript:" + os.path.join(models, os.listdir(models)[0]))
+        self.assertEqual([row["status"] for row in table(r, hparams=("lr",))], ["done"] * 2)
+        best = r.best_module()
+        self.assertIsInstance(best, Gated)
 
     def test_bad_input_is_named_and_leaves_nothing(self):
         exp = Experiment(LAYERS, workload(), {"lr": loguniform(0.3, 0.01)}, name="pybad",
