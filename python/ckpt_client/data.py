@@ -124,7 +124,7 @@ class TensorFile:
             bad = low if low < 0 else high
             row = int(np.argwhere(y == bad)[0][0])
             span = f"[0, {limit})" if limit is not None else "[0, classes)"
-            raise _bad(where, f"label {bad}",
+            raise _bad(where, y,
                        f"y: label {bad} at row {row} is outside {span}" +
                        (" (classes=%d)" % limit if limit is not None else ""))
 

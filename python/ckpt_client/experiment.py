@@ -345,8 +345,7 @@ class Experiment:
             except ValueError as e:
                 raise ArgumentError("model", m, f"{e} (the data's samples are "
                                     f"{list(shape)})") from None
-            if not self.converted.fused:
-                self._check_outputs(shape)
+            self._check_outputs(shape)
             return self.converted.spec
         if isinstance(m, (list, dict)):
             return json.dumps(m, separators=(",", ":"))
@@ -370,9 +369,10 @@ class Experiment:
         return 1 + max(int(y.max()) for y in ys if y.size)
 
     def _check_outputs(self, shape):
-        """A module kept as TorchScript, run once on zeros: its output size
-        against the data's, which the scheduler can only learn by loading the
-        file with LibTorch (a layer list it checks itself)."""
+        """The user's module, run once on zeros: its output size against the
+        data's classes or targets (the module is a Python object, which the
+        file cannot hold; the scheduler would learn it only when a worker
+        builds the model, after the experiment was created)."""
         import torch
         wanted = self._outputs_wanted()
         if wanted is None:

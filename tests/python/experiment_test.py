@@ -5,6 +5,7 @@ the Python argument and its value, leaving nothing behind.
 
     CKPT_BIN=build/bin PYTHONPATH=python .venv/bin/python tests/python/experiment_test.py -v
 """
+import json
 import os
 import shutil
 import subprocess
@@ -228,9 +229,21 @@ class ExperimentTest(unittest.TestCase):
                             "data['val']", "x:", "row 5")
 
     def test_model_output_size_against_the_classes(self):
+        from torch import nn
+
         x, y = arrays(classes=5)
-        self.assert_refused(lambda s: self.experiment(data=(x, y)).run(s), "model",
-                            "linear", "5")
+        mlp = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
+        self.assert_refused(lambda s: self.experiment(model=mlp, data=(x, y)).run(s), "model",
+                            "<Sequential module>", "outputs 3 values a sample",
+                            "the data has 5 classes")
+        self.assert_refused(lambda s: self.experiment(model=mlp, data=(x, y), classes=7).run(s),
+                            "model", "the data has 7 classes")
+        targets = x[:, :2].copy()
+        self.assert_refused(lambda s: self.experiment(model=mlp, data=(x, targets)).run(s),
+                            "model", "the data has 2 targets")
+        spec = json.loads(tomllib.loads(self.experiment(model=mlp).check(self.store))["model"]
+                          ["spec"])
+        self.assertEqual(spec["layers"][-1]["out"], 3)  # 3 classes: accepted
 
     def test_a_module_kept_as_torchscript_against_the_classes(self):
         import torch
