@@ -90,7 +90,7 @@ void Experiment::OnCommitted(const WorkItem& item, int64_t version, int64_t step
   const int i = Find(item.member);
   if (i < 0) return;
   Member* m = &members_[i];
-  m->state.status = records::MemberStatus::kIdle;
+  if (!records::Finished(m->state.status)) m->state.status = records::MemberStatus::kIdle;
   m->state.interval = item.interval_after;
   m->state.score = score;
   m->state.failures = 0;
@@ -101,6 +101,11 @@ void Experiment::OnCommitted(const WorkItem& item, int64_t version, int64_t step
   last_result_ = now;
   if (first_result_ == Clock::time_point{}) first_result_ = now;
   io_->KillPoint(base::kill_points::kSchedulerCommitted);
+  if (m->state.status == records::MemberStatus::kFailed) {
+    // It ended with its failed experiment; the commit wrote the interval's own record.
+    (void)SaveRecord(*m);
+    return;
+  }
   if (phase_ != Phase::kTraining) {
     if (m->state.interval >= config_.intervals) m->state.status = records::MemberStatus::kDone;
     return;
@@ -389,7 +394,9 @@ void Experiment::OnFailed(const WorkItem& item, ipc::FailureCode code, const std
   const int i = Find(item.member);
   if (i < 0) return;
   Member* m = &members_[i];
-  if (!item.eval_only) m->state.status = records::MemberStatus::kIdle;
+  if (!item.eval_only && !records::Finished(m->state.status)) {
+    m->state.status = records::MemberStatus::kIdle;
+  }
   if (phase_ == Phase::kDone) return;
   if (!item.eval_only && !head_moved && code == ipc::FailureCode::kBadState &&
       phase_ == Phase::kTraining && item.head_version > 0 && item.head_version == m->version &&
@@ -484,7 +491,10 @@ void Experiment::OnReturned(const WorkItem& item) {
   --in_flight_;
   const int i = Find(item.member);
   if (i < 0) return;
-  if (!item.eval_only) members_[i].state.status = records::MemberStatus::kIdle;
+  Member& m = members_[i];
+  if (!item.eval_only && !records::Finished(m.state.status)) {
+    m.state.status = records::MemberStatus::kIdle;
+  }
   if (phase_ == Phase::kDone) return;
   Enqueue(i, item.eval_only, /*front=*/true);
 }
@@ -504,6 +514,16 @@ void Experiment::End(records::ExperimentStatus status) {
       m.state.status = records::MemberStatus::kIdle;
   }
   ready_.clear();
+  // A failed experiment trains no member again (Resume refuses it): each
+  // that had not finished ends failed, in its record too, rather than
+  // reading as running for ever.
+  if (status == records::ExperimentStatus::kFailed) {
+    for (Member& m : members_) {
+      if (records::Finished(m.state.status)) continue;
+      m.state.status = records::MemberStatus::kFailed;
+      (void)SaveRecord(m);
+    }
+  }
   phase_ = Phase::kDone;
   status_ = status;
   // Recorded after the records and events before it (the test scores are in

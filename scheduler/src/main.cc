@@ -3,6 +3,8 @@
 //   ckpt-scheduler run EXPERIMENT.toml [--store DIR] [--ring-mib N] [--quiet]
 //                      [--listen HOST:PORT --secret-file PATH] [--no-local-workers]
 //                      [--summary-json PATH]
+//   ckpt-scheduler check EXPERIMENT.toml [--store DIR] [--worker PATH] [--listen HOST:PORT
+//                        --secret-file PATH] [--no-local-workers]
 //   ckpt-scheduler serve --config /etc/ckpt/scheduler.toml
 //
 // Thin: parses flags, fills SchedulerOptions, calls the library.
@@ -16,23 +18,11 @@
 #include "ckpt/scheduler/scheduler.h"
 #include "ckpt/scheduler/service.h"
 #include "control_protocol.h"
+#include "run_checks.h"
 
 namespace {
 
-// `run`'s command line.
-struct RunFlags {
-  std::string path;
-  std::string store;   // "" = the file's
-  std::string worker;  // "" = next to this program
-  bool quiet = false;
-  int backoff_ms = -1;  // -1 = the file's
-  int grace_ms = -1;
-  int ring_mib = static_cast<int>(ckpt::records::kDefaultRingBytes >> 20);
-  std::string listen;       // "" = the file's [workers] listen
-  std::string secret_file;  // "" = the file's
-  bool no_local_workers = false;
-  std::string summary_json;  // "" = none; else the final summary's JSON goes there
-};
+using ckpt::scheduler::RunFlags;
 
 // Writes the final summary as the control protocol's `status` JSON (with its
 // members), so programs (ckpt-bench seed) read it rather than the table.
@@ -46,58 +36,25 @@ bool WriteSummaryJson(const ckpt::scheduler::ExperimentSummary& summary, const s
 }
 
 int Run(const RunFlags& f) {
-  auto config = ckpt::records::LoadExperimentConfig(f.path);
-  if (!config.ok()) {
-    std::fprintf(stderr, "ckpt-scheduler: %s\n", config.status().ToString().c_str());
+  auto checked = ckpt::scheduler::CheckRun(f);
+  if (!checked.ok()) {
+    std::fprintf(stderr, "ckpt-scheduler: %s\n", checked.status().ToString().c_str());
     return 2;
   }
-  ckpt::scheduler::SchedulerOptions options;
-  options.store_path = f.store.empty() ? config->store : f.store;
-  options.devices = config->devices;
-  options.supervision = config->supervision;
-  options.metrics = config->metrics;
-  options.worker_binary = f.worker;
-  options.progress = f.quiet ? nullptr : stdout;
-  options.ring_bytes = static_cast<size_t>(f.ring_mib) << 20;
-  if (f.backoff_ms >= 0) {
-    options.supervision.restart_backoff = std::chrono::milliseconds(f.backoff_ms);
-  }
-  if (f.grace_ms >= 0) options.supervision.grace = std::chrono::milliseconds(f.grace_ms);
-  auto kill_point = ckpt::scheduler::KillPointFromEnvironment();
-  if (!kill_point.ok()) {
-    std::fprintf(stderr, "ckpt-scheduler: %s\n", kill_point.status().ToString().c_str());
-    return 2;
-  }
-  options.kill_point = std::move(*kill_point);
-  options.remote = config->workers;
-  if (!f.listen.empty()) options.remote.listen = f.listen;
-  if (!f.secret_file.empty()) options.remote.secret_file = f.secret_file;
-  if (f.no_local_workers) options.remote.local = false;
-  if (!options.remote.listen.empty() && options.remote.secret_file.empty()) {
-    std::fprintf(stderr,
-                 "ckpt-scheduler: listening for workers needs --secret-file (or "
-                 "[workers] secret_file)\n");
-    return 2;
-  }
-  if (!options.remote.local && options.remote.listen.empty()) {
-    std::fprintf(stderr,
-                 "ckpt-scheduler: without local workers, --listen (or [workers] listen) "
-                 "is needed\n");
-    return 2;
-  }
-  auto scheduler = ckpt::scheduler::Scheduler::Create(options);
+  const ckpt::records::ExperimentConfig& config = checked->config;
+  auto scheduler = ckpt::scheduler::Scheduler::Create(checked->options);
   if (!scheduler.ok()) {
     const ckpt::Status& s = scheduler.status();
     std::fprintf(stderr, "ckpt-scheduler: %s\n", s.ToString().c_str());
-    // A mistake in the command or the file (the worker binary): as Serve's.
+    // A mistake in the command or the file: as Serve's.
     return s.IsInvalidArgument() || s.IsNotFound() ? 2 : 1;
   }
-  if (auto s = (*scheduler)->Submit(*config); !s.ok()) {
+  if (auto s = (*scheduler)->Submit(config); !s.ok()) {
     std::fprintf(stderr, "ckpt-scheduler: %s\n", s.ToString().c_str());
     return 1;
   }
   ckpt::Status run = (*scheduler)->Run();
-  auto summary = (*scheduler)->Summary(config->name);
+  auto summary = (*scheduler)->Summary(config.name);
   if (summary.ok()) ckpt::scheduler::PrintSummary(*summary, stdout);
   if (summary.ok() && !f.summary_json.empty() && !WriteSummaryJson(*summary, f.summary_json)) {
     return 1;
@@ -110,12 +67,23 @@ int Run(const RunFlags& f) {
     std::fprintf(stderr,
                  "ckpt-scheduler: experiment %s failed; the reason is in the log above and in its "
                  "events\n",
-                 config->name.c_str());
+                 config.name.c_str());
     return 1;
   }
   if (summary.ok() && summary->status != ckpt::records::ExperimentStatus::kDone) {
     std::printf("stopped before the end; run the same command again to resume\n");
   }
+  return 0;
+}
+
+// `check`: CheckRun alone; creates nothing.
+int Check(const RunFlags& f) {
+  auto checked = ckpt::scheduler::CheckRun(f);
+  if (!checked.ok()) {
+    std::fprintf(stderr, "ckpt-scheduler: %s\n", checked.status().ToString().c_str());
+    return 2;
+  }
+  std::printf("%s\n", ckpt::scheduler::CheckedLine(checked->config).c_str());
   return 0;
 }
 
@@ -157,6 +125,18 @@ int Main(int argc, char** argv) {
                 "spawn no local workers: only connected ones train");
   run->add_option("--summary-json", f.summary_json,
                   "also write the final summary (members best first) as JSON to this file");
+  RunFlags c;
+  CLI::App* check = app.add_subcommand(
+      "check",
+      "make every check `run` makes before it creates anything (the experiment file, its data "
+      "and model files, the worker options) and create nothing: prints `ok: NAME: N members, "
+      "MODEL, FORMAT:DATA` and exits 0, or prints run's error and exits 2");
+  check->add_option("experiment", c.path, "experiment TOML file")->required();
+  check->add_option("--store", c.store, "store directory, as run's (it must not be a file)");
+  check->add_option("--worker", c.worker, "ckpt-worker, as run's (it must be there)");
+  check->add_option("--listen", c.listen, "as run's");
+  check->add_option("--secret-file", c.secret_file, "as run's");
+  check->add_flag("--no-local-workers", c.no_local_workers, "as run's");
   std::string service_config;
   CLI::App* serve = app.add_subcommand(
       "serve", "run as a service: experiments come and go through the control socket");
@@ -164,6 +144,7 @@ int Main(int argc, char** argv) {
       ->required();
   CLI11_PARSE(app, argc, argv);
   if (run->parsed()) return Run(f);
+  if (check->parsed()) return Check(c);
   if (serve->parsed()) return Serve(service_config);
   return 2;
 }

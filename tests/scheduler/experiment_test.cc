@@ -1051,6 +1051,37 @@ TEST(ExperimentTest, RefusedConfigureEndsTheExperimentAtOnceAsFailed) {
   EXPECT_TRUE(h.Events("failed").empty());
 }
 
+// Every member of a failed experiment shows a final status (it used to read
+// `running` for ever): in the summary, in its record, after a restart, and
+// whatever its in-flight task brings back later.
+TEST(ExperimentTest, MembersOfAFailedExperimentEndFailed) {
+  Harness h(BaseConfig(4, 3));
+  WorkItem committed = h.Take();
+  WorkItem failed = h.Take();
+  WorkItem returned = h.Take();
+  h.e().OnConfigureRefused("worker 1: model spec's last layer has 3 outputs");
+  h.Commit(committed, 0.5);
+  h.e().OnFailed(failed, ipc::FailureCode::kBadRequest, "no CONFIGURE", false);
+  h.e().OnReturned(returned);
+  auto expect_failed = [&h](const char* when) {
+    SCOPED_TRACE(when);
+    const ExperimentSummary s = h.e().Summary(h.now());
+    ASSERT_EQ(s.members.size(), 4u);
+    for (const auto& m : s.members) {
+      EXPECT_EQ(m.status, records::MemberStatus::kFailed) << m.member;
+      auto head = h.store().GetMember("exp", m.member);
+      ASSERT_TRUE(head.ok());
+      auto record = records::DecodeMemberRecord(head->state, "exp", m.member);
+      ASSERT_TRUE(record.ok()) << record.status().ToString();
+      EXPECT_EQ(record->status, records::MemberStatus::kFailed) << m.member;
+    }
+  };
+  expect_failed("after the refusal");
+  EXPECT_EQ(h.e().members()[h.e().Find(committed.member)].state.interval, 1);
+  h.Open();
+  expect_failed("after a restart");
+}
+
 // --- Ends --------------------------------------------------------------------
 
 TEST(ExperimentTest, TargetMetricEndsTrainingAndTheExperiment) {
