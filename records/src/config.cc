@@ -218,8 +218,17 @@ const char* PolicyKindName(PolicyKind kind) {
       return "random";
     case PolicyKind::kSuccessiveHalving:
       return "successive_halving";
+    case PolicyKind::kHyperband:
+      return "hyperband";
   }
   return "?";
+}
+
+int MaxHyperbandBrackets(int intervals, int min_intervals, int eta) {
+  if (min_intervals < 1 || eta < 2 || min_intervals > intervals) return 0;
+  int n = 1;
+  for (int64_t r = min_intervals; r * eta <= intervals; r *= eta) ++n;
+  return n;
 }
 
 const char* PolicyModeName(PolicyMode mode) {
@@ -428,6 +437,33 @@ Status CheckHparamsSearchedOrFixed(TomlTableReader* top, const ParseContext& ctx
   return Status::OK();
 }
 
+// HyperBand's brackets must fit the intervals, and each bracket needs a member.
+Status CheckHyperband(TomlTableReader* r, const ExperimentConfig& c) {
+  const PolicyConfig& p = c.policy;
+  const int fit = MaxHyperbandBrackets(c.intervals, p.min_intervals, p.eta);
+  if (fit == 0) {
+    return r->Error("min_intervals", std::to_string(p.min_intervals) + " is above the " +
+                                         std::to_string(c.intervals) +
+                                         " intervals: no HyperBand bracket fits");
+  }
+  if (p.brackets > fit) {
+    return r->Error("brackets", std::to_string(p.brackets) + " brackets do not fit " +
+                                    std::to_string(c.intervals) +
+                                    " intervals with eta = " + std::to_string(p.eta) +
+                                    " and min_intervals = " + std::to_string(p.min_intervals) +
+                                    ": at most " + std::to_string(fit) +
+                                    " (min_intervals * eta^s <= intervals)");
+  }
+  const int used = p.brackets == 0 ? fit : p.brackets;
+  if (c.population < used) {
+    return r->Error(p.brackets == 0 ? "kind" : "brackets",
+                    std::to_string(used) + " HyperBand brackets need at least " +
+                        std::to_string(used) + " members, population.size is " +
+                        std::to_string(c.population));
+  }
+  return Status::OK();
+}
+
 Status ReadPolicyTable(TomlTableReader* top, const ParseContext& ctx, ExperimentConfig* c) {
   CKPT_ASSIGN_OR_RETURN(const toml::table* policy, top->Table("policy"));
   if (policy == nullptr) return Status::OK();
@@ -445,7 +481,10 @@ Status ReadPolicyTable(TomlTableReader* top, const ParseContext& ctx, Experiment
   CKPT_RETURN_IF_ERROR(r.Int("ready_intervals", 1, 1000000, &p.ready_intervals));
   CKPT_RETURN_IF_ERROR(r.Int("eta", 2, 1000, &p.eta));
   CKPT_RETURN_IF_ERROR(r.Int("min_intervals", 1, 1000000, &p.min_intervals));
-  return r.CheckNoUnknownKeys();
+  CKPT_RETURN_IF_ERROR(r.Int("brackets", 0, 64, &p.brackets));
+  CKPT_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
+  if (p.kind == PolicyKind::kHyperband) CKPT_RETURN_IF_ERROR(CheckHyperband(&r, *c));
+  return Status::OK();
 }
 
 // [[devices]]; without it, one default device.

@@ -169,7 +169,131 @@ class SuccessiveHalvingPolicy : public Policy {
   const records::ExperimentConfig config_;
 };
 
+// HyperBand: successive halving in each bracket, among the bracket's members
+// (sync: the paper's floor(n_i / eta) kept, at least one; async: ASHA's top
+// 1/eta of those that reached the rung so far, as SuccessiveHalvingPolicy).
+class HyperbandPolicy : public Policy {
+ public:
+  explicit HyperbandPolicy(const records::ExperimentConfig& config)
+      : config_(config),
+        brackets_(HyperbandBrackets(config)),
+        bracket_of_(HyperbandAssignment(brackets_, config.population)) {}
+  bool synchronous() const override { return config_.policy.mode == records::PolicyMode::kSync; }
+
+  std::map<std::string, Decision> Decide(
+      int /*generation*/, const std::vector<MemberProgress>& members,
+      const std::vector<MemberProgress>& population) const override {
+    std::map<std::string, Decision> out;
+    const size_t eta = static_cast<size_t>(config_.policy.eta);
+    for (const auto& m : members) {
+      const int b = BracketOf(m.index);
+      if (!m.active || b < 0 || !IsStoppingRung(brackets_[b], m.intervals_done)) continue;
+      std::vector<MemberProgress> peers;
+      for (const auto& p : population) {
+        if (BracketOf(p.index) == b && p.intervals_done >= m.intervals_done) peers.push_back(p);
+      }
+      const auto ranked = RankByScore(peers);
+      const size_t keep = synchronous() ? std::max<size_t>(1, ranked.size() / eta)
+                                        : (ranked.size() + eta - 1) / eta;
+      size_t pos = 0;
+      while (pos < ranked.size() && ranked[pos]->member != m.member) ++pos;
+      if (pos < keep) continue;
+      Decision d;
+      d.kind = Decision::Kind::kStop;
+      d.why = "bracket s=" + std::to_string(brackets_[b].s) + " rung " +
+              std::to_string(m.intervals_done) + ": rank " + std::to_string(pos + 1) + "/" +
+              std::to_string(ranked.size()) + ", keeping " + std::to_string(keep);
+      out[m.member] = std::move(d);
+    }
+    return out;
+  }
+
+  // Nothing is decided between rungs; at any bracket's rung members wait
+  // (margins are asked per interval, not per bracket).
+  std::optional<RunAheadMargins> RunAhead(int generation, const MemberProgress& /*member*/,
+                                          int /*active*/) const override {
+    if (!synchronous()) return std::nullopt;
+    for (const auto& b : brackets_) {
+      if (IsStoppingRung(b, generation)) return std::nullopt;
+    }
+    return RunAheadMargins{};
+  }
+
+ private:
+  static bool IsStoppingRung(const HyperbandBracket& b, int intervals) {
+    for (size_t i = 0; i + 1 < b.rungs.size(); ++i) {
+      if (b.rungs[i] == intervals) return true;
+    }
+    return false;
+  }
+  int BracketOf(int index) const {
+    return index >= 0 && index < static_cast<int>(bracket_of_.size()) ? bracket_of_[index] : -1;
+  }
+
+  const records::ExperimentConfig config_;
+  const std::vector<HyperbandBracket> brackets_;
+  const std::vector<int> bracket_of_;
+};
+
 }  // namespace
+
+std::vector<HyperbandBracket> HyperbandBrackets(const records::ExperimentConfig& config) {
+  const auto& p = config.policy;
+  const int fit = records::MaxHyperbandBrackets(config.intervals, p.min_intervals, p.eta);
+  const int used = p.brackets == 0 ? fit : std::min(p.brackets, fit);
+  const int s_max = fit - 1;
+  std::vector<HyperbandBracket> out;
+  for (int s = s_max; s > s_max - used; --s) {
+    HyperbandBracket b;
+    b.s = s;
+    int64_t eta_s = 1;
+    for (int i = 0; i < s; ++i) eta_s *= p.eta;
+    // n = ceil((s_max + 1) / (s + 1) * eta^s), in integers.
+    b.n = static_cast<int>((static_cast<int64_t>(s_max + 1) * eta_s + s) / (s + 1));
+    int64_t div = eta_s;
+    for (int i = 0; i <= s; ++i) {
+      b.rungs.push_back(static_cast<int>(config.intervals / div));
+      b.counts.push_back(static_cast<int>(b.n / (eta_s / div)));
+      div /= p.eta;
+    }
+    out.push_back(std::move(b));
+  }
+  return out;
+}
+
+std::vector<int> HyperbandAssignment(const std::vector<HyperbandBracket>& brackets,
+                                     int population) {
+  const int k = static_cast<int>(brackets.size());
+  std::vector<int> count(static_cast<size_t>(k), 0);
+  int64_t total = 0;
+  for (const auto& b : brackets) total += b.n;
+  std::vector<std::pair<int64_t, int>> remainder;  // (-remainder, bracket): largest first
+  int given = 0;
+  for (int i = 0; i < k && total > 0; ++i) {
+    const int64_t share = static_cast<int64_t>(population) * brackets[static_cast<size_t>(i)].n;
+    count[static_cast<size_t>(i)] = static_cast<int>(share / total);
+    given += static_cast<int>(share / total);
+    remainder.push_back({-(share % total), i});
+  }
+  std::sort(remainder.begin(), remainder.end());
+  for (size_t i = 0; given < population && i < remainder.size(); ++i, ++given) {
+    ++count[static_cast<size_t>(remainder[i].second)];
+  }
+  // Every bracket runs: an empty one takes a member from the largest (of
+  // equals, the least aggressive, so that the first keeps the most).
+  for (int& c : count) {
+    size_t largest = 0;
+    for (size_t i = 0; i < count.size(); ++i) {
+      if (count[i] >= count[largest]) largest = i;
+    }
+    if (c == 0 && count[largest] > 1) --count[largest], c = 1;
+  }
+  std::vector<int> out;
+  for (int i = 0; i < k; ++i)
+    out.insert(out.end(), static_cast<size_t>(count[static_cast<size_t>(i)]), i);
+  out.resize(static_cast<size_t>(std::max(0, population)), k - 1);
+  return out;
+}
 
 std::optional<RunAheadMargins> Policy::RunAhead(int /*generation*/,
                                                 const MemberProgress& /*member*/,
@@ -242,6 +366,12 @@ StatusOr<std::unique_ptr<Policy>> Policy::Create(const records::ExperimentConfig
       return std::unique_ptr<Policy>(new RandomSearchPolicy(config));
     case records::PolicyKind::kSuccessiveHalving:
       return std::unique_ptr<Policy>(new SuccessiveHalvingPolicy(config));
+    case records::PolicyKind::kHyperband:
+      if (records::MaxHyperbandBrackets(config.intervals, config.policy.min_intervals,
+                                        config.policy.eta) == 0) {
+        return Status::InvalidArgument("policy.min_intervals: above the intervals");
+      }
+      return std::unique_ptr<Policy>(new HyperbandPolicy(config));
   }
   return Status::InvalidArgument("policy.kind: unknown policy");
 }

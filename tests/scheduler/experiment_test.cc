@@ -1338,11 +1338,10 @@ RandomSequence DrawSequence(std::mt19937_64& rng, int seq) {
   c = BaseConfig(population, intervals);
   c.seed = rng();
   c.source = "random " + std::to_string(seq);
-  const int kind = static_cast<int>(rng() % 3);
-  c.policy.kind = kind == 0 ? records::PolicyKind::kPbt
-                            : (kind == 1 ? records::PolicyKind::kSuccessiveHalving
-                                         : records::PolicyKind::kRandom);
+  // Every policy kind, the sync ones compared with an in-order run.
+  c.policy.kind = records::kPolicyKinds[rng() % records::kPolicyKinds.size()];
   c.policy.eta = 2;
+  c.policy.brackets = std::min(population, records::MaxHyperbandBrackets(intervals, 1, 2));
   c.policy.quantile = 0.25 + 0.05 * static_cast<double>(rng() % 5);
   s.sync = rng() % 4 != 0;
   c.policy.mode = s.sync ? records::PolicyMode::kSync : records::PolicyMode::kAsync;

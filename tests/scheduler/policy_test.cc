@@ -2,7 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <map>
 #include <random>
 
 namespace ckpt::scheduler {
@@ -206,6 +208,96 @@ TEST(PolicyTest, RandomSearchNeverIntervenes) {
   auto policy = Policy::Create(c);
   auto pop = Population(c, 5);
   EXPECT_TRUE((*policy)->Decide(5, pop, pop).empty());
+}
+
+// --- HyperBand -----------------------------------------------------------------
+
+records::ExperimentConfig HyperbandConfig(int population, int intervals) {
+  auto c = PbtConfig(population);
+  c.intervals = intervals;
+  c.policy.kind = records::PolicyKind::kHyperband;
+  c.policy.eta = 3;
+  c.policy.min_intervals = 1;
+  return c;
+}
+
+// Li et al. 2018, Table 1 (R = 81, eta = 3): n_i / r_i of each bracket.
+TEST(HyperbandTest, BracketsAreThePapersTable) {
+  const auto brackets = HyperbandBrackets(HyperbandConfig(143, 81));
+  struct Row {
+    int s, n;
+    std::vector<int> counts, rungs;
+  };
+  const std::vector<Row> paper = {
+      {4, 81, {81, 27, 9, 3, 1}, {1, 3, 9, 27, 81}},
+      {3, 34, {34, 11, 3, 1}, {3, 9, 27, 81}},
+      {2, 15, {15, 5, 1}, {9, 27, 81}},
+      {1, 8, {8, 2}, {27, 81}},
+      {0, 5, {5}, {81}},
+  };
+  ASSERT_EQ(brackets.size(), paper.size());
+  for (size_t i = 0; i < paper.size(); ++i) {
+    EXPECT_EQ(brackets[i].s, paper[i].s);
+    EXPECT_EQ(brackets[i].n, paper[i].n) << "s=" << paper[i].s;
+    EXPECT_EQ(brackets[i].counts, paper[i].counts) << "s=" << paper[i].s;
+    EXPECT_EQ(brackets[i].rungs, paper[i].rungs) << "s=" << paper[i].s;
+  }
+  // A population of the paper's size runs each bracket with the paper's n.
+  const auto assign = HyperbandAssignment(brackets, 143);
+  std::map<int, int> per;
+  for (int b : assign) ++per[b];
+  EXPECT_EQ(per, (std::map<int, int>{{0, 81}, {1, 34}, {2, 15}, {3, 8}, {4, 5}}));
+  // Fewer members: in proportion, every bracket keeps at least one.
+  const auto small = HyperbandAssignment(brackets, 20);
+  per.clear();
+  for (int b : small) ++per[b];
+  EXPECT_EQ(small.size(), 20u);
+  EXPECT_EQ(per, (std::map<int, int>{{0, 11}, {1, 5}, {2, 2}, {3, 1}, {4, 1}}));
+  EXPECT_TRUE(std::is_sorted(small.begin(), small.end()));
+  per.clear();
+  for (int b : HyperbandAssignment(brackets, 6)) ++per[b];  // 3.4, 1.4, 0.6, 0.3, 0.2
+  EXPECT_EQ(per, (std::map<int, int>{{0, 2}, {1, 1}, {2, 1}, {3, 1}, {4, 1}}));
+  // brackets = 2: the two most aggressive, rungs unchanged; R = 20 floors.
+  auto two = HyperbandConfig(10, 81);
+  two.policy.brackets = 2;
+  ASSERT_EQ(HyperbandBrackets(two).size(), 2u);
+  EXPECT_EQ(HyperbandBrackets(two)[1].rungs, (std::vector<int>{3, 9, 27, 81}));
+  const auto r20 = HyperbandBrackets(HyperbandConfig(10, 20));
+  ASSERT_EQ(r20.size(), 3u);
+  EXPECT_EQ(r20[0].rungs, (std::vector<int>{2, 6, 20}));
+  EXPECT_EQ(r20[2].rungs, (std::vector<int>{20}));
+}
+
+// Sync: at a bracket's rung the bracket keeps floor(n_i / eta) of its own
+// members; members of other brackets and the last bracket are left alone.
+TEST(HyperbandTest, EachBracketHalvesItsOwnMembersAtItsRungs) {
+  auto c = HyperbandConfig(20, 9);  // brackets s=2 (1,3,9), s=1 (3,9), s=0 (9)
+  auto policy = Policy::Create(c);
+  ASSERT_TRUE(policy.ok());
+  const auto assign = HyperbandAssignment(HyperbandBrackets(c), 20);
+  int in0 = 0;
+  for (int b : assign) in0 += b == 0;
+  auto pop = Population(c, 1);
+  auto d = (*policy)->Decide(1, pop, pop);
+  EXPECT_EQ(static_cast<int>(d.size()), in0 - in0 / 3);
+  for (const auto& [name, dec] : d) {
+    const int index = std::stoi(name.substr(1)) - 100;
+    EXPECT_EQ(assign[static_cast<size_t>(index)], 0) << name;
+    EXPECT_EQ(dec.kind, Decision::Kind::kStop);
+  }
+  EXPECT_FALSE((*policy)->RunAhead(1, pop[0], 20).has_value());
+  EXPECT_FALSE((*policy)->RunAhead(3, pop[0], 20).has_value());
+  EXPECT_TRUE((*policy)->RunAhead(2, pop[0], 20).has_value());
+  // At 3 both brackets s=2 and s=1 decide; nobody is stopped at the end.
+  auto at3 = Population(c, 3);
+  d = (*policy)->Decide(3, at3, at3);
+  int stopped1 = 0;
+  for (const auto& [name, dec] : d) stopped1 += assign[std::stoi(name.substr(1)) - 100] == 1;
+  int in1 = 0;
+  for (int b : assign) in1 += b == 1;
+  EXPECT_EQ(stopped1, in1 - std::max(1, in1 / 3));
+  auto at9 = Population(c, 9);
+  EXPECT_TRUE((*policy)->Decide(9, at9, at9).empty());
 }
 
 }  // namespace

@@ -19,7 +19,9 @@
 //                (names: the optimizer's, ckpt/model/hparams.h, and "dropout", every
 //                dropout layer's probability, in [0, 1): format::kDropoutHparam)
 //   [policy]     kind = "pbt"; mode = "sync"; quantile = 0.2; perturb = [0.8, 1.2];
-//                resample_probability = 0.25; ready_intervals = 1; eta = 3
+//                resample_probability = 0.25; ready_intervals = 1; eta = 3;
+//                min_intervals = 1; brackets = 0 (kind: "pbt", "random",
+//                "successive_halving", "hyperband"; README "Search policies")
 //   [[devices]]  device = "cpu"; slots = 2; fusion = "auto"; fusion_width = 8;
 //                intra_op_threads = 1; count = 1
 //   (model.spec = "torchscript:PATH": the file must exist and be a TorchScript
@@ -62,10 +64,10 @@ struct SearchDim {
   std::vector<double> values;  // kChoice
 };
 
-enum class PolicyKind { kPbt, kRandom, kSuccessiveHalving };
-inline constexpr std::array<PolicyKind, 3> kPolicyKinds = {PolicyKind::kPbt, PolicyKind::kRandom,
-                                                           PolicyKind::kSuccessiveHalving};
-// "pbt", "random", "successive_halving".
+enum class PolicyKind { kPbt, kRandom, kSuccessiveHalving, kHyperband };
+inline constexpr std::array<PolicyKind, 4> kPolicyKinds = {
+    PolicyKind::kPbt, PolicyKind::kRandom, PolicyKind::kSuccessiveHalving, PolicyKind::kHyperband};
+// "pbt", "random", "successive_halving", "hyperband".
 const char* PolicyKindName(PolicyKind kind);
 
 // kSync: generations (every active member finishes interval g before the
@@ -90,9 +92,18 @@ struct PolicyConfig {
   int ready_intervals = 1;
   // Successive halving: keep the top 1/eta at each rung. Default: 3.
   int eta = 3;
-  // Successive halving: first rung after this many intervals. Default: 1.
+  // Successive halving: first rung after this many intervals; HyperBand: the
+  // smallest budget (r_min) of its most aggressive bracket. Default: 1.
   int min_intervals = 1;
+  // HyperBand: how many of its brackets run, from the most aggressive (s_max)
+  // down; 0 = all that fit (MaxHyperbandBrackets). Default: 0.
+  int brackets = 0;
 };
+
+// HyperBand's brackets that fit `intervals` (Li et al. 2018, R = intervals in
+// units of `min_intervals`): s_max + 1, with s_max the largest s such that
+// min_intervals * eta^s <= intervals; 0 when min_intervals > intervals.
+int MaxHyperbandBrackets(int intervals, int min_intervals, int eta);
 
 struct DeviceConfig {
   // "cpu", "cuda:N" or "auto" (every visible GPU, else the CPU). Default: "cpu".

@@ -1,5 +1,6 @@
 // Hyperparameter-optimization policies behind one interface: PBT (Jaderberg et
-// al. 2017), random search and successive halving.
+// al. 2017), random search, successive halving and HyperBand (Li et al. 2018;
+// async: ASHA, Li et al. 2020, in each bracket).
 //
 // A policy sees members' progress and scores and answers what each member does
 // next: continue, exploit a donor (copy its weights, metadata only) and explore
@@ -83,6 +84,27 @@ class Policy {
   virtual std::optional<RunAheadMargins> RunAhead(int generation, const MemberProgress& member,
                                                   int active) const;
 };
+
+// One HyperBand bracket (Li et al. 2018, Algorithm 1; R = intervals,
+// r = min_intervals): it starts `n` configurations (the paper's n, for a
+// population of the paper's size) and at rungs[i] keeps counts[i + 1] of its
+// counts[i] (floor(n * eta^-(i+1))); rungs.back() is the last interval.
+struct HyperbandBracket {
+  int s = 0;
+  int n = 0;
+  std::vector<int> rungs;   // r_i in intervals, i = 0..s: floor(R * eta^(i - s))
+  std::vector<int> counts;  // n_i = floor(n * eta^-i)
+};
+
+// The brackets of `config.policy` (s = s_max down, `brackets` of them; all when
+// 0). REQUIRES: the config parsed (records::MaxHyperbandBrackets fits).
+std::vector<HyperbandBracket> HyperbandBrackets(const records::ExperimentConfig& config);
+
+// Which bracket (position in HyperbandBrackets) each member index runs in:
+// the population shared in proportion to the brackets' n (largest
+// remainder; a population of the paper's size gets the paper's n), every
+// bracket at least one member, in index order from the most aggressive.
+std::vector<int> HyperbandAssignment(const std::vector<HyperbandBracket>& brackets, int population);
 
 // Samples a member's initial hyperparameters from the search space (plus the
 // fixed ones), deterministically from (seed, index).
