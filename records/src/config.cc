@@ -482,7 +482,14 @@ Status ReadPolicyTable(TomlTableReader* top, const ParseContext& ctx, Experiment
   CKPT_RETURN_IF_ERROR(r.Int("eta", 2, 1000, &p.eta));
   CKPT_RETURN_IF_ERROR(r.Int("min_intervals", 1, 1000000, &p.min_intervals));
   CKPT_RETURN_IF_ERROR(r.Int("brackets", 0, 64, &p.brackets));
+  CKPT_RETURN_IF_ERROR(r.Bool("median_stopping", &p.median_stopping));
+  CKPT_RETURN_IF_ERROR(r.Int("median_grace_intervals", 1, 1000000, &p.median_grace_intervals));
   CKPT_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
+  if (p.median_stopping && p.kind != PolicyKind::kRandom &&
+      p.kind != PolicyKind::kSuccessiveHalving) {
+    return r.Error("median_stopping", std::string("applies to random search and ") +
+                                          "successive_halving, not " + PolicyKindName(p.kind));
+  }
   if (p.kind == PolicyKind::kHyperband) CKPT_RETURN_IF_ERROR(CheckHyperband(&r, *c));
   return Status::OK();
 }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <set>
 #include <sstream>
 
 namespace ckpt::scheduler {
@@ -40,15 +41,70 @@ size_t Truncation(double quantile, size_t n) {
   return k;
 }
 
+// The median stopping rule (Golovin et al. 2017, "Google Vizier"): a member
+// at interval t (past the grace intervals, before the last) whose best score
+// up to t is below the median of the running averages, up to t, of the other
+// members that reached t (at least kMedianMinOthers of them) is stopped.
+// Scores are read from `history` at intervals <= t only, so a sync barrier
+// decides the same whatever ran ahead of it. Members already in `out` are left.
+constexpr size_t kMedianMinOthers = 2;
+
+void MedianStops(const records::ExperimentConfig& config,
+                 const std::vector<MemberProgress>& members, const History& history,
+                 std::map<std::string, Decision>* out) {
+  if (!config.policy.median_stopping) return;
+  for (const auto& m : members) {
+    const int t = m.intervals_done;
+    if (!m.active || t < config.policy.median_grace_intervals || t >= config.intervals ||
+        out->count(m.member)) {
+      continue;
+    }
+    // Per member index: best score and (sum, count) of scores up to t.
+    std::map<int, std::pair<double, std::pair<double, int>>> upto;
+    std::set<int> reached;
+    for (auto it = history.begin(); it != history.end() && it->first.first <= t; ++it) {
+      const Observation& o = it->second;
+      if (o.interval == t) reached.insert(o.index);
+      if (std::isnan(o.score)) continue;
+      auto& [best, mean] =
+          upto.try_emplace(o.index, -HUGE_VAL, std::make_pair(0.0, 0)).first->second;
+      best = std::max(best, o.score);
+      mean.first += o.score;
+      ++mean.second;
+    }
+    auto self = upto.find(m.index);
+    if (self == upto.end() || !reached.count(m.index)) continue;
+    std::vector<double> averages;
+    for (int j : reached) {
+      auto o = upto.find(j);
+      if (j == m.index || o == upto.end()) continue;
+      averages.push_back(o->second.second.first / o->second.second.second);
+    }
+    if (averages.size() < kMedianMinOthers) continue;
+    std::sort(averages.begin(), averages.end());
+    const size_t h = averages.size() / 2;
+    const double median =
+        averages.size() % 2 == 1 ? averages[h] : 0.5 * (averages[h - 1] + averages[h]);
+    const double best = self->second.first;
+    if (!(best < median)) continue;
+    Decision d;
+    d.kind = Decision::Kind::kStop;
+    d.why = "median stopping at interval " + std::to_string(t) + ": best " + Fmt(best) +
+            " < median " + Fmt(median) + " of " + std::to_string(averages.size()) +
+            " others' running averages";
+    (*out)[m.member] = std::move(d);
+  }
+}
+
 // PBT: truncation selection among members ready for exploit.
 class PbtPolicy : public Policy {
  public:
   explicit PbtPolicy(const records::ExperimentConfig& config) : config_(config) {}
   bool synchronous() const override { return config_.policy.mode == records::PolicyMode::kSync; }
 
-  std::map<std::string, Decision> Decide(
-      int generation, const std::vector<MemberProgress>& members,
-      const std::vector<MemberProgress>& population) const override {
+  std::map<std::string, Decision> Decide(int generation, const std::vector<MemberProgress>& members,
+                                         const std::vector<MemberProgress>& population,
+                                         const History& /*history*/) const override {
     std::map<std::string, Decision> out;
     std::vector<MemberProgress> active;
     for (const auto& m : population) {
@@ -104,12 +160,16 @@ class RandomSearchPolicy : public Policy {
  public:
   explicit RandomSearchPolicy(const records::ExperimentConfig& config) : config_(config) {}
   bool synchronous() const override { return config_.policy.mode == records::PolicyMode::kSync; }
-  std::map<std::string, Decision> Decide(int, const std::vector<MemberProgress>&,
-                                         const std::vector<MemberProgress>&) const override {
-    return {};
+  std::map<std::string, Decision> Decide(int /*generation*/,
+                                         const std::vector<MemberProgress>& members,
+                                         const std::vector<MemberProgress>& /*population*/,
+                                         const History& history) const override {
+    std::map<std::string, Decision> out;
+    MedianStops(config_, members, history, &out);
+    return out;
   }
   std::optional<RunAheadMargins> RunAhead(int, const MemberProgress&, int) const override {
-    if (!synchronous()) return std::nullopt;
+    if (!synchronous() || config_.policy.median_stopping) return std::nullopt;
     return RunAheadMargins{};  // never decides anything
   }
 
@@ -131,9 +191,10 @@ class SuccessiveHalvingPolicy : public Policy {
     return false;
   }
 
-  std::map<std::string, Decision> Decide(
-      int generation, const std::vector<MemberProgress>& members,
-      const std::vector<MemberProgress>& population) const override {
+  std::map<std::string, Decision> Decide(int /*generation*/,
+                                         const std::vector<MemberProgress>& members,
+                                         const std::vector<MemberProgress>& population,
+                                         const History& history) const override {
     std::map<std::string, Decision> out;
     for (const auto& m : members) {
       if (!m.active || m.intervals_done >= config_.intervals || !IsRung(m.intervals_done)) continue;
@@ -153,13 +214,16 @@ class SuccessiveHalvingPolicy : public Policy {
         out[m.member] = std::move(d);
       }
     }
+    MedianStops(config_, members, history, &out);
     return out;
   }
 
-  // Between rungs nothing is decided; at a rung the member waits.
+  // Between rungs nothing is decided (unless the median rule runs); at a rung
+  // the member waits.
   std::optional<RunAheadMargins> RunAhead(int generation, const MemberProgress& /*member*/,
                                           int /*active*/) const override {
-    if (!synchronous() || (IsRung(generation) && generation < config_.intervals)) {
+    if (!synchronous() || (IsRung(generation) && generation < config_.intervals) ||
+        config_.policy.median_stopping) {
       return std::nullopt;
     }
     return RunAheadMargins{};
@@ -180,9 +244,10 @@ class HyperbandPolicy : public Policy {
         bracket_of_(HyperbandAssignment(brackets_, config.population)) {}
   bool synchronous() const override { return config_.policy.mode == records::PolicyMode::kSync; }
 
-  std::map<std::string, Decision> Decide(
-      int /*generation*/, const std::vector<MemberProgress>& members,
-      const std::vector<MemberProgress>& population) const override {
+  std::map<std::string, Decision> Decide(int /*generation*/,
+                                         const std::vector<MemberProgress>& members,
+                                         const std::vector<MemberProgress>& population,
+                                         const History& /*history*/) const override {
     std::map<std::string, Decision> out;
     const size_t eta = static_cast<size_t>(config_.policy.eta);
     for (const auto& m : members) {

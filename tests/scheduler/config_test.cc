@@ -103,6 +103,27 @@ TEST(ConfigTest, HyperbandBracketsMustFitTheIntervals) {
                   .ok());
 }
 
+TEST(ConfigTest, MedianStoppingServesRandomSearchAndHalvingOnly) {
+  const std::string median =
+      Replace(kGood, "quantile = 0.25", "median_stopping = true\nmedian_grace_intervals = 2");
+  ExpectError(median,
+              "policy.median_stopping (exp.toml line 27): applies to random search and "
+              "successive_halving, not pbt");
+  ExpectError(Replace(median, "kind = \"pbt\"", "kind = \"hyperband\""),
+              "policy.median_stopping (exp.toml line 27)");
+  for (const char *kind : {"random", "successive_halving"}) {
+    auto c = records::ParseExperimentConfig(
+        Replace(median, "kind = \"pbt\"", std::string("kind = \"") + kind + "\""), "exp.toml");
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    EXPECT_TRUE(c->policy.median_stopping);
+    EXPECT_EQ(c->policy.median_grace_intervals, 2);
+  }
+  ExpectError(Replace(median, "median_grace_intervals = 2", "median_grace_intervals = 0"),
+              "policy.median_grace_intervals (exp.toml line 28): must be in [1");
+  ExpectError(Replace(median, "median_stopping = true", "median_stopping = 1"),
+              "policy.median_stopping (exp.toml line 27): must be true or false");
+}
+
 TEST(ConfigTest, UnknownKeyNamesKeyAndLine) {
   ExpectError(Replace(kGood, "size = 6", "size = 6\nsizes = 7"),
               "population.sizes (exp.toml line 11): unknown key");

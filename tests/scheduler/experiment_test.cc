@@ -62,11 +62,11 @@ class RecordingPolicy : public Policy {
   RecordingPolicy(std::unique_ptr<Policy> inner, std::map<int, int>* decided)
       : inner_(std::move(inner)), decided_(decided) {}
   bool synchronous() const override { return inner_->synchronous(); }
-  std::map<std::string, Decision> Decide(
-      int generation, const std::vector<MemberProgress>& members,
-      const std::vector<MemberProgress>& population) const override {
+  std::map<std::string, Decision> Decide(int generation, const std::vector<MemberProgress>& members,
+                                         const std::vector<MemberProgress>& population,
+                                         const History& history) const override {
     if (synchronous()) ++(*decided_)[generation];
-    return inner_->Decide(generation, members, population);
+    return inner_->Decide(generation, members, population, history);
   }
   std::optional<RunAheadMargins> RunAhead(int generation, const MemberProgress& member,
                                           int active) const override {
@@ -186,10 +186,12 @@ class Harness {
     CKPT_CHECK(status.ok());
     auto policy = Policy::Create(config_);
     CKPT_CHECK(policy.ok());
+    auto history = LoadHistory(store_, config_, *members);
+    CKPT_CHECK(history.ok());
     decided_.clear();
     e_ = std::make_unique<Experiment>(
         config_, std::make_unique<RecordingPolicy>(std::move(*policy), &decided_),
-        std::move(*members), *status, options_, io_.get(), now_);
+        std::move(*members), *status, options_, io_.get(), now_, std::move(*history));
     e_->Start();
   }
 
@@ -235,6 +237,10 @@ class Harness {
     c.step = StepOf(w) + w.steps;
     c.metrics = {{store::kScoreMetric, score}, {"interval", w.interval_after}};
     c.hparams = w.hparams;
+    // The event the worker handle logs with a commit (worker_commit.cc).
+    records::TrainedEvent trained{w.interval_after, score, 0, "", 0};
+    trained.hparams = w.hparams;
+    c.event_json = records::EncodeEvent(trained);
     auto v = store_->CommitResult(c);
     ASSERT_TRUE(v.ok()) << v.status().ToString();
     trained_[{w.member, w.interval_after}]++;
@@ -506,7 +512,7 @@ TEST(TruncationTest, ExploitCountRecipientsAndDonorsForEverySizeAndQuantile) {
         pop.push_back(
             MemberProgress{MemberName(i, n), i, 2, 0, 1.0 - 0.01 * i, SampleInitial(c, i), true});
       }
-      auto d = (*policy)->Decide(2, pop, pop);
+      auto d = (*policy)->Decide(2, pop, pop, {});
       const size_t k = ExpectedExploits(static_cast<size_t>(n), q);
       ASSERT_EQ(d.size(), k) << "n=" << n << " q=" << q;
       for (const auto& [m, dec] : d) {
@@ -533,10 +539,10 @@ TEST(TruncationTest, TiesBreakByNameNanRanksLastInactiveTakeNoPart) {
   pop[0].score = 0.99;
   pop[9].active = false;
   pop[9].score = 0.01;
-  auto d1 = (*policy)->Decide(1, pop, pop);
+  auto d1 = (*policy)->Decide(1, pop, pop, {});
   std::vector<MemberProgress> shuffled = pop;
   std::shuffle(shuffled.begin(), shuffled.end(), std::mt19937(3));
-  auto d2 = (*policy)->Decide(1, shuffled, shuffled);
+  auto d2 = (*policy)->Decide(1, shuffled, shuffled, {});
   ASSERT_EQ(d1.size(), 1u);  // floor(0.2 * 8 active)
   EXPECT_EQ(d1.begin()->first, "m003");
   // Ties (all 0.5) break by name: the top one is m001 (m000 is inactive).
@@ -868,6 +874,38 @@ TEST(ExperimentTest, AsyncSuccessiveHalvingStopsLateArrivalsBelowTheRungsCut) {
   // m003 (3rd of 3: keep 2 -> stopped), m002 (4th of 4 -> stopped),
   // m001 (5th of 5 -> stopped), m000 (6th of 6 -> stopped).
   EXPECT_EQ(stopped, (std::set<std::string>{"m000", "m001", "m002", "m003", "m004"}));
+}
+
+// --- Median stopping and the history ------------------------------------------
+
+// Sync random search: after interval 2 the members whose best is below the
+// others' median running average stop; a restart reads back the history the
+// run kept, from the store's trained events.
+TEST(ExperimentTest, SyncMedianStoppingStopsMembersBelowTheMedianAndTheHistoryReadsBack) {
+  auto c = BaseConfig(6, 4);
+  c.policy.kind = records::PolicyKind::kRandom;
+  c.policy.median_stopping = true;
+  c.policy.median_grace_intervals = 2;
+  Harness h(c);
+  // Member i scores 0.1 * i every interval: below the median are m000..m002.
+  auto score = [](const WorkItem& w) { return 0.1 * std::stoi(w.member.substr(1)); };
+  for (int round = 0; round < 2; ++round) {
+    std::vector<WorkItem> batch;
+    while (h.e().Runnable()) batch.push_back(h.Take());
+    for (const auto& w : batch) h.Commit(w, score(w));
+  }
+  std::set<std::string> stopped;
+  for (const auto& ev : h.Events("member_stopped")) {
+    stopped.insert(ev["member"]);
+    EXPECT_NE(ev["why"].get<std::string>().find("median"), std::string::npos) << ev.dump();
+  }
+  EXPECT_EQ(stopped, (std::set<std::string>{"m000", "m001", "m002"}));
+  EXPECT_EQ(h.e().history().size(), 12u);
+  const History kept = h.e().history();
+  h.Open();
+  EXPECT_EQ(h.e().history(), kept);
+  EXPECT_EQ(h.e().history().at({2, 4}).score, 0.4);
+  EXPECT_EQ(h.e().history().at({2, 4}).hparams, h.e().members()[4].hparams);
 }
 
 // --- Failures ----------------------------------------------------------------
@@ -1342,6 +1380,9 @@ RandomSequence DrawSequence(std::mt19937_64& rng, int seq) {
   c.policy.kind = records::kPolicyKinds[rng() % records::kPolicyKinds.size()];
   c.policy.eta = 2;
   c.policy.brackets = std::min(population, records::MaxHyperbandBrackets(intervals, 1, 2));
+  c.policy.median_stopping = (c.policy.kind == records::PolicyKind::kRandom ||
+                              c.policy.kind == records::PolicyKind::kSuccessiveHalving) &&
+                             rng() % 2 == 0;
   c.policy.quantile = 0.25 + 0.05 * static_cast<double>(rng() % 5);
   s.sync = rng() % 4 != 0;
   c.policy.mode = s.sync ? records::PolicyMode::kSync : records::PolicyMode::kAsync;

@@ -65,7 +65,7 @@ TEST(PolicyTest, PbtBottomQuantileExploitsTopQuantile) {
   auto policy = Policy::Create(c);
   ASSERT_TRUE(policy.ok());
   auto pop = Population(c, 3);
-  auto d = (*policy)->Decide(3, pop, pop);
+  auto d = (*policy)->Decide(3, pop, pop, {});
   ASSERT_EQ(d.size(), 2u);  // floor(0.2 * 10)
   for (const auto& [name, dec] : d) {
     EXPECT_TRUE(name == "m100" || name == "m101") << name;
@@ -75,7 +75,7 @@ TEST(PolicyTest, PbtBottomQuantileExploitsTopQuantile) {
     EXPECT_LE(dec.hparams.at("lr"), 1e-1);
   }
   // Same inputs, same decisions: a resumed run decides identically.
-  auto again = (*policy)->Decide(3, pop, pop);
+  auto again = (*policy)->Decide(3, pop, pop, {});
   ASSERT_EQ(again.size(), d.size());
   for (const auto& [name, dec] : d) {
     EXPECT_EQ(again[name].donor, dec.donor);
@@ -90,7 +90,7 @@ TEST(PolicyTest, PbtSkipsMembersNotReadyOrAlreadyExploited) {
   auto pop = Population(c, 3);
   pop[0].last_exploit = 2;  // exploited one interval ago: not ready
   pop[1].last_exploit = 3;  // exploited at this generation already
-  EXPECT_TRUE((*policy)->Decide(3, pop, pop).empty());
+  EXPECT_TRUE((*policy)->Decide(3, pop, pop, {}).empty());
 }
 
 TEST(PolicyTest, NanScoresRankLast) {
@@ -118,12 +118,12 @@ TEST(PolicyTest, SuccessiveHalvingStopsAllButTheTopThirdAtARung) {
   auto policy = Policy::Create(c);
   ASSERT_TRUE(policy.ok());
   auto pop = Population(c, 3);  // rung 3 = 1 * 3
-  auto d = (*policy)->Decide(3, pop, pop);
+  auto d = (*policy)->Decide(3, pop, pop, {});
   EXPECT_EQ(d.size(), 6u);
   EXPECT_EQ(d.count("m108"), 0u);
   EXPECT_EQ(d.count("m100"), 1u);
   auto not_rung = Population(c, 2);
-  EXPECT_TRUE((*policy)->Decide(2, not_rung, not_rung).empty());
+  EXPECT_TRUE((*policy)->Decide(2, not_rung, not_rung, {}).empty());
 }
 
 // The margins RunAhead asks for, checked against the decisions themselves:
@@ -175,7 +175,7 @@ TEST(PolicyTest, PbtRunAheadMarginsHoldHoweverTheUnfinishedEnd) {
         for (const auto& o : done) {
           if (o.active) at_gen.push_back(o);
         }
-        const auto decisions = (*policy)->Decide(gen, at_gen, done);
+        const auto decisions = (*policy)->Decide(gen, at_gen, done, {});
         ++checked;
         ASSERT_EQ(decisions.count(m.member), 0u) << "trial " << trial << ": " << m.member;
         for (const auto& [name, d] : decisions) {
@@ -207,7 +207,7 @@ TEST(PolicyTest, RandomSearchNeverIntervenes) {
   c.policy.kind = records::PolicyKind::kRandom;
   auto policy = Policy::Create(c);
   auto pop = Population(c, 5);
-  EXPECT_TRUE((*policy)->Decide(5, pop, pop).empty());
+  EXPECT_TRUE((*policy)->Decide(5, pop, pop, {}).empty());
 }
 
 // --- HyperBand -----------------------------------------------------------------
@@ -278,7 +278,7 @@ TEST(HyperbandTest, EachBracketHalvesItsOwnMembersAtItsRungs) {
   int in0 = 0;
   for (int b : assign) in0 += b == 0;
   auto pop = Population(c, 1);
-  auto d = (*policy)->Decide(1, pop, pop);
+  auto d = (*policy)->Decide(1, pop, pop, {});
   EXPECT_EQ(static_cast<int>(d.size()), in0 - in0 / 3);
   for (const auto& [name, dec] : d) {
     const int index = std::stoi(name.substr(1)) - 100;
@@ -290,14 +290,90 @@ TEST(HyperbandTest, EachBracketHalvesItsOwnMembersAtItsRungs) {
   EXPECT_TRUE((*policy)->RunAhead(2, pop[0], 20).has_value());
   // At 3 both brackets s=2 and s=1 decide; nobody is stopped at the end.
   auto at3 = Population(c, 3);
-  d = (*policy)->Decide(3, at3, at3);
+  d = (*policy)->Decide(3, at3, at3, {});
   int stopped1 = 0;
   for (const auto& [name, dec] : d) stopped1 += assign[std::stoi(name.substr(1)) - 100] == 1;
   int in1 = 0;
   for (int b : assign) in1 += b == 1;
   EXPECT_EQ(stopped1, in1 - std::max(1, in1 / 3));
   auto at9 = Population(c, 9);
-  EXPECT_TRUE((*policy)->Decide(9, at9, at9).empty());
+  EXPECT_TRUE((*policy)->Decide(9, at9, at9, {}).empty());
+}
+
+// --- Median stopping -----------------------------------------------------------
+
+// `scores[i]` are member i's scores at intervals 1, 2, ...
+History HistoryOf(const std::vector<std::vector<double>>& scores) {
+  History h;
+  for (size_t i = 0; i < scores.size(); ++i) {
+    for (size_t t = 0; t < scores[i].size(); ++t) {
+      const int index = static_cast<int>(i), interval = static_cast<int>(t) + 1;
+      h[{interval, index}] = Observation{index, interval, {{"lr", 0.01}}, scores[i][t]};
+    }
+  }
+  return h;
+}
+
+TEST(MedianStoppingTest, StopsAMemberWhoseBestIsBelowTheOthersMedianRunningAverage) {
+  auto c = PbtConfig(5);
+  c.policy.kind = records::PolicyKind::kRandom;
+  c.policy.median_stopping = true;
+  c.policy.median_grace_intervals = 2;
+  auto policy = Policy::Create(c);
+  ASSERT_TRUE(policy.ok());
+  // Running averages at 2 of members 1..4: 0.5, 0.6, 0.7, 0.2 -> median 0.55.
+  const History h = HistoryOf({{0.50, 0.54},
+                               {0.40, 0.60},
+                               {0.60, 0.60},
+                               {0.60, 0.80},
+                               {0.10, 0.30},
+                               {0.90}});  // member 5 has not reached 2: not counted
+  auto pop = Population(c, 2);
+  auto d = (*policy)->Decide(2, pop, pop, h);
+  // Member 0: best 0.54 < 0.55 stops; member 1: best 0.6 against the median
+  // 0.56 of 0.52 (member 0's), 0.6, 0.7, 0.2 goes on; member 4: best 0.3 stops.
+  ASSERT_EQ(d.count("m100"), 1u);
+  EXPECT_EQ(d["m100"].kind, Decision::Kind::kStop);
+  EXPECT_NE(d["m100"].why.find("median"), std::string::npos) << d["m100"].why;
+  EXPECT_EQ(d.count("m101"), 0u);
+  EXPECT_EQ(d.count("m103"), 0u);
+  EXPECT_EQ(d.count("m104"), 1u);  // best 0.3
+  // Later intervals in the history (a member ran ahead) change nothing at 2.
+  History later = h;
+  later[{3, 1}] = Observation{1, 3, {}, 0.0};
+  later[{3, 2}] = Observation{2, 3, {}, 0.0};
+  later[{3, 0}] = Observation{0, 3, {}, 0.99};
+  EXPECT_EQ((*policy)->Decide(2, pop, pop, later).size(), d.size());
+  // Before the grace intervals, at the last interval and with the rule off:
+  // nobody.
+  auto at1 = Population(c, 1);
+  EXPECT_TRUE((*policy)->Decide(1, at1, at1, h).empty());
+  c.intervals = 2;
+  EXPECT_TRUE((*Policy::Create(c))->Decide(2, pop, pop, h).empty());
+  c.intervals = 10;
+  c.policy.median_stopping = false;
+  EXPECT_TRUE((*Policy::Create(c))->Decide(2, pop, pop, h).empty());
+  // With fewer than two others at the interval, nobody.
+  c.policy.median_stopping = true;
+  EXPECT_TRUE(
+      (*Policy::Create(c))->Decide(2, pop, pop, HistoryOf({{0.1, 0.1}, {0.9, 0.9}})).empty());
+  // Sync: members wait at every barrier the rule may decide.
+  EXPECT_FALSE((*Policy::Create(c))->RunAhead(2, pop[0], 5).has_value());
+}
+
+TEST(MedianStoppingTest, HalvingStopsByRungAndByMedian) {
+  auto c = HalvingConfig(6);
+  c.policy.median_stopping = true;
+  auto policy = Policy::Create(c);
+  ASSERT_TRUE(policy.ok());
+  // Interval 2 is no rung: only the median rule stops (members 0 and 4).
+  const History h = HistoryOf({{0.5, 0.5}, {0.6, 0.6}, {0.6, 0.7}, {0.7, 0.7}, {0.1, 0.1}, {}});
+  auto pop = Population(c, 2);
+  pop.pop_back();
+  auto d = (*policy)->Decide(2, pop, pop, h);
+  EXPECT_EQ(d.size(), 2u);
+  EXPECT_EQ(d.count("m100"), 1u);
+  EXPECT_EQ(d.count("m104"), 1u);
 }
 
 }  // namespace

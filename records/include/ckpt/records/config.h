@@ -20,7 +20,8 @@
 //                dropout layer's probability, in [0, 1): format::kDropoutHparam)
 //   [policy]     kind = "pbt"; mode = "sync"; quantile = 0.2; perturb = [0.8, 1.2];
 //                resample_probability = 0.25; ready_intervals = 1; eta = 3;
-//                min_intervals = 1; brackets = 0 (kind: "pbt", "random",
+//                min_intervals = 1; brackets = 0; median_stopping = false;
+//                median_grace_intervals = 1 (kind: "pbt", "random",
 //                "successive_halving", "hyperband"; README "Search policies")
 //   [[devices]]  device = "cpu"; slots = 2; fusion = "auto"; fusion_width = 8;
 //                intra_op_threads = 1; count = 1
@@ -98,6 +99,12 @@ struct PolicyConfig {
   // HyperBand: how many of its brackets run, from the most aggressive (s_max)
   // down; 0 = all that fit (MaxHyperbandBrackets). Default: 0.
   int brackets = 0;
+  // Random search and successive halving: the median stopping rule (Golovin
+  // et al. 2017): a member whose best score up to interval t is below the
+  // median of the others' running averages up to t is stopped. Default: false.
+  bool median_stopping = false;
+  // Median stopping: no member is stopped before this many intervals. Default: 1.
+  int median_grace_intervals = 1;
 };
 
 // HyperBand's brackets that fit `intervals` (Li et al. 2018, R = intervals in

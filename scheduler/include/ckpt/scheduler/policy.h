@@ -20,6 +20,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ckpt/records/config.h"
@@ -38,6 +39,29 @@ struct MemberProgress {
   HParams hparams;
   bool active = true;  // false once stopped or failed
 };
+
+// One committed interval of a member: what it trained with and scored.
+struct Observation {
+  int index = 0;     // the member's position in the population
+  int interval = 0;  // the interval it completed (1-based)
+  HParams hparams;
+  double score = 0;  // validation score; NaN when none
+
+  // NaN scores compare equal (a history read back equals the one kept).
+  friend bool operator==(const Observation& a, const Observation& b) {
+    return a.index == b.index && a.interval == b.interval && a.hparams == b.hparams &&
+           (a.score == b.score || (a.score != a.score && b.score != b.score));
+  }
+};
+
+// Every interval committed so far, keyed (interval, member index), so that it
+// iterates in the same order however results arrived; an interval trained
+// again (a damaged head's fallback) replaces its earlier entry. The
+// Experiment keeps it from its commits and, on resume, from the store's
+// "trained" events (LoadHistory): a resumed run sees what an uninterrupted
+// one sees. Sync policies read only intervals <= the generation they decide,
+// since members running ahead may have committed later ones.
+using History = std::map<std::pair<int, int>, Observation>;
 
 // How sure a synchronous barrier must be of a member before it may start its
 // next interval early (Policy::RunAheadMargins): at least `above` of the
@@ -67,11 +91,12 @@ class Policy {
 
   // Decisions for `members` (sync: every member, all at interval `generation`;
   // async: the one member whose interval just ended, with `population` its
-  // peers' latest progress). Returns a decision per member name; members not
-  // in the map continue.
-  virtual std::map<std::string, Decision> Decide(
-      int generation, const std::vector<MemberProgress>& members,
-      const std::vector<MemberProgress>& population) const = 0;
+  // peers' latest progress), with `history` every interval committed so far.
+  // Returns a decision per member name; members not in the map continue.
+  virtual std::map<std::string, Decision> Decide(int generation,
+                                                 const std::vector<MemberProgress>& members,
+                                                 const std::vector<MemberProgress>& population,
+                                                 const History& history) const = 0;
 
   // Sync policies: what makes `member` (finished interval `generation`)
   // certain to continue at that generation's barrier and to be no one's donor,
