@@ -231,6 +231,8 @@ int MaxHyperbandBrackets(int intervals, int min_intervals, int eta) {
   return n;
 }
 
+const char* ResampleName(Resample r) { return r == Resample::kTpe ? "tpe" : "uniform"; }
+
 const char* PolicyModeName(PolicyMode mode) {
   return mode == PolicyMode::kAsync ? "async" : "sync";
 }
@@ -484,7 +486,15 @@ Status ReadPolicyTable(TomlTableReader* top, const ParseContext& ctx, Experiment
   CKPT_RETURN_IF_ERROR(r.Int("brackets", 0, 64, &p.brackets));
   CKPT_RETURN_IF_ERROR(r.Bool("median_stopping", &p.median_stopping));
   CKPT_RETURN_IF_ERROR(r.Int("median_grace_intervals", 1, 1000000, &p.median_grace_intervals));
+  CKPT_RETURN_IF_ERROR(r.Enum("resample", kResamples, &ResampleName, &p.resample));
   CKPT_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
+  if (p.resample == Resample::kTpe && p.kind != PolicyKind::kPbt && p.mode == PolicyMode::kSync) {
+    return r.Error("resample", std::string("\"tpe\" proposes a member's hyperparameters when it ") +
+                                   "starts, from the results before it; with " +
+                                   PolicyKindName(p.kind) +
+                                   " in mode = \"sync\" every member starts before any result: "
+                                   "use mode = \"async\"");
+  }
   if (p.median_stopping && p.kind != PolicyKind::kRandom &&
       p.kind != PolicyKind::kSuccessiveHalving) {
     return r.Error("median_stopping", std::string("applies to random search and ") +

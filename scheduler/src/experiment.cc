@@ -67,6 +67,10 @@ WorkItem Experiment::TakeNext(Clock::time_point now) {
   const Pending p = ready_.front();
   ready_.pop_front();
   Member& m = members_[p.member];
+  if (!p.eval && m.version == 0) {
+    // Its first interval: the policy may propose from the results so far.
+    if (auto proposed = policy_->Propose(Progress(m), history_)) m.hparams = std::move(*proposed);
+  }
   WorkItem w;
   w.member = m.name;
   w.head_version = m.version;

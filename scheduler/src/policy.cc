@@ -6,6 +6,8 @@
 #include <set>
 #include <sstream>
 
+#include "model_based.h"
+
 namespace ckpt::scheduler {
 namespace {
 
@@ -96,6 +98,17 @@ void MedianStops(const records::ExperimentConfig& config,
   }
 }
 
+// resample = "tpe" for the policies that keep a member's hyperparameters: its
+// first ones, by TPE over the members that reached the interval most did.
+std::optional<HParams> ProposeFirst(const records::ExperimentConfig& c,
+                                    const MemberProgress& member, const History& history) {
+  if (c.policy.resample != records::Resample::kTpe || member.intervals_done > 0) {
+    return std::nullopt;
+  }
+  return ProposeTpe(c, TpeTrials(history, c.intervals),
+                    MixSeed(c.seed, 0x79E, static_cast<uint64_t>(member.index)));
+}
+
 // PBT: truncation selection among members ready for exploit.
 class PbtPolicy : public Policy {
  public:
@@ -104,7 +117,7 @@ class PbtPolicy : public Policy {
 
   std::map<std::string, Decision> Decide(int generation, const std::vector<MemberProgress>& members,
                                          const std::vector<MemberProgress>& population,
-                                         const History& /*history*/) const override {
+                                         const History& history) const override {
     std::map<std::string, Decision> out;
     std::vector<MemberProgress> active;
     for (const auto& m : population) {
@@ -127,7 +140,12 @@ class PbtPolicy : public Policy {
       Decision d;
       d.kind = Decision::Kind::kExploit;
       d.donor = donor->member;
-      d.hparams = Explore(config_, donor->hparams, rng());
+      const uint64_t explore_seed = rng();
+      std::optional<HParams> proposal;
+      if (config_.policy.resample == records::Resample::kTpe) {
+        proposal = ProposeTpe(config_, TpeTrials(history, generation), rng());
+      }
+      d.hparams = Explore(config_, donor->hparams, explore_seed, proposal ? &*proposal : nullptr);
       d.why = "rank " + std::to_string(r->second + 1) + "/" + std::to_string(n) + " score " +
               Fmt(m.score) + " < donor " + donor->member + " score " + Fmt(donor->score);
       out[m.member] = std::move(d);
@@ -160,6 +178,10 @@ class RandomSearchPolicy : public Policy {
  public:
   explicit RandomSearchPolicy(const records::ExperimentConfig& config) : config_(config) {}
   bool synchronous() const override { return config_.policy.mode == records::PolicyMode::kSync; }
+  std::optional<HParams> Propose(const MemberProgress& member,
+                                 const History& history) const override {
+    return ProposeFirst(config_, member, history);
+  }
   std::map<std::string, Decision> Decide(int /*generation*/,
                                          const std::vector<MemberProgress>& members,
                                          const std::vector<MemberProgress>& /*population*/,
@@ -183,6 +205,10 @@ class SuccessiveHalvingPolicy : public Policy {
  public:
   explicit SuccessiveHalvingPolicy(const records::ExperimentConfig& config) : config_(config) {}
   bool synchronous() const override { return config_.policy.mode == records::PolicyMode::kSync; }
+  std::optional<HParams> Propose(const MemberProgress& member,
+                                 const History& history) const override {
+    return ProposeFirst(config_, member, history);
+  }
 
   bool IsRung(int intervals) const {
     for (long long r = config_.policy.min_intervals; r <= intervals; r *= config_.policy.eta) {
@@ -243,6 +269,10 @@ class HyperbandPolicy : public Policy {
         brackets_(HyperbandBrackets(config)),
         bracket_of_(HyperbandAssignment(brackets_, config.population)) {}
   bool synchronous() const override { return config_.policy.mode == records::PolicyMode::kSync; }
+  std::optional<HParams> Propose(const MemberProgress& member,
+                                 const History& history) const override {
+    return ProposeFirst(config_, member, history);
+  }
 
   std::map<std::string, Decision> Decide(int /*generation*/,
                                          const std::vector<MemberProgress>& members,
@@ -360,6 +390,11 @@ std::vector<int> HyperbandAssignment(const std::vector<HyperbandBracket>& bracke
   return out;
 }
 
+std::optional<HParams> Policy::Propose(const MemberProgress& /*member*/,
+                                       const History& /*history*/) const {
+  return std::nullopt;
+}
+
 std::optional<RunAheadMargins> Policy::RunAhead(int /*generation*/,
                                                 const MemberProgress& /*member*/,
                                                 int /*active*/) const {
@@ -398,13 +433,15 @@ HParams SampleInitial(const records::ExperimentConfig& config, int index) {
   return h;
 }
 
-HParams Explore(const records::ExperimentConfig& config, const HParams& from, uint64_t rng_seed) {
+HParams Explore(const records::ExperimentConfig& config, const HParams& from, uint64_t rng_seed,
+                const HParams* proposal) {
   std::mt19937_64 rng(rng_seed);
   HParams h = from;
   for (const auto& [name, dim] : config.search_space) {
     auto it = h.find(name);
     if (it == h.end() || Uniform01(rng) < config.policy.resample_probability) {
-      h[name] = Sample(dim, rng);
+      auto p = proposal != nullptr ? proposal->find(name) : h.end();
+      h[name] = proposal != nullptr && p != proposal->end() ? p->second : Sample(dim, rng);
       continue;
     }
     const auto& factors = config.policy.perturb;

@@ -124,6 +124,23 @@ TEST(ConfigTest, MedianStoppingServesRandomSearchAndHalvingOnly) {
               "policy.median_stopping (exp.toml line 27): must be true or false");
 }
 
+TEST(ConfigTest, TpeResamplesPbtAndStartsAsyncMembers) {
+  const std::string tpe = Replace(kGood, "quantile = 0.25", "resample = \"tpe\"");
+  auto c = records::ParseExperimentConfig(tpe, "exp.toml");  // pbt, async
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->policy.resample, records::Resample::kTpe);
+  EXPECT_TRUE(records::ParseExperimentConfig(Replace(tpe, "mode = \"async\"", "mode = \"sync\""),
+                                             "exp.toml")
+                  .ok());
+  EXPECT_TRUE(records::ParseExperimentConfig(Replace(tpe, "kind = \"pbt\"", "kind = \"random\""),
+                                             "exp.toml")
+                  .ok());
+  ExpectError(Replace(Replace(tpe, "kind = \"pbt\"", "kind = \"random\""), "mode = \"async\"",
+                      "mode = \"sync\""),
+              "policy.resample (exp.toml line 27): \"tpe\" proposes");
+  ExpectError(Replace(tpe, "\"tpe\"", "\"bohb\""), "policy.resample (exp.toml line 27)");
+}
+
 TEST(ConfigTest, UnknownKeyNamesKeyAndLine) {
   ExpectError(Replace(kGood, "size = 6", "size = 6\nsizes = 7"),
               "population.sizes (exp.toml line 11): unknown key");

@@ -21,6 +21,7 @@
 #include "ckpt/records/member_record.h"
 #include "ckpt/scheduler/policy.h"
 #include "experiment_store.h"
+#include "model_based.h"
 #include "store/test_util.h"
 
 namespace ckpt::scheduler {
@@ -71,6 +72,10 @@ class RecordingPolicy : public Policy {
   std::optional<RunAheadMargins> RunAhead(int generation, const MemberProgress& member,
                                           int active) const override {
     return inner_->RunAhead(generation, member, active);
+  }
+  std::optional<HParams> Propose(const MemberProgress& member,
+                                 const History& history) const override {
+    return inner_->Propose(member, history);
   }
 
  private:
@@ -908,6 +913,33 @@ TEST(ExperimentTest, SyncMedianStoppingStopsMembersBelowTheMedianAndTheHistoryRe
   EXPECT_EQ(h.e().history().at({2, 4}).hparams, h.e().members()[4].hparams);
 }
 
+// Async random search with resample = "tpe": members that start once five
+// results are in train TPE's proposal over them, not their first draw.
+TEST(ExperimentTest, AsyncTpeProposesTheFirstHyperparametersOfLateStarters) {
+  auto c = BaseConfig(8, 2);
+  c.policy.kind = records::PolicyKind::kRandom;
+  c.policy.mode = records::PolicyMode::kAsync;
+  c.policy.resample = records::Resample::kTpe;
+  Harness h(c);
+  std::vector<WorkItem> first;
+  for (int i = 0; i < 5; ++i) first.push_back(h.Take());
+  for (const auto& w : first) {
+    EXPECT_EQ(w.hparams, SampleInitial(c, std::stoi(w.member.substr(1))));  // nothing to model
+    h.Commit(w, ScoreOf(w.hparams, 1));
+  }
+  const WorkItem late = h.Take();
+  ASSERT_EQ(late.member, "m005");
+  EXPECT_NE(late.hparams, SampleInitial(c, 5));
+  std::vector<std::pair<HParams, double>> trials;
+  for (const auto& w : first) trials.emplace_back(w.hparams, ScoreOf(w.hparams, 1));
+  EXPECT_EQ(late.hparams, ProposeTpe(c, trials, MixSeed(c.seed, 0x79E, 5)));
+  EXPECT_EQ(h.e().members()[5].hparams, late.hparams);
+  h.Commit(late, ScoreOf(late.hparams, 1));
+  // Its second interval trains what it started with.
+  h.RunToEnd();
+  EXPECT_EQ(h.trained_hparams().at({"m005", 2}), late.hparams);
+}
+
 // --- Failures ----------------------------------------------------------------
 
 TEST(ExperimentTest, MemberFailingMaxTimesIsStoppedAndTheGenerationGoesOn) {
@@ -1386,6 +1418,12 @@ RandomSequence DrawSequence(std::mt19937_64& rng, int seq) {
   c.policy.quantile = 0.25 + 0.05 * static_cast<double>(rng() % 5);
   s.sync = rng() % 4 != 0;
   c.policy.mode = s.sync ? records::PolicyMode::kSync : records::PolicyMode::kAsync;
+  // TPE where it applies: PBT's resample (sync: compared with the in-order
+  // run), and first hyperparameters in async mode.
+  if ((c.policy.kind == records::PolicyKind::kPbt || !s.sync) && rng() % 2 == 0) {
+    c.policy.resample = records::Resample::kTpe;
+    c.policy.resample_probability = 0.5;
+  }
   s.opts.max_member_failures = 3;
   s.opts.final_eval_top = 2;
   return s;

@@ -21,7 +21,8 @@
 //   [policy]     kind = "pbt"; mode = "sync"; quantile = 0.2; perturb = [0.8, 1.2];
 //                resample_probability = 0.25; ready_intervals = 1; eta = 3;
 //                min_intervals = 1; brackets = 0; median_stopping = false;
-//                median_grace_intervals = 1 (kind: "pbt", "random",
+//                median_grace_intervals = 1; resample = "uniform" | "tpe"
+//                (kind: "pbt", "random",
 //                "successive_halving", "hyperband"; README "Search policies")
 //   [[devices]]  device = "cpu"; slots = 2; fusion = "auto"; fusion_width = 8;
 //                intra_op_threads = 1; count = 1
@@ -77,6 +78,14 @@ enum class PolicyMode { kSync, kAsync };
 inline constexpr std::array<PolicyMode, 2> kPolicyModes = {PolicyMode::kSync, PolicyMode::kAsync};
 const char* PolicyModeName(PolicyMode mode);  // "sync", "async"
 
+// Where new and resampled hyperparameters come from: kUniform draws from the
+// search space; kTpe proposes by TPE over the results so far (Bergstra et al.
+// 2011): a member's first hyperparameters (random search, successive halving,
+// HyperBand, async) and PBT's resampled ones.
+enum class Resample { kUniform, kTpe };
+inline constexpr std::array<Resample, 2> kResamples = {Resample::kUniform, Resample::kTpe};
+const char* ResampleName(Resample r);  // "uniform", "tpe"
+
 struct PolicyConfig {
   // Default: PBT.
   PolicyKind kind = PolicyKind::kPbt;
@@ -105,6 +114,8 @@ struct PolicyConfig {
   bool median_stopping = false;
   // Median stopping: no member is stopped before this many intervals. Default: 1.
   int median_grace_intervals = 1;
+  // Default: kUniform.
+  Resample resample = Resample::kUniform;
 };
 
 // HyperBand's brackets that fit `intervals` (Li et al. 2018, R = intervals in

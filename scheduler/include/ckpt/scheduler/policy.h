@@ -98,6 +98,12 @@ class Policy {
                                                  const std::vector<MemberProgress>& population,
                                                  const History& history) const = 0;
 
+  // Hyperparameters for `member` as it starts its first interval, from
+  // `history` (resample = "tpe"); nullopt keeps those it was created with
+  // (the default).
+  virtual std::optional<HParams> Propose(const MemberProgress& member,
+                                         const History& history) const;
+
   // Sync policies: what makes `member` (finished interval `generation`)
   // certain to continue at that generation's barrier and to be no one's donor,
   // with `active` members taking part (those finished and those still running;
@@ -138,7 +144,10 @@ HParams SampleInitial(const records::ExperimentConfig& config, int index);
 // Explore step of PBT: each searched hyperparameter is resampled with
 // probability resample_probability, else multiplied by one of the perturb
 // factors (clamped to the space; choice: a neighbouring value).
-HParams Explore(const records::ExperimentConfig& config, const HParams& from, uint64_t rng_seed);
+// `proposal` (may be null): where resampled values come from instead of the
+// search space (a TPE proposal).
+HParams Explore(const records::ExperimentConfig& config, const HParams& from, uint64_t rng_seed,
+                const HParams* proposal = nullptr);
 
 // 64-bit mix of several values (SplitMix64), for per-decision seeds.
 uint64_t MixSeed(uint64_t a, uint64_t b, uint64_t c = 0);
