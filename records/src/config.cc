@@ -220,6 +220,8 @@ const char* PolicyKindName(PolicyKind kind) {
       return "successive_halving";
     case PolicyKind::kHyperband:
       return "hyperband";
+    case PolicyKind::kPb2:
+      return "pb2";
   }
   return "?";
 }
@@ -466,6 +468,32 @@ Status CheckHyperband(TomlTableReader* r, const ExperimentConfig& c) {
   return Status::OK();
 }
 
+// PB2's GP explores a box: every searched hyperparameter is continuous, and
+// its explore replaces PBT's resampling.
+Status CheckPb2(TomlTableReader* top, TomlTableReader* r, const ParseContext& ctx,
+                const ExperimentConfig& c) {
+  for (const auto& [name, dim] : c.search_space) {
+    if (dim.kind != SearchDim::Kind::kChoice) continue;
+    const toml::node* space = top->Use("search_space");
+    const toml::table* table = space != nullptr ? space->as_table() : nullptr;
+    const toml::node* entry = table != nullptr ? table->get(name) : nullptr;
+    if (entry == nullptr || entry->as_table() == nullptr) {
+      return r->Error("kind",
+                      "pb2 explores continuous hyperparameters only; " + name + " is a choice");
+    }
+    TomlTableReader d(*entry->as_table(), "search_space." + name, ctx.origin);
+    return d.Error("type",
+                   "is a choice: policy.kind = \"pb2\" explores continuous "
+                   "hyperparameters only (uniform, log_uniform)");
+  }
+  if (c.policy.resample == Resample::kTpe) {
+    return r->Error("resample",
+                    "does not apply to pb2, whose GP bandit chooses the explored "
+                    "hyperparameters");
+  }
+  return Status::OK();
+}
+
 Status ReadPolicyTable(TomlTableReader* top, const ParseContext& ctx, ExperimentConfig* c) {
   CKPT_ASSIGN_OR_RETURN(const toml::table* policy, top->Table("policy"));
   if (policy == nullptr) return Status::OK();
@@ -488,6 +516,7 @@ Status ReadPolicyTable(TomlTableReader* top, const ParseContext& ctx, Experiment
   CKPT_RETURN_IF_ERROR(r.Int("median_grace_intervals", 1, 1000000, &p.median_grace_intervals));
   CKPT_RETURN_IF_ERROR(r.Enum("resample", kResamples, &ResampleName, &p.resample));
   CKPT_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
+  if (p.kind == PolicyKind::kPb2) CKPT_RETURN_IF_ERROR(CheckPb2(top, &r, ctx, *c));
   if (p.resample == Resample::kTpe && p.kind != PolicyKind::kPbt && p.mode == PolicyMode::kSync) {
     return r.Error("resample", std::string("\"tpe\" proposes a member's hyperparameters when it ") +
                                    "starts, from the results before it; with " +

@@ -109,7 +109,8 @@ std::optional<HParams> ProposeFirst(const records::ExperimentConfig& c,
                     MixSeed(c.seed, 0x79E, static_cast<uint64_t>(member.index)));
 }
 
-// PBT: truncation selection among members ready for exploit.
+// PBT: truncation selection among members ready for exploit; PB2 explores by
+// GP-UCB (model_based.h) instead of perturbing.
 class PbtPolicy : public Policy {
  public:
   explicit PbtPolicy(const records::ExperimentConfig& config) : config_(config) {}
@@ -129,6 +130,11 @@ class PbtPolicy : public Policy {
     const size_t k = Truncation(config_.policy.quantile, n);
     std::map<std::string, size_t> rank;
     for (size_t i = 0; i < n; ++i) rank[ranked[i]->member] = i;
+    // PB2: the GP's data up to this generation, and the points chosen for
+    // the members decided before (a batch).
+    const bool pb2 = config_.policy.kind == records::PolicyKind::kPb2;
+    const Pb2Data pb2_data = pb2 ? Pb2Observations(config_, history, generation) : Pb2Data{};
+    std::vector<GpPoint> pending;
     for (const auto& m : members) {
       if (!m.active || m.intervals_done >= config_.intervals) continue;
       if (m.intervals_done - m.last_exploit < config_.policy.ready_intervals) continue;
@@ -142,12 +148,17 @@ class PbtPolicy : public Policy {
       d.donor = donor->member;
       const uint64_t explore_seed = rng();
       std::optional<HParams> proposal;
-      if (config_.policy.resample == records::Resample::kTpe) {
+      if (pb2) {
+        proposal = Pb2Explore(config_, pb2_data, donor->hparams, generation + 1, rng(), &pending);
+      } else if (config_.policy.resample == records::Resample::kTpe) {
         proposal = ProposeTpe(config_, TpeTrials(history, generation), rng());
       }
-      d.hparams = Explore(config_, donor->hparams, explore_seed, proposal ? &*proposal : nullptr);
+      d.hparams = pb2 && proposal ? *proposal
+                                  : Explore(config_, donor->hparams, explore_seed,
+                                            proposal ? &*proposal : nullptr);
       d.why = "rank " + std::to_string(r->second + 1) + "/" + std::to_string(n) + " score " +
               Fmt(m.score) + " < donor " + donor->member + " score " + Fmt(donor->score);
+      if (pb2) d.why += proposal ? "; pb2: GP-UCB explore" : "; pb2: too little data, PBT explore";
       out[m.member] = std::move(d);
     }
     return out;
@@ -463,6 +474,7 @@ HParams Explore(const records::ExperimentConfig& config, const HParams& from, ui
 StatusOr<std::unique_ptr<Policy>> Policy::Create(const records::ExperimentConfig& config) {
   switch (config.policy.kind) {
     case records::PolicyKind::kPbt:
+    case records::PolicyKind::kPb2:
       return std::unique_ptr<Policy>(new PbtPolicy(config));
     case records::PolicyKind::kRandom:
       return std::unique_ptr<Policy>(new RandomSearchPolicy(config));

@@ -48,7 +48,7 @@ slots = 2
 count = 2
 )";
 
-void ExpectError(const std::string &text, const std::string &needle) {
+void ExpectError(const std::string& text, const std::string& needle) {
   auto c = records::ParseExperimentConfig(text, "exp.toml");
   ASSERT_FALSE(c.ok()) << "accepted: " << text;
   EXPECT_TRUE(c.status().IsInvalidArgument()) << c.status().ToString();
@@ -56,7 +56,7 @@ void ExpectError(const std::string &text, const std::string &needle) {
       << "'" << c.status().message() << "' lacks '" << needle << "'";
 }
 
-std::string Replace(std::string s, const std::string &from, const std::string &to) {
+std::string Replace(std::string s, const std::string& from, const std::string& to) {
   auto at = s.find(from);
   EXPECT_NE(at, std::string::npos) << from;
   return s.replace(at, from.size(), to);
@@ -89,15 +89,13 @@ TEST(ConfigTest, HyperbandBracketsMustFitTheIntervals) {
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_EQ(c->policy.kind, records::PolicyKind::kHyperband);
   ExpectError(Replace(hb, "quantile = 0.25", "quantile = 0.25\nbrackets = 3"),
-              "policy.brackets (exp.toml line 28): 3 brackets do not fit 4 "
-              "intervals with eta = 3 "
+              "policy.brackets (exp.toml line 28): 3 brackets do not fit 4 intervals with eta = 3 "
               "and min_intervals = 1: at most 2");
   ExpectError(Replace(hb, "quantile = 0.25", "quantile = 0.25\nmin_intervals = 5"),
               "policy.min_intervals (exp.toml line 28): 5 is above the 4 intervals");
   ExpectError(Replace(Replace(hb, "size = 6", "size = 1"), "quantile = 0.25",
                       "quantile = 0.25\nbrackets = 2"),
-              "policy.brackets (exp.toml line 28): 2 HyperBand brackets need "
-              "at least 2 members");
+              "policy.brackets (exp.toml line 28): 2 HyperBand brackets need at least 2 members");
   EXPECT_TRUE(records::ParseExperimentConfig(
                   Replace(hb, "quantile = 0.25", "quantile = 0.25\nbrackets = 2"), "exp.toml")
                   .ok());
@@ -111,7 +109,7 @@ TEST(ConfigTest, MedianStoppingServesRandomSearchAndHalvingOnly) {
               "successive_halving, not pbt");
   ExpectError(Replace(median, "kind = \"pbt\"", "kind = \"hyperband\""),
               "policy.median_stopping (exp.toml line 27)");
-  for (const char *kind : {"random", "successive_halving"}) {
+  for (const char* kind : {"random", "successive_halving"}) {
     auto c = records::ParseExperimentConfig(
         Replace(median, "kind = \"pbt\"", std::string("kind = \"") + kind + "\""), "exp.toml");
     ASSERT_TRUE(c.ok()) << c.status().ToString();
@@ -139,6 +137,23 @@ TEST(ConfigTest, TpeResamplesPbtAndStartsAsyncMembers) {
                       "mode = \"sync\""),
               "policy.resample (exp.toml line 27): \"tpe\" proposes");
   ExpectError(Replace(tpe, "\"tpe\"", "\"bohb\""), "policy.resample (exp.toml line 27)");
+}
+
+// kGood searches nesterov as a choice (line 22: its type).
+TEST(ConfigTest, Pb2ExploresContinuousHyperparametersOnly) {
+  const std::string pb2 = Replace(kGood, "kind = \"pbt\"", "kind = \"pb2\"");
+  ExpectError(pb2,
+              "search_space.nesterov.type (exp.toml line 22): is a choice: policy.kind = "
+              "\"pb2\" explores continuous hyperparameters only");
+  const std::string continuous =
+      Replace(pb2, "[search_space.nesterov]\ntype = \"choice\"\nvalues = [0, 1]\n", "");
+  auto c = records::ParseExperimentConfig(continuous, "exp.toml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->policy.kind, records::PolicyKind::kPb2);
+  ExpectError(Replace(continuous, "quantile = 0.25", "resample = \"tpe\""),
+              "policy.resample (exp.toml line 24): does not apply to pb2");
+  ExpectError(Replace(continuous, "quantile = 0.25", "gp_lengthscale = 0.2"),
+              "policy.gp_lengthscale (exp.toml line 24): unknown key");
 }
 
 TEST(ConfigTest, UnknownKeyNamesKeyAndLine) {
@@ -199,8 +214,7 @@ TEST(ConfigLimitsTest, PopulationAtAndPastTheLimit) {
 }
 
 TEST(ConfigLimitsTest, ModelSpecAtAndPastTheLimit) {
-  // A JSON layer list of exactly 64 KiB (padded with spaces, which JSON
-  // allows).
+  // A JSON layer list of exactly 64 KiB (padded with spaces, which JSON allows).
   std::string spec = "[{\"type\": \"flatten\"}]";
   spec += std::string(records::kMaxModelSpecBytes - spec.size(), ' ');
   auto c = records::ParseExperimentConfig(
@@ -235,8 +249,7 @@ TEST(ConfigLimitsTest, TomlSizeAtAndPastTheLimit) {
   auto c = records::ParseExperimentConfig(TomlOfSize(limit), "exp.toml");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   ExpectError(TomlOfSize(limit + 1),
-              "exp.toml: 1048577 bytes of TOML, above "
-              "the limit of 1048576 bytes (1 MiB)");
+              "exp.toml: 1048577 bytes of TOML, above the limit of 1048576 bytes (1 MiB)");
   // The service file has the same limit.
   std::string service = "store = \"s\"\n#";
   service += std::string(limit - service.size() - 1, 'x') + "\n";
@@ -267,7 +280,7 @@ TEST(ConfigLimitsTest, LoadReadsNoMoreThanTheLimit) {
 TEST(ConfigLimitsTest, TorchScriptSpecNamingAFifoIsRefusedWithoutReadingIt) {
   // Opening a FIFO for reading blocks until a writer comes: a submitted
   // experiment naming one would hang the scheduler's event loop.
-  const char *tmp = std::getenv("TMPDIR");
+  const char* tmp = std::getenv("TMPDIR");
   const std::string fifo = std::string(tmp != nullptr ? tmp : "/tmp") + "/ckpt_config_test_fifo_" +
                            std::to_string(getpid());
   ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
@@ -279,7 +292,7 @@ TEST(ConfigLimitsTest, TorchScriptSpecNamingAFifoIsRefusedWithoutReadingIt) {
 // A tensor dataset written with the checkpoint writer (its metadata is
 // ignored by the dataset reader): 20 [1, 2, 2] U8 images, labels 0..3, or
 // F32 targets.
-std::string WriteTensorData(const std::string &name, bool regression) {
+std::string WriteTensorData(const std::string& name, bool regression) {
   std::vector<uint8_t> x(20 * 4);
   for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<uint8_t>(i);
   std::vector<int64_t> labels(20);
@@ -302,9 +315,9 @@ std::string WriteTensorData(const std::string &name, bool regression) {
 
 TEST(ConfigTest, TensorDataAndTask) {
   const std::string file = WriteTensorData("cfg_data.safetensors", false);
-  const std::string data = "[data]\nformat = \"safetensors\"\npath = \"" + file +
-                           "\"\nval_size = 4\nclasses = 5\naugment = "
-                           "[\"random_crop:2\", \"hflip\"]\n";
+  const std::string data =
+      "[data]\nformat = \"safetensors\"\npath = \"" + file +
+      "\"\nval_size = 4\nclasses = 5\naugment = [\"random_crop:2\", \"hflip\"]\n";
   std::string text = Replace(kGood, "[data]\n", data);
   auto c = records::ParseExperimentConfig(text + "[task]\nloss = \"cross_entropy\"\n", "exp.toml");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
@@ -399,10 +412,10 @@ TEST(ConfigTest, TheCifarExampleParses) {
 // A stored configuration is read elsewhere (ckpt-tool, perhaps on another
 // host) without the files it names; everything else is still checked.
 TEST(ConfigTest, FileChecksCanBeSkippedByAReader) {
-  const std::string text = Replace(kGood, "[data]\n",
-                                   "[data]\nformat = \"safetensors\"\npath = "
-                                   "\"/nonexistent/d.safetensors\"\n"
-                                   "val_size = 4\n");
+  const std::string text =
+      Replace(kGood, "[data]\n",
+              "[data]\nformat = \"safetensors\"\npath = \"/nonexistent/d.safetensors\"\n"
+              "val_size = 4\n");
   ExpectError(text, "/nonexistent/d.safetensors");
   auto c = records::ParseExperimentConfig(text, "exp.toml", records::FileChecks::kSkip);
   ASSERT_TRUE(c.ok()) << c.status().ToString();

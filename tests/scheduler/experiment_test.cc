@@ -940,6 +940,50 @@ TEST(ExperimentTest, AsyncTpeProposesTheFirstHyperparametersOfLateStarters) {
   EXPECT_EQ(h.trained_hparams().at({"m005", 2}), late.hparams);
 }
 
+// PB2: a run restarted at every generation (its GP's data read back from the
+// store's trained events) explores exactly as the uninterrupted run, and
+// once it has data by GP-UCB.
+TEST(ExperimentTest, Pb2RestartedAtEveryGenerationChoosesAsTheUninterruptedRun) {
+  auto c = BaseConfig(8, 5);
+  c.policy.kind = records::PolicyKind::kPb2;
+  ExperimentOptions waits;
+  waits.run_ahead = false;
+  Harness whole(c, waits);
+  whole.RunToEnd();
+  ASSERT_TRUE(whole.e().ended());
+  Harness restarted(c, waits);
+  while (restarted.e().Runnable()) {
+    std::vector<WorkItem> batch;
+    while (restarted.e().Runnable()) batch.push_back(restarted.Take());
+    for (const auto& w : batch) {
+      if (w.eval_only) {
+        restarted.e().OnEvaluated(w, 0.5 + 0.001 * std::stoi(w.member.substr(1)));
+      } else {
+        restarted.Commit(w, ScoreOf(w.hparams, w.interval_after));
+      }
+    }
+    if (!restarted.e().ended()) restarted.Open();
+  }
+  ASSERT_TRUE(restarted.e().ended());
+  auto exploits = [](Harness& h) {
+    std::vector<std::string> out;
+    for (auto ev : h.Events("exploit")) {
+      ev.erase("unix_ms");
+      ev.erase("exp");
+      out.push_back(ev.dump());
+    }
+    return out;
+  };
+  const auto expected = exploits(whole);
+  EXPECT_EQ(exploits(restarted), expected);
+  int by_gp = 0;
+  for (const auto& e : expected) by_gp += e.find("GP-UCB") != std::string::npos;
+  EXPECT_GT(by_gp, 0);
+  for (size_t i = 0; i < whole.e().members().size(); ++i) {
+    EXPECT_EQ(restarted.e().members()[i].hparams, whole.e().members()[i].hparams) << i;
+  }
+}
+
 // --- Failures ----------------------------------------------------------------
 
 TEST(ExperimentTest, MemberFailingMaxTimesIsStoppedAndTheGenerationGoesOn) {
@@ -1390,7 +1434,30 @@ struct RandomTally {
   int commits_lost = 0;
   int full_disks = 0;
   int writes_refused = 0;
+  // The new policies' own decisions, so that the sequences are known to
+  // exercise them: PB2 explores by its GP, members stopped by the median
+  // rule, members that started on a TPE proposal.
+  int gp_explores = 0;
+  int median_stops = 0;
+  int tpe_starts = 0;
 };
+
+// Adds what `h`'s run decided by the new policies to `tally`.
+void TallyPolicies(Harness& h, const records::ExperimentConfig& c, RandomTally* tally) {
+  for (const auto& ev : h.Events("exploit")) {
+    tally->gp_explores += ev["why"].get<std::string>().find("GP-UCB") != std::string::npos;
+  }
+  for (const auto& ev : h.Events("member_stopped")) {
+    tally->median_stops += ev["why"].get<std::string>().find("median") != std::string::npos;
+  }
+  if (c.policy.resample != records::Resample::kTpe || c.policy.kind == records::PolicyKind::kPbt) {
+    return;
+  }
+  for (const auto& [key, hparams] : h.trained_hparams()) {
+    if (key.second != 1) continue;
+    tally->tpe_starts += hparams != SampleInitial(c, h.e().Find(key.first));
+  }
+}
 
 // One random sequence's experiment: its config and options, and whether its
 // policy is synchronous (then its end is known from an in-order run).
@@ -1641,6 +1708,7 @@ TEST(ExperimentRandomTest, InvariantsHoldUnderRandomEventOrders) {
     }
     CheckEnd(h, s, seq, expected);
     if (HasFatalFailure()) return;
+    TallyPolicies(h, s.config, &tally);
     ++tally.sequences;
   }
   std::printf(
@@ -1648,12 +1716,17 @@ TEST(ExperimentRandomTest, InvariantsHoldUnderRandomEventOrders) {
       "state record), %d intervals run ahead, %d full disks (%d writes refused)\n",
       tally.sequences, tally.events, tally.restarts, tally.commits_lost, tally.ran_ahead,
       tally.full_disks, tally.writes_refused);
+  std::printf("%d PB2 explores by its GP, %d median stops, %d members started on a TPE proposal\n",
+              tally.gp_explores, tally.median_stops, tally.tpe_starts);
   EXPECT_EQ(tally.sequences, kSequences);
   EXPECT_GT(tally.ran_ahead, kSequences / 10);
   EXPECT_GT(tally.restarts, 5 * kSequences / 40);
   EXPECT_GT(tally.commits_lost, tally.restarts / 8);
   EXPECT_GT(tally.full_disks, kSequences / 10);
   EXPECT_GT(tally.writes_refused, tally.full_disks);
+  EXPECT_GT(tally.gp_explores, kSequences / 20);
+  EXPECT_GT(tally.median_stops, kSequences / 20);
+  EXPECT_GT(tally.tpe_starts, kSequences / 100);
 }
 
 }  // namespace

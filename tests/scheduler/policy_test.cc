@@ -376,5 +376,50 @@ TEST(MedianStoppingTest, HalvingStopsByRungAndByMedian) {
   EXPECT_EQ(d.count("m104"), 1u);
 }
 
+// --- PB2 -----------------------------------------------------------------------
+
+// PB2 exploits as PBT does (the same members, the same donors) and explores
+// by GP-UCB once it has data: values within the bounds, not PBT's
+// perturbations of the donor's, the same for the same inputs.
+TEST(Pb2PolicyTest, ExploitsAsPbtAndExploresByTheGpWithinTheBounds) {
+  auto c = PbtConfig(10);
+  c.policy.resample_probability = 0;
+  auto pbt = Policy::Create(c);
+  c.policy.kind = records::PolicyKind::kPb2;
+  auto pb2 = Policy::Create(c);
+  ASSERT_TRUE(pb2.ok());
+  auto pop = Population(c, 3);
+  History h;
+  for (int t = 1; t <= 3; ++t) {
+    for (const auto& m : pop) {
+      h[{t, m.index}] = Observation{m.index, t, m.hparams, m.score * t / 3};
+    }
+  }
+  const auto by_pbt = (*pbt)->Decide(3, pop, pop, h);
+  const auto by_pb2 = (*pb2)->Decide(3, pop, pop, h);
+  ASSERT_EQ(by_pb2.size(), by_pbt.size());
+  for (const auto& [name, d] : by_pb2) {
+    ASSERT_EQ(by_pbt.count(name), 1u) << name;
+    EXPECT_EQ(d.donor, by_pbt.at(name).donor);
+    EXPECT_NE(d.why.find("GP-UCB"), std::string::npos) << d.why;
+    const HParams& donor = pop[static_cast<size_t>(std::stoi(d.donor.substr(1)) - 100)].hparams;
+    const double ratio = d.hparams.at("lr") / donor.at("lr");
+    EXPECT_FALSE(std::fabs(ratio - 0.8) < 1e-9 || std::fabs(ratio - 1.2) < 1e-9) << ratio;
+    EXPECT_GE(d.hparams.at("lr"), 1e-3);
+    EXPECT_LE(d.hparams.at("lr"), 1e-1);
+    EXPECT_GE(d.hparams.at("momentum"), 0.5);
+    EXPECT_LE(d.hparams.at("momentum"), 0.99);
+  }
+  const auto again = (*pb2)->Decide(3, pop, pop, h);
+  for (const auto& [name, d] : by_pb2) EXPECT_EQ(again.at(name).hparams, d.hparams);
+  // Before it has data (interval 1), it explores as PBT.
+  auto at1 = Population(c, 1);
+  History first;
+  for (const auto& m : at1) first[{1, m.index}] = Observation{m.index, 1, m.hparams, m.score};
+  for (const auto& [name, d] : (*pb2)->Decide(1, at1, at1, first)) {
+    EXPECT_NE(d.why.find("PBT explore"), std::string::npos) << d.why;
+  }
+}
+
 }  // namespace
 }  // namespace ckpt::scheduler

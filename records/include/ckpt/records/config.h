@@ -22,8 +22,9 @@
 //                resample_probability = 0.25; ready_intervals = 1; eta = 3;
 //                min_intervals = 1; brackets = 0; median_stopping = false;
 //                median_grace_intervals = 1; resample = "uniform" | "tpe"
-//                (kind: "pbt", "random",
-//                "successive_halving", "hyperband"; README "Search policies")
+//                (kind: "pbt", "random", "successive_halving", "hyperband",
+//                "pb2"; README "Search policies"; "pb2" searches continuous
+//                dimensions only, and takes PBT's quantile and ready_intervals)
 //   [[devices]]  device = "cpu"; slots = 2; fusion = "auto"; fusion_width = 8;
 //                intra_op_threads = 1; count = 1
 //   (model.spec = "torchscript:PATH": the file must exist and be a TorchScript
@@ -66,10 +67,11 @@ struct SearchDim {
   std::vector<double> values;  // kChoice
 };
 
-enum class PolicyKind { kPbt, kRandom, kSuccessiveHalving, kHyperband };
-inline constexpr std::array<PolicyKind, 4> kPolicyKinds = {
-    PolicyKind::kPbt, PolicyKind::kRandom, PolicyKind::kSuccessiveHalving, PolicyKind::kHyperband};
-// "pbt", "random", "successive_halving", "hyperband".
+enum class PolicyKind { kPbt, kRandom, kSuccessiveHalving, kHyperband, kPb2 };
+inline constexpr std::array<PolicyKind, 5> kPolicyKinds = {
+    PolicyKind::kPbt, PolicyKind::kRandom, PolicyKind::kSuccessiveHalving, PolicyKind::kHyperband,
+    PolicyKind::kPb2};
+// "pbt", "random", "successive_halving", "hyperband", "pb2".
 const char* PolicyKindName(PolicyKind kind);
 
 // kSync: generations (every active member finishes interval g before the
