@@ -218,9 +218,22 @@ const char* PolicyKindName(PolicyKind kind) {
       return "random";
     case PolicyKind::kSuccessiveHalving:
       return "successive_halving";
+    case PolicyKind::kHyperband:
+      return "hyperband";
+    case PolicyKind::kPb2:
+      return "pb2";
   }
   return "?";
 }
+
+int MaxHyperbandBrackets(int intervals, int min_intervals, int eta) {
+  if (min_intervals < 1 || eta < 2 || min_intervals > intervals) return 0;
+  int n = 1;
+  for (int64_t r = min_intervals; r * eta <= intervals; r *= eta) ++n;
+  return n;
+}
+
+const char* ResampleName(Resample r) { return r == Resample::kTpe ? "tpe" : "uniform"; }
 
 const char* PolicyModeName(PolicyMode mode) {
   return mode == PolicyMode::kAsync ? "async" : "sync";
@@ -428,6 +441,59 @@ Status CheckHparamsSearchedOrFixed(TomlTableReader* top, const ParseContext& ctx
   return Status::OK();
 }
 
+// HyperBand's brackets must fit the intervals, and each bracket needs a member.
+Status CheckHyperband(TomlTableReader* r, const ExperimentConfig& c) {
+  const PolicyConfig& p = c.policy;
+  const int fit = MaxHyperbandBrackets(c.intervals, p.min_intervals, p.eta);
+  if (fit == 0) {
+    return r->Error("min_intervals", std::to_string(p.min_intervals) + " is above the " +
+                                         std::to_string(c.intervals) +
+                                         " intervals: no HyperBand bracket fits");
+  }
+  if (p.brackets > fit) {
+    return r->Error("brackets", std::to_string(p.brackets) + " brackets do not fit " +
+                                    std::to_string(c.intervals) +
+                                    " intervals with eta = " + std::to_string(p.eta) +
+                                    " and min_intervals = " + std::to_string(p.min_intervals) +
+                                    ": at most " + std::to_string(fit) +
+                                    " (min_intervals * eta^s <= intervals)");
+  }
+  const int used = p.brackets == 0 ? fit : p.brackets;
+  if (c.population < used) {
+    return r->Error(p.brackets == 0 ? "kind" : "brackets",
+                    std::to_string(used) + " HyperBand brackets need at least " +
+                        std::to_string(used) + " members, population.size is " +
+                        std::to_string(c.population));
+  }
+  return Status::OK();
+}
+
+// PB2's GP explores a box: every searched hyperparameter is continuous, and
+// its explore replaces PBT's resampling.
+Status CheckPb2(TomlTableReader* top, TomlTableReader* r, const ParseContext& ctx,
+                const ExperimentConfig& c) {
+  for (const auto& [name, dim] : c.search_space) {
+    if (dim.kind != SearchDim::Kind::kChoice) continue;
+    const toml::node* space = top->Use("search_space");
+    const toml::table* table = space != nullptr ? space->as_table() : nullptr;
+    const toml::node* entry = table != nullptr ? table->get(name) : nullptr;
+    if (entry == nullptr || entry->as_table() == nullptr) {
+      return r->Error("kind",
+                      "pb2 explores continuous hyperparameters only; " + name + " is a choice");
+    }
+    TomlTableReader d(*entry->as_table(), "search_space." + name, ctx.origin);
+    return d.Error("type",
+                   "is a choice: policy.kind = \"pb2\" explores continuous "
+                   "hyperparameters only (uniform, log_uniform)");
+  }
+  if (c.policy.resample == Resample::kTpe) {
+    return r->Error("resample",
+                    "does not apply to pb2, whose GP bandit chooses the explored "
+                    "hyperparameters");
+  }
+  return Status::OK();
+}
+
 Status ReadPolicyTable(TomlTableReader* top, const ParseContext& ctx, ExperimentConfig* c) {
   CKPT_ASSIGN_OR_RETURN(const toml::table* policy, top->Table("policy"));
   if (policy == nullptr) return Status::OK();
@@ -445,7 +511,26 @@ Status ReadPolicyTable(TomlTableReader* top, const ParseContext& ctx, Experiment
   CKPT_RETURN_IF_ERROR(r.Int("ready_intervals", 1, 1000000, &p.ready_intervals));
   CKPT_RETURN_IF_ERROR(r.Int("eta", 2, 1000, &p.eta));
   CKPT_RETURN_IF_ERROR(r.Int("min_intervals", 1, 1000000, &p.min_intervals));
-  return r.CheckNoUnknownKeys();
+  CKPT_RETURN_IF_ERROR(r.Int("brackets", 0, 64, &p.brackets));
+  CKPT_RETURN_IF_ERROR(r.Bool("median_stopping", &p.median_stopping));
+  CKPT_RETURN_IF_ERROR(r.Int("median_grace_intervals", 1, 1000000, &p.median_grace_intervals));
+  CKPT_RETURN_IF_ERROR(r.Enum("resample", kResamples, &ResampleName, &p.resample));
+  CKPT_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
+  if (p.kind == PolicyKind::kPb2) CKPT_RETURN_IF_ERROR(CheckPb2(top, &r, ctx, *c));
+  if (p.resample == Resample::kTpe && p.kind != PolicyKind::kPbt && p.mode == PolicyMode::kSync) {
+    return r.Error("resample", std::string("\"tpe\" proposes a member's hyperparameters when it ") +
+                                   "starts, from the results before it; with " +
+                                   PolicyKindName(p.kind) +
+                                   " in mode = \"sync\" every member starts before any result: "
+                                   "use mode = \"async\"");
+  }
+  if (p.median_stopping && p.kind != PolicyKind::kRandom &&
+      p.kind != PolicyKind::kSuccessiveHalving) {
+    return r.Error("median_stopping", std::string("applies to random search and ") +
+                                          "successive_halving, not " + PolicyKindName(p.kind));
+  }
+  if (p.kind == PolicyKind::kHyperband) CKPT_RETURN_IF_ERROR(CheckHyperband(&r, *c));
+  return Status::OK();
 }
 
 // [[devices]]; without it, one default device.

@@ -97,9 +97,11 @@ class Fields {
 json Number(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
 
 json ToJson(const TrainedEvent& e) {
-  return {{"interval", e.interval},
-          {format::SplitMetricName("val", e.metric), Number(e.val_score)},
-          {"worker", e.worker}};
+  json j = {{"interval", e.interval},
+            {format::SplitMetricName("val", e.metric), Number(e.val_score)},
+            {"worker", e.worker}};
+  if (!e.hparams.empty()) j["hparams"] = e.hparams;
+  return j;
 }
 json ToJson(const ExploitEvent& e) {
   return {{"member", e.member},
@@ -168,6 +170,7 @@ void Read(Fields& f, TrainedEvent* e) {
   f.Integer("worker", &e->worker);
   f.Str("member", &e->member);
   f.Integer("version", &e->version);
+  f.Numbers("hparams", &e->hparams);
 }
 void Read(Fields& f, ExploitEvent* e) {
   f.Str("member", &e->member);

@@ -19,12 +19,14 @@ constexpr uint64_t kInitSeedSalt = 0x1A1A;
 
 Experiment::Experiment(records::ExperimentConfig config, std::unique_ptr<Policy> policy,
                        std::vector<Member> members, records::ExperimentStatus status,
-                       const ExperimentOptions& options, ExperimentIo* io, Clock::time_point now)
+                       const ExperimentOptions& options, ExperimentIo* io, Clock::time_point now,
+                       History history)
     : config_(std::move(config)),
       policy_(std::move(policy)),
       options_(options),
       io_(io),
       members_(std::move(members)),
+      history_(std::move(history)),
       status_(status),
       start_(now) {
   for (size_t i = 0; i < members_.size(); ++i) by_name_[members_[i].name] = static_cast<int>(i);
@@ -65,6 +67,10 @@ WorkItem Experiment::TakeNext(Clock::time_point now) {
   const Pending p = ready_.front();
   ready_.pop_front();
   Member& m = members_[p.member];
+  if (!p.eval && m.version == 0) {
+    // Its first interval: the policy may propose from the results so far.
+    if (auto proposed = policy_->Propose(Progress(m), history_)) m.hparams = std::move(*proposed);
+  }
   WorkItem w;
   w.member = m.name;
   w.head_version = m.version;
@@ -96,6 +102,8 @@ void Experiment::OnCommitted(const WorkItem& item, int64_t version, int64_t step
   m->state.failures = 0;
   m->version = version;
   m->step = step;
+  history_[{item.interval_after, m->state.index}] =
+      Observation{m->state.index, item.interval_after, item.hparams, score};
   samples_ += samples;
   ++intervals_this_run_;
   last_result_ = now;
@@ -133,7 +141,7 @@ void Experiment::AfterInterval(Member* m, Clock::time_point now) {
       m->state.status == records::MemberStatus::kIdle) {
     std::vector<MemberProgress> all;
     for (const auto& o : members_) all.push_back(Progress(o));
-    if (ApplyDecisions(policy_->Decide(m->state.interval, {Progress(*m)}, all)) &&
+    if (ApplyDecisions(policy_->Decide(m->state.interval, {Progress(*m)}, all, history_)) &&
         m->state.status == records::MemberStatus::kIdle) {
       Enqueue(Find(m->name), false);
     }
@@ -173,7 +181,7 @@ void Experiment::MaybeAdvance() {
           // Decided once: a refused exploit is retried from deferred_, never
           // decided again (the policy would see the ones already applied).
           generation_ = gen;
-          ApplyDecisions(policy_->Decide(gen, at_gen, all));
+          ApplyDecisions(policy_->Decide(gen, at_gen, all, history_));
           for (auto& o : members_) {
             if (runs_ahead(o)) o.state.ahead_of = -1;  // ranked at gen: done
           }

@@ -149,9 +149,12 @@ class Experiment {
  public:
   // `members` as LoadMembers derived them from the store (in population order);
   // `status` the stored one: kDone/kStopped/kFailed start ended, kPaused paused.
+  // `history`: every interval committed before (LoadHistory), which the
+  // policies read; the experiment adds its own commits to it.
   Experiment(records::ExperimentConfig config, std::unique_ptr<Policy> policy,
              std::vector<Member> members, records::ExperimentStatus status,
-             const ExperimentOptions& options, ExperimentIo* io, Clock::time_point now);
+             const ExperimentOptions& options, ExperimentIo* io, Clock::time_point now,
+             History history = {});
 
   // Queues what can run now (and decides a barrier that a crash left
   // undecided). Call once, after construction.
@@ -171,6 +174,8 @@ class Experiment {
   int generation() const { return generation_; }
   int64_t exploits() const { return exploits_; }
   const std::vector<Member>& members() const { return members_; }
+  // Every interval committed, what the policies decide from.
+  const History& history() const { return history_; }
   // Member-intervals queued, oldest first (for tests and progress).
   size_t queued() const { return ready_.size(); }
 
@@ -286,6 +291,7 @@ class Experiment {
   ExperimentIo* const io_;
   std::vector<Member> members_;
   std::map<std::string, int> by_name_;
+  History history_;
   std::deque<Pending> ready_;
   records::ExperimentStatus status_ = records::ExperimentStatus::kRunning;
   Phase phase_ = Phase::kTraining;

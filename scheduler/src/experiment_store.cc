@@ -4,7 +4,10 @@
 #include <chrono>
 #include <cmath>
 #include <map>
+#include <nlohmann/json.hpp>
+#include <variant>
 
+#include "ckpt/records/events.h"
 #include "log.h"
 #include "trace.h"
 
@@ -114,6 +117,38 @@ StatusOr<int64_t> StoreExperimentIo::Exploit(const std::string& member, const st
   if (v.ok() && metrics_) metrics_->Exploited(exp_);
   if (v.ok()) trace::Exploited(exp_, member, donor, *v);
   return v;
+}
+
+StatusOr<History> LoadHistory(store::Store* store, const records::ExperimentConfig& config,
+                              const std::vector<Member>& members) {
+  std::map<std::string, int> index;
+  for (const auto& m : members) index[m.name] = m.state.index;
+  History history;
+  constexpr size_t kPage = 4096;
+  for (uint64_t next = 1;;) {
+    CKPT_ASSIGN_OR_RETURN(auto events, store->ListEvents(config.name, next, kPage));
+    for (const auto& e : events) {
+      next = e.seq + 1;
+      // Only "trained" events (the worker handle's commits) carry a trained
+      // interval's hyperparameters; others (the store's own, ckpt-tool's)
+      // are not decoded here.
+      if (e.json.find("\"hparams\"") == std::string::npos) continue;
+      const auto j = nlohmann::json::parse(e.json, nullptr, /*allow_exceptions=*/false);
+      const auto type = j.is_object() ? j.find("type") : j.end();
+      if (type == j.end() || !type->is_string() || *type != "trained") continue;
+      CKPT_ASSIGN_OR_RETURN(records::Event decoded,
+                            records::DecodeEvent(e.json, "experiment " + config.name + " event " +
+                                                             std::to_string(e.seq)));
+      const auto* t = std::get_if<records::TrainedEvent>(&decoded);
+      if (t == nullptr || t->hparams.empty()) continue;
+      auto i = index.find(t->member);
+      if (i == index.end()) continue;
+      history[{t->interval, i->second}] =
+          Observation{i->second, t->interval, t->hparams, t->val_score};
+    }
+    if (events.size() < kPage) break;
+  }
+  return history;
 }
 
 Status WriteMemberRecord(store::Store* store, const std::string& exp, const std::string& member,

@@ -42,6 +42,15 @@ Status CreateExperimentRecords(store::Store* store, const records::ExperimentCon
 StatusOr<std::vector<Member>> LoadMembers(store::Store* store,
                                           const records::ExperimentConfig& config);
 
+// The intervals `members` committed, from the experiment's "trained" events
+// (each logged in its commit's write, with the hyperparameters it trained
+// with): what Experiment's history held when the run stopped. Events without
+// hyperparameters (written before they were logged) or of unknown members are
+// skipped. Corruption naming the event when one does not decode; the store's
+// errors otherwise.
+StatusOr<History> LoadHistory(store::Store* store, const records::ExperimentConfig& config,
+                              const std::vector<Member>& members);
+
 // The one door through which the scheduler writes a member's state record
 // (records::EncodeMemberRecord): the records of a new experiment, the
 // experiment's own writes (StoreExperimentIo::SaveState) and the record that

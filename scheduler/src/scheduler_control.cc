@@ -38,6 +38,7 @@ Status SchedulerImpl::Submit(const records::ExperimentConfig& config) {
     return existing.status();
   }
   CKPT_ASSIGN_OR_RETURN(std::vector<Member> members, LoadMembers(store_.get(), config));
+  CKPT_ASSIGN_OR_RETURN(History history, LoadHistory(store_.get(), config, members));
   if (existing.ok()) {
     if (status == records::ExperimentStatus::kPaused) {
       Logger().info("experiment {} is paused", id);
@@ -55,8 +56,9 @@ Status SchedulerImpl::Submit(const records::ExperimentConfig& config) {
   eo.max_member_failures = options_.supervision.max_member_failures;
   eo.final_eval_top = options_.final_eval_top;
   eo.run_ahead = options_.run_ahead;
-  entry.experiment = std::make_unique<Experiment>(config, std::move(policy), std::move(members),
-                                                  status, eo, entry.io.get(), Clock::now());
+  entry.experiment =
+      std::make_unique<Experiment>(config, std::move(policy), std::move(members), status, eo,
+                                   entry.io.get(), Clock::now(), std::move(history));
   entry.announced_end = entry.experiment->ended();
   entry.configure = ConfigureMessage(config);
   if (pool_) pool_->AddExperiment(id, entry.configure);

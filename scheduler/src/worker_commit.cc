@@ -67,8 +67,9 @@ void WorkerHandle::HandleResult(const ipc::Received& rec) {
                {"samples", static_cast<double>(r->samples)},
                {"compute_s", r->compute_s}};
   c.hparams = e.task.hparams;
-  c.event_json = records::EncodeEvent(
-      records::TrainedEvent{e.task.interval_after, r->val_score, spec_.index, "", 0});
+  records::TrainedEvent trained{e.task.interval_after, r->val_score, spec_.index, "", 0};
+  trained.hparams = e.task.hparams;  // the policies' history (LoadHistory)
+  c.event_json = records::EncodeEvent(trained);
   c.verified = view ? &*view : nullptr;
   BlobId committed;
   c.committed_blob = &committed;

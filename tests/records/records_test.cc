@@ -23,7 +23,7 @@ std::vector<Event> OneOfEach() {
   final_eval.results = {{"m1", 0.81, 0.8, 7}, {"m0", -1.0, 0.49, 3}};
   final_eval.metric = format::MetricKind::kR2;
   return {
-      TrainedEvent{3, -0.75, 1, "", 0, format::MetricKind::kNegMse},
+      TrainedEvent{3, -0.75, 1, "", 0, format::MetricKind::kNegMse, {{"lr", 0.01}}},
       ExploitEvent{"m2", "m0", 4, "bottom 20%", {{"lr", 0.02}, {"momentum", 0.9}}, 0},
       RestoreEvent{"m1", 5, 9, "ckpt-tool"},
       FailedEvent{"m3", ipc::FailureCode::kOutOfMemory, "CUDA out of memory", 2},

@@ -82,6 +82,80 @@ TEST(ConfigTest, ParsesEveryField) {
   EXPECT_EQ(c->source, kGood);
 }
 
+// intervals = 4, eta = 3, min_intervals = 1: s_max = 1, two brackets fit.
+TEST(ConfigTest, HyperbandBracketsMustFitTheIntervals) {
+  const std::string hb = Replace(kGood, "kind = \"pbt\"", "kind = \"hyperband\"");
+  auto c = records::ParseExperimentConfig(hb + "", "exp.toml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->policy.kind, records::PolicyKind::kHyperband);
+  ExpectError(Replace(hb, "quantile = 0.25", "quantile = 0.25\nbrackets = 3"),
+              "policy.brackets (exp.toml line 28): 3 brackets do not fit 4 intervals with eta = 3 "
+              "and min_intervals = 1: at most 2");
+  ExpectError(Replace(hb, "quantile = 0.25", "quantile = 0.25\nmin_intervals = 5"),
+              "policy.min_intervals (exp.toml line 28): 5 is above the 4 intervals");
+  ExpectError(Replace(Replace(hb, "size = 6", "size = 1"), "quantile = 0.25",
+                      "quantile = 0.25\nbrackets = 2"),
+              "policy.brackets (exp.toml line 28): 2 HyperBand brackets need at least 2 members");
+  EXPECT_TRUE(records::ParseExperimentConfig(
+                  Replace(hb, "quantile = 0.25", "quantile = 0.25\nbrackets = 2"), "exp.toml")
+                  .ok());
+}
+
+TEST(ConfigTest, MedianStoppingServesRandomSearchAndHalvingOnly) {
+  const std::string median =
+      Replace(kGood, "quantile = 0.25", "median_stopping = true\nmedian_grace_intervals = 2");
+  ExpectError(median,
+              "policy.median_stopping (exp.toml line 27): applies to random search and "
+              "successive_halving, not pbt");
+  ExpectError(Replace(median, "kind = \"pbt\"", "kind = \"hyperband\""),
+              "policy.median_stopping (exp.toml line 27)");
+  for (const char* kind : {"random", "successive_halving"}) {
+    auto c = records::ParseExperimentConfig(
+        Replace(median, "kind = \"pbt\"", std::string("kind = \"") + kind + "\""), "exp.toml");
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    EXPECT_TRUE(c->policy.median_stopping);
+    EXPECT_EQ(c->policy.median_grace_intervals, 2);
+  }
+  ExpectError(Replace(median, "median_grace_intervals = 2", "median_grace_intervals = 0"),
+              "policy.median_grace_intervals (exp.toml line 28): must be in [1");
+  ExpectError(Replace(median, "median_stopping = true", "median_stopping = 1"),
+              "policy.median_stopping (exp.toml line 27): must be true or false");
+}
+
+TEST(ConfigTest, TpeResamplesPbtAndStartsAsyncMembers) {
+  const std::string tpe = Replace(kGood, "quantile = 0.25", "resample = \"tpe\"");
+  auto c = records::ParseExperimentConfig(tpe, "exp.toml");  // pbt, async
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->policy.resample, records::Resample::kTpe);
+  EXPECT_TRUE(records::ParseExperimentConfig(Replace(tpe, "mode = \"async\"", "mode = \"sync\""),
+                                             "exp.toml")
+                  .ok());
+  EXPECT_TRUE(records::ParseExperimentConfig(Replace(tpe, "kind = \"pbt\"", "kind = \"random\""),
+                                             "exp.toml")
+                  .ok());
+  ExpectError(Replace(Replace(tpe, "kind = \"pbt\"", "kind = \"random\""), "mode = \"async\"",
+                      "mode = \"sync\""),
+              "policy.resample (exp.toml line 27): \"tpe\" proposes");
+  ExpectError(Replace(tpe, "\"tpe\"", "\"bohb\""), "policy.resample (exp.toml line 27)");
+}
+
+// kGood searches nesterov as a choice (line 22: its type).
+TEST(ConfigTest, Pb2ExploresContinuousHyperparametersOnly) {
+  const std::string pb2 = Replace(kGood, "kind = \"pbt\"", "kind = \"pb2\"");
+  ExpectError(pb2,
+              "search_space.nesterov.type (exp.toml line 22): is a choice: policy.kind = "
+              "\"pb2\" explores continuous hyperparameters only");
+  const std::string continuous =
+      Replace(pb2, "[search_space.nesterov]\ntype = \"choice\"\nvalues = [0, 1]\n", "");
+  auto c = records::ParseExperimentConfig(continuous, "exp.toml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->policy.kind, records::PolicyKind::kPb2);
+  ExpectError(Replace(continuous, "quantile = 0.25", "resample = \"tpe\""),
+              "policy.resample (exp.toml line 24): does not apply to pb2");
+  ExpectError(Replace(continuous, "quantile = 0.25", "gp_lengthscale = 0.2"),
+              "policy.gp_lengthscale (exp.toml line 24): unknown key");
+}
+
 TEST(ConfigTest, UnknownKeyNamesKeyAndLine) {
   ExpectError(Replace(kGood, "size = 6", "size = 6\nsizes = 7"),
               "population.sizes (exp.toml line 11): unknown key");
@@ -101,7 +175,10 @@ TEST(ConfigTest, BadValuesAreRefused) {
   ExpectError(Replace(kGood, "size = 6", "size = 0"),
               "population.size (exp.toml line 10): must be in [1");
   ExpectError(Replace(kGood, "optimizer = \"sgd\"", "optimizer = \"lbfgs\""), "model.optimizer");
-  ExpectError(Replace(kGood, "kind = \"pbt\"", "kind = \"hyperband\""), "policy.kind");
+  ExpectError(Replace(kGood, "kind = \"pbt\"", "kind = \"bohb\""),
+              "policy.kind (exp.toml line 25)");
+  ExpectError(Replace(kGood, "quantile = 0.25", "quantile = 0.25\nbracket = 2"),
+              "policy.bracket (exp.toml line 28): unknown key");
   ExpectError(Replace(kGood, "max = 0.1", "max = 0.0001"), "search_space.lr.max");
   ExpectError(Replace(kGood, "device = \"cpu\"", "device = \"tpu\""), "devices[0].device");
   ExpectError(Replace(kGood, "name = \"t1\"", "name = \"a b\""), "name");

@@ -21,6 +21,7 @@
 #include "ckpt/records/member_record.h"
 #include "ckpt/scheduler/policy.h"
 #include "experiment_store.h"
+#include "model_based.h"
 #include "store/test_util.h"
 
 namespace ckpt::scheduler {
@@ -62,15 +63,19 @@ class RecordingPolicy : public Policy {
   RecordingPolicy(std::unique_ptr<Policy> inner, std::map<int, int>* decided)
       : inner_(std::move(inner)), decided_(decided) {}
   bool synchronous() const override { return inner_->synchronous(); }
-  std::map<std::string, Decision> Decide(
-      int generation, const std::vector<MemberProgress>& members,
-      const std::vector<MemberProgress>& population) const override {
+  std::map<std::string, Decision> Decide(int generation, const std::vector<MemberProgress>& members,
+                                         const std::vector<MemberProgress>& population,
+                                         const History& history) const override {
     if (synchronous()) ++(*decided_)[generation];
-    return inner_->Decide(generation, members, population);
+    return inner_->Decide(generation, members, population, history);
   }
   std::optional<RunAheadMargins> RunAhead(int generation, const MemberProgress& member,
                                           int active) const override {
     return inner_->RunAhead(generation, member, active);
+  }
+  std::optional<HParams> Propose(const MemberProgress& member,
+                                 const History& history) const override {
+    return inner_->Propose(member, history);
   }
 
  private:
@@ -186,10 +191,12 @@ class Harness {
     CKPT_CHECK(status.ok());
     auto policy = Policy::Create(config_);
     CKPT_CHECK(policy.ok());
+    auto history = LoadHistory(store_, config_, *members);
+    CKPT_CHECK(history.ok());
     decided_.clear();
     e_ = std::make_unique<Experiment>(
         config_, std::make_unique<RecordingPolicy>(std::move(*policy), &decided_),
-        std::move(*members), *status, options_, io_.get(), now_);
+        std::move(*members), *status, options_, io_.get(), now_, std::move(*history));
     e_->Start();
   }
 
@@ -235,6 +242,10 @@ class Harness {
     c.step = StepOf(w) + w.steps;
     c.metrics = {{store::kScoreMetric, score}, {"interval", w.interval_after}};
     c.hparams = w.hparams;
+    // The event the worker handle logs with a commit (worker_commit.cc).
+    records::TrainedEvent trained{w.interval_after, score, 0, "", 0};
+    trained.hparams = w.hparams;
+    c.event_json = records::EncodeEvent(trained);
     auto v = store_->CommitResult(c);
     ASSERT_TRUE(v.ok()) << v.status().ToString();
     trained_[{w.member, w.interval_after}]++;
@@ -506,7 +517,7 @@ TEST(TruncationTest, ExploitCountRecipientsAndDonorsForEverySizeAndQuantile) {
         pop.push_back(
             MemberProgress{MemberName(i, n), i, 2, 0, 1.0 - 0.01 * i, SampleInitial(c, i), true});
       }
-      auto d = (*policy)->Decide(2, pop, pop);
+      auto d = (*policy)->Decide(2, pop, pop, {});
       const size_t k = ExpectedExploits(static_cast<size_t>(n), q);
       ASSERT_EQ(d.size(), k) << "n=" << n << " q=" << q;
       for (const auto& [m, dec] : d) {
@@ -533,10 +544,10 @@ TEST(TruncationTest, TiesBreakByNameNanRanksLastInactiveTakeNoPart) {
   pop[0].score = 0.99;
   pop[9].active = false;
   pop[9].score = 0.01;
-  auto d1 = (*policy)->Decide(1, pop, pop);
+  auto d1 = (*policy)->Decide(1, pop, pop, {});
   std::vector<MemberProgress> shuffled = pop;
   std::shuffle(shuffled.begin(), shuffled.end(), std::mt19937(3));
-  auto d2 = (*policy)->Decide(1, shuffled, shuffled);
+  auto d2 = (*policy)->Decide(1, shuffled, shuffled, {});
   ASSERT_EQ(d1.size(), 1u);  // floor(0.2 * 8 active)
   EXPECT_EQ(d1.begin()->first, "m003");
   // Ties (all 0.5) break by name: the top one is m001 (m000 is inactive).
@@ -868,6 +879,109 @@ TEST(ExperimentTest, AsyncSuccessiveHalvingStopsLateArrivalsBelowTheRungsCut) {
   // m003 (3rd of 3: keep 2 -> stopped), m002 (4th of 4 -> stopped),
   // m001 (5th of 5 -> stopped), m000 (6th of 6 -> stopped).
   EXPECT_EQ(stopped, (std::set<std::string>{"m000", "m001", "m002", "m003", "m004"}));
+}
+
+// --- Median stopping and the history ------------------------------------------
+
+// Sync random search: after interval 2 the members whose best is below the
+// others' median running average stop; a restart reads back the history the
+// run kept, from the store's trained events.
+TEST(ExperimentTest, SyncMedianStoppingStopsMembersBelowTheMedianAndTheHistoryReadsBack) {
+  auto c = BaseConfig(6, 4);
+  c.policy.kind = records::PolicyKind::kRandom;
+  c.policy.median_stopping = true;
+  c.policy.median_grace_intervals = 2;
+  Harness h(c);
+  // Member i scores 0.1 * i every interval: below the median are m000..m002.
+  auto score = [](const WorkItem& w) { return 0.1 * std::stoi(w.member.substr(1)); };
+  for (int round = 0; round < 2; ++round) {
+    std::vector<WorkItem> batch;
+    while (h.e().Runnable()) batch.push_back(h.Take());
+    for (const auto& w : batch) h.Commit(w, score(w));
+  }
+  std::set<std::string> stopped;
+  for (const auto& ev : h.Events("member_stopped")) {
+    stopped.insert(ev["member"]);
+    EXPECT_NE(ev["why"].get<std::string>().find("median"), std::string::npos) << ev.dump();
+  }
+  EXPECT_EQ(stopped, (std::set<std::string>{"m000", "m001", "m002"}));
+  EXPECT_EQ(h.e().history().size(), 12u);
+  const History kept = h.e().history();
+  h.Open();
+  EXPECT_EQ(h.e().history(), kept);
+  EXPECT_EQ(h.e().history().at({2, 4}).score, 0.4);
+  EXPECT_EQ(h.e().history().at({2, 4}).hparams, h.e().members()[4].hparams);
+}
+
+// Async random search with resample = "tpe": members that start once five
+// results are in train TPE's proposal over them, not their first draw.
+TEST(ExperimentTest, AsyncTpeProposesTheFirstHyperparametersOfLateStarters) {
+  auto c = BaseConfig(8, 2);
+  c.policy.kind = records::PolicyKind::kRandom;
+  c.policy.mode = records::PolicyMode::kAsync;
+  c.policy.resample = records::Resample::kTpe;
+  Harness h(c);
+  std::vector<WorkItem> first;
+  for (int i = 0; i < 5; ++i) first.push_back(h.Take());
+  for (const auto& w : first) {
+    EXPECT_EQ(w.hparams, SampleInitial(c, std::stoi(w.member.substr(1))));  // nothing to model
+    h.Commit(w, ScoreOf(w.hparams, 1));
+  }
+  const WorkItem late = h.Take();
+  ASSERT_EQ(late.member, "m005");
+  EXPECT_NE(late.hparams, SampleInitial(c, 5));
+  std::vector<std::pair<HParams, double>> trials;
+  for (const auto& w : first) trials.emplace_back(w.hparams, ScoreOf(w.hparams, 1));
+  EXPECT_EQ(late.hparams, ProposeTpe(c, trials, MixSeed(c.seed, 0x79E, 5)));
+  EXPECT_EQ(h.e().members()[5].hparams, late.hparams);
+  h.Commit(late, ScoreOf(late.hparams, 1));
+  // Its second interval trains what it started with.
+  h.RunToEnd();
+  EXPECT_EQ(h.trained_hparams().at({"m005", 2}), late.hparams);
+}
+
+// PB2: a run restarted at every generation (its GP's data read back from the
+// store's trained events) explores exactly as the uninterrupted run, and
+// once it has data by GP-UCB.
+TEST(ExperimentTest, Pb2RestartedAtEveryGenerationChoosesAsTheUninterruptedRun) {
+  auto c = BaseConfig(8, 5);
+  c.policy.kind = records::PolicyKind::kPb2;
+  ExperimentOptions waits;
+  waits.run_ahead = false;
+  Harness whole(c, waits);
+  whole.RunToEnd();
+  ASSERT_TRUE(whole.e().ended());
+  Harness restarted(c, waits);
+  while (restarted.e().Runnable()) {
+    std::vector<WorkItem> batch;
+    while (restarted.e().Runnable()) batch.push_back(restarted.Take());
+    for (const auto& w : batch) {
+      if (w.eval_only) {
+        restarted.e().OnEvaluated(w, 0.5 + 0.001 * std::stoi(w.member.substr(1)));
+      } else {
+        restarted.Commit(w, ScoreOf(w.hparams, w.interval_after));
+      }
+    }
+    if (!restarted.e().ended()) restarted.Open();
+  }
+  ASSERT_TRUE(restarted.e().ended());
+  auto exploits = [](Harness& h) {
+    std::vector<std::string> out;
+    for (auto ev : h.Events("exploit")) {
+      ev.erase("unix_ms");
+      ev.erase("exp");
+      out.push_back(ev.dump());
+    }
+    return out;
+  };
+  const auto expected = exploits(whole);
+  EXPECT_EQ(exploits(restarted), expected);
+  int by_gp = 0;
+  for (const auto& e : expected) by_gp += e.find("GP-UCB") != std::string::npos;
+  EXPECT_GT(by_gp, 0);
+  for (size_t i = 0; i < whole.e().members().size(); ++i) {
+    EXPECT_EQ(restarted.e().members()[i].hparams, whole.e().members()[i].hparams) << i;
+  }
 }
 
 // --- Failures ----------------------------------------------------------------
@@ -1351,7 +1465,30 @@ struct RandomTally {
   int commits_lost = 0;
   int full_disks = 0;
   int writes_refused = 0;
+  // The new policies' own decisions, so that the sequences are known to
+  // exercise them: PB2 explores by its GP, members stopped by the median
+  // rule, members that started on a TPE proposal.
+  int gp_explores = 0;
+  int median_stops = 0;
+  int tpe_starts = 0;
 };
+
+// Adds what `h`'s run decided by the new policies to `tally`.
+void TallyPolicies(Harness& h, const records::ExperimentConfig& c, RandomTally* tally) {
+  for (const auto& ev : h.Events("exploit")) {
+    tally->gp_explores += ev["why"].get<std::string>().find("GP-UCB") != std::string::npos;
+  }
+  for (const auto& ev : h.Events("member_stopped")) {
+    tally->median_stops += ev["why"].get<std::string>().find("median") != std::string::npos;
+  }
+  if (c.policy.resample != records::Resample::kTpe || c.policy.kind == records::PolicyKind::kPbt) {
+    return;
+  }
+  for (const auto& [key, hparams] : h.trained_hparams()) {
+    if (key.second != 1) continue;
+    tally->tpe_starts += hparams != SampleInitial(c, h.e().Find(key.first));
+  }
+}
 
 // One random sequence's experiment: its config and options, and whether its
 // policy is synchronous (then its end is known from an in-order run).
@@ -1369,14 +1506,22 @@ RandomSequence DrawSequence(std::mt19937_64& rng, int seq) {
   c = BaseConfig(population, intervals);
   c.seed = rng();
   c.source = "random " + std::to_string(seq);
-  const int kind = static_cast<int>(rng() % 3);
-  c.policy.kind = kind == 0 ? records::PolicyKind::kPbt
-                            : (kind == 1 ? records::PolicyKind::kSuccessiveHalving
-                                         : records::PolicyKind::kRandom);
+  // Every policy kind, the sync ones compared with an in-order run.
+  c.policy.kind = records::kPolicyKinds[rng() % records::kPolicyKinds.size()];
   c.policy.eta = 2;
+  c.policy.brackets = std::min(population, records::MaxHyperbandBrackets(intervals, 1, 2));
+  c.policy.median_stopping = (c.policy.kind == records::PolicyKind::kRandom ||
+                              c.policy.kind == records::PolicyKind::kSuccessiveHalving) &&
+                             rng() % 2 == 0;
   c.policy.quantile = 0.25 + 0.05 * static_cast<double>(rng() % 5);
   s.sync = rng() % 4 != 0;
   c.policy.mode = s.sync ? records::PolicyMode::kSync : records::PolicyMode::kAsync;
+  // TPE where it applies: PBT's resample (sync: compared with the in-order
+  // run), and first hyperparameters in async mode.
+  if ((c.policy.kind == records::PolicyKind::kPbt || !s.sync) && rng() % 2 == 0) {
+    c.policy.resample = records::Resample::kTpe;
+    c.policy.resample_probability = 0.5;
+  }
   s.opts.max_member_failures = 3;
   s.opts.final_eval_top = 2;
   return s;
@@ -1594,6 +1739,7 @@ TEST(ExperimentRandomTest, InvariantsHoldUnderRandomEventOrders) {
     }
     CheckEnd(h, s, seq, expected);
     if (HasFatalFailure()) return;
+    TallyPolicies(h, s.config, &tally);
     ++tally.sequences;
   }
   std::printf(
@@ -1601,12 +1747,17 @@ TEST(ExperimentRandomTest, InvariantsHoldUnderRandomEventOrders) {
       "state record), %d intervals run ahead, %d full disks (%d writes refused)\n",
       tally.sequences, tally.events, tally.restarts, tally.commits_lost, tally.ran_ahead,
       tally.full_disks, tally.writes_refused);
+  std::printf("%d PB2 explores by its GP, %d median stops, %d members started on a TPE proposal\n",
+              tally.gp_explores, tally.median_stops, tally.tpe_starts);
   EXPECT_EQ(tally.sequences, kSequences);
   EXPECT_GT(tally.ran_ahead, kSequences / 10);
   EXPECT_GT(tally.restarts, 5 * kSequences / 40);
   EXPECT_GT(tally.commits_lost, tally.restarts / 8);
   EXPECT_GT(tally.full_disks, kSequences / 10);
   EXPECT_GT(tally.writes_refused, tally.full_disks);
+  EXPECT_GT(tally.gp_explores, kSequences / 20);
+  EXPECT_GT(tally.median_stops, kSequences / 20);
+  EXPECT_GT(tally.tpe_starts, kSequences / 100);
 }
 
 }  // namespace

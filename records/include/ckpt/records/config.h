@@ -19,7 +19,12 @@
 //                (names: the optimizer's, ckpt/model/hparams.h, and "dropout", every
 //                dropout layer's probability, in [0, 1): format::kDropoutHparam)
 //   [policy]     kind = "pbt"; mode = "sync"; quantile = 0.2; perturb = [0.8, 1.2];
-//                resample_probability = 0.25; ready_intervals = 1; eta = 3
+//                resample_probability = 0.25; ready_intervals = 1; eta = 3;
+//                min_intervals = 1; brackets = 0; median_stopping = false;
+//                median_grace_intervals = 1; resample = "uniform" | "tpe"
+//                (kind: "pbt", "random", "successive_halving", "hyperband",
+//                "pb2"; README "Search policies"; "pb2" searches continuous
+//                dimensions only, and takes PBT's quantile and ready_intervals)
 //   [[devices]]  device = "cpu"; slots = 2; fusion = "auto"; fusion_width = 8;
 //                intra_op_threads = 1; count = 1
 //   (model.spec = "torchscript:PATH": the file must exist and be a TorchScript
@@ -62,10 +67,11 @@ struct SearchDim {
   std::vector<double> values;  // kChoice
 };
 
-enum class PolicyKind { kPbt, kRandom, kSuccessiveHalving };
-inline constexpr std::array<PolicyKind, 3> kPolicyKinds = {PolicyKind::kPbt, PolicyKind::kRandom,
-                                                           PolicyKind::kSuccessiveHalving};
-// "pbt", "random", "successive_halving".
+enum class PolicyKind { kPbt, kRandom, kSuccessiveHalving, kHyperband, kPb2 };
+inline constexpr std::array<PolicyKind, 5> kPolicyKinds = {
+    PolicyKind::kPbt, PolicyKind::kRandom, PolicyKind::kSuccessiveHalving, PolicyKind::kHyperband,
+    PolicyKind::kPb2};
+// "pbt", "random", "successive_halving", "hyperband", "pb2".
 const char* PolicyKindName(PolicyKind kind);
 
 // kSync: generations (every active member finishes interval g before the
@@ -73,6 +79,14 @@ const char* PolicyKindName(PolicyKind kind);
 enum class PolicyMode { kSync, kAsync };
 inline constexpr std::array<PolicyMode, 2> kPolicyModes = {PolicyMode::kSync, PolicyMode::kAsync};
 const char* PolicyModeName(PolicyMode mode);  // "sync", "async"
+
+// Where new and resampled hyperparameters come from: kUniform draws from the
+// search space; kTpe proposes by TPE over the results so far (Bergstra et al.
+// 2011): a member's first hyperparameters (random search, successive halving,
+// HyperBand, async) and PBT's resampled ones.
+enum class Resample { kUniform, kTpe };
+inline constexpr std::array<Resample, 2> kResamples = {Resample::kUniform, Resample::kTpe};
+const char* ResampleName(Resample r);  // "uniform", "tpe"
 
 struct PolicyConfig {
   // Default: PBT.
@@ -90,9 +104,26 @@ struct PolicyConfig {
   int ready_intervals = 1;
   // Successive halving: keep the top 1/eta at each rung. Default: 3.
   int eta = 3;
-  // Successive halving: first rung after this many intervals. Default: 1.
+  // Successive halving: first rung after this many intervals; HyperBand: the
+  // smallest budget (r_min) of its most aggressive bracket. Default: 1.
   int min_intervals = 1;
+  // HyperBand: how many of its brackets run, from the most aggressive (s_max)
+  // down; 0 = all that fit (MaxHyperbandBrackets). Default: 0.
+  int brackets = 0;
+  // Random search and successive halving: the median stopping rule (Golovin
+  // et al. 2017): a member whose best score up to interval t is below the
+  // median of the others' running averages up to t is stopped. Default: false.
+  bool median_stopping = false;
+  // Median stopping: no member is stopped before this many intervals. Default: 1.
+  int median_grace_intervals = 1;
+  // Default: kUniform.
+  Resample resample = Resample::kUniform;
 };
+
+// HyperBand's brackets that fit `intervals` (Li et al. 2018, R = intervals in
+// units of `min_intervals`): s_max + 1, with s_max the largest s such that
+// min_intervals * eta^s <= intervals; 0 when min_intervals > intervals.
+int MaxHyperbandBrackets(int intervals, int min_intervals, int eta);
 
 struct DeviceConfig {
   // "cpu", "cuda:N" or "auto" (every visible GPU, else the CPU). Default: "cpu".

@@ -35,7 +35,7 @@
 namespace ckpt::records {
 
 // A member's interval committed (the event of store::CommitRequest). JSON:
-// {"interval": 3, "val_accuracy": 0.87, "worker": 1}: the score under its
+// {"interval": 3, "val_accuracy": 0.87, "worker": 1, "hparams": {...}}: the score under its
 // metric's name (format::SplitMetricName; null when not evaluated). Events
 // written before the metric had its name read as "val_acc": accuracy.
 struct TrainedEvent {
@@ -46,6 +46,10 @@ struct TrainedEvent {
   std::string member;
   int64_t version = 0;
   format::MetricKind metric = format::MetricKind::kAccuracy;
+  // The hyperparameters it trained with (JSON "hparams"), which the
+  // model-based policies' history is rebuilt from on resume; empty in events
+  // written before it was logged.
+  std::map<std::string, double> hparams = {};
 };
 
 // A member took a donor's weights and hyperparameters (store::Store::Exploit).

@@ -1,5 +1,6 @@
 // Hyperparameter-optimization policies behind one interface: PBT (Jaderberg et
-// al. 2017), random search and successive halving.
+// al. 2017), random search, successive halving and HyperBand (Li et al. 2018;
+// async: ASHA, Li et al. 2020, in each bracket).
 //
 // A policy sees members' progress and scores and answers what each member does
 // next: continue, exploit a donor (copy its weights, metadata only) and explore
@@ -19,6 +20,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ckpt/records/config.h"
@@ -37,6 +39,29 @@ struct MemberProgress {
   HParams hparams;
   bool active = true;  // false once stopped or failed
 };
+
+// One committed interval of a member: what it trained with and scored.
+struct Observation {
+  int index = 0;     // the member's position in the population
+  int interval = 0;  // the interval it completed (1-based)
+  HParams hparams;
+  double score = 0;  // validation score; NaN when none
+
+  // NaN scores compare equal (a history read back equals the one kept).
+  friend bool operator==(const Observation& a, const Observation& b) {
+    return a.index == b.index && a.interval == b.interval && a.hparams == b.hparams &&
+           (a.score == b.score || (a.score != a.score && b.score != b.score));
+  }
+};
+
+// Every interval committed so far, keyed (interval, member index), so that it
+// iterates in the same order however results arrived; an interval trained
+// again (a damaged head's fallback) replaces its earlier entry. The
+// Experiment keeps it from its commits and, on resume, from the store's
+// "trained" events (LoadHistory): a resumed run sees what an uninterrupted
+// one sees. Sync policies read only intervals <= the generation they decide,
+// since members running ahead may have committed later ones.
+using History = std::map<std::pair<int, int>, Observation>;
 
 // How sure a synchronous barrier must be of a member before it may start its
 // next interval early (Policy::RunAheadMargins): at least `above` of the
@@ -66,11 +91,18 @@ class Policy {
 
   // Decisions for `members` (sync: every member, all at interval `generation`;
   // async: the one member whose interval just ended, with `population` its
-  // peers' latest progress). Returns a decision per member name; members not
-  // in the map continue.
-  virtual std::map<std::string, Decision> Decide(
-      int generation, const std::vector<MemberProgress>& members,
-      const std::vector<MemberProgress>& population) const = 0;
+  // peers' latest progress), with `history` every interval committed so far.
+  // Returns a decision per member name; members not in the map continue.
+  virtual std::map<std::string, Decision> Decide(int generation,
+                                                 const std::vector<MemberProgress>& members,
+                                                 const std::vector<MemberProgress>& population,
+                                                 const History& history) const = 0;
+
+  // Hyperparameters for `member` as it starts its first interval, from
+  // `history` (resample = "tpe"); nullopt keeps those it was created with
+  // (the default).
+  virtual std::optional<HParams> Propose(const MemberProgress& member,
+                                         const History& history) const;
 
   // Sync policies: what makes `member` (finished interval `generation`)
   // certain to continue at that generation's barrier and to be no one's donor,
@@ -84,6 +116,27 @@ class Policy {
                                                   int active) const;
 };
 
+// One HyperBand bracket (Li et al. 2018, Algorithm 1; R = intervals,
+// r = min_intervals): it starts `n` configurations (the paper's n, for a
+// population of the paper's size) and at rungs[i] keeps counts[i + 1] of its
+// counts[i] (floor(n * eta^-(i+1))); rungs.back() is the last interval.
+struct HyperbandBracket {
+  int s = 0;
+  int n = 0;
+  std::vector<int> rungs;   // r_i in intervals, i = 0..s: floor(R * eta^(i - s))
+  std::vector<int> counts;  // n_i = floor(n * eta^-i)
+};
+
+// The brackets of `config.policy` (s = s_max down, `brackets` of them; all when
+// 0). REQUIRES: the config parsed (records::MaxHyperbandBrackets fits).
+std::vector<HyperbandBracket> HyperbandBrackets(const records::ExperimentConfig& config);
+
+// Which bracket (position in HyperbandBrackets) each member index runs in:
+// the population shared in proportion to the brackets' n (largest
+// remainder; a population of the paper's size gets the paper's n), every
+// bracket at least one member, in index order from the most aggressive.
+std::vector<int> HyperbandAssignment(const std::vector<HyperbandBracket>& brackets, int population);
+
 // Samples a member's initial hyperparameters from the search space (plus the
 // fixed ones), deterministically from (seed, index).
 HParams SampleInitial(const records::ExperimentConfig& config, int index);
@@ -91,7 +144,10 @@ HParams SampleInitial(const records::ExperimentConfig& config, int index);
 // Explore step of PBT: each searched hyperparameter is resampled with
 // probability resample_probability, else multiplied by one of the perturb
 // factors (clamped to the space; choice: a neighbouring value).
-HParams Explore(const records::ExperimentConfig& config, const HParams& from, uint64_t rng_seed);
+// `proposal` (may be null): where resampled values come from instead of the
+// search space (a TPE proposal).
+HParams Explore(const records::ExperimentConfig& config, const HParams& from, uint64_t rng_seed,
+                const HParams* proposal = nullptr);
 
 // 64-bit mix of several values (SplitMix64), for per-decision seeds.
 uint64_t MixSeed(uint64_t a, uint64_t b, uint64_t c = 0);
