@@ -6,7 +6,7 @@
 //       [--members N] [--intervals I] [--steps S] [--eval-size E] [--slots K]
 //       [--workers W] [--null-members N] [--null-intervals I] [--skip-train]
 //       [--ring-mb M] [--null-sizes 30,10000] [--null-repeat R]
-//       [--barriers ahead|wait|both]
+//       [--barriers ahead|wait|both] [--null-states changing|same]
 //       [--transport ring|tcp [--repeat N] [--tcp-first]]
 //
 // --transport tcp: the same runs with the workers connected over TCP on
@@ -16,7 +16,15 @@
 // of both (prefixed tcp_ and ring_; the best of --repeat rounds that alternate
 // which goes first) and their ratios tcp/ring. The bare loops are skipped then.
 //
-// The null run trains 0 steps and evaluates nothing: what is left is the
+// The null run trains 0 steps and evaluates nothing, and (--null-states
+// changing, the default) each interval still changes one weight, so every
+// committed state is new bytes as in a real run (with `same` the worker
+// returns the state unchanged and the store deduplicates it, which
+// understates a real run's cost). Per size it reports the scheduler's CPU
+// microseconds per member-interval (its rusage; it runs in this process),
+// the bytes written per member-interval (/proc/self/io write_bytes) and
+// their ratio to one state's tensors, and the store's bytes per member at
+// rest. What is left is the
 // pipeline's own cost per member-interval (store read, ring, worker decode and
 // encode of a LeNet-5 state, commit, policy), measured in steady state (from
 // the first committed result to the last; the start-up before the first
@@ -57,6 +65,7 @@
 #include "bench.h"
 #include "ckpt/format/optimizer.h"
 #include "ckpt/ipc/tcp_channel.h"
+#include "ckpt/model/model_spec.h"
 #include "ckpt/model/trainer.h"
 #include "ckpt/records/config.h"
 #include "ckpt/scheduler/scheduler.h"
@@ -88,6 +97,17 @@ double CpuSeconds(int who) {
   getrusage(who, &u);
   return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
          1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
+// --null-states: the workers the scheduler spawns, and those this program
+// connects, inherit this process's environment (ckpt-worker reads
+// CKPT_TOUCH_NULL_INTERVALS at start).
+void SetNullStates(const std::string& mode) {
+  if (mode == "changing") {
+    setenv("CKPT_TOUCH_NULL_INTERVALS", "1", 1);
+  } else {
+    unsetenv("CKPT_TOUCH_NULL_INTERVALS");
+  }
 }
 
 struct RunResult {
@@ -287,8 +307,9 @@ struct PopulationBenchOptions {
   int null_intervals = 10;
   int null_repeat = 1;
   bool scale = false;
-  std::vector<long long> null_sizes;  // empty: --null-members only
-  std::string barriers = "ahead";     // null runs: ahead, wait, or both (wait first)
+  std::vector<long long> null_sizes;     // empty: --null-members only
+  std::string barriers = "ahead";        // null runs: ahead, wait, or both (wait first)
+  std::string null_states = "changing";  // null runs: each interval changes one weight, or "same"
 };
 
 // What every pipeline run of the benchmark shares.
@@ -310,6 +331,8 @@ int PopulationOverTcp(const PopulationBenchOptions& o, const PopulationRun& run)
   const std::string& root = run.root;
   json out = {{"bench", "population"}, {"transport", "tcp"}, {"device", "cpu"},
               {"workers", workers},    {"slots", slots},     {"cpu", CpuDescription()}};
+  SetNullStates(o.null_states);
+  out["null_states"] = o.null_states;
   auto add = [&](const std::string& key, double v) {
     out[key] = std::isfinite(v) ? json(v) : json(nullptr);
   };
@@ -467,7 +490,8 @@ struct NullPlan {
   std::vector<bool> modes;
   int intervals = 0;
   int repeat = 0;
-  double per_s_first = 0;  // the first size's figure, running ahead
+  double per_s_first = 0;    // the first size's figure, running ahead
+  uint64_t state_bytes = 0;  // one member's tensors (StateTensorBytes)
 };
 
 NullPlan MakeNullPlan(const PopulationBenchOptions& o) {
@@ -484,12 +508,27 @@ NullPlan MakeNullPlan(const PopulationBenchOptions& o) {
 
 // The repeats of one null run, each from an empty store.
 struct NullRepeats {
-  std::vector<double> per_s;    // steady-state member-intervals/s of each run
-  double first_result_s = 0;    // the last run's
-  uint64_t scheduler_peak = 0;  // the first run's
-  uint64_t store_bytes = 0;     // the last run's store on disk
-  uint64_t written = 0;         // what the last run wrote to storage
+  std::vector<double> per_s;     // steady-state member-intervals/s of each run
+  double first_result_s = 0;     // the last run's
+  uint64_t scheduler_peak = 0;   // the first run's
+  uint64_t store_bytes = 0;      // the last run's store on disk
+  uint64_t written = 0;          // what the last run wrote to storage
+  double scheduler_cpu_s = 0;    // the last run's scheduler (this process) CPU time
+  int64_t member_intervals = 0;  // the last run's
 };
+
+// Bytes of one member's tensors (model, then optimizer slots) for `c`'s
+// model on MNIST-shaped input: what a committed state carries besides its
+// header. 0 when the spec does not parse on its own (TorchScript).
+uint64_t StateTensorBytes(const records::ExperimentConfig& c) {
+  auto spec = model::ModelSpec::Parse(c.model_spec);
+  if (!spec.ok() || spec->is_torchscript()) return 0;
+  uint64_t bytes = 0;
+  for (const model::TensorSpec& t : model::StateLayout(spec->ModelTensors(), c.optimizer)) {
+    bytes += static_cast<uint64_t>(t.numel()) * format::DTypeSize(t.dtype);
+  }
+  return bytes;
+}
 
 // The null trainer: 0 steps, no evaluation. The same number of intervals at
 // every size: the first interval of a member initializes its weights in the
@@ -546,6 +585,8 @@ int RunNullRepeats(const PopulationRun& run, const NullPlan& plan, int64_t n, bo
     out->per_s.push_back(steady_s > 0 ? static_cast<double>(ns.member_intervals - 1) / steady_s
                                       : 0);
     out->first_result_s = ns.first_result_s;
+    out->scheduler_cpu_s = r->scheduler_cpu_s;
+    out->member_intervals = ns.member_intervals;
     std::fprintf(stderr,
                  "null run, %" PRId64
                  " members%s: %.0f member-intervals/s, scheduler peak RSS %.0f "
@@ -582,6 +623,19 @@ double AddNullFigures(const NullRepeats& nr, int64_t n, bool run_ahead, NullPlan
   f->Add("null_store_bytes_" + nn, static_cast<double>(nr.store_bytes));
   // What the store wrote to reach that size (WAL, blob files, tables).
   f->Add("null_store_written_bytes_" + nn, static_cast<double>(nr.written));
+  // Per member-interval, over the whole run (start-up included): the
+  // scheduler's CPU time, the bytes written against the state's size, and
+  // the store at rest per member.
+  const double intervals = static_cast<double>(std::max<int64_t>(1, nr.member_intervals));
+  f->Add("null_scheduler_cpu_us_per_member_interval_" + nn, 1e6 * nr.scheduler_cpu_s / intervals);
+  f->Add("null_written_bytes_per_member_interval_" + nn,
+         static_cast<double>(nr.written) / intervals);
+  f->Add("null_written_vs_state_" + nn,
+         plan->state_bytes > 0
+             ? static_cast<double>(nr.written) / intervals / static_cast<double>(plan->state_bytes)
+             : NAN);
+  f->Add("null_store_bytes_per_member_" + nn,
+         static_cast<double>(nr.store_bytes) / static_cast<double>(std::max<int64_t>(1, n)));
   const std::vector<int64_t>& sizes = plan->sizes;
   if (sizes.size() == 1) {
     f->Add("member_intervals_per_s_null", per_s);
@@ -601,6 +655,10 @@ double AddNullFigures(const NullRepeats& nr, int64_t n, bool run_ahead, NullPlan
 // that ends the benchmark.
 int MeasureNullRuns(const PopulationRun& run, const PopulationBenchOptions& o, Figures* f) {
   NullPlan plan = MakeNullPlan(o);
+  plan.state_bytes = StateTensorBytes(run.c);
+  f->Add("state_tensor_bytes", static_cast<double>(plan.state_bytes));
+  f->out["null_states"] = o.null_states;
+  SetNullStates(o.null_states);
   for (int64_t n : plan.sizes) {
     std::map<bool, double> per_s_by_mode;
     for (const bool run_ahead : plan.modes) {
@@ -695,6 +753,12 @@ BenchRun PopulationFlags(CLI::App& cmd) {
                  "null runs: run ahead of sync barriers (ahead), wait at each (wait), or both, "
                  "waiting first, with null_run_ahead_speedup_N")
       ->check(CLI::IsMember({"ahead", "wait", "both"}))
+      ->capture_default_str();
+  cmd.add_option("--null-states", o->null_states,
+                 "null runs: each 0-step interval changes one weight, so every state is new "
+                 "bytes (changing), or returns the state unchanged, which the store deduplicates "
+                 "(same)")
+      ->check(CLI::IsMember({"changing", "same"}))
       ->capture_default_str();
   cmd.add_option("--null-sizes", o->null_sizes, "null runs of these populations, e.g. 30,10000")
       ->delimiter(',')

@@ -5,7 +5,7 @@
 // and weight decay, batch 64, --intervals x --steps, validation on --eval-size
 // images after each interval, synchronous PBT (bottom 20% copy a top-20%
 // member and multiply each hyperparameter by 0.8 or 1.2), test accuracy at the
-// end. Three contenders run one after the other, each round in a rotated order
+// end. The contenders run one after the other, each round in a rotated order
 // so that a load change on the machine spreads over all of them:
 //   ckpt    `ckpt-scheduler run` on an experiment file written to a temp dir
 //           (its own store, one cpu worker with --slots slots);
@@ -17,6 +17,16 @@
 //           state fed back as a blob, a barrier per interval, the test split
 //           scored for the same number of best members as the scheduler's
 //           final evaluation. Its ratio to ckpt is the pipeline's overhead.
+//   python_api, python_api_torchscript (Fashion-MNIST only; --skip-api
+//           leaves them out): the user's own LeNet5 nn.Module and the data
+//           as NumPy arrays through ckpt's Python API
+//           (bench/seed_python_api.py, the project venv's Python,
+//           Experiment(...).run()), the module converted by torch.fx to the
+//           layer list "lenet5" is, or given as a TorchScript file (what the
+//           API falls back to for a module it cannot convert). Their ratios
+//           to ckpt are api_vs_ckpt and api_torchscript_vs_ckpt; their time
+//           includes Python's start, importing torch, the conversion and
+//           writing the arrays to the store's data folder once per run.
 // Each contender is timed from spawn to exit (samples/s = training samples /
 // that wall time) while a sampler thread sums the PSS of its process tree
 // from /proc/PID/smaps_rollup every --sample-ms; the peak of the sum counts.
@@ -32,7 +42,8 @@
 //       [--fusion plain] [--seed 2026]
 //       [--final-eval-top 5] [--scheduler PATH] [--python /usr/bin/python3]
 //       [--script bench/seed_approach.py] [--dataset-path DIR] [--sample-ms 1000]
-//       [--skip-bare] [--ckpt-args="--flag value ..."] [--rows 6000]
+//       [--skip-bare] [--skip-api] [--api-python PATH]
+//       [--ckpt-args="--flag value ..."] [--rows 6000]
 //
 // --ckpt-args: extra arguments of `ckpt-scheduler run`, split at spaces (give
 // it with "=": a value that starts with "--" would read as the next flag).
@@ -419,7 +430,7 @@ double Mean(const std::vector<double>& v) {
   return s / static_cast<double>(v.size());
 }
 
-enum class ContenderKind { kCkpt, kPython, kBare };
+enum class ContenderKind { kCkpt, kPython, kBare, kApi, kApiTorchScript };
 
 struct Contender {
   Contender(ContenderKind k, std::string n) : kind(k), name(std::move(n)) {}
@@ -434,6 +445,8 @@ struct Contenders {
   Contender ckpt{ContenderKind::kCkpt, "ckpt"};
   Contender python{ContenderKind::kPython, "python"};
   Contender bare{ContenderKind::kBare, "bare"};
+  Contender api{ContenderKind::kApi, "python_api"};
+  Contender api_script{ContenderKind::kApiTorchScript, "python_api_torchscript"};
 };
 
 // The ratios of each round: ckpt's rate over Python's, ckpt's peak PSS over
@@ -441,6 +454,8 @@ struct Contenders {
 // loop only).
 struct RoundRatios {
   std::vector<double> speedup, pss_ratio, overhead;
+  // The Python API's rate over ckpt's (--skip-api: empty).
+  std::vector<double> api_vs_ckpt, api_torchscript_vs_ckpt;
 };
 
 // The JSON of the worker's "ckpt-worker phases: {...}" stderr line (CKPT_WORKER_PHASES=1).
@@ -463,6 +478,8 @@ struct SeedBenchOptions {
   std::string python = "/usr/bin/python3";
   std::string script = "bench/seed_approach.py";
   bool skip_bare = false;
+  bool skip_api = false;
+  std::string api_python;  // empty: the project venv's, else /usr/bin/python3
   std::string ckpt_args;
 };
 
@@ -477,6 +494,9 @@ struct SeedRun {
   fs::path root;  // the temp dir of every run
   int sample_ms = 0;
   bool with_bare = false;
+  bool with_api = false;
+  std::string api_python;
+  std::string bin_dir;  // this build's bin/, the API's CKPT_BIN
 };
 
 SeedRun ResolveRun(const SeedBenchOptions& o) {
@@ -490,6 +510,13 @@ SeedRun ResolveRun(const SeedBenchOptions& o) {
   s.script = o.script;
   if (!fs::exists(s.script)) s.script = std::string(CKPT_SOURCE_DIR) + "/bench/seed_approach.py";
   s.with_bare = !o.skip_bare && !s.w.cifar();
+  s.with_api = !o.skip_api && !s.w.cifar();
+  s.bin_dir = (build_dir / "bin").string();
+  s.api_python = o.api_python;
+  if (s.api_python.empty()) {
+    const std::string venv = std::string(CKPT_SOURCE_DIR) + "/.venv/bin/python";
+    s.api_python = fs::exists(venv) ? venv : "/usr/bin/python3";
+  }
   s.ckpt_args = o.ckpt_args;
   s.sample_ms = o.sample_ms;
   s.root = fs::temp_directory_path() / ("ckpt-bench-seed-" + std::to_string(getpid()));
@@ -562,6 +589,25 @@ std::vector<std::string> BareCommand(const SeedRun& s) {
           w.dataset_path};
 }
 
+// The seed workload through the Python API, in `dir`.
+std::vector<std::string> ApiCommand(const SeedRun& s, const std::string& dir, bool torchscript) {
+  const Workload& w = s.w;
+  std::vector<std::string> cmd = {
+      s.api_python,   std::string(CKPT_SOURCE_DIR) + "/bench/seed_python_api.py",
+      "--population", std::to_string(w.population),
+      "--intervals",  std::to_string(w.intervals),
+      "--steps",      std::to_string(w.steps),
+      "--batch",      std::to_string(w.batch_size),
+      "--eval-size",  std::to_string(w.eval_size),
+      "--slots",      std::to_string(w.slots),
+      "--fusion",     w.fusion,
+      "--seed",       std::to_string(w.seed),
+      "--dataset",    w.dataset_path,
+      "--store",      dir + "/store"};
+  if (torchscript) cmd.emplace_back("--torchscript");
+  return cmd;
+}
+
 // The command line of contender `c`, run in `dir`.
 std::vector<std::string> ContenderCommand(const Contender& c, const SeedRun& s,
                                           const std::string& dir) {
@@ -572,6 +618,10 @@ std::vector<std::string> ContenderCommand(const Contender& c, const SeedRun& s,
       return PythonCommand(s, dir);
     case ContenderKind::kBare:
       return BareCommand(s);
+    case ContenderKind::kApi:
+      return ApiCommand(s, dir, /*torchscript=*/false);
+    case ContenderKind::kApiTorchScript:
+      return ApiCommand(s, dir, /*torchscript=*/true);
   }
   return {};
 }
@@ -625,6 +675,11 @@ int RunContender(const SeedRun& s, int round, Contender* c, RoundFigures* round_
   std::fprintf(stderr, "round %d: %s...\n", round + 1, who.c_str());
   std::vector<std::string> env;
   if (c->kind == ContenderKind::kCkpt) env.push_back("CKPT_WORKER_PHASES=1");
+  if (c->kind == ContenderKind::kApi || c->kind == ContenderKind::kApiTorchScript) {
+    // The package from this checkout, driving this build's binaries.
+    env.push_back("CKPT_BIN=" + s.bin_dir);
+    env.push_back("PYTHONPATH=" + std::string(CKPT_SOURCE_DIR) + "/python");
+  }
   ProcessRun r = RunMeasured(cmd, env, dir, s.sample_ms);
   if (r.exit_code != 0) {
     std::fprintf(stderr, "seed: %s exited with %d\n%s\n%s\n", who.c_str(), r.exit_code,
@@ -653,9 +708,12 @@ int RunContender(const SeedRun& s, int round, Contender* c, RoundFigures* round_
 // The rounds, each running the contenders in an order rotated by one; 0, or
 // the exit status that ends the benchmark.
 int RunRounds(const SeedRun& s, int rounds, Contenders* all, RoundRatios* ratios) {
-  const std::vector<Contender*> order =
-      s.with_bare ? std::vector<Contender*>{&all->ckpt, &all->python, &all->bare}
-                  : std::vector<Contender*>{&all->ckpt, &all->python};
+  std::vector<Contender*> order = {&all->ckpt, &all->python};
+  if (s.with_bare) order.push_back(&all->bare);
+  if (s.with_api) {
+    order.push_back(&all->api);
+    order.push_back(&all->api_script);
+  }
   for (int round = 0; round < rounds; ++round) {
     RoundFigures f;
     for (size_t k = 0; k < order.size(); ++k) {
@@ -667,6 +725,10 @@ int RunRounds(const SeedRun& s, int rounds, Contenders* all, RoundRatios* ratios
                                                           static_cast<double>(f.pss["python"])
                                                     : NAN);
     if (s.with_bare) ratios->overhead.push_back(1.0 - f.rate["ckpt"] / f.rate["bare"]);
+    if (s.with_api) {
+      ratios->api_vs_ckpt.push_back(f.rate["python_api"] / f.rate["ckpt"]);
+      ratios->api_torchscript_vs_ckpt.push_back(f.rate["python_api_torchscript"] / f.rate["ckpt"]);
+    }
   }
   return 0;
 }
@@ -685,7 +747,7 @@ void Report(const SeedRun& s, int rounds, const Contenders& all, const RoundRati
            {"fusion", w.fusion},
            {"train_samples", w.TrainSamples()},
            {"cpu", CpuDescription()}};
-  for (const Contender* c : {&all.ckpt, &all.python, &all.bare}) {
+  for (const Contender* c : {&all.ckpt, &all.python, &all.bare, &all.api, &all.api_script}) {
     if (c->wall_s.empty()) continue;
     out[c->name + "_samples_per_s"] = Median(c->samples_per_s);
     out[c->name + "_wall_s"] = c->wall_s;
@@ -702,6 +764,12 @@ void Report(const SeedRun& s, int rounds, const Contenders& all, const RoundRati
   if (s.with_bare) {
     out["overhead_share"] = Median(ratios.overhead);
     out["overhead_share_per_round"] = ratios.overhead;
+  }
+  if (s.with_api) {
+    out["api_vs_ckpt"] = Median(ratios.api_vs_ckpt);
+    out["api_vs_ckpt_per_round"] = ratios.api_vs_ckpt;
+    out["api_torchscript_vs_ckpt"] = Median(ratios.api_torchscript_vs_ckpt);
+    out["api_torchscript_vs_ckpt_per_round"] = ratios.api_torchscript_vs_ckpt;
   }
   out["device"] = "cpu";
   PrintJsonLine(out);
@@ -767,6 +835,9 @@ BenchRun SeedFlags(CLI::App& cmd) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   cmd.add_flag("--skip-bare", o->skip_bare, "no bare-loop contender");
+  cmd.add_flag("--skip-api", o->skip_api, "no Python API contenders");
+  cmd.add_option("--api-python", o->api_python,
+                 "Python of the API contenders (default: the project venv's)");
   cmd.add_flag("--bare-only", o->bare_only, "run the bare loop alone (internal)");
   cmd.add_option("--ckpt-args", o->ckpt_args,
                  "extra arguments of `ckpt-scheduler run`, split at spaces (give it with =)");

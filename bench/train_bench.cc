@@ -51,6 +51,7 @@
 #include "ckpt/model/baseline.h"
 #include "ckpt/model/model_spec.h"
 #include "ckpt/model/trainer.h"
+#include "fma_peak.h"
 
 namespace ckpt::bench {
 namespace {
@@ -285,6 +286,17 @@ struct Limits {
   double gflop_per_sample = 0;
   Peak peak_1;
   Peak peak_all;
+  // The widest-vector FMA loop's peak on one thread and on the plain slots':
+  // the machine's, where the sgemm figure is OpenBLAS's.
+  FmaPeak fma_1;
+  FmaPeak fma_all;
+
+  // `samples_s` of `threads` threads as a fraction of the FMA peak of as
+  // many threads (at most the slots').
+  double FractionOfFmaPeak(double samples_s, int threads) const {
+    const double peak = threads == 1 ? fma_1.gflops : std::max(fma_1.gflops, fma_all.gflops);
+    return peak > 0 ? samples_s * gflop_per_sample / peak : 0.0;
+  }
 
   // `samples_s` of `threads` threads as a fraction of their peak. Several
   // threads are held to the better of the two peaks: where two vCPUs share
@@ -304,6 +316,9 @@ Status MeasureLimits(const TrainBenchOptions& opt, TrainSetup* s, Limits* limits
   const double phase_start = UnixSeconds();
   auto peak_1 = MeasurePeak(opt.device, 1, opt.sgemm_seconds);
   auto peak_all = opt.slots == 1 ? peak_1 : MeasurePeak(opt.device, opt.slots, opt.sgemm_seconds);
+  limits->fma_1 = MeasureFmaPeak(1, opt.sgemm_seconds * 2);
+  limits->fma_all =
+      opt.slots == 1 ? limits->fma_1 : MeasureFmaPeak(opt.slots, opt.sgemm_seconds * 2);
   s->RecordPhase("sgemm", phase_start, *s->plain_trainer);
   if (!peak_1.ok()) return peak_1.status();
   if (!peak_all.ok()) return peak_all.status();
@@ -315,6 +330,11 @@ Status MeasureLimits(const TrainBenchOptions& opt, TrainSetup* s, Limits* limits
       limits->peak_1.gflops, limits->peak_all.gflops, opt.slots, limits->gflop_per_sample * 1e3,
       limits->single * limits->gflop_per_sample,
       100 * limits->single * limits->gflop_per_sample / limits->peak_1.gflops);
+  std::printf(
+      "%s FMA loop peak: %.1f GFLOP/s on 1 thread, %.1f on %d; single %.0f%% of the 1-thread "
+      "FMA peak\n",
+      limits->fma_1.isa.c_str(), limits->fma_1.gflops, limits->fma_all.gflops, opt.slots,
+      100 * limits->FractionOfFmaPeak(limits->single, 1));
   return Status::OK();
 }
 
@@ -387,8 +407,14 @@ void Report(const TrainBenchOptions& opt, const TrainSetup& s, const Limits& lim
       {"single_gflops", single * gflop_per_sample},
       {"single_fraction_of_peak", limits.FractionOfPeak(single, 1)},
       {"plain_gflops", plain.samples_s * gflop_per_sample},
-      {"plain_fraction_of_peak", limits.FractionOfPeak(plain.samples_s, opt.slots)}};
+      {"plain_fraction_of_peak", limits.FractionOfPeak(plain.samples_s, opt.slots)},
+      {"fma_isa", limits.fma_1.isa},
+      {"fma_peak_gflops_1_thread", limits.fma_1.gflops},
+      {"fma_peak_gflops", limits.fma_all.gflops},
+      {"single_fraction_of_fma_peak", limits.FractionOfFmaPeak(single, 1)},
+      {"plain_fraction_of_fma_peak", limits.FractionOfFmaPeak(plain.samples_s, opt.slots)}};
   nlohmann::json fused_fraction = nlohmann::json::object();
+  nlohmann::json fused_fma_fraction = nlohmann::json::object();
   nlohmann::json fused_samples_s = nlohmann::json::object();
   double pack_unpack_k8 = 0;
   int64_t failures = plain.failures;
@@ -404,6 +430,8 @@ void Report(const TrainBenchOptions& opt, const TrainSetup& s, const Limits& lim
     // each fused thread runs `intra` of them).
     fused_fraction["k" + std::to_string(f.k)] =
         limits.FractionOfPeak(r.samples_s, f.threads * f.intra);
+    fused_fma_fraction["k" + std::to_string(f.k)] =
+        limits.FractionOfFmaPeak(r.samples_s, f.threads * f.intra);
     if (f.k == 8) pack_unpack_k8 = r.state_us_per_member;
     if (r.failures > 0 && failures == 0) first_failure = r.first_failure;
     failures += r.failures;
@@ -413,6 +441,7 @@ void Report(const TrainBenchOptions& opt, const TrainSetup& s, const Limits& lim
 
   out["fused_samples_s"] = fused_samples_s;
   out["fused_fraction_of_peak"] = fused_fraction;
+  out["fused_fraction_of_fma_peak"] = fused_fma_fraction;
   out["pack_unpack_us_per_member"] = pack_unpack_k8;
   out["plain_load_store_us_per_member"] = plain.state_us_per_member;
   out["state_bytes"] = s.initial.front().size();

@@ -511,5 +511,47 @@ TEST_F(PbtRunTest, TensorFileRunEndsAsTheIdxRunAndABadFileIsRefusedBeforeStart) 
   EXPECT_FALSE(std::filesystem::exists(dir_ + "/bad-store"));
 }
 
+// Each trained event names its score by the experiment's metric and carries
+// the hyperparameters the interval trained with: a regression's events say
+// val_neg_mse (they said val_accuracy whatever the metric), so readers of the
+// events (ckpt-tool events, the Python Result's history) need no second
+// source for either.
+TEST_F(PbtRunTest, TrainedEventsCarryTheMetricsNameAndTheHyperparameters) {
+  const std::string file = dir_ + "/diabetes.safetensors";
+  const std::string make = std::string(CKPT_PROJECT_PYTHON) + " " + CKPT_MAKE_DATASET +
+                           " diabetes " + file + " > /dev/null";
+  ASSERT_EQ(std::system(make.c_str()), 0) << make;
+  std::ostringstream os;
+  os << "name = \"reg\"\nseed = 5\n"
+     << "[model]\nspec = '{\"input\": [10], \"layers\": [{\"type\": \"linear\", \"out\": 8}, "
+     << "{\"type\": \"relu\"}, {\"type\": \"linear\", \"out\": 1}]}'\noptimizer = \"sgd\"\n"
+     << "[data]\nformat = \"safetensors\"\npath = \"" << file << "\"\nbatch_size = 16\n"
+     << "eval_size = 50\n"
+     << "[population]\nsize = 2\nsteps_per_interval = 3\nintervals = 2\n"
+     << "[search_space.lr]\ntype = \"log_uniform\"\nmin = 0.001\nmax = 0.01\n"
+     << "[policy]\nkind = \"random\"\n"
+     << "[[devices]]\ndevice = \"cpu\"\ncount = 1\nslots = 1\nfusion = \"plain\"\n";
+  ASSERT_EQ(RunToEnd(WriteConfig("reg.toml", os.str()), dir_ + "/store"), 0);
+  store::StoreOptions o;
+  o.path = dir_ + "/store";
+  auto s = store::Store::Open(o);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  auto events = (*s)->ListEvents("reg", 0, 100000);
+  ASSERT_TRUE(events.ok()) << events.status().ToString();
+  int trained = 0;
+  for (const auto& e : *events) {
+    const auto j = nlohmann::json::parse(e.json);
+    if (j.value("type", "") != "trained") continue;
+    ++trained;
+    EXPECT_TRUE(j.contains("val_neg_mse")) << e.json;
+    EXPECT_FALSE(j.contains("val_accuracy")) << e.json;
+    ASSERT_TRUE(j.contains("hparams")) << e.json;
+    const double lr = j["hparams"].value("lr", 0.0);
+    EXPECT_GE(lr, 0.001) << e.json;
+    EXPECT_LE(lr, 0.01) << e.json;
+  }
+  EXPECT_EQ(trained, 4);
+}
+
 }  // namespace
 }  // namespace ckpt

@@ -250,6 +250,49 @@ TEST(TrainerTest, FreshMembersAreDeterministicPerSeed) {
   for (size_t i = 0; i < w->count(); ++i) EXPECT_LE(std::fabs(w->f32()[i]), 1.0 / 5.0 + 1e-7);
 }
 
+// TrainerOptions::touch_null_intervals (ckpt-bench population's null runs
+// with changing states): a 0-step interval changes exactly one element of one
+// weight, so each state is new bytes; without it the state comes back with
+// the same tensors, which the store deduplicates.
+TEST(TrainerTest, NullIntervalsChangeOneWeightOnlyWhenAsked) {
+  TrainerOptions o = BaseOptions("lenet5", "sgd");
+  auto same = MakeTrainer(o);
+  o.touch_null_intervals = true;
+  auto touching = MakeTrainer(o);
+  ASSERT_NE(same, nullptr);
+  ASSERT_NE(touching, nullptr);
+  MemberOutcome fresh = same->TrainPlain(Task("m", nullptr, 5, 0));
+  ASSERT_TRUE(fresh.ok()) << fresh.status.ToString();
+  const std::string start = fresh.EncodeState();
+  const OwnedBlob before = Decode(start);
+
+  const auto changed_elements = [&](const std::string& state) {
+    OwnedBlob after = Decode(state);
+    int changed = 0;
+    for (const testing::OwnedTensor& t : before.tensors) {
+      const testing::OwnedTensor* u = after.Find(t.name);
+      EXPECT_NE(u, nullptr) << t.name;
+      if (u == nullptr || t.dtype != format::DType::kF32) continue;
+      for (size_t i = 0; i < t.count(); ++i) changed += t.f32()[i] != u->f32()[i] ? 1 : 0;
+    }
+    return changed;
+  };
+  MemberOutcome unchanged = same->TrainPlain(Task("m", &start, 5, 0));
+  ASSERT_TRUE(unchanged.ok()) << unchanged.status.ToString();
+  EXPECT_EQ(changed_elements(unchanged.EncodeState()), 0);
+
+  MemberOutcome touched = touching->TrainPlain(Task("m", &start, 5, 0));
+  ASSERT_TRUE(touched.ok()) << touched.status.ToString();
+  const std::string once = touched.EncodeState();
+  EXPECT_EQ(changed_elements(once), 1);
+  EXPECT_NE(Decode(once).Find("conv1.weight")->f32()[0], before.tensors.front().f32()[0]);
+  EXPECT_EQ(touched.step, 0);
+  // The next null interval changes the state again.
+  MemberOutcome again = touching->TrainPlain(Task("m", &once, 5, 0));
+  ASSERT_TRUE(again.ok()) << again.status.ToString();
+  EXPECT_NE(again.EncodeState(), once);
+}
+
 TEST(TrainerTest, OutcomeWritesIntoCallerBuffer) {
   auto trainer = MakeTrainer(BaseOptions("lenet5", "sgd"));
   ASSERT_NE(trainer, nullptr);

@@ -116,6 +116,18 @@ double MeanLoss(const at::Tensor& host_losses, int64_t k) {
   return sum / static_cast<double>(steps);
 }
 
+// TrainerOptions::touch_null_intervals: moves the first element of the
+// first floating-point tensor by 1e-6 (many ULPs of any weight in use).
+void TouchOneWeight(MemberTensors* m) {
+  torch::NoGradGuard no_grad;  // parameters are leaves that require grad
+  for (at::Tensor& t : m->tensors) {
+    if (t.is_floating_point() && t.numel() > 0) {
+      t.view({-1}).narrow(0, 0, 1).add_(1e-6);
+      return;
+    }
+  }
+}
+
 // Checks the trained state and losses of one member and fills `out`.
 void FinishMember(const Context& ctx, MemberTensors* m, const at::Tensor& host_losses, int64_t k,
                   int64_t start_step, MemberOutcome* out) {
@@ -126,6 +138,7 @@ void FinishMember(const Context& ctx, MemberTensors* m, const at::Tensor& host_l
                                std::to_string(start_step + bad + 1)));
     return;
   }
+  if (ctx.options.touch_null_intervals && host_losses.size(0) == 0) TouchOneWeight(m);
   Status finite = CheckFinite(ctx, *m, "after training");
   if (!finite.ok()) {
     SetFailure(out, ipc::FailureCode::kNonFinite, finite);

@@ -54,6 +54,14 @@ const bool kPhases = [] {
   return v != nullptr && *v == '1';
 }();
 
+// CKPT_TOUCH_NULL_INTERVALS=1: 0-step intervals change one weight
+// (TrainerOptions::touch_null_intervals), for `ckpt-bench population`'s null
+// runs with changing states.
+const bool kTouchNullIntervals = [] {
+  const char* v = std::getenv("CKPT_TOUCH_NULL_INTERVALS");
+  return v != nullptr && *v == '1';
+}();
+
 struct Job {
   uint64_t task_id = 0;
   std::string experiment;
@@ -251,6 +259,7 @@ Status WorkerLoop::HandleConfigure(const ipc::Received& rec) {
   t.intra_op_threads = options_.intra_op_threads;
   t.seed = c->seed;
   t.cancel = &cancel_;
+  t.touch_null_intervals = kTouchNullIntervals;
   auto trainer = model::Trainer::Create(t);
   if (!trainer.ok()) {
     Logger().error("ckpt-worker {}: CONFIGURE {}: {}", name_, c->experiment,

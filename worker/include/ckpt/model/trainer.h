@@ -105,6 +105,11 @@ struct TrainerOptions {
   // unfinished members fail with ipc::FailureCode::kAborted. Must outlive
   // the Trainer. Default: none.
   const std::atomic<bool>* cancel = nullptr;
+  // For benchmarks of the pipeline alone: an interval of 0 steps still
+  // changes one weight (the first floating-point tensor's first element, by
+  // 1e-6), so its state's bytes differ from the last as a trained state's do
+  // and the store writes it rather than deduplicating it. Default: false.
+  bool touch_null_intervals = false;
 };
 
 // One member's interval.
