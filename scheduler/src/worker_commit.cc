@@ -69,6 +69,9 @@ void WorkerHandle::HandleResult(const ipc::Received& rec) {
   c.hparams = e.task.hparams;
   records::TrainedEvent trained{e.task.interval_after, r->val_score, spec_.index, "", 0};
   trained.hparams = e.task.hparams;  // the policies' history (LoadHistory)
+  // The score under the experiment's metric's name ("val_neg_mse"), not the
+  // default accuracy's.
+  trained.metric = e.task.rules.metric;
   c.event_json = records::EncodeEvent(trained);
   c.verified = view ? &*view : nullptr;
   BlobId committed;
