@@ -106,6 +106,40 @@ TEST(ModelSpecTest, ObjectFormWithInputAndNames) {
   EXPECT_EQ(spec->ModelTensors()[2].shape, (std::vector<int64_t>{5, 144}));
 }
 
+// A conv1x1 shortcut named as the user's PyTorch block names it
+// ("shortcut_names"), so ckpt_client.convert keeps a torchvision-style
+// "downsample.0" / ".1" on the fused path; an identity shortcut has nothing
+// to name.
+TEST(ModelSpecTest, Conv1x1ShortcutTakesTheModulesNames) {
+  const std::string body =
+      R"([{"type": "conv2d", "out": 8, "kernel": 3, "stride": 2, "padding": 1, "bias": false,
+           "name": "b.conv1"}, {"type": "batchnorm2d", "name": "b.bn1"}])";
+  auto spec =
+      ModelSpec::Parse(R"({"input": [4, 8, 8], "layers": [{"type": "residual", "layers": )" + body +
+                       R"(, "shortcut": "conv1x1", "shortcut_names": ["b.downsample.0",
+                               "b.downsample.1"]}, {"type": "globalavgpool"},
+                               {"type": "linear", "out": 3, "name": "fc"}]})");
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  const std::vector<std::string> names = Names(spec->ModelTensors());
+  for (const char* want : {"b.downsample.0.weight", "b.downsample.1.weight",
+                           "b.downsample.1.running_mean", "b.downsample.1.num_batches_tracked"}) {
+    EXPECT_NE(std::find(names.begin(), names.end(), want), names.end()) << want;
+  }
+  for (const std::string& n : names) EXPECT_EQ(n.find(".shortcut."), std::string::npos) << n;
+
+  auto identity = ModelSpec::Parse(
+      R"({"input": [4, 8, 8], "layers": [{"type": "residual", "layers": [{"type": "relu"}],
+          "shortcut": "identity", "shortcut_names": ["a", "b"]}]})");
+  ASSERT_FALSE(identity.ok());
+  EXPECT_NE(identity.status().message().find("identity shortcut takes no"), std::string::npos)
+      << identity.status().ToString();
+  auto malformed = ModelSpec::Parse(R"({"input": [4, 8, 8], "layers": [{"type": "residual",
+      "layers": )" + body + R"(, "shortcut": "conv1x1", "shortcut_names": ["only one"]}]})");
+  ASSERT_FALSE(malformed.ok());
+  EXPECT_NE(malformed.status().message().find("shortcut_names"), std::string::npos)
+      << malformed.status().ToString();
+}
+
 TEST(ModelSpecTest, RejectsBadSpecsNamingTheLayer) {
   struct Case {
     const char* text;

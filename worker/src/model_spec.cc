@@ -362,7 +362,20 @@ Status ParseConv1x1Shortcut(const LayerSite& site, const std::vector<int64_t>& b
                {"kernel", 1},
                {"stride", stride},
                {"bias", false}};
-  json shortcut_layers = json::array({conv, json{{"type", "batchnorm2d"}}});
+  json bn = {{"type", "batchnorm2d"}};
+  // "shortcut_names": [conv name, batchnorm2d name], e.g. a PyTorch block's
+  // "layer2.0.shortcut.0" / ".1"; default <block>.shortcut.conv1 / .bn1.
+  auto names = site.obj.find("shortcut_names");
+  if (names != site.obj.end()) {
+    if (!names->is_array() || names->size() != 2 || !(*names)[0].is_string() ||
+        !(*names)[1].is_string()) {
+      return Status::InvalidArgument(site.where +
+                                     ": \"shortcut_names\" must be [conv name, batchnorm2d name]");
+    }
+    conv["name"] = (*names)[0];
+    bn["name"] = (*names)[1];
+  }
+  json shortcut_layers = json::array({conv, bn});
   std::vector<int64_t> sc_shape = shape;
   CKPT_RETURN_IF_ERROR(ParseLayerList(shortcut_layers, site.where + " shortcut layer ",
                                       layer->name + ".shortcut.", &sc_shape, list->names,
@@ -374,7 +387,7 @@ Status ParseConv1x1Shortcut(const LayerSite& site, const std::vector<int64_t>& b
 // A residual names itself before its body, whose layers' names it prefixes.
 Status ParseResidual(const LayerSite& site, ListState* list, LayerSpec* layer) {
   std::vector<int64_t>& shape = *list->shape;
-  CKPT_RETURN_IF_ERROR(site.reader.CheckKnown({"layers", "shortcut"}));
+  CKPT_RETURN_IF_ERROR(site.reader.CheckKnown({"layers", "shortcut", "shortcut_names"}));
   auto sub = site.obj.find("layers");
   if (sub == site.obj.end() || !sub->is_array() || sub->empty()) {
     return Status::InvalidArgument(site.where + ": \"layers\" must be a non-empty array");
@@ -386,6 +399,10 @@ Status ParseResidual(const LayerSite& site, ListState* list, LayerSpec* layer) {
                                       list->names, list->out));
   layer->body = static_cast<int>(list->out->size() - site.at - 1);
   if (shortcut == "identity") {
+    if (site.obj.contains("shortcut_names")) {
+      return Status::InvalidArgument(site.where +
+                                     ": an identity shortcut takes no \"shortcut_names\"");
+    }
     if (body_shape != shape) {
       return Status::InvalidArgument(site.where + ": the body maps " + ShapeString(shape) + " to " +
                                      ShapeString(body_shape) +

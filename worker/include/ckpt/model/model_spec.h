@@ -29,7 +29,9 @@
 //                "conv1x1"; computes body(x) + shortcut(x). "identity" needs
 //                the body to keep the shape; "conv1x1" is a 1x1 convolution
 //                without bias (stride inferred from the body's output size)
-//                then a batchnorm2d, named <block>.shortcut.conv1 / .bn1.
+//                then a batchnorm2d, named <block>.shortcut.conv1 / .bn1, or
+//                as "shortcut_names": [conv name, batchnorm2d name] say
+//                (e.g. a PyTorch block's "layer2.0.downsample.0" / ".1").
 //                Layers inside are named <block>.conv1, ... (block: res1, ...)
 //   any layer with state may carry "name"; otherwise conv2d layers are named
 //   conv1, conv2, ..., linear layers fc1, fc2, ..., batchnorm2d layers bn1, ...
