@@ -136,6 +136,18 @@ void Families::Register() {
                       "than the configured bound.")
                   .Register(*registry_)
                   .Add({});
+  remote_slots_capped_ =
+      &prometheus::BuildCounter()
+           .Name("ckpt_remote_slots_capped_total")
+           .Help("HELLOs of connected workers that offered more slots than max_remote_slots.")
+           .Register(*registry_)
+           .Add({});
+  remote_task_timeouts_ =
+      &prometheus::BuildCounter()
+           .Name("ckpt_remote_task_timeouts_total")
+           .Help("Connected workers lost because an interval ran past its deadline.")
+           .Register(*registry_)
+           .Add({});
   for (int i = 0; i < kStoreOpCount; ++i) {
     const std::string op(StoreOpName(static_cast<StoreOp>(i)));
     store_op_seconds_[i] = &store_seconds_->Add({{"op", op}}, StoreBuckets());

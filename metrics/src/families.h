@@ -67,6 +67,8 @@ class Families {
   void SetWorkerStats(std::string_view worker, std::string_view device, const WorkerStats& stats);
   void SetRingStats(std::string_view worker, std::string_view device, const RingStats& stats);
   void RingSendObserved(std::string_view worker, std::string_view device, double seconds);
+  void RemoteSlotsCapped() { remote_slots_capped_->Increment(); }
+  void RemoteTaskTimedOut() { remote_task_timeouts_->Increment(); }
 
  private:
   using Counter = prometheus::Counter;
@@ -157,6 +159,8 @@ class Families {
   Family<Counter>* ring_bad_ = nullptr;
   Family<Counter>* ring_bytes_ = nullptr;
   Counter* dropped_ = nullptr;
+  Counter* remote_slots_capped_ = nullptr;
+  Counter* remote_task_timeouts_ = nullptr;
   // The store families have one series per op, made by Register: no lookup per update.
   std::array<Histogram*, kStoreOpCount> store_op_seconds_{};
   std::array<Counter*, kStoreOpCount> store_op_bytes_{};

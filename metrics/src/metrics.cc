@@ -176,6 +176,8 @@ void Metrics::SetMemberCounts(std::string_view experiment, const MemberCounts& c
   impl_->families().SetMemberCounts(experiment, counts);
 }
 void Metrics::Exploited(std::string_view experiment) { impl_->families().Exploited(experiment); }
+void Metrics::RemoteSlotsCapped() { impl_->families().RemoteSlotsCapped(); }
+void Metrics::RemoteTaskTimedOut() { impl_->families().RemoteTaskTimedOut(); }
 void Metrics::MemberFailed(std::string_view experiment, ipc::FailureCode reason) {
   impl_->families().MemberFailed(experiment, reason);
 }

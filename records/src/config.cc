@@ -192,6 +192,12 @@ Status ReadRemoteWorkers(TomlTableReader* r, RemoteWorkersConfig* out) {
   }
   CKPT_RETURN_IF_ERROR(r->Bool("local", &out->local));
   CKPT_RETURN_IF_ERROR(r->Int("max_remote", 1, 4096, &out->max_remote));
+  int64_t memory_mib = static_cast<int64_t>(out->remote_memory_bytes >> 20);
+  CKPT_RETURN_IF_ERROR(r->Int("remote_memory_mib", 16, int64_t{1} << 20, &memory_mib));
+  out->remote_memory_bytes = static_cast<uint64_t>(memory_mib) << 20;
+  CKPT_RETURN_IF_ERROR(r->Int("max_remote_slots", 1, 256, &out->max_remote_slots));
+  CKPT_RETURN_IF_ERROR(r->Double("task_timeout_factor", 1, 1000, &out->task_timeout_factor));
+  CKPT_RETURN_IF_ERROR(r->Seconds("task_timeout_floor_s", 0.1, 86400, &out->task_timeout_floor));
   if (!out->local && out->listen.empty()) {
     return r->Error("local", "false needs listen (no worker could ever train)");
   }

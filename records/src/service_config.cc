@@ -191,7 +191,11 @@ std::string SettingsNeedingRestart(const ServiceConfig& a, const ServiceConfig& 
       x.max_restart_backoff != y.max_restart_backoff || x.healthy_reset != y.healthy_reset ||
       x.max_restarts != y.max_restarts || x.max_member_failures != y.max_member_failures ||
       a.remote.listen != b.remote.listen || a.remote.secret_file != b.remote.secret_file ||
-      a.remote.local != b.remote.local || a.remote.max_remote != b.remote.max_remote) {
+      a.remote.local != b.remote.local || a.remote.max_remote != b.remote.max_remote ||
+      a.remote.remote_memory_bytes != b.remote.remote_memory_bytes ||
+      a.remote.max_remote_slots != b.remote.max_remote_slots ||
+      a.remote.task_timeout_factor != b.remote.task_timeout_factor ||
+      a.remote.task_timeout_floor != b.remote.task_timeout_floor) {
     changed.push_back("[workers]");
   }
   std::string out;

@@ -1,4 +1,6 @@
-// The [workers] keys of remote workers (listen, secret_file, local), shared by
+// The [workers] keys of remote workers (listen, secret_file, local, max_remote,
+// remote_memory_mib, max_remote_slots, task_timeout_factor,
+// task_timeout_floor_s), shared by
 // experiment files (config.cc) and the service file (service.cc) so the table
 // is parsed in one place.
 //
@@ -12,10 +14,9 @@
 
 namespace ckpt::records {
 
-// Reads listen, secret_file and local of `r` into `out` (keys not present keep
-// their value). InvalidArgument naming the key and line: a listen address that
-// is not HOST:PORT, listen without secret_file, local = false without listen.
-// Does not check for unknown keys.
+// Reads those keys of `r` into `out` (keys not present keep their value). InvalidArgument naming
+// the key and line: a listen address that is not HOST:PORT, listen without secret_file, local =
+// false without listen. Does not check for unknown keys.
 Status ReadRemoteWorkers(TomlTableReader* r, RemoteWorkersConfig* out);
 
 }  // namespace ckpt::records

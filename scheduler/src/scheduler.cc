@@ -190,6 +190,10 @@ Status SchedulerImpl::Run() {
   po.listen = options_.remote.listen;
   po.secret_file = options_.remote.secret_file;
   po.max_remote_workers = options_.remote.max_remote;
+  po.remote_memory_bytes = options_.remote.remote_memory_bytes;
+  po.max_remote_slots = options_.remote.max_remote_slots;
+  po.task_timeout_factor = options_.remote.task_timeout_factor;
+  po.task_timeout_floor = options_.remote.task_timeout_floor;
   po.address_file = (std::filesystem::path(options_.store_path) / "workers.addr").string();
   pool_ = std::make_unique<WorkerPool>(io_, store_.get(), po, this);
   for (const auto& [id, entry] : entries_) pool_->AddExperiment(id, entry.configure);

@@ -93,6 +93,7 @@ void WorkerHandle::HandleResult(const ipc::Received& rec) {
     on_event_(std::move(e));
     return;
   }
+  if (spec_.layouts) spec_.layouts->NoteStateBytes(c.exp, c.blob_size);
   if (spec_.layouts && layout) {
     spec_.layouts->RememberCommitted(
         c.exp, c.member, {committed, r->step, std::move(layout), data_seed, data_cursor});

@@ -51,6 +51,18 @@ std::optional<StateLayouts::Header> StateLayouts::Committed(const std::string& e
   return it->second;
 }
 
+void StateLayouts::NoteStateBytes(const std::string& exp, uint64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t& known = state_bytes_[exp];
+  known = std::max(known, bytes);
+}
+
+uint64_t StateLayouts::StateBytes(const std::string& exp) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = state_bytes_.find(exp);
+  return it == state_bytes_.end() ? 0 : it->second;
+}
+
 void ConfigureMessages::Add(const std::string& exp, ipc::Configure message) {
   auto shared = std::make_shared<const ipc::Configure>(std::move(message));
   std::lock_guard<std::mutex> lock(mu_);
@@ -95,6 +107,8 @@ std::unique_ptr<WorkerHandle> WorkerHandle::Adopt(const WorkerSpec& spec,
                                                   store::Store* store, Callback on_event) {
   std::unique_ptr<WorkerHandle> h(new WorkerHandle(spec, store, std::move(on_event)));
   h->channel_ = std::move(channel);
+  h->channel_->SetReceiveLimit(
+      [p = h.get()](ipc::RecordType type, uint64_t bytes) { return p->AllowReceive(type, bytes); });
   h->sender_ = std::thread([p = h.get()] { p->SendLoop(); });
   h->receiver_ = std::thread([p = h.get()] { p->ReceiveLoop(); });
   return h;
@@ -263,6 +277,37 @@ void WorkerHandle::ReceiveLoopBody() {
   }
 }
 
+Status WorkerHandle::AllowReceive(ipc::RecordType type, uint64_t bytes) const {
+  const std::string what =
+      std::string("a ") + ipc::RecordTypeName(type) + " of " + std::to_string(bytes) + " bytes";
+  switch (type) {
+    case ipc::RecordType::kHello:
+    case ipc::RecordType::kStats:
+    case ipc::RecordType::kFailed:
+      if (bytes <= ipc::kMaxMessageJsonBytes) return Status::OK();
+      return Status::ResourceExhausted(what + " is above the " +
+                                       std::to_string(ipc::kMaxMessageJsonBytes) +
+                                       " bytes a record without a state may take");
+    case ipc::RecordType::kResult: {
+      uint64_t cap = ipc::kMaxMessageJsonBytes;  // a RESULT that answers nothing in flight
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        for (const auto& [id, task] : in_flight_) {
+          const uint64_t state =
+              task.expected_state_bytes > 0 ? task.expected_state_bytes : spec_.max_message_bytes;
+          cap = std::max(cap, state + kResultSlackBytes);
+        }
+      }
+      if (bytes <= cap) return Status::OK();
+      return Status::ResourceExhausted(what + " is above the " + std::to_string(cap) +
+                                       " bytes its tasks in flight allow (their state plus " +
+                                       std::to_string(kResultSlackBytes) + ")");
+    }
+    default:
+      return Status::InvalidArgument(what + ": a worker never sends that type");
+  }
+}
+
 std::string WorkerHandle::Name() const {
   return "worker " + std::to_string(spec_.index) + " (" + spec_.device.device + ")";
 }
@@ -290,6 +335,11 @@ void WorkerHandle::MarkExited(int wait_status) {
 void WorkerHandle::Stop(bool graceful, std::chrono::milliseconds grace) {
   if (stopped_) return;
   stopped_ = true;
+  // The channel's reader may outlive this handle's state: it no longer asks it.
+  if (channel_) {
+    channel_->SetReceiveLimit(
+        [](ipc::RecordType, uint64_t) { return Status::Aborted("the worker is being stopped"); });
+  }
   if (graceful && channel_ && !exited_.load()) {
     ipc::Shutdown s{"scheduler stopping"};
     std::vector<uint8_t> buf(ipc::EncodedSize(s));
@@ -339,6 +389,19 @@ std::vector<Task> WorkerHandle::TakeUnfinished() {
   in_flight_.clear();
   queue_.clear();
   return out;
+}
+
+std::optional<Task> WorkerHandle::OldestTask() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Task* oldest = nullptr;
+  for (const auto& [id, t] : in_flight_) {
+    if (oldest == nullptr || t.dispatched < oldest->dispatched) oldest = &t;
+  }
+  for (const auto& t : queue_) {
+    if (oldest == nullptr || t.dispatched < oldest->dispatched) oldest = &t;
+  }
+  if (oldest == nullptr) return std::nullopt;
+  return *oldest;
 }
 
 int64_t WorkerHandle::PeakRssBytes() const {

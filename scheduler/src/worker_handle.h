@@ -86,6 +86,10 @@ struct Task : WorkItem {
   // and its header is known.
   std::optional<uint64_t> sent_data_seed;
   uint64_t sent_data_cursor = 0;
+  // Set when the task is sent: the size of the state its RESULT should
+  // carry (the sent state's; for an initialisation, the largest state of
+  // the experiment seen so far); 0 when none is known yet.
+  uint64_t expected_state_bytes = 0;
 };
 
 // The state layout of each experiment, as far as the scheduler has seen one
@@ -116,11 +120,16 @@ class StateLayouts {
   // (nullopt otherwise: a head an exploit or an import set, or none seen).
   std::optional<Header> Committed(const std::string& exp, const std::string& member,
                                   const BlobId& blob) const;
+  // A state of `bytes` of experiment `exp` was sent or committed.
+  void NoteStateBytes(const std::string& exp, uint64_t bytes);
+  // The largest state of `exp` noted; 0 when none.
+  uint64_t StateBytes(const std::string& exp) const;
 
  private:
   mutable std::mutex mu_;
   std::map<std::string, std::shared_ptr<const StateLayout>> by_exp_;  // GUARDED_BY(mu_)
   std::map<std::pair<std::string, std::string>, Header> committed_;   // GUARDED_BY(mu_)
+  std::map<std::string, uint64_t> state_bytes_;                       // GUARDED_BY(mu_)
 };
 
 // The CONFIGURE of each experiment the scheduler runs, registered by the
@@ -145,6 +154,15 @@ class ConfigureMessages {
 // for a worker we spawned, at most its --slots x --fusion-width. The pool
 // uses at most kMaxWorkerSlots of them (worker_pool.h).
 inline constexpr int64_t kMaxHelloSlots = int64_t{256} * 1024;
+
+// What a connected worker may send, checked at each message's first frame
+// header before any of it is buffered (ipc::ReceiveLimit): a HELLO, STATS or
+// FAILED (JSON alone) of at most ipc::kMaxMessageJsonBytes; a RESULT of at
+// most the largest expected state among its tasks in flight
+// (Task::expected_state_bytes; the store's blob limit while none is known)
+// plus kResultSlackBytes; nothing of any other type. Anything else breaks its
+// connection: the worker is lost.
+inline constexpr uint64_t kResultSlackBytes = uint64_t{2} << 20;  // its JSON; the state's metadata
 
 // What the receiver reports to the event loop.
 struct WorkerEvent {
@@ -194,6 +212,9 @@ struct WorkerSpec {
   std::string segment;  // shm name; "" for a remote worker
   size_t ring_bytes = records::kDefaultRingBytes;
   std::chrono::milliseconds heartbeat_timeout{10000};
+  // A remote worker's largest RESULT while the state it carries is not
+  // known yet (the store's blob limit and the record's fields).
+  uint64_t max_message_bytes = 0;
   // Where store and ring timings go (thread-safe); nullptr: nowhere.
   metrics::Metrics* metrics = nullptr;
   // The experiments' state layouts, shared by the pool's handles; nullptr:
@@ -230,6 +251,9 @@ class WorkerHandle {
   void Stop(bool graceful, std::chrono::milliseconds grace);
   // After Stop: the tasks sent or queued that were not reported back.
   std::vector<Task> TakeUnfinished();
+  // Of the tasks sent or queued and not reported back, the one dispatched
+  // first (Task::dispatched); nullopt when none.
+  std::optional<Task> OldestTask() const;
 
   pid_t pid() const { return pid_; }
   // VmHWM of the live process, 0 when it is gone.
@@ -260,6 +284,8 @@ class WorkerHandle {
   void RefuseResult(WorkerEvent e, const Status& why);
   // "worker 3 (r0@10.0.0.7:41234)".
   std::string Name() const;
+  // A remote worker's ipc::ReceiveLimit (see kResultSlackBytes).
+  Status AllowReceive(ipc::RecordType type, uint64_t bytes) const;
   // "worker N (pid P) killed by signal S" or "... exited with status X".
   std::string ExitDescription(int wait_status) const;
   void ReportLost(const std::string& reason);
@@ -273,7 +299,7 @@ class WorkerHandle {
   std::atomic<bool> stopping_{false};
   std::atomic<bool> lost_reported_{false};
 
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Task> queue_;              // GUARDED_BY(mu_)
   std::map<uint64_t, Task> in_flight_;  // GUARDED_BY(mu_): sent, not reported

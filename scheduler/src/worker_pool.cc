@@ -131,6 +131,17 @@ int VisibleGpuCount(int gpus, const char* visible) {
   return static_cast<int>(base::ParseVisibleDevices(visible, gpus).size());
 }
 
+// What a remote worker may send before its handle takes it over (a HELLO, say;
+// WorkerHandle::AllowReceive from then on): records without a state.
+ckpt::Status PendingReceiveLimit(ipc::RecordType type, uint64_t bytes) {
+  const bool small = type == ipc::RecordType::kHello || type == ipc::RecordType::kStats ||
+                     type == ipc::RecordType::kFailed;
+  if (small && bytes <= ipc::kMaxMessageJsonBytes) return ckpt::Status::OK();
+  return ckpt::Status::ResourceExhausted(std::string("a ") + ipc::RecordTypeName(type) + " of " +
+                                         std::to_string(bytes) +
+                                         " bytes before the worker was taken on");
+}
+
 }  // namespace
 
 std::vector<records::DeviceConfig> ExpandDevices(const std::vector<records::DeviceConfig>& in) {
@@ -239,6 +250,17 @@ milliseconds NextRestartDelay(milliseconds previous, Clock::duration uptime,
   return std::min(previous * 2, s.max_restart_backoff);
 }
 
+milliseconds RemoteTaskDeadline(std::vector<Clock::duration> durations, double factor,
+                                milliseconds floor) {
+  using Ms = std::chrono::duration<double, std::milli>;
+  if (durations.empty()) {
+    return std::chrono::duration_cast<milliseconds>(Ms(floor) * (factor + 1));
+  }
+  const auto mid = durations.begin() + static_cast<std::ptrdiff_t>(durations.size() / 2);
+  std::nth_element(durations.begin(), mid, durations.end());
+  return std::chrono::duration_cast<milliseconds>(Ms(*mid) * factor) + floor;
+}
+
 milliseconds StartDeadline(const records::SupervisionOptions& s) {
   return std::max(s.heartbeat_timeout, milliseconds(30000));
 }
@@ -265,6 +287,7 @@ WorkerPool::WorkerPool(asio::io_context& io, store::Store* store, WorkerPoolOpti
 
 WorkerPool::~WorkerPool() {
   StopListening();
+  if (deadline_timer_) deadline_timer_->cancel();
   for (auto& w : workers_) {
     if (w->restart_timer) w->restart_timer->cancel();
     if (w->hello_timer) w->hello_timer->cancel();
@@ -338,6 +361,9 @@ ckpt::Status WorkerPool::StartListening() {
   to.channel.heartbeat_timeout = options_.supervision.heartbeat_timeout;
   to.channel.ring_bytes = options_.ring_bytes;
   to.channel.max_message_bytes = options_.max_message_bytes;
+  budget_ = std::make_shared<ipc::ReceiveBudget>(options_.remote_memory_bytes);
+  to.budget = budget_;
+  to.receive_limit = PendingReceiveLimit;
   // On the listener's thread: a peer may cause one refusal per connection, so
   // the log says the first few of each interval and then how many more.
   auto log = std::make_shared<RefusalLog>();
@@ -352,6 +378,7 @@ ckpt::Status WorkerPool::StartListening() {
   CKPT_ASSIGN_OR_RETURN(listener_socket_, ipc::TcpListener::Listen(options_.listen, *secret, to));
   const std::string address = listener_socket_->address();
   Logger().info("listening for workers on {}", address);
+  ArmDeadlineTimer();
   if (!options_.address_file.empty()) {
     const std::string tmp = options_.address_file + ".tmp";
     {
@@ -376,6 +403,53 @@ void WorkerPool::StopListening() {
   if (listener_socket_) listener_socket_->Close();
 }
 
+void WorkerPool::ArmDeadlineTimer() {
+  if (!deadline_timer_) deadline_timer_ = std::make_unique<asio::steady_timer>(io_);
+  deadline_timer_->expires_after(std::chrono::seconds(1));
+  deadline_timer_->async_wait([this](const boost::system::error_code& ec) {
+    if (ec || stopped_) return;
+    CheckRemoteDeadlines();
+    ArmDeadlineTimer();
+  });
+}
+
+void WorkerPool::CheckRemoteDeadlines() {
+  const milliseconds deadline =
+      RemoteTaskDeadline(intervals_, options_.task_timeout_factor, options_.task_timeout_floor);
+  const auto now = Clock::now();
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    const Worker& w = *workers_[i];
+    if (!w.remote || !w.handle) continue;
+    const std::optional<Task> oldest = w.handle->OldestTask();
+    if (!oldest || now - oldest->dispatched <= deadline) continue;
+    if (options_.metrics) options_.metrics->RemoteTaskTimedOut();
+    const double ran = std::chrono::duration<double>(now - oldest->dispatched).count();
+    OnLost(i, fmt::format("its interval of {}/{} (task {}) went unanswered for {:.1f} s, past the "
+                          "deadline of {:.1f} s ({} x the median interval, {} seen, + {:.1f} s); "
+                          "its intervals go to other workers",
+                          oldest->exp, oldest->member, oldest->id, ran, deadline.count() / 1000.0,
+                          options_.task_timeout_factor, intervals_.size(),
+                          options_.task_timeout_floor.count() / 1000.0));
+  }
+}
+
+size_t WorkerPool::RemoteEntry() {
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    const Worker& o = *workers_[i];
+    if (o.remote && !o.handle) {
+      // A fresh entry: only the incarnation carries on, so that the events
+      // still queued for the lost connection are told apart.
+      auto w = std::make_unique<Worker>();
+      w->incarnation = o.incarnation;
+      workers_[i] = std::move(w);
+      return i;
+    }
+  }
+  workers_.push_back(std::make_unique<Worker>());
+  devices_.emplace_back();
+  return workers_.size() - 1;
+}
+
 void WorkerPool::AddRemote(ipc::Accepted accepted) {
   if (stopped_ || draining_) return;  // the channel closes as it goes
   // A lost remote worker's entry holds no channel, thread or buffer (OnLost
@@ -395,8 +469,8 @@ void WorkerPool::AddRemote(ipc::Accepted accepted) {
     }
     return;  // the channel closes as it goes
   }
-  const size_t i = workers_.size();
-  auto w = std::make_unique<Worker>();
+  const size_t i = RemoteEntry();
+  Worker* w = workers_[i].get();
   w->remote = true;
   w->peer = accepted.peer;
   w->spec.index = static_cast<int>(i);
@@ -406,17 +480,21 @@ void WorkerPool::AddRemote(ipc::Accepted accepted) {
   w->spec.metrics = options_.metrics;
   w->spec.layouts = &layouts_;
   w->spec.configures = &configures_;
+  w->spec.max_message_bytes = options_.max_message_bytes;
   const uint64_t inc = ++w->incarnation;
   w->started = Clock::now();
-  w->handle = WorkerHandle::Adopt(
-      w->spec, std::move(accepted.channel), store_, [this, i, inc](WorkerEvent ev) {
-        asio::post(
-            io_, [this, i, inc, ev = std::move(ev)]() mutable { OnEvent(i, inc, std::move(ev)); });
-      });
+  // Each event names this connection's device: its entry may be another
+  // connection's by the time a late one is handled.
+  w->handle = WorkerHandle::Adopt(w->spec, std::move(accepted.channel), store_,
+                                  [this, i, inc, device = w->spec.device.device](WorkerEvent ev) {
+                                    ev.device = device;
+                                    asio::post(io_, [this, i, inc, ev = std::move(ev)]() mutable {
+                                      OnEvent(i, inc, std::move(ev));
+                                    });
+                                  });
   Logger().info("worker {} ({}) connected from {}", i, w->spec.name, accepted.peer);
   if (options_.metrics) options_.metrics->WorkerStarted(w->spec.name, w->spec.device.device, 0);
-  devices_.push_back(w->spec.device);
-  workers_.push_back(std::move(w));
+  devices_[i] = w->spec.device;
   ArmHelloTimer(i, inc);
 }
 
@@ -452,6 +530,14 @@ void WorkerPool::OnEvent(size_t i, uint64_t inc, WorkerEvent ev) {
         Logger().warn("worker {} ({}) offered {} slots; using {} (at least 1, at most {})", i,
                       w.spec.device.device, ev.hello.slots, w.capacity, kMaxWorkerSlots);
       }
+      if (w.remote && w.capacity > options_.max_remote_slots) {
+        Logger().warn(
+            "worker {} ({}) offered {} slots; using {} ([workers] max_remote_slots, the most a "
+            "remote worker is given)",
+            i, w.spec.device.device, ev.hello.slots, options_.max_remote_slots);
+        w.capacity = std::max(1, options_.max_remote_slots);
+        if (options_.metrics) options_.metrics->RemoteSlotsCapped();
+      }
       w.mode = WireMode(ev.hello.mode, i);
       trace::Hello(static_cast<int>(i), ev.hello.device);
       listener_->OnWorkerReady(i);
@@ -478,7 +564,10 @@ void WorkerPool::OnEvent(size_t i, uint64_t inc, WorkerEvent ev) {
       return;
     default: {
       w.busy = std::max(0, w.busy - 1);
-      if (ev.kind == WorkerEvent::Kind::kCommitted) w.bad_results_in_row = 0;
+      if (ev.kind == WorkerEvent::Kind::kCommitted) {
+        w.bad_results_in_row = 0;
+        NoteInterval(Clock::now() - ev.task.dispatched);
+      }
       const bool drop =
           ev.kind == WorkerEvent::Kind::kBadResult && ++w.bad_results_in_row >= kMaxBadResultsInRow;
       if (drop) {
@@ -542,8 +631,17 @@ void WorkerPool::OnLost(size_t i, const std::string& reason) {
   }
 }
 
+void WorkerPool::NoteInterval(Clock::duration d) {
+  if (intervals_.size() < kIntervalsRemembered) {
+    intervals_.push_back(d);
+    return;
+  }
+  intervals_[interval_next_] = d;
+  interval_next_ = (interval_next_ + 1) % kIntervalsRemembered;
+}
+
 void WorkerPool::ForwardTaskEvent(size_t i, WorkerEvent ev) {
-  ev.device = workers_[i]->spec.device.device;
+  if (ev.device.empty()) ev.device = workers_[i]->spec.device.device;
   listener_->OnTaskEvent(i, std::move(ev));
 }
 
@@ -581,6 +679,7 @@ void WorkerPool::StopAll(bool graceful) {
   if (stopped_) return;
   stopped_ = true;
   StopListening();
+  if (deadline_timer_) deadline_timer_->cancel();
   for (auto& w : workers_) {
     if (w->restart_timer) w->restart_timer->cancel();
     if (w->hello_timer) w->hello_timer->cancel();

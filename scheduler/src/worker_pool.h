@@ -128,7 +128,28 @@ struct WorkerPoolOptions {
   // blob limit plus room for the record's other fields. Default: the default
   // store's (ipc::kDefaultTcpMaxMessageBytes).
   size_t max_message_bytes = ipc::kDefaultTcpMaxMessageBytes;
+  // Bytes the received messages of every remote worker may hold together
+  // (ipc::ReceiveBudget; records::RemoteWorkersConfig::remote_memory_bytes).
+  // Default: 2 GiB.
+  uint64_t remote_memory_bytes = uint64_t{2048} << 20;
+  // The most slots a remote worker is given, whatever its HELLO offers.
+  // Default: 64.
+  int max_remote_slots = 64;
+  // A remote worker's task unanswered past task_timeout_factor x the median
+  // training interval seen plus task_timeout_floor (none seen yet: the floor
+  // x (factor + 1)) loses the worker (RemoteTaskDeadline). Defaults: 10, 60 s.
+  double task_timeout_factor = 10;
+  std::chrono::milliseconds task_timeout_floor{60000};
 };
+
+// How long a remote worker's task may go unanswered, from the training
+// intervals seen so far (`durations`, any order; empty: none yet).
+std::chrono::milliseconds RemoteTaskDeadline(std::vector<Clock::duration> durations, double factor,
+                                             std::chrono::milliseconds floor);
+
+// The training intervals whose durations RemoteTaskDeadline is given: the
+// latest this many.
+inline constexpr size_t kIntervalsRemembered = 255;
 
 class WorkerPool : public TaskSink {
  public:
@@ -174,8 +195,12 @@ class WorkerPool : public TaskSink {
   // Sum over every worker process run of its peak resident set.
   int64_t PeakRssBytes() const;
   // One entry per worker index: the configured devices, then one per remote
-  // worker that connected (device "r<N>@ADDRESS").
+  // worker connected (device "r<N>@ADDRESS"). A remote worker's entry is
+  // reused by a later connection once it was lost, so the list holds at
+  // most the devices plus the most remote workers ever connected at once.
   const std::vector<records::DeviceConfig>& devices() const { return devices_; }
+  // The remote memory budget, while listening (null otherwise).
+  const ipc::ReceiveBudget* remote_budget() const { return budget_.get(); }
 
  private:
   struct Worker {
@@ -207,9 +232,18 @@ class WorkerPool : public TaskSink {
   // at once past max_remote_workers.
   void AddRemote(ipc::Accepted accepted);
   void StopListening();
+  // Every second while listening: loses each remote worker holding a task
+  // past RemoteTaskDeadline.
+  void ArmDeadlineTimer();
+  void CheckRemoteDeadlines();
+  // The entry for a new remote connection: a lost remote worker's, else a new one.
+  size_t RemoteEntry();
   void OnEvent(size_t i, uint64_t incarnation, WorkerEvent ev);
   void OnLost(size_t i, const std::string& reason);
-  // Reports a task event of worker `i` to the listener, with its device.
+  // A training interval took `d`, dispatch to commit.
+  void NoteInterval(Clock::duration d);
+  // Reports a task event of worker `i` to the listener, with its device (the
+  // event's own when set).
   void ForwardTaskEvent(size_t i, WorkerEvent ev);
 
   boost::asio::io_context& io_;
@@ -228,6 +262,12 @@ class WorkerPool : public TaskSink {
 
   // Its thread authenticates connections and posts them to io_.
   std::unique_ptr<ipc::TcpListener> listener_socket_;
+  std::shared_ptr<ipc::ReceiveBudget> budget_;  // the remote workers' (null: not listening)
+  std::unique_ptr<boost::asio::steady_timer> deadline_timer_;
+  // The latest training intervals' durations, dispatch to commit (at most
+  // kIntervalsRemembered; the oldest replaced first at interval_next_).
+  std::vector<Clock::duration> intervals_;
+  size_t interval_next_ = 0;
 };
 
 }  // namespace ckpt::scheduler

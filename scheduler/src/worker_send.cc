@@ -22,6 +22,9 @@ void WorkerHandle::SendLoopBody() {
       if (stopping_.load()) return;
       task = queue_.front();
       queue_.pop_front();
+      // An initialisation's RESULT carries a state like the experiment's
+      // others; a training one's is set below from the state sent.
+      if (spec_.layouts) task.expected_state_bytes = spec_.layouts->StateBytes(task.exp);
       in_flight_[task.id] = task;
     }
     Status s = SendTask(task);
@@ -70,6 +73,12 @@ Status WorkerHandle::SendTask(const Task& task) {
       spec_.metrics->StoreOperation(metrics::StoreOp::kReadHeadBlob, SecondsSince(t0), blob.size());
     }
     t.state.size = blob.size();
+    if (spec_.layouts) spec_.layouts->NoteStateBytes(task.exp, blob.size());
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = in_flight_.find(task.id);
+      if (it != in_flight_.end()) it->second.expected_state_bytes = blob.size();
+    }
     // What the result is checked against: the header alone (the worker
     // verifies the tensors), as the member's last commit of this very blob
     // recorded it, else parsed here. A state that does not parse is sent as

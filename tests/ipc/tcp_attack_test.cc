@@ -2,9 +2,11 @@
 // middle (a relay thread) that flips one bit of the TLS stream or replays a
 // recorded opening, an authenticated peer that claims a 2 GiB message, and
 // 1,000 slow connections from one address that must not keep a real worker
-// out. Loopback only (127.0.0.1 and 127.0.0.2).
+// out; the receive limit, the memory budget that channels share and empty
+// messages against the receive queue. Loopback only (127.0.0.1 and 127.0.0.2).
 #include <gtest/gtest.h>
 #include <poll.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 
 #include <atomic>
@@ -382,6 +384,171 @@ TEST(TcpAttackTest, LimitsDocMatchesTheConstants) {
   };
   for (const auto& w : want) EXPECT_NE(doc.find(w), std::string::npos) << "not in LIMITS.md: " << w;
   EXPECT_EQ(o.channel.max_message_bytes, kDefaultTcpMaxMessageBytes);
+}
+
+// A listener on loopback with `options` and a worker connected to it: the
+// scheduler's side of the connection and the worker's.
+struct Link {
+  std::unique_ptr<TcpListener> listener;
+  std::unique_ptr<Channel> server;
+  std::unique_ptr<Channel> client;
+};
+
+Link Connected(const TcpOptions& options, std::unique_ptr<TcpListener> listener = nullptr) {
+  Link l;
+  if (!listener) {
+    auto made = TcpListener::Listen("127.0.0.1:0", kSecret, options);
+    EXPECT_TRUE(made.ok()) << made.status().ToString();
+    if (!made.ok()) return l;
+    listener = std::move(*made);
+  }
+  TcpOptions client;
+  client.channel.max_message_bytes = uint64_t{1} << 40;  // the sender claims what it likes
+  auto c = TcpChannel::Connect("127.0.0.1:" + std::to_string(listener->port()), kSecret, client);
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  if (!c.ok()) return l;
+  auto a = listener->Accept(DeadlineIn(milliseconds(10000)));
+  EXPECT_TRUE(a.ok()) << a.status().ToString();
+  if (!a.ok()) return l;
+  l.listener = std::move(listener);
+  l.server = std::move(a->channel);
+  l.client = std::move(*c);
+  return l;
+}
+
+// `bytes` of anonymous memory never written: reading it costs no resident page.
+struct Zeros {
+  explicit Zeros(size_t n) : bytes(n) {
+    p = mmap(nullptr, n, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) std::abort();
+  }
+  ~Zeros() { munmap(p, bytes); }
+  size_t bytes;
+  void* p;
+};
+
+TEST(TcpAttackTest, AMessageOverItsLimitIsRefusedAtItsFirstHeaderBeforeAnyBuffer) {
+  TcpOptions o;
+  o.receive_limit = [](RecordType type, uint64_t bytes) {
+    if (type == RecordType::kResult && bytes <= (uint64_t{1} << 20)) return Status::OK();
+    return Status::ResourceExhausted("no " + std::string(RecordTypeName(type)) + " of " +
+                                     std::to_string(bytes) + " bytes here");
+  };
+  Link l = Connected(o);
+  ASSERT_TRUE(l.server && l.client);
+  const int64_t before = PeakRssKiB();
+  const Zeros claim(size_t{256} << 20);
+  std::thread sender([&] {
+    (void)l.client->Send(RecordType::kResult, claim.p, claim.bytes,
+                         DeadlineIn(milliseconds(60000)));
+  });
+  auto r = l.server->Receive(DeadlineIn(milliseconds(60000)));
+  EXPECT_TRUE(r.status().IsCorruption()) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("no RESULT of 268435456 bytes here"), std::string::npos)
+      << r.status().ToString();
+  l.server->Close();
+  l.client->Close();
+  sender.join();
+  EXPECT_LT(PeakRssKiB() - before, 32 * 1024) << "the refused message was buffered";
+}
+
+TEST(TcpAttackTest, ChannelsShareOneReceiveBudget) {
+  auto budget = std::make_shared<ReceiveBudget>(uint64_t{8} << 20);
+  TcpOptions o;
+  o.budget = budget;
+  o.channel.heartbeat_timeout = milliseconds(120000);  // a claim waits this long for room
+  auto listener = TcpListener::Listen("127.0.0.1:0", kSecret, o);
+  ASSERT_TRUE(listener.ok());
+  Link a = Connected(o, std::move(*listener));
+  ASSERT_TRUE(a.server && a.client);
+  Link b = Connected(o, std::move(a.listener));
+  ASSERT_TRUE(b.server && b.client);
+  // 6 MiB each: the two never fit at once.
+  const std::vector<uint8_t> six(size_t{6} << 20, 0x5a);
+  std::thread sa([&] {
+    EXPECT_TRUE(
+        a.client
+            ->Send(RecordType::kResult, six.data(), six.size(), DeadlineIn(milliseconds(120000)))
+            .ok());
+  });
+  std::thread sb([&] {
+    EXPECT_TRUE(
+        b.client
+            ->Send(RecordType::kResult, six.data(), six.size(), DeadlineIn(milliseconds(120000)))
+            .ok());
+  });
+  // Whichever claimed first arrives; the other's claim waits while it is held.
+  Channel* first = nullptr;
+  Channel* second = nullptr;
+  const auto until = Clock::now() + milliseconds(120000);
+  while (first == nullptr && Clock::now() < until) {
+    for (Channel* c : {a.server.get(), b.server.get()}) {
+      auto r = c->Receive(DeadlineIn(milliseconds(50)));
+      if (r.ok()) {
+        EXPECT_EQ(r->size, six.size());
+        first = c;
+        second = c == a.server.get() ? b.server.get() : a.server.get();
+        break;
+      }
+      ASSERT_TRUE(r.status().IsResourceExhausted()) << r.status().ToString();
+    }
+  }
+  ASSERT_NE(first, nullptr);
+  EXPECT_EQ(budget->used(), six.size() + kTcpReceivedItemBytes);
+  first->Release();
+  auto r = second->Receive(DeadlineIn(milliseconds(120000)));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->size, six.size());
+  second->Release();
+  sa.join();
+  sb.join();
+  EXPECT_LE(budget->peak(), budget->limit());
+  EXPECT_EQ(budget->used(), 0u);
+  // A claim larger than the whole budget is refused at once.
+  const std::vector<uint8_t> nine(size_t{9} << 20, 0x5a);
+  std::thread sc([&] {
+    (void)a.client->Send(RecordType::kResult, nine.data(), nine.size(),
+                         DeadlineIn(milliseconds(10000)));
+  });
+  r = a.server->Receive(DeadlineIn(milliseconds(60000)));
+  EXPECT_TRUE(r.status().IsCorruption()) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("above the whole remote memory budget of 8388608 bytes"),
+            std::string::npos)
+      << r.status().ToString();
+  a.client->Close();
+  sc.join();
+}
+
+TEST(TcpAttackTest, EmptyMessagesCountAgainstTheReceiveQueue) {
+  auto budget = std::make_shared<ReceiveBudget>(uint64_t{1} << 30);  // to watch the queue
+  TcpOptions o;
+  o.budget = budget;
+  o.channel.ring_bytes = 4096;
+  o.channel.heartbeat_timeout = milliseconds(120000);
+  Link l = Connected(o);
+  ASSERT_TRUE(l.server && l.client);
+  constexpr int kMessages = 20000;
+  std::thread sender([&] {
+    for (int i = 0; i < kMessages; ++i) {
+      ASSERT_TRUE(
+          l.client->Send(RecordType::kStats, nullptr, 0, DeadlineIn(milliseconds(120000))).ok());
+    }
+  });
+  // Nothing is taken until the reader has filled its queue and stopped.
+  const auto until = Clock::now() + milliseconds(120000);
+  while (budget->used() < 4096 && Clock::now() < until) {
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  int received = 0;
+  while (received < kMessages) {
+    auto r = l.server->Receive(DeadlineIn(milliseconds(120000)));
+    ASSERT_TRUE(r.ok()) << r.status().ToString() << " after " << received;
+    ++received;
+  }
+  sender.join();
+  // The queue held at most its bound and one more message, never all of them.
+  EXPECT_GE(budget->peak(), 4096u);
+  EXPECT_LE(budget->peak(), 4096u + kTcpReceivedItemBytes);
 }
 
 }  // namespace

@@ -78,6 +78,8 @@ const std::vector<ExpectedFamily>& ExpectedFamilies() {
       {"ckpt_scheduler_resident_memory_bytes", "gauge", "bytes", {}},
       {"ckpt_host_cpus", "gauge", "", {}},
       {"ckpt_metrics_dropped_updates_total", "counter", "", {}},
+      {"ckpt_remote_slots_capped_total", "counter", "", {}},
+      {"ckpt_remote_task_timeouts_total", "counter", "", {}},
   };
   return kFamilies;
 }
@@ -421,6 +423,22 @@ TEST(MetricsTest, CountersFromRunningTotalsSurviveAWorkerRestart) {
   EXPECT_EQ(ValueOf(e, "ckpt_ring_bad_records_total", w0), 1);
   EXPECT_EQ(ValueOf(e, "ckpt_worker_slots_busy", w0), 3);
   EXPECT_GT(ValueOf(e, "ckpt_worker_resident_memory_bytes", w0), 0);
+}
+
+TEST(MetricsTest, RemoteWorkerBoundsAreCounted) {
+  MetricsOptions o;
+  o.listen = "";
+  auto m = OpenOrDie(o);
+  ASSERT_NE(m, nullptr);
+  Exposition e = ParseOrFail(m->RenderText());
+  EXPECT_EQ(ValueOf(e, "ckpt_remote_slots_capped_total", {}), 0);
+  EXPECT_EQ(ValueOf(e, "ckpt_remote_task_timeouts_total", {}), 0);
+  m->RemoteSlotsCapped();
+  m->RemoteTaskTimedOut();
+  m->RemoteTaskTimedOut();
+  e = ParseOrFail(m->RenderText());
+  EXPECT_EQ(ValueOf(e, "ckpt_remote_slots_capped_total", {}), 1);
+  EXPECT_EQ(ValueOf(e, "ckpt_remote_task_timeouts_total", {}), 2);
 }
 
 TEST(MetricsTest, ExperimentFiguresAreWhatWasReported) {

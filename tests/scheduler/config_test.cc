@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -183,6 +184,33 @@ TEST(ConfigTest, BadValuesAreRefused) {
   ExpectError(Replace(kGood, "device = \"cpu\"", "device = \"tpu\""), "devices[0].device");
   ExpectError(Replace(kGood, "name = \"t1\"", "name = \"a b\""), "name");
   ExpectError("name = \"x\"\n[population]\nsize = [", "exp.toml line 3");
+}
+
+TEST(ConfigTest, RemoteWorkerBoundsAreReadWithTheirDefaultsAndRanges) {
+  auto plain = records::ParseExperimentConfig(kGood, "exp.toml");
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  EXPECT_EQ(plain->workers.remote_memory_bytes, uint64_t{2048} << 20);
+  EXPECT_EQ(plain->workers.max_remote_slots, 64);
+  EXPECT_EQ(plain->workers.task_timeout_factor, 10);
+  EXPECT_EQ(plain->workers.task_timeout_floor, std::chrono::milliseconds(60000));
+  const std::string table =
+      std::string(kGood) +
+      "[workers]\nlisten = \"127.0.0.1:0\"\nsecret_file = \"s\"\nremote_memory_mib = 512\n"
+      "max_remote_slots = 8\ntask_timeout_factor = 4\ntask_timeout_floor_s = 2.5\n";
+  auto c = records::ParseExperimentConfig(table, "exp.toml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->workers.remote_memory_bytes, uint64_t{512} << 20);
+  EXPECT_EQ(c->workers.max_remote_slots, 8);
+  EXPECT_EQ(c->workers.task_timeout_factor, 4);
+  EXPECT_EQ(c->workers.task_timeout_floor, std::chrono::milliseconds(2500));
+  ExpectError(Replace(table, "remote_memory_mib = 512", "remote_memory_mib = 8"),
+              "workers.remote_memory_mib (exp.toml line 35): must be in [16");
+  ExpectError(Replace(table, "max_remote_slots = 8", "max_remote_slots = 257"),
+              "workers.max_remote_slots");
+  ExpectError(Replace(table, "task_timeout_factor = 4", "task_timeout_factor = 0.5"),
+              "workers.task_timeout_factor");
+  ExpectError(Replace(table, "task_timeout_floor_s = 2.5", "task_timeout_floor_s = 0"),
+              "workers.task_timeout_floor_s");
 }
 
 TEST(ConfigTest, EmptySearchSpaceIsRefused) {

@@ -28,6 +28,16 @@
 //                                                          default 1)
 //   forging_worker HOST:PORT SECRET_FILE hello SLOTS   (a HELLO offering SLOTS,
 //                                                       then wait to be dropped)
+//   forging_worker HOST:PORT SECRET_FILE sit SLOTS     (a HELLO offering SLOTS,
+//       then take every TRAIN and answer none, printing "got TRAIN task N"
+//       for each, until dropped: a hoarder)
+//   forging_worker HOST:PORT SECRET_FILE cycle N       (N connections, one
+//       after the other, each closed right after its handshake)
+//   forging_worker HOST:PORT SECRET_FILE claim TYPE MIB  (a HELLO, then, for
+//       TYPE "result" once a TRAIN came, one message of TYPE ("result",
+//       "train", "stats", "empty": N empty STATS) of MIB MiB, read from
+//       untouched anonymous memory so that this process holds none of it;
+//       prints "claim sent" or "claim failed: ..." and exits once dropped)
 //
 // The dispatcher hands a task to the worker with the most free capacity, so a
 // forger that offers more slots than the honest worker is offered every task
@@ -36,6 +46,8 @@
 // worker has trained an interval).
 //
 // Prints one line per forgery sent ("forged score task 3 exp/m1").
+#include <sys/mman.h>
+
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -243,12 +255,116 @@ Ended Connection(const std::string& addr, const std::string& secret, const std::
   }
 }
 
+// Waits until the scheduler closes `channel`, printing each TRAIN it sends
+// (never answered).
+void SitUntilDropped(Channel* channel) {
+  while (true) {
+    auto rec = channel->Receive(DeadlineIn(milliseconds(500)));
+    if (!rec.ok()) {
+      if (rec.status().IsResourceExhausted()) continue;
+      std::printf("channel closed: %s\n", rec.status().ToString().c_str());
+      std::fflush(stdout);
+      return;
+    }
+    if (rec->type == ckpt::ipc::RecordType::kTrain) {
+      auto train = ckpt::ipc::DecodeTrain(rec->payload, rec->size);
+      std::printf("got TRAIN task %llu\n",
+                  train.ok() ? static_cast<unsigned long long>(train->task_id) : 0ull);
+      std::fflush(stdout);
+    }
+    channel->Release();
+  }
+}
+
+// The hoarder: HELLO offering `slots`, then every TRAIN taken and none answered.
+int Sit(const std::string& addr, const std::string& secret, int64_t slots) {
+  auto ch = ckpt::ipc::TcpChannel::Connect(addr, secret, ckpt::ipc::TcpOptions{});
+  if (!ch.ok()) {
+    std::fprintf(stderr, "forging_worker: %s\n", ch.status().ToString().c_str());
+    return 2;
+  }
+  if (!SayHello(ch->get(), slots)) return 2;
+  SitUntilDropped(ch->get());
+  return 0;
+}
+
+// `n` connections, each closed right after its handshake.
+int Cycle(const std::string& addr, const std::string& secret, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    auto ch = ckpt::ipc::TcpChannel::Connect(addr, secret, ckpt::ipc::TcpOptions{});
+    if (!ch.ok()) {
+      std::fprintf(stderr, "forging_worker: %s\n", ch.status().ToString().c_str());
+      return 2;
+    }
+  }
+  std::printf("cycled %lld\n", static_cast<long long>(n));
+  return 0;
+}
+
+// One message of `type` claiming `mib` MiB ("empty": that many thousand empty
+// STATS), its bytes read from anonymous memory never written (the zero page),
+// so that the claim costs this process nothing.
+int Claim(const std::string& addr, const std::string& secret, const std::string& type,
+          int64_t mib) {
+  ckpt::ipc::TcpOptions options;
+  options.channel.max_message_bytes = uint64_t{1} << 40;
+  auto ch = ckpt::ipc::TcpChannel::Connect(addr, secret, options);
+  if (!ch.ok()) {
+    std::fprintf(stderr, "forging_worker: %s\n", ch.status().ToString().c_str());
+    return 2;
+  }
+  Channel* channel = ch->get();
+  if (!SayHello(channel, 1)) return 2;
+  if (type == "result") {
+    // Answered as if it were the task's, so that a cap by the task applies.
+    while (true) {
+      auto rec = channel->Receive(DeadlineIn(milliseconds(60000)));
+      if (!rec.ok()) {
+        std::printf("no TRAIN: %s\n", rec.status().ToString().c_str());
+        return 1;
+      }
+      const bool train = rec->type == ckpt::ipc::RecordType::kTrain;
+      channel->Release();
+      if (train) break;
+    }
+  }
+  Status s;
+  if (type == "empty") {
+    for (int64_t i = 0; i < mib * 1000 && s.ok(); ++i) {
+      s = channel->Send(ckpt::ipc::RecordType::kStats, nullptr, 0, DeadlineIn(milliseconds(60000)));
+    }
+  } else {
+    const size_t bytes = static_cast<size_t>(mib) << 20;
+    void* zeros = mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (zeros == MAP_FAILED) std::abort();
+    const auto record = type == "result"  ? ckpt::ipc::RecordType::kResult
+                        : type == "stats" ? ckpt::ipc::RecordType::kStats
+                                          : ckpt::ipc::RecordType::kTrain;
+    s = channel->Send(record, zeros, bytes, DeadlineIn(milliseconds(120000)));
+    munmap(zeros, bytes);
+  }
+  if (s.ok()) {
+    std::printf("claim sent\n");
+  } else {
+    std::printf("claim failed: %s\n", s.ToString().c_str());
+  }
+  std::fflush(stdout);
+  SitUntilDropped(channel);
+  return 0;
+}
+
 int Run(const std::string& addr, const std::string& secret_file, const std::string& mode,
-        int64_t hello_slots) {
+        int64_t hello_slots, const std::vector<std::string>& rest) {
   auto secret = ckpt::ipc::LoadSecretFile(secret_file);
   if (!secret.ok()) {
     std::fprintf(stderr, "forging_worker: %s\n", secret.status().ToString().c_str());
     return 2;
+  }
+  if (mode == "sit") return Sit(addr, *secret, hello_slots);
+  if (mode == "cycle") return Cycle(addr, *secret, hello_slots);
+  if (mode == "claim") {
+    if (rest.size() < 2) return 2;
+    return Claim(addr, *secret, rest[0], std::atoll(rest[1].c_str()));
   }
   std::deque<std::string> plain = {"score", "samples", "step", "loss"};
   std::deque<std::string> stateful = {"layout", "stale"};
@@ -274,10 +390,12 @@ int Run(const std::string& addr, const std::string& secret_file, const std::stri
 
 int main(int argc, char** argv) {
   if (argc < 4) {
-    std::fprintf(stderr, "usage: forging_worker HOST:PORT SECRET_FILE results|hello [SLOTS]\n");
+    std::fprintf(stderr,
+                 "usage: forging_worker HOST:PORT SECRET_FILE results|hello|sit|cycle [N]\n"
+                 "       forging_worker HOST:PORT SECRET_FILE claim TYPE MIB\n");
     return 2;
   }
   const std::string mode = argv[3];
-  const int64_t slots = argc > 4 ? std::atoll(argv[4]) : 1;
-  return Run(argv[1], argv[2], mode, slots);
+  const int64_t slots = argc > 4 && mode != "claim" ? std::atoll(argv[4]) : 1;
+  return Run(argv[1], argv[2], mode, slots, std::vector<std::string>(argv + 4, argv + argc));
 }

@@ -42,15 +42,17 @@ using Item = ReceivedItem;
 // Plaintext bytes of a frame sealed and sent at a time (see WriteFrameLocked).
 constexpr size_t kSealChunk = size_t{64} << 10;
 
-class TcpChannelImpl final : public Channel {
+class TcpChannelImpl final : public Channel, private ReceiveClaims {
  public:
   TcpChannelImpl(int fd, std::unique_ptr<TlsSession> tls, std::string peer, std::string name,
-                 const ChannelOptions& options)
+                 const TcpOptions& options)
       : fd_(fd),
         tls_(std::move(tls)),
         peer_(std::move(peer)),
         name_(std::move(name)),
-        options_(options) {
+        options_(options.channel),
+        budget_(options.budget),
+        limit_(options.receive_limit) {
     last_rx_ns_.store(NowNs());
     last_tx_ns_.store(NowNs());
     reader_ = std::thread([this] { Guarded("reader", [this] { ReadLoop(); }); });
@@ -61,6 +63,9 @@ class TcpChannelImpl final : public Channel {
     Close();
     if (reader_.joinable()) reader_.join();
     if (heartbeat_.joinable()) heartbeat_.join();
+    // What the queue still holds goes back to the budget (the reader's
+    // assembler gave back its own as the reader ended).
+    Unclaim(held_.load());
     tls_.reset();
     ::close(fd_);
   }
@@ -148,7 +153,7 @@ class TcpChannelImpl final : public Channel {
         queue_.pop_front();
         if (!current_->error.ok()) {
           Status e = current_->error;
-          current_.reset();
+          ReleaseCurrentLocked();
           return e;
         }
         Received r;
@@ -171,11 +176,12 @@ class TcpChannelImpl final : public Channel {
 
   void Release() override {
     std::lock_guard<std::mutex> lock(rx_mu_);
-    if (current_) {
-      queued_bytes_ -= current_->payload.size();
-      current_.reset();
-      rx_cv_.notify_all();
-    }
+    ReleaseCurrentLocked();
+  }
+
+  void SetReceiveLimit(ReceiveLimit limit) override {
+    std::lock_guard<std::mutex> lock(limit_mu_);
+    limit_ = std::move(limit);
   }
 
   bool PeerAlive() const override { return !dead_.load() && !closed_.load(); }
@@ -207,6 +213,48 @@ class TcpChannelImpl final : public Channel {
   const std::string& name() const override { return name_; }
 
  private:
+  // REQUIRES: rx_mu_ held.
+  void ReleaseCurrentLocked() {
+    if (!current_) return;
+    queued_bytes_ -= current_->charge;
+    Unclaim(current_->charge);
+    current_.reset();
+    rx_cv_.notify_all();
+  }
+
+  // ReceiveClaims, on the reader thread: the peer's limit for this message,
+  // then its share of the budget, waited for (with the reader stopped, so
+  // that neither side's heartbeat judges the wait) for up to
+  // heartbeat_timeout.
+  Status Claim(RecordType type, uint64_t message_bytes, uint64_t charge) override {
+    {
+      std::lock_guard<std::mutex> lock(limit_mu_);
+      if (limit_) CKPT_RETURN_IF_ERROR(limit_(type, message_bytes));
+    }
+    if (budget_) {
+      reader_paused_.store(true);
+      Status s = budget_->Acquire(charge, DeadlineIn(options_.heartbeat_timeout), [this] {
+        if (closed_.load()) return Status::Aborted("channel " + name_ + " closed");
+        if (dead_.load()) return DeadStatus();
+        return Status::OK();
+      });
+      reader_paused_.store(false);
+      last_rx_ns_.store(NowNs());
+      if (!s.ok()) {
+        return Status(s.code(), std::string("a ") + RecordTypeName(type) + " of " +
+                                    std::to_string(message_bytes) + " bytes: " + s.message());
+      }
+    }
+    held_ += charge;
+    return Status::OK();
+  }
+
+  void Unclaim(uint64_t charge) override {
+    if (charge == 0) return;
+    held_ -= charge;
+    if (budget_) budget_->Release(charge);
+  }
+
   Status DeadStatus() const {
     std::lock_guard<std::mutex> lock(dead_mu_);
     return Status::Unavailable(dead_reason_);
@@ -400,7 +448,7 @@ class TcpChannelImpl final : public Channel {
 
   void PushItem(Item item) {
     std::lock_guard<std::mutex> lock(rx_mu_);
-    queued_bytes_ += item.payload.size();
+    queued_bytes_ += item.charge;
     queue_.push_back(std::move(item));
     rx_cv_.notify_all();
   }
@@ -430,12 +478,14 @@ class TcpChannelImpl final : public Channel {
       return Status::OK();
     };
     const auto on_bytes = [this] { last_rx_ns_.store(NowNs()); };
-    FrameAssembler frames(peer_, options_.max_message_bytes);
+    FrameAssembler frames(peer_, options_.max_message_bytes, this);
     while (true) {
       {
         std::unique_lock<std::mutex> lock(rx_mu_);
         // The message being assembled counts too; it may grow alone up to
-        // max_message_bytes (the queue holds at least one message).
+        // max_message_bytes (the queue holds at least one message). Each
+        // queued message counts its charge (its payload and
+        // kTcpReceivedItemBytes), so empty ones fill the queue too.
         partial_bytes_ = frames.partial_bytes();
         while (queued_bytes_ > 0 && queued_bytes_ + partial_bytes_ >= options_.ring_bytes &&
                !closed_.load() && !dead_.load()) {
@@ -494,11 +544,15 @@ class TcpChannelImpl final : public Channel {
   std::condition_variable rx_cv_;
   std::deque<Item> queue_;       // GUARDED_BY(rx_mu_)
   std::optional<Item> current_;  // GUARDED_BY(rx_mu_): the last received, until Release
-  size_t queued_bytes_ = 0;      // GUARDED_BY(rx_mu_): queue_ and current_
+  size_t queued_bytes_ = 0;      // GUARDED_BY(rx_mu_): the charges of queue_ and current_
   size_t partial_bytes_ = 0;     // GUARDED_BY(rx_mu_): the message being assembled
   Status reader_end_;            // GUARDED_BY(rx_mu_): why the reader stopped
   std::atomic<int64_t> last_rx_ns_{0};
   std::atomic<bool> reader_paused_{false};
+  const std::shared_ptr<ReceiveBudget> budget_;  // null: none
+  std::atomic<uint64_t> held_{0};                // claimed from budget_, not given back
+  std::mutex limit_mu_;
+  ReceiveLimit limit_;  // GUARDED_BY(limit_mu_)
 
   std::mutex hb_mu_;
   std::condition_variable hb_cv_;
@@ -513,9 +567,53 @@ class TcpChannelImpl final : public Channel {
 }  // namespace
 
 std::unique_ptr<Channel> MakeTcpChannel(int fd, std::unique_ptr<TlsSession> tls, std::string peer,
-                                        std::string name, const ChannelOptions& options) {
+                                        std::string name, const TcpOptions& options) {
   return std::make_unique<TcpChannelImpl>(fd, std::move(tls), std::move(peer), std::move(name),
                                           options);
 }
 
 }  // namespace ckpt::ipc::internal
+
+namespace ckpt::ipc {
+
+Status ReceiveBudget::Acquire(uint64_t bytes, Deadline deadline,
+                              const std::function<Status()>& stop) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (bytes > limit_) {
+    return Status::ResourceExhausted("above the whole remote memory budget of " +
+                                     std::to_string(limit_) + " bytes");
+  }
+  while (limit_ - used_ < bytes) {
+    CKPT_RETURN_IF_ERROR(stop());
+    const auto now = Clock::now();
+    if (now >= deadline) {
+      return Status::ResourceExhausted("the remote memory budget of " + std::to_string(limit_) +
+                                       " bytes (" + std::to_string(used_) +
+                                       " held by connected workers) had no room by the deadline");
+    }
+    cv_.wait_until(lock, std::min(deadline, now + internal::kSlice));
+  }
+  used_ += bytes;
+  peak_ = std::max(peak_, used_);
+  return Status::OK();
+}
+
+void ReceiveBudget::Release(uint64_t bytes) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    used_ -= std::min(bytes, used_);
+  }
+  cv_.notify_all();
+}
+
+uint64_t ReceiveBudget::used() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return used_;
+}
+
+uint64_t ReceiveBudget::peak() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return peak_;
+}
+
+}  // namespace ckpt::ipc

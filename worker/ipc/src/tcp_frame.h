@@ -38,7 +38,10 @@
 // framing, so the channel's receive side is broken for good (Corruption). A payload whose XXH3 does
 // not match is skipped (the header's length is trusted by then) and reported once as Corruption.
 // These reader rules are code in one place, FrameAssembler (tcp_frame_reader.h), which the channel
-// and the fuzz target tests/fuzz/tcp_frame_fuzz.cc share.
+// and the fuzz target tests/fuzz/tcp_frame_fuzz.cc share. Once the header passes them, the reader
+// claims the message's buffer (its type and message_bytes against the receiver's limit, its size
+// plus kTcpReceivedItemBytes against its memory budget; ckpt/ipc/tcp_channel.h) before it
+// allocates the buffer, at exactly that size; a refused claim breaks the stream like a bad header.
 #ifndef CKPT_IPC_SRC_TCP_FRAME_H_
 #define CKPT_IPC_SRC_TCP_FRAME_H_
 

@@ -7,9 +7,12 @@
 // Use, per frame: OnHeader(h); if OK, read exactly payload_size() bytes into
 // payload() (nullptr when 0); then OnPayload(). A non-OK OnHeader means the
 // stream's framing is lost: stop reading (the channel's receive side is broken
-// for good). Memory: a payload buffer is at most kTcpMaxFramePayload bytes
-// (OnHeader checks the length before anything is allocated); the message being
-// assembled grows only by payloads actually received, up to max_message_bytes.
+// for good). Memory: every buffer is claimed (ReceiveClaims) at the header of
+// its message's first frame, before it is allocated, and is allocated at the
+// claimed size at once, never grown by doubling: a single frame's payload (at
+// most kTcpMaxFramePayload bytes, checked first), a fragmented message's whole
+// claim (at most max_message_bytes; its pages become resident only as payloads
+// arrive), a skipped fragment's payload (freed once read).
 //
 // Thread-safety: one thread at a time (the reader).
 #ifndef CKPT_IPC_SRC_TCP_FRAME_READER_H_
@@ -26,6 +29,7 @@
 
 #include "ckpt/base/status.h"
 #include "ckpt/ipc/channel.h"
+#include "ckpt/ipc/tcp_channel.h"
 #include "tcp_frame.h"
 
 namespace ckpt::ipc::internal {
@@ -63,19 +67,43 @@ struct ReceivedItem {
   RecordType type = RecordType::kPadding;
   uint64_t sequence = 0;
   PayloadBytes payload;
+  // What its consumer gives back (ReceiveClaims::Unclaim) once done with it.
+  uint64_t charge = 0;
+};
+
+// A queued message's bookkeeping is within what the budget charges for it.
+static_assert(sizeof(ReceivedItem) + 2 * sizeof(void*) <= kTcpReceivedItemBytes);
+
+// Where a FrameAssembler's buffers are accounted (the channel's receive
+// limit and budget).
+class ReceiveClaims {
+ public:
+  virtual ~ReceiveClaims() = default;
+  // Before a buffer of `charge` bytes is allocated for a message of `type`
+  // claiming `message_bytes`: OK to go on; else why not (the stream breaks).
+  virtual Status Claim(RecordType type, uint64_t message_bytes, uint64_t charge) = 0;
+  // A claim's buffer was freed by the assembler, not handed over.
+  virtual void Unclaim(uint64_t charge) = 0;
 };
 
 class FrameAssembler {
  public:
   // `peer` names the other side in errors; a fragmented message may claim at
-  // most `max_message_bytes`.
-  FrameAssembler(std::string peer, uint64_t max_message_bytes)
-      : peer_(std::move(peer)), max_message_bytes_(max_message_bytes) {}
+  // most `max_message_bytes`. `claims` (null: none) must outlive the
+  // assembler; every message handed out carries the charge its consumer gives
+  // back, the rest the assembler gives back itself (at the latest when
+  // destroyed).
+  FrameAssembler(std::string peer, uint64_t max_message_bytes, ReceiveClaims* claims = nullptr)
+      : peer_(std::move(peer)), max_message_bytes_(max_message_bytes), claims_(claims) {}
+  ~FrameAssembler();
+  FrameAssembler(const FrameAssembler&) = delete;
+  FrameAssembler& operator=(const FrameAssembler&) = delete;
 
   // Checks `h` (magic, header checksum, payload limit, reserved fields, type,
-  // flags, sequence == previous + 1, fragment bookkeeping). OK: read the
-  // payload next. Corruption naming the peer and the fault otherwise (the
-  // stream is unusable from here).
+  // flags, sequence == previous + 1, fragment bookkeeping), then claims the
+  // buffer its payload needs (ReceiveClaims::Claim). OK: read the payload
+  // next. Corruption naming the peer and the fault, or the claim's refusal,
+  // otherwise (the stream is unusable from here).
   Status OnHeader(const wire::FrameHeader& h);
 
   // Where the payload of the header just accepted goes, and its size.
@@ -91,12 +119,18 @@ class FrameAssembler {
 
   // Bytes held by the message being assembled.
   size_t partial_bytes() const { return partial_ ? partial_->payload.capacity() : 0; }
+  // Bytes claimed and not yet handed over or given back.
+  uint64_t charge_held() const { return single_charge_ + partial_charge_ + skip_charge_; }
   // Messages abandoned by their sender (a new one began before they ended)
   // since the last call.
   uint64_t TakeDropped() { return std::exchange(dropped_, 0); }
 
  private:
   void DropPartial();
+  Status Claim(uint16_t type, uint64_t message_bytes, uint64_t payload_bytes, uint64_t* charge);
+  void Unclaim(uint64_t* charge);
+  // A refused claim: the stream breaks (Corruption naming the peer and why).
+  Status Refused(const Status& why);
 
   const std::string peer_;
   const uint64_t max_message_bytes_;
@@ -109,6 +143,10 @@ class FrameAssembler {
   std::optional<ReceivedItem> partial_;  // the fragmented message being assembled
   uint64_t partial_total_ = 0;
   uint64_t dropped_ = 0;
+  ReceiveClaims* const claims_;
+  uint64_t single_charge_ = 0;   // single_'s claim
+  uint64_t partial_charge_ = 0;  // partial_'s claim
+  uint64_t skip_charge_ = 0;     // discard_'s claim
 };
 
 }  // namespace ckpt::ipc::internal

@@ -103,7 +103,7 @@ class TcpListenerImpl final : public TcpListener {
     Accepted a;
     a.peer = p.peer;
     a.channel = internal::MakeTcpChannel(p.fd, std::move(p.tls), "worker at " + p.peer,
-                                         "tcp:" + p.peer, options_.channel);
+                                         "tcp:" + p.peer, options_);
     return a;
   }
 
@@ -303,7 +303,7 @@ class TcpListenerImpl final : public TcpListener {
       Accepted a;
       a.peer = p.peer;
       a.channel = internal::MakeTcpChannel(p.fd, std::move(p.tls), "worker at " + p.peer,
-                                           "tcp:" + p.peer, options_.channel);
+                                           "tcp:" + p.peer, options_);
       options_.on_accepted(std::move(a));
       return;
     }
@@ -407,7 +407,7 @@ StatusOr<std::unique_ptr<Channel>> TcpChannel::Connect(const std::string& host_p
                                   "handshake with " + peer);
     if (!waited.ok()) return fail(waited);
   }
-  return internal::MakeTcpChannel(fd, std::move(*tls), peer, "tcp:" + host_port, options.channel);
+  return internal::MakeTcpChannel(fd, std::move(*tls), peer, "tcp:" + host_port, options);
 }
 
 StatusOr<std::unique_ptr<TcpListener>> TcpListener::Listen(const std::string& host_port,

@@ -20,6 +20,7 @@
 
 #include "ckpt/base/status.h"
 #include "ckpt/ipc/channel.h"
+#include "ckpt/ipc/tcp_channel.h"
 #include "tcp_frame.h"
 #include "tls.h"
 
@@ -72,9 +73,10 @@ Status NoStop();
 
 // A channel over `fd` (connected, non-blocking, its TLS handshake done in
 // `tls`), which it owns and closes. `peer` names the other side in errors,
-// `name` is name().
+// `name` is name(). Its settings are options.channel, its receive budget and
+// first limit options.budget and options.receive_limit.
 std::unique_ptr<Channel> MakeTcpChannel(int fd, std::unique_ptr<TlsSession> tls, std::string peer,
-                                        std::string name, const ChannelOptions& options);
+                                        std::string name, const TcpOptions& options);
 
 }  // namespace ckpt::ipc::internal
 

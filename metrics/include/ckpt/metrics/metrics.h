@@ -58,6 +58,10 @@
 //     ckpt_scheduler_resident_memory_bytes  gauge  this process (process sampler)
 //     ckpt_host_cpus                    gauge      CPUs this process may run on
 //     ckpt_metrics_dropped_updates_total  counter  updates over the bounds below
+//     ckpt_remote_slots_capped_total    counter    HELLOs of connected workers offering more
+//                                                  than [workers] max_remote_slots (clamped)
+//     ckpt_remote_task_timeouts_total   counter    connected workers lost to an interval past
+//                                                  its deadline (its intervals requeued)
 //   labels {device} (GPU sampler; absent without NVML):
 //     ckpt_gpu_utilization_ratio        gauge      busy fraction of the last sample period
 //     ckpt_gpu_memory_used_bytes        gauge
@@ -267,6 +271,12 @@ class Metrics {
   void SetWorkerStats(std::string_view worker, std::string_view device, const WorkerStats& stats);
   // The figures of `worker`'s channel.
   void SetRingStats(std::string_view worker, std::string_view device, const RingStats& stats);
+  // A connected worker's HELLO offered more slots than [workers]
+  // max_remote_slots; it was given the cap.
+  void RemoteSlotsCapped();
+  // A connected worker was lost because one of its intervals ran past its
+  // deadline ([workers] task_timeout_*).
+  void RemoteTaskTimedOut();
   // Writing one record into `worker`'s request ring (reserve, copy, commit,
   // including any wait for space) took `seconds`.
   void RingSendObserved(std::string_view worker, std::string_view device, double seconds);

@@ -189,6 +189,25 @@ struct RemoteWorkersConfig {
   // Connected workers at once; one more is closed at once (logged). In
   // [1, 4096]. Default: 64.
   int max_remote = 64;
+  // Bytes that every connected worker's received messages may hold at once,
+  // all of them together (ckpt::ipc::ReceiveBudget): at least the largest
+  // RESULT (a state plus 1 MiB), or such a RESULT is refused and its worker
+  // lost. Key `remote_memory_mib`, in [16, 1048576]. Default: 2 GiB.
+  uint64_t remote_memory_bytes = uint64_t{2048} << 20;
+  // The most task slots one connected worker is given, whatever its HELLO
+  // offers (a HELLO offering more is clamped, logged and counted). In
+  // [1, 256]. Default: 64.
+  int max_remote_slots = 64;
+  // A connected worker's task that has not answered within
+  // task_timeout_factor x the median interval seen so far (the training
+  // intervals any worker finished, the last 255) plus task_timeout_floor
+  // (with none seen yet: task_timeout_floor x (task_timeout_factor + 1)) is
+  // overdue: the worker is lost (logged, counted), its intervals go to other
+  // workers and their members are charged as for any lost worker. Factor in
+  // [1, 1000], default 10; floor (key `task_timeout_floor_s`) in [0.1, 86400],
+  // default 60 s.
+  double task_timeout_factor = 10;
+  std::chrono::milliseconds task_timeout_floor{60000};
 };
 
 // Limits of an experiment file (docs/LIMITS.md); past each, parsing fails

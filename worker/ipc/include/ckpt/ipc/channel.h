@@ -48,6 +48,13 @@ using Deadline = Clock::time_point;
 
 inline Deadline DeadlineIn(std::chrono::milliseconds d) { return Clock::now() + d; }
 
+// Decides, from a message's first frame header and before any byte of it is
+// buffered, whether the peer may send a message of `type` claiming `bytes`
+// (its whole payload): OK, or why not (the channel's receive side then breaks
+// for good, naming the reason). Called on the channel's reader thread; it must
+// not block. Used by the TCP channel only (a ring bounds itself).
+using ReceiveLimit = std::function<Status(RecordType type, uint64_t bytes)>;
+
 struct ChannelOptions {
   // Bytes of each ring's data area; rounded up to a power of two, at least
   // 4 KiB, at most 1 TiB. Create only: Open takes the segment's.
@@ -205,6 +212,12 @@ class Channel {
   virtual bool PeerAlive() const = 0;
   // Unblocks every waiting call with Aborted; later calls return Aborted.
   virtual void Close() = 0;
+
+  // Replaces the limit on what the peer may send (ReceiveLimit); null: any
+  // message type up to max_message_bytes. Once it returns, the previous
+  // limit is no longer called. The shared-memory channel ignores it (its
+  // rings bound what a peer can make it hold). Any thread.
+  virtual void SetReceiveLimit(ReceiveLimit limit) { (void)limit; }
 
   virtual ChannelStats Stats() const = 0;
   virtual const std::string& name() const = 0;

@@ -12,6 +12,13 @@
 //   is full the reader stops reading and the kernel's window pushes back on
 //   the sender. Received payloads live in buffers the channel owns, valid
 //   until Release(), the next Receive() or the Channel's destruction.
+// - Limits: at the first frame header of each message, before any of it is
+//   buffered, the channel asks its ReceiveLimit (TcpOptions::receive_limit,
+//   SetReceiveLimit) whether the peer may send that type and size, then
+//   claims the buffer from its ReceiveBudget (TcpOptions::budget), shared
+//   with other channels; a refusal breaks the receive side (Corruption
+//   naming it). Each queued message counts kTcpReceivedItemBytes beside its
+//   payload, so empty messages fill the queue too.
 // - Sending: Send writes straight to the socket, blocking until the kernel has
 //   taken the bytes or the deadline. A frame started is always finished: if
 //   the deadline falls inside one, its unsent rest (at most one frame) is kept
@@ -47,9 +54,11 @@
 #define CKPT_IPC_TCP_CHANNEL_H_
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 
@@ -79,6 +88,43 @@ StatusOr<std::string> LoadSecretFile(const std::string& path);
 // Creates `path` (O_EXCL, mode 0600) holding 32 random bytes as 64 hex digits
 // and a newline. AlreadyExists when it exists; IOError when it cannot be made.
 Status CreateSecretFile(const std::string& path);
+
+// What each received message costs a ReceiveBudget beside its payload (its
+// queue entry and bookkeeping), so that empty messages count too.
+inline constexpr uint64_t kTcpReceivedItemBytes = 256;
+
+// Bytes that the receive sides of many TCP channels may hold together: every
+// message's buffer is claimed from it at the message's first frame header,
+// before anything is allocated (its claimed size plus kTcpReceivedItemBytes),
+// and given back when the message is released, dropped or its channel
+// destroyed. A claim that does not fit waits, with the reader stopped (TCP's
+// window pushes back on the sender), until it fits or the channel's
+// heartbeat_timeout has passed; then the channel's receive side breaks
+// (Corruption naming the budget), as it does at once for a claim larger than
+// the whole budget. Thread-safe; shared by the channels (TcpOptions::budget).
+class ReceiveBudget {
+ public:
+  explicit ReceiveBudget(uint64_t limit_bytes) : limit_(limit_bytes) {}
+
+  // Takes `bytes`. OK once they fit; ResourceExhausted naming the budget
+  // when they never can (above limit()) or when `deadline` passes first;
+  // what `stop` returns when it returns non-OK (checked every 100 ms).
+  Status Acquire(uint64_t bytes, Deadline deadline, const std::function<Status()>& stop);
+  // Gives back `bytes` taken by Acquire.
+  void Release(uint64_t bytes);
+
+  uint64_t limit() const { return limit_; }
+  uint64_t used() const;
+  // The most ever held at once.
+  uint64_t peak() const;
+
+ private:
+  const uint64_t limit_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  uint64_t used_ = 0;  // GUARDED_BY(mu_)
+  uint64_t peak_ = 0;  // GUARDED_BY(mu_)
+};
 
 // An authenticated connection (its TLS handshake done).
 struct Accepted {
@@ -110,6 +156,13 @@ struct TcpOptions {
   // and should throttle its logging (a peer can cause one call per
   // connection). Default: none.
   std::function<void(const std::string& peer, const Status& why)> on_refused;
+  // The budget every channel made with these options draws its received
+  // messages from (ReceiveBudget); null: none beyond each channel's
+  // ring_bytes. Default: none.
+  std::shared_ptr<ReceiveBudget> budget;
+  // What the peer may send (ReceiveLimit), until Channel::SetReceiveLimit
+  // replaces it; null: any message type up to max_message_bytes. Default: none.
+  ReceiveLimit receive_limit;
   // TcpListener only: when set, each authenticated connection is handed to
   // it, on the listener's thread (it must not block), instead of being queued
   // for Accept. Default: none.
