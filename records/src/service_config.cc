@@ -121,6 +121,18 @@ StatusOr<ServiceConfig> ParseServiceConfig(const std::string& toml_text,
     }
   }
 
+  if (doc.get("allowed_data_dirs") == nullptr) {
+    std::error_code ec;
+    const std::filesystem::path store = std::filesystem::absolute(c.store, ec);
+    c.allowed_data_dirs = {((ec ? std::filesystem::path(c.store) : store) / "data").string()};
+  }
+  CKPT_RETURN_IF_ERROR(top.Strings("allowed_data_dirs", &c.allowed_data_dirs));
+  for (const auto& d : c.allowed_data_dirs) {
+    if (d.empty() || d[0] != '/') {
+      return top.Error("allowed_data_dirs", "must list absolute directories, not '" + d + "'");
+    }
+  }
+
   CKPT_ASSIGN_OR_RETURN(const toml::table* control, top.Table("control"));
   if (control != nullptr) {
     Reader r(*control, "control", origin);
@@ -128,11 +140,15 @@ StatusOr<ServiceConfig> ParseServiceConfig(const std::string& toml_text,
     CKPT_RETURN_IF_ERROR(CheckNames(&r, *control, "allowed_users", c.allowed_users, false));
     CKPT_RETURN_IF_ERROR(r.Strings("allowed_groups", &c.allowed_groups));
     CKPT_RETURN_IF_ERROR(CheckNames(&r, *control, "allowed_groups", c.allowed_groups, true));
+    CKPT_RETURN_IF_ERROR(r.Strings("admins", &c.admins));
+    CKPT_RETURN_IF_ERROR(CheckNames(&r, *control, "admins", c.admins, false));
     int64_t max_request = static_cast<int64_t>(c.max_request_bytes);
     CKPT_RETURN_IF_ERROR(r.Int("max_request_bytes", 1024, int64_t{1} << 30, &max_request));
     c.max_request_bytes = static_cast<size_t>(max_request);
     CKPT_RETURN_IF_ERROR(r.Int("max_clients", 1, 100000, &c.max_clients));
     CKPT_RETURN_IF_ERROR(r.Seconds("client_idle_timeout_s", 0.01, 86400, &c.client_idle_timeout));
+    CKPT_RETURN_IF_ERROR(
+        r.Seconds("submit_validation_timeout_s", 0.01, 86400, &c.submit_validation_timeout));
     CKPT_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
   }
   CKPT_ASSIGN_OR_RETURN(const toml::table* workers, top.Table("workers"));

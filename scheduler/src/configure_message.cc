@@ -8,6 +8,7 @@ ipc::Configure ConfigureMessage(const records::ExperimentConfig& c) {
   ipc::Configure m;
   m.experiment = c.name;
   m.model_spec = c.model_spec;
+  m.model_sha256 = c.model_sha256;
   m.optimizer = c.optimizer;
   m.dataset = c.dataset;
   if (c.data_format == format::DatasetFormat::kIdx) {

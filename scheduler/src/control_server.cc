@@ -36,6 +36,8 @@
 #include "ckpt/records/config.h"
 #include "control_protocol.h"
 #include "log.h"
+#include "submit_checks.h"
+#include "submit_validator.h"
 
 namespace ckpt::scheduler {
 namespace {
@@ -55,22 +57,55 @@ bool AllDigits(const std::string& s) {
   return true;
 }
 
-// The peers that may connect, resolved from names once per Start/Reconfigure
-// (name lookups may block on NSS; connections never wait on them).
-struct AllowedPeers {
-  std::set<uint32_t> uids;  // allowed users, and members of allowed groups
-  std::set<uint32_t> gids;  // allowed groups (matched against the peer's gid)
-
-  bool Allows(uint32_t uid, uint32_t gid) const {
-    return uid == 0 || uid == static_cast<uint32_t>(geteuid()) || uids.count(uid) != 0 ||
-           gids.count(gid) != 0;
-  }
-};
-
 std::vector<char> LookupBuffer(int which) {
   long n = sysconf(which);
   return std::vector<char>(n > 0 ? static_cast<size_t>(n) : size_t{16384});
 }
+
+// Every group of the user `uid` in the group database (its primary group and
+// the supplementary ones, getgrouplist); empty when the uid has no name.
+std::vector<gid_t> GroupsOfUser(uint32_t uid) {
+  std::vector<char> buf = LookupBuffer(_SC_GETPW_R_SIZE_MAX);
+  passwd pw;
+  passwd* found = nullptr;
+  int err;
+  while ((err = getpwuid_r(uid, &pw, buf.data(), buf.size(), &found)) == ERANGE &&
+         buf.size() < (size_t{1} << 24)) {
+    buf.resize(buf.size() * 2);
+  }
+  if (err != 0 || found == nullptr) return {};
+  std::vector<gid_t> groups(64);
+  int n = static_cast<int>(groups.size());
+  while (getgrouplist(pw.pw_name, pw.pw_gid, groups.data(), &n) < 0) {
+    if (n <= static_cast<int>(groups.size()) || n > 65536) return {};
+    groups.resize(static_cast<size_t>(n));
+  }
+  groups.resize(static_cast<size_t>(n));
+  return groups;
+}
+
+// The peers that may connect and the admins, resolved from names once per
+// Start/Reconfigure; a peer's supplementary groups are looked up when it
+// connects and neither its uid nor its gid is allowed (the group database
+// as it is then, so a change to it needs no reload).
+struct AllowedPeers {
+  std::set<uint32_t> uids;    // allowed users, and members of allowed groups
+  std::set<uint32_t> gids;    // allowed groups
+  std::set<uint32_t> admins;  // [control] admins (root and the service's user count too)
+
+  bool Allows(uint32_t uid, uint32_t gid) const {
+    if (IsAdmin(uid) || uids.count(uid) != 0 || gids.count(gid) != 0) return true;
+    if (gids.empty()) return false;
+    for (gid_t g : GroupsOfUser(uid)) {
+      if (gids.count(static_cast<uint32_t>(g)) != 0) return true;
+    }
+    return false;
+  }
+  // May change any experiment and shut the service down.
+  bool IsAdmin(uint32_t uid) const {
+    return uid == 0 || uid == static_cast<uint32_t>(geteuid()) || admins.count(uid) != 0;
+  }
+};
 
 StatusOr<uint32_t> UserId(const std::string& name) {
   if (AllDigits(name)) return static_cast<uint32_t>(std::stoul(name));
@@ -128,6 +163,11 @@ StatusOr<AllowedPeers> ResolvePeers(const ControlOptions& options) {
   for (const auto& g : options.allowed_groups) {
     Status s = AddGroup(g, &peers);
     if (!s.ok()) return s.WithPrefix("allowed_groups");
+  }
+  for (const auto& u : options.admins) {
+    auto uid = UserId(u);
+    if (!uid.ok()) return uid.status().WithPrefix("admins");
+    peers.admins.insert(*uid);
   }
   return peers;
 }
@@ -195,31 +235,36 @@ Status WithKnownExperiments(ControlTarget* target, const json& request, Status e
       ")");
 }
 
-// Runs one validated request against the scheduler. `shutdown_why` is set when
-// the reply must be followed by a graceful stop.
-StatusOr<json> Execute(ControlTarget* target, const ServiceInfo& service,
-                       const ControlOptions& options, const std::string& verb, const json& request,
-                       std::string* shutdown_why) {
+// Who may change what: any allowed user may submit, and change the
+// experiments it submitted; changing another's experiment, or one with no
+// recorded submitter, and shutdown need an admin. Reading is open to all.
+Status Authorize(ControlTarget* target, const AllowedPeers& peers, uint32_t uid,
+                 const protocol::Request& request) {
+  if (!request.mutates || request.verb == "submit" || peers.IsAdmin(uid)) return Status::OK();
+  const std::string admins =
+      "root, the service's own user (uid " + std::to_string(geteuid()) + ") and [control] admins";
+  const std::string who = "permission denied: uid " + std::to_string(uid);
+  if (request.verb == "shutdown") {
+    return Status::FailedPrecondition(who + " may not shut the service down; only admins may (" +
+                                      admins + ")");
+  }
+  const std::string exp = Str(request.body, "experiment");
+  CKPT_ASSIGN_OR_RETURN(std::optional<uint32_t> owner, target->Submitter(exp));
+  if (owner && *owner == uid) return Status::OK();
+  return Status::FailedPrecondition(
+      who + " may not " + request.verb + " experiment '" + exp + "', " +
+      (owner ? "submitted by uid " + std::to_string(*owner)
+             : std::string("which records no submitter")) +
+      "; a user changes only its own experiments, admins any (" + admins + ")");
+}
+
+// Runs one validated and authorized request (any but submit, which
+// Connection::StartSubmit runs) against the scheduler. `shutdown_why` is set
+// when the reply must be followed by a graceful stop.
+StatusOr<json> Execute(ControlTarget* target, const ServiceInfo& service, const std::string& verb,
+                       const json& request, std::string* shutdown_why) {
   json reply = {{"ok", true}};
-  if (verb == "submit") {
-    const std::string toml = request.at("toml").get<std::string>();
-    const std::string origin = Str(request, "origin", "submitted TOML");
-    if (options.allowed_model_dirs) {
-      // The model's path is judged before anything opens it. Parsing without
-      // file checks accepts whatever the full parse in SubmitToml accepts.
-      CKPT_ASSIGN_OR_RETURN(
-          records::ExperimentConfig config,
-          records::ParseExperimentConfig(toml, origin, records::FileChecks::kSkip));
-      Status allowed =
-          records::CheckModelFileAllowed(config.model_spec, *options.allowed_model_dirs, origin);
-      if (!allowed.ok()) {
-        Logger().warn("control: submit refused: {}", allowed.message());
-        return allowed;
-      }
-    }
-    CKPT_ASSIGN_OR_RETURN(std::string id, target->SubmitToml(toml, origin));
-    reply["experiment"] = id;
-  } else if (verb == "list") {
+  if (verb == "list") {
     json list = json::array();
     for (const auto& s : target->ListExperiments()) {
       list.push_back(protocol::SummaryToJson(s, false));
@@ -266,12 +311,20 @@ StatusOr<json> Execute(ControlTarget* target, const ServiceInfo& service,
 
 class Connection;
 
+// Submissions validated at once (SubmitValidator), overrun ones included.
+constexpr int kMaxValidations = 2;
+
 // State shared by the server and its connections; connections hold it by
 // shared_ptr so a handler that runs after Close never touches freed memory.
 // Owned by the event loop thread.
 struct Core {
   Core(ControlTarget* t, const ControlOptions& o, AllowedPeers p)
-      : target(t), options(o), peers(std::move(p)), acceptor(t->io()), retry(t->io()) {}
+      : target(t),
+        options(o),
+        peers(std::move(p)),
+        acceptor(t->io()),
+        retry(t->io()),
+        validator(std::make_unique<SubmitValidator>(t->io(), kMaxValidations)) {}
 
   ControlTarget* target;
   ControlOptions options;
@@ -282,6 +335,9 @@ struct Core {
   bool closed = false;
   uint64_t next_id = 1;
   std::map<uint64_t, std::weak_ptr<Connection>> connections;
+  // Submissions being validated off the loop; ControlServerImpl's destructor
+  // resets it, joining their threads.
+  std::unique_ptr<SubmitValidator> validator;
 };
 
 // Timer cancellation cannot fail on Linux's reactor, but its signature may
@@ -395,8 +451,18 @@ class Connection : public std::enable_shared_from_this<Connection> {
     json reply;
     if (error.ok()) {
       if (request.mutates) Log("uid " + std::to_string(uid_) + ": " + request.verb);
+      error = Authorize(core_->target, core_->peers, uid_, request);
+      if (!error.ok()) {
+        if (!error.IsNotFound()) Log("refused: " + error.message());
+        error = WithKnownExperiments(core_->target, request.body, error);
+      }
+    }
+    if (error.ok() && request.verb == "submit") {
+      error = StartSubmit(request);
+      if (error.ok()) return;  // answered when the validation ends
+    } else if (error.ok()) {
       auto result = Execute(core_->target, Service(core_->target, core_->options, core_->started),
-                            core_->options, request.verb, request.body, &shutdown_why);
+                            request.verb, request.body, &shutdown_why);
       if (result.ok()) {
         reply = std::move(*result);
       } else {
@@ -407,6 +473,43 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (!error.ok()) reply = protocol::ErrorReply(error);
     if (!id.is_null()) reply["id"] = id;
     Send(reply, /*close_after=*/false, shutdown_why);
+  }
+
+  // Validates a submission off the loop (SubmitValidator), then submits it
+  // here. No further request of this connection is read meanwhile (replies
+  // stay in order), and the idle deadline waits: the validation's bound
+  // replaces it.
+  Status StartSubmit(const protocol::Request& request) {
+    const std::string toml = request.body.at("toml").get<std::string>();
+    const std::string origin = Str(request.body, "origin", "submitted TOML");
+    CancelTimer(&deadline_);
+    json id = request.id;
+    // The callback holds the connection: nothing else does while no read or
+    // timer of it is pending.
+    Status started = core_->validator->Start(
+        core_->options, toml, origin,
+        [self = shared_from_this(), id](StatusOr<records::ExperimentConfig> config) {
+          self->FinishSubmit(std::move(config), id);
+        });
+    if (!started.ok()) ArmDeadline();
+    return started;
+  }
+
+  void FinishSubmit(StatusOr<records::ExperimentConfig> config, const json& id) {
+    if (closed_) return;  // the submitter left: nothing is created for it
+    json reply = {{"ok", true}};
+    Status error = config.status();
+    if (error.ok()) {
+      auto submitted = core_->target->SubmitConfig(*config, uid_);
+      error = submitted.status();
+      if (submitted.ok()) reply["experiment"] = *submitted;
+    }
+    if (!error.ok()) {
+      Logger().warn("control: submit refused: {}", error.message());
+      reply = protocol::ErrorReply(error);
+    }
+    if (!id.is_null()) reply["id"] = id;
+    Send(reply, /*close_after=*/false, "");
   }
 
   // Writes one reply line; then closes, stops the scheduler, or goes on.
@@ -506,7 +609,10 @@ class ControlServerImpl : public ControlServer {
  public:
   ControlServerImpl(std::shared_ptr<Core> core, dev_t dev, ino_t ino)
       : core_(std::move(core)), dev_(dev), ino_(ino) {}
-  ~ControlServerImpl() override { CloseNow(); }
+  ~ControlServerImpl() override {
+    CloseNow();
+    core_->validator.reset();  // joins validations still running
+  }
 
   std::string Reconfigure(const ControlOptions& next) override {
     std::vector<std::string> not_applied;
@@ -518,14 +624,17 @@ class ControlServerImpl : public ControlServer {
       core_->peers = std::move(*peers);
       core_->options.allowed_users = next.allowed_users;
       core_->options.allowed_groups = next.allowed_groups;
+      core_->options.admins = next.admins;
     } else {
-      not_applied.push_back("allowed users/groups (" + peers.status().message() +
+      not_applied.push_back("allowed users/groups/admins (" + peers.status().message() +
                             "; the previous ones stay)");
     }
     core_->options.max_request_bytes = next.max_request_bytes;
     core_->options.max_clients = next.max_clients;
     core_->options.client_idle_timeout = next.client_idle_timeout;
+    core_->options.submit_validation_timeout = next.submit_validation_timeout;
     core_->options.allowed_model_dirs = next.allowed_model_dirs;
+    core_->options.allowed_data_dirs = next.allowed_data_dirs;
     if (next.peer_credentials) core_->options.peer_credentials = next.peer_credentials;
     std::string out;
     for (const auto& s : not_applied) out += (out.empty() ? "" : "; ") + s;

@@ -8,10 +8,12 @@
 
 #include <boost/asio/io_context.hpp>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "ckpt/base/status.h"
+#include "ckpt/records/config.h"
 #include "ckpt/scheduler/scheduler.h"
 
 namespace ckpt::scheduler {
@@ -21,9 +23,13 @@ class ControlTarget {
   virtual ~ControlTarget() = default;
   virtual boost::asio::io_context& io() = 0;
 
-  // Parses (ParseExperimentConfig: errors name key and line), then Submit.
-  // Returns the experiment id.
-  virtual StatusOr<std::string> SubmitToml(const std::string& toml, const std::string& origin) = 0;
+  // Submits a parsed configuration (PrepareSubmission's, submit_checks.h),
+  // recording `submitter` (the peer's uid) with a new experiment. Returns the
+  // experiment id; Unavailable while the scheduler stops; Submit's errors.
+  virtual StatusOr<std::string> SubmitConfig(const records::ExperimentConfig& config,
+                                             std::optional<uint32_t> submitter) = 0;
+  // The uid that submitted `exp` (unset: none recorded); NotFound naming it.
+  virtual StatusOr<std::optional<uint32_t>> Submitter(const std::string& exp) = 0;
   virtual std::vector<ExperimentSummary> ListExperiments() = 0;
   // NotFound naming the experiment.
   virtual StatusOr<ExperimentSummary> ExperimentStatus(const std::string& exp) = 0;

@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <variant>
 
 #include "ckpt/records/events.h"
@@ -20,9 +22,16 @@ std::string MemberName(int index, int population) {
   return "m" + std::string(width > static_cast<int>(n.size()) ? width - n.size() : 0, '0') + n;
 }
 
-Status CreateExperimentRecords(store::Store* store, const records::ExperimentConfig& config) {
+Status CreateExperimentRecords(store::Store* store, const records::ExperimentConfig& config,
+                               std::optional<uint32_t> submitter) {
   const std::string& id = config.name;
-  CKPT_RETURN_IF_ERROR(store->CreateExperiment(id, records::EncodeExperimentRecord(config)));
+  std::string record = records::EncodeExperimentRecord(config);
+  if (submitter) {
+    nlohmann::json j = nlohmann::json::parse(record);
+    j["submitter_uid"] = *submitter;
+    record = j.dump();
+  }
+  CKPT_RETURN_IF_ERROR(store->CreateExperiment(id, record));
   std::map<std::string, std::map<std::string, double>> hparams;
   for (int i = 0; i < config.population; ++i) {
     hparams[MemberName(i, config.population)] = SampleInitial(config, i);
@@ -35,6 +44,18 @@ Status CreateExperimentRecords(store::Store* store, const records::ExperimentCon
         WriteMemberRecord(store, id, MemberName(i, config.population), s, /*metrics=*/nullptr));
   }
   return Status::OK();
+}
+
+std::optional<uint32_t> StoredSubmitter(std::string_view config_json) {
+  const auto j = nlohmann::json::parse(config_json.begin(), config_json.end(), nullptr,
+                                       /*allow_exceptions=*/false);
+  if (!j.is_object()) return std::nullopt;
+  auto it = j.find("submitter_uid");
+  if (it == j.end() || !it->is_number_unsigned() ||
+      it->get<uint64_t>() > std::numeric_limits<uint32_t>::max()) {
+    return std::nullopt;
+  }
+  return static_cast<uint32_t>(it->get<uint64_t>());
 }
 
 StatusOr<std::vector<Member>> LoadMembers(store::Store* store,

@@ -14,7 +14,9 @@
 #ifndef CKPT_SCHEDULER_EXPERIMENT_STORE_H_
 #define CKPT_SCHEDULER_EXPERIMENT_STORE_H_
 
+#include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -31,10 +33,16 @@ namespace ckpt::scheduler {
 // least 3 digits, so names sort in index order.
 std::string MemberName(int index, int population);
 
-// Creates the experiment (config JSON {"toml": source}), its members with their
-// initial hyperparameters (SampleInitial) and their first state records
-// (index, interval 0). Errors: the store's.
-Status CreateExperimentRecords(store::Store* store, const records::ExperimentConfig& config);
+// Creates the experiment (config JSON {"toml": source}, with "submitter_uid"
+// when `submitter` is set), its members with their initial hyperparameters
+// (SampleInitial) and their first state records (index, interval 0). Errors:
+// the store's.
+Status CreateExperimentRecords(store::Store* store, const records::ExperimentConfig& config,
+                               std::optional<uint32_t> submitter = std::nullopt);
+
+// The "submitter_uid" of a stored configuration record; unset when it has
+// none (or is not the scheduler's JSON).
+std::optional<uint32_t> StoredSubmitter(std::string_view config_json);
 
 // The members of `config.name` in population order, with their state as the
 // store has it. Corruption naming the experiment and member when a state

@@ -17,6 +17,7 @@
 #include "ckpt/ipc/channel.h"
 #include "log.h"
 #include "scheduler_impl.h"
+#include "submit_checks.h"
 #include "trace.h"
 
 namespace ckpt::scheduler {
@@ -251,18 +252,12 @@ Status SchedulerImpl::RunLoop() {
       }
       auto toml = records::DecodeExperimentToml(x.config_json, x.id);
       const std::string text = toml.ok() ? *toml : std::string();
-      // The model allowlist holds for a resumed experiment as for a submitted
-      // one (the list may have changed since): judged before the model file
-      // is opened, as the control server's submit does.
+      // The model and data allowlists hold for a resumed experiment as for a
+      // submitted one (the lists may have changed since): judged before the
+      // files are opened, as the control server's submit does.
       Status s = toml.status();
-      if (s.ok() && options_.control.allowed_model_dirs) {
-        auto unchecked = records::ParseExperimentConfig(text, x.id, records::FileChecks::kSkip);
-        s = unchecked.ok() ? records::CheckModelFileAllowed(
-                                 unchecked->model_spec, *options_.control.allowed_model_dirs, x.id)
-                           : unchecked.status();
-      }
       if (s.ok()) {
-        auto config = records::ParseExperimentConfig(text, x.id);
+        auto config = PrepareSubmission(options_.control, text, x.id);
         s = config.ok() ? Submit(*config) : config.status();
       }
       if (!s.ok()) {

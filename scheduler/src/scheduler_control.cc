@@ -4,6 +4,7 @@
 #include <utility>
 #include <vector>
 
+#include "ckpt/records/allowed_paths.h"
 #include "ckpt/records/events.h"
 #include "ckpt/scheduler/policy.h"
 #include "configure_message.h"
@@ -13,9 +14,20 @@
 namespace ckpt::scheduler {
 
 Status SchedulerImpl::Submit(const records::ExperimentConfig& config) {
+  return SubmitAs(config, std::nullopt);
+}
+
+Status SchedulerImpl::SubmitAs(const records::ExperimentConfig& config,
+                               std::optional<uint32_t> submitter) {
   const std::string& id = config.name;
   if (entries_.count(id)) return Status::AlreadyExists("experiment " + id + " already submitted");
   CKPT_ASSIGN_OR_RETURN(std::unique_ptr<Policy> policy, Policy::Create(config));
+  std::string model_sha256 = config.model_sha256;
+  if (model_sha256.empty()) {
+    // `run` and the API: the TorchScript file is pinned now, by its path.
+    CKPT_ASSIGN_OR_RETURN(model_sha256,
+                          records::ModelFileSha256(config.model_spec, std::nullopt, id));
+  }
   records::ExperimentStatus status = records::ExperimentStatus::kRunning;
   auto existing = store_->GetExperiment(id);
   if (existing.ok()) {
@@ -32,8 +44,10 @@ Status SchedulerImpl::Submit(const records::ExperimentConfig& config) {
                                 ": stored status: " + parsed.status().message());
     }
     status = *parsed;
+    // The experiment stays its first submitter's.
+    submitter = StoredSubmitter(existing->config_json);
   } else if (existing.status().IsNotFound()) {
-    CKPT_RETURN_IF_ERROR(CreateExperimentRecords(store_.get(), config));
+    CKPT_RETURN_IF_ERROR(CreateExperimentRecords(store_.get(), config, submitter));
   } else {
     return existing.status();
   }
@@ -61,6 +75,8 @@ Status SchedulerImpl::Submit(const records::ExperimentConfig& config) {
                                    entry.io.get(), Clock::now(), std::move(history));
   entry.announced_end = entry.experiment->ended();
   entry.configure = ConfigureMessage(config);
+  entry.configure.model_sha256 = model_sha256;
+  entry.submitter = submitter;
   if (pool_) pool_->AddExperiment(id, entry.configure);
   order_.push_back(id);
   Experiment* e = entry.experiment.get();
@@ -71,12 +87,10 @@ Status SchedulerImpl::Submit(const records::ExperimentConfig& config) {
   return Status::OK();
 }
 
-StatusOr<std::string> SchedulerImpl::SubmitToml(const std::string& toml,
-                                                const std::string& origin) {
+StatusOr<std::string> SchedulerImpl::SubmitConfig(const records::ExperimentConfig& config,
+                                                  std::optional<uint32_t> submitter) {
   if (stopping_) return Status::Unavailable("the scheduler is stopping");
-  CKPT_ASSIGN_OR_RETURN(records::ExperimentConfig config,
-                        records::ParseExperimentConfig(toml, origin));
-  CKPT_RETURN_IF_ERROR(Submit(config));
+  CKPT_RETURN_IF_ERROR(SubmitAs(config, submitter));
   AfterChange();
   Dispatch();
   return config.name;

@@ -24,6 +24,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -50,6 +51,9 @@ struct Entry {
   ipc::Configure configure;    // what its workers are sent (the pool's copy)
   bool announced_end = false;  // its end was printed and counted
   uint64_t state_bytes = 0;    // largest state committed in this run
+  // The control-socket user who submitted it (its record keeps the uid);
+  // unset for `run` and for experiments stored before uids were recorded.
+  std::optional<uint32_t> submitter;
 };
 
 class SchedulerImpl : public Scheduler, public ControlTarget, public WorkerPoolListener {
@@ -90,7 +94,13 @@ class SchedulerImpl : public Scheduler, public ControlTarget, public WorkerPoolL
 
   // ControlTarget (event loop thread).
   boost::asio::io_context& io() override { return io_; }
-  StatusOr<std::string> SubmitToml(const std::string& toml, const std::string& origin) override;
+  StatusOr<std::string> SubmitConfig(const records::ExperimentConfig& config,
+                                     std::optional<uint32_t> submitter) override;
+  StatusOr<std::optional<uint32_t>> Submitter(const std::string& exp) override {
+    auto it = entries_.find(exp);
+    if (it == entries_.end()) return Status::NotFound("experiment " + exp + " is not known");
+    return it->second.submitter;
+  }
   std::vector<ExperimentSummary> ListExperiments() override;
   StatusOr<ExperimentSummary> ExperimentStatus(const std::string& exp) override {
     return Summary(exp);
@@ -120,6 +130,8 @@ class SchedulerImpl : public Scheduler, public ControlTarget, public WorkerPoolL
   void OnAllGivenUp(const std::string& last_reason) override;
 
  private:
+  // Submit, recording `submitter` with a new experiment.
+  Status SubmitAs(const records::ExperimentConfig& config, std::optional<uint32_t> submitter);
   Status RunLoop();
   void Dispatch();
   // After anything that may have ended an experiment: announce it once, and

@@ -22,10 +22,13 @@ ControlOptions ControlOptionsFor(const ServiceConfig& c) {
   o.socket_path = c.socket;
   o.allowed_users = c.allowed_users;
   o.allowed_groups = c.allowed_groups;
+  o.admins = c.admins;
   o.max_request_bytes = c.max_request_bytes;
   o.max_clients = c.max_clients;
   o.client_idle_timeout = c.client_idle_timeout;
+  o.submit_validation_timeout = c.submit_validation_timeout;
   o.allowed_model_dirs = c.allowed_model_dirs;
+  o.allowed_data_dirs = c.allowed_data_dirs;
   return o;
 }
 

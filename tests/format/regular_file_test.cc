@@ -177,5 +177,45 @@ TEST_F(RegularFileTest, AnUnreadableFileIsAnIOErrorWithTheSystemsReason) {
       << "1: opened, 2: another error (the child printed it), 3: could not become user 65534";
 }
 
+// OpenBeneath (the service's model files): no symbolic link anywhere on the
+// way, nothing outside the directory, with openat2 and with the walk that
+// replaces it on kernels without it. RegularFile::Open, by contrast, follows
+// a link in a directory above the file (the swap this closes).
+TEST_F(RegularFileTest, OpenBeneathFollowsNoLinkAndStaysInside) {
+  std::filesystem::create_directories(dir_ + "/models/sub");
+  std::filesystem::create_directories(dir_ + "/outside");
+  Write("models/sub/good.pt", "PK\3\4 good");
+  Write("outside/evil.pt", "PK\3\4 evil");
+  ASSERT_EQ(symlink((dir_ + "/outside").c_str(), (dir_ + "/models/swapped").c_str()), 0);
+  ASSERT_EQ(symlink("sub/good.pt", (dir_ + "/models/alias.pt").c_str()), 0);
+  EXPECT_TRUE(RegularFile::Open(dir_ + "/models/swapped/evil.pt", 1024).ok());
+  const std::string models = dir_ + "/models";
+  for (auto resolver : {RegularFile::Resolver::kOpenat2, RegularFile::Resolver::kWalk}) {
+    const std::string which = resolver == RegularFile::Resolver::kWalk ? "walk" : "openat2";
+    auto good = RegularFile::OpenBeneath(models, "sub/good.pt", 1024, "TorchScript file", resolver);
+    ASSERT_TRUE(good.ok()) << which << ": " << good.status().ToString();
+    std::string pieces;
+    ASSERT_TRUE(good->ReadInPieces([&](std::string_view p) { pieces += p; }).ok());
+    EXPECT_EQ(pieces, "PK\3\4 good");
+    for (const char* rel : {"swapped/evil.pt", "alias.pt"}) {
+      auto f = RegularFile::OpenBeneath(models, rel, 1024, "TorchScript file", resolver);
+      ASSERT_FALSE(f.ok()) << which << ": " << rel;
+      EXPECT_TRUE(f.status().IsInvalidArgument()) << f.status().ToString();
+      EXPECT_NE(f.status().message().find(std::string("'") + rel + "' beneath " + models),
+                std::string::npos)
+          << f.status().ToString();
+      EXPECT_NE(f.status().message().find("symbolic link"), std::string::npos)
+          << which << ": " << f.status().ToString();
+    }
+    auto up = RegularFile::OpenBeneath(models, "sub/../../outside/evil.pt", 1024, "file", resolver);
+    ASSERT_FALSE(up.ok()) << which;
+    EXPECT_NE(up.status().message().find("leads out of " + models), std::string::npos)
+        << which << ": " << up.status().ToString();
+    auto missing = RegularFile::OpenBeneath(models, "sub/none.pt", 1024, "file", resolver);
+    EXPECT_TRUE(missing.status().IsNotFound()) << which << ": " << missing.status().ToString();
+  }
+  EXPECT_TRUE(RegularFile::OpenBeneath(models, "/etc/passwd", 1024).status().IsInvalidArgument());
+}
+
 }  // namespace
 }  // namespace ckpt::format

@@ -278,6 +278,38 @@ TEST_F(TensorDatasetTest, BadFilesNameFileTensorAndValue) {
   ExpectError(o, "val_size", false);
 }
 
+// A file that is not a tensor file at all (a secret a user names to read it
+// through the service): the error names the file and the problem, never its
+// bytes, not even the first 8 read as a header length.
+TEST_F(TensorDatasetTest, ErrorsOnAFileOfAnotherKindEchoNoneOfItsBytes) {
+  const std::string secret = "Q7ZX9KW3M2VJ8L4HT6YB5NR1PD0GFC2XQ9WZ3KM7JV4LH8TY6BN5RP1DG0FC2X\n";
+  uint64_t le = 0;
+  for (int i = 7; i >= 0; --i)
+    le = (le << 8) | static_cast<uint8_t>(secret[static_cast<size_t>(i)]);
+  for (const char* name : {"secret.safetensors", "secret.npz"}) {
+    auto o = Write(name, secret);
+    auto d = TensorDataset::Open(o);
+    ASSERT_FALSE(d.ok()) << name;
+    const std::string m = d.status().message();
+    EXPECT_NE(m.find(o.path), std::string::npos) << m;
+    EXPECT_EQ(m.find(std::to_string(le)), std::string::npos) << m;
+    for (size_t at = 0; at + 4 <= secret.size(); ++at) {
+      ASSERT_EQ(m.find(secret.substr(at, 4)), std::string::npos) << m;
+    }
+  }
+}
+
+// Opened as a model file is: a symbolic link (to a good file) is refused.
+TEST_F(TensorDatasetTest, ASymbolicLinkIsRefused) {
+  auto o = Write("real.safetensors", Safetensors(Images(12)));
+  o.val_size = 2;
+  ASSERT_TRUE(TensorDataset::Open(o).ok());
+  const std::string link = (dir_ / "link.safetensors").string();
+  ASSERT_EQ(symlink(o.path.c_str(), link.c_str()), 0);
+  o.path = link;
+  ExpectError(o, "is a symbolic link", false);
+}
+
 TEST_F(TensorDatasetTest, BadNpz) {
   auto o = Write("c.npz", Npz(Images(12), /*method=*/8));
   o.val_size = 2;

@@ -16,6 +16,7 @@
 #include <sstream>
 #include <thread>
 
+#include "ckpt/ipc/sha256.h"
 #include "ckpt/store/store.h"
 #include "process_util.h"
 #include "run_heads.h"
@@ -250,6 +251,38 @@ TEST_F(RemoteWorkersTest, AWorkerStartedBeforeTheSchedulerJoinsWhenItListens) {
   const auto heads = Heads(dir_ + "/tcp", "early");
   ASSERT_EQ(heads.size(), 6u);
   for (const auto& [m, h] : heads) EXPECT_EQ(h.step, 12) << m;
+}
+
+// CONFIGURE carries the SHA-256 of the TorchScript file the scheduler read
+// when the experiment was submitted. A remote worker whose file of that name
+// holds other bytes (here the file is replaced after the submission, before
+// the worker opens it) refuses it before loading any of it, naming both
+// hashes, and the experiment fails with that reason.
+TEST_F(RemoteWorkersTest, AModelFileOtherThanTheSubmittedOneIsRefusedNamingBothHashes) {
+  const std::string submitted = std::string("PK\x03\x04", 4) + "the file that was submitted";
+  const std::string model = Write("model.pt", submitted);
+  std::string toml = Config("ts", 1, 2, TcpTable());
+  const std::string lenet = "spec = \"lenet5\"";
+  toml.replace(toml.find(lenet), lenet.size(), "spec = \"torchscript:" + model + "\"");
+  const std::string config = Write("ts.toml", toml);
+  const std::string store = dir_ + "/tcp";
+  Child sched(RunArgs(config, store), dir_ + "/tcp.log");
+  const std::string addr = WaitForAddress(store, sched);
+  ASSERT_FALSE(addr.empty());
+  // Listening means the experiment was submitted and its file hashed.
+  const std::string other = std::string("PK\x03\x04", 4) + "another file of the same name";
+  const std::string swap = Write("model.pt.new", other);
+  ASSERT_EQ(std::rename(swap.c_str(), model.c_str()), 0);
+  auto w = StartWorker(addr, secret_, "w.log");
+  ASSERT_TRUE(sched.WaitFor(milliseconds(120000))) << sched.Log();
+  (void)sched.Wait();
+  const std::string want = "TorchScript file " + model + " has SHA-256 " + ipc::Sha256Hex(other) +
+                           ", not " + ipc::Sha256Hex(submitted);
+  EXPECT_NE(sched.Log().find(want), std::string::npos) << want << "\n" << sched.Log();
+  EXPECT_EQ((sched.Log() + w->Log()).find("does not load"), std::string::npos)
+      << "the worker loaded the file:\n"
+      << w->Log();
+  EXPECT_TRUE(w->WaitFor(milliseconds(60000))) << w->Log();
 }
 
 }  // namespace

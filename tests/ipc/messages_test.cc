@@ -11,6 +11,8 @@
 #include <utility>
 #include <vector>
 
+#include "ckpt/ipc/sha256.h"
+
 namespace ckpt::ipc {
 namespace {
 
@@ -45,6 +47,7 @@ TEST(MessagesTest, HelloConfigureFailedStatsShutdownRoundTrip) {
   Configure c;
   c.experiment = "exp1";
   c.model_spec = R"([{"conv2d":[1,6,5]}])";
+  c.model_sha256 = std::string(32, 'a') + std::string(32, '7');
   c.batch_size = 128;
   c.seed = ~uint64_t{0};
   c.optimizer = format::OptimizerKind::kAdamW;
@@ -64,6 +67,7 @@ TEST(MessagesTest, HelloConfigureFailedStatsShutdownRoundTrip) {
   auto cd = DecodeConfigure(cb.data(), cb.size());
   ASSERT_TRUE(cd.ok()) << cd.status().ToString();
   EXPECT_EQ(cd->model_spec, c.model_spec);
+  EXPECT_EQ(cd->model_sha256, c.model_sha256);
   EXPECT_EQ(cd->optimizer, format::OptimizerKind::kAdamW);
   ASSERT_TRUE(cd->tensor_data.has_value());
   EXPECT_EQ(cd->tensor_data->format, format::DatasetFormat::kNpz);
@@ -116,6 +120,32 @@ TEST(MessagesTest, HelloConfigureFailedStatsShutdownRoundTrip) {
   auto dd = DecodeShutdown(db.data(), db.size());
   ASSERT_TRUE(dd.ok());
   EXPECT_EQ(dd->reason, "bye");
+}
+
+// The model file's hash CONFIGURE carries: SHA-256's known answer, streamed
+// or whole, and a value that is not 64 lowercase hex digits is refused.
+TEST(MessagesTest, ConfigureCarriesTheModelFilesSha256) {
+  const std::string abc = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";
+  EXPECT_EQ(Sha256Hex("abc"), abc);
+  Sha256Hasher h;
+  h.Update("a");
+  h.Update("");
+  h.Update("bc");
+  EXPECT_EQ(h.FinalHex(), abc);
+  EXPECT_TRUE(IsSha256Hex(abc));
+  EXPECT_FALSE(IsSha256Hex(abc.substr(1)));
+  Configure c;
+  c.experiment = "e";
+  c.model_sha256 = "ABC";
+  auto bytes = EncodeToVector(c);
+  auto d = DecodeConfigure(bytes.data(), bytes.size());
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(d.status().message().find("model_sha256"), std::string::npos) << d.status().ToString();
+  c.model_sha256 = "";
+  bytes = EncodeToVector(c);
+  d = DecodeConfigure(bytes.data(), bytes.size());
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->model_sha256, "");
 }
 
 TEST(MessagesTest, TrainAndResultCarryTheirStateAligned) {

@@ -3,13 +3,16 @@
 // library and raw sockets that misbehave. The peer-credential check is tested
 // through ControlOptions::peer_credentials, since the test cannot connect as
 // another uid. Also: the service configuration file.
+#include <grp.h>
 #include <gtest/gtest.h>
+#include <pwd.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -501,6 +504,211 @@ TEST_F(ControlTest, NonSocketFileAtThePathIsNeverRemoved) {
 }
 
 // ---- the service configuration file ----
+
+// The production modes (directory 0750, socket 0660) with their group set to
+// `gid`, so that a peer of that primary group can reach the socket.
+void OpenSocketToGroup(const std::string& dir, const std::string& socket, gid_t gid) {
+  struct stat st;
+  ASSERT_EQ(stat((dir + "/run").c_str(), &st), 0);
+  ASSERT_EQ(st.st_mode & 0777, 0750u);
+  ASSERT_EQ(stat(socket.c_str(), &st), 0);
+  ASSERT_EQ(st.st_mode & 0777, 0660u);
+  ASSERT_EQ(chmod(dir.c_str(), 0711), 0);  // mkdtemp made it 0700
+  ASSERT_EQ(chown((dir + "/run").c_str(), static_cast<uid_t>(-1), gid), 0);
+  ASSERT_EQ(chown(socket.c_str(), static_cast<uid_t>(-1), gid), 0);
+}
+
+std::string Verb(const std::string& verb, const std::string& exp, const std::string& more = "") {
+  return "{\"verb\":\"" + verb + "\",\"experiment\":\"" + exp + "\"" + more + "}";
+}
+
+// Authorization with real uids: a child process that setuid()s to nobody
+// (65534) connects. It may submit, read everything, and change its own
+// experiment; changing root's experiment or shutting down is refused, naming
+// who submitted it and who may; root may change nobody's experiment; after a
+// reload that lists it in admins, nobody may change root's.
+TEST_F(ControlTest, UsersChangeOnlyTheirOwnExperimentsAndOnlyAdminsShutDown) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to setuid() a child to another uid";
+  constexpr uid_t kNobody = 65534;
+  constexpr gid_t kNogroup = 65534;
+  ControlOptions control = Control();
+  control.allowed_users = {std::to_string(kNobody)};
+  std::mutex reload_mu;
+  ControlOptions reloaded = control;
+  reloaded.admins = {std::to_string(kNobody)};
+  StartScheduler(control, "store", [&]() -> StatusOr<ControlOptions> {
+    std::lock_guard<std::mutex> lock(reload_mu);
+    return reloaded;
+  });
+  ASSERT_NE(client_, nullptr);
+  OpenSocketToGroup(dir_, socket_, kNogroup);
+  ASSERT_TRUE(client_->Submit(TinyExperiment("roots"), "roots.toml").ok());
+  const std::string submit =
+      json{{"verb", "submit"}, {"toml", TinyExperiment("nobodys")}, {"origin", "n.toml"}}.dump();
+  const std::vector<std::string> requests = {
+      submit,
+      "{\"verb\":\"list\"}",
+      "{\"verb\":\"status\"}",
+      Verb("status", "roots"),
+      Verb("pause", "nobodys"),
+      Verb("resume", "nobodys"),
+      Verb("pause", "roots"),
+      Verb("resume", "roots"),
+      Verb("restore", "roots", ",\"member\":\"m000\",\"version\":1"),
+      Verb("pin", "roots", ",\"member\":\"m000\",\"version\":1"),
+      Verb("unpin", "roots", ",\"member\":\"m000\",\"version\":1"),
+      Verb("stop", "roots"),
+      "{\"verb\":\"shutdown\"}",
+  };
+  std::vector<json> r = testing::CallAs(kNobody, kNogroup, socket_, requests);
+  ASSERT_EQ(r.size(), requests.size());
+  for (size_t i = 0; i < 6; ++i)
+    EXPECT_TRUE(r[i].value("ok", false)) << requests[i] << ": " << r[i];
+  EXPECT_EQ(r[1]["experiments"].size(), 2u) << r[1];
+  for (size_t i = 6; i < 12; ++i) {
+    EXPECT_FALSE(r[i].value("ok", true)) << requests[i] << ": " << r[i];
+    EXPECT_EQ(r[i].value("code", ""), "FailedPrecondition") << r[i];
+    const std::string verb = json::parse(requests[i])["verb"];
+    EXPECT_NE(r[i].value("error", "")
+                  .find("permission denied: uid 65534 may not " + verb +
+                        " experiment 'roots', submitted by uid 0"),
+              std::string::npos)
+        << r[i];
+    EXPECT_NE(r[i].value("error", "").find("[control] admins"), std::string::npos) << r[i];
+  }
+  EXPECT_NE(r[12].value("error", "").find("uid 65534 may not shut the service down"),
+            std::string::npos)
+      << r[12];
+  // Nothing of root's changed, and the service still runs.
+  auto roots = client_->ExperimentStatus("roots");
+  ASSERT_TRUE(roots.ok()) << roots.status().ToString();
+  EXPECT_EQ(roots->status, records::ExperimentStatus::kRunning);
+  EXPECT_FALSE(done_.load());
+  // Root (an admin) changes nobody's experiment.
+  EXPECT_TRUE(client_->Pause("nobodys").ok());
+  EXPECT_EQ(client_->ExperimentStatus("nobodys")->status, records::ExperimentStatus::kPaused);
+
+  // SIGHUP: listed in admins, nobody changes root's experiment.
+  ASSERT_EQ(raise(SIGHUP), 0);
+  bool admin = false;
+  for (int i = 0; i < 200 && !admin; ++i) {
+    admin =
+        testing::CallAs(kNobody, kNogroup, socket_, {Verb("pause", "roots")})[0].value("ok", false);
+    if (!admin) std::this_thread::sleep_for(milliseconds(25));
+  }
+  EXPECT_TRUE(admin) << "uid 65534 still no admin after the reload";
+  EXPECT_EQ(client_->ExperimentStatus("roots")->status, records::ExperimentStatus::kPaused);
+}
+
+// allowed_groups: a group counts when it is one of the peer's supplementary
+// groups in the group database (getgrouplist), named by number (so the
+// group's member list is not read when the options are resolved).
+TEST_F(ControlTest, ASupplementaryGroupOfThePeersUserCounts) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to setuid() a child to another uid";
+  // A user of this host with a supplementary group other than its primary one.
+  uid_t uid = 0;
+  gid_t primary = 0, extra = 0;
+  setgrent();
+  for (group* g = getgrent(); g != nullptr && uid == 0; g = getgrent()) {
+    for (char** m = g->gr_mem; m != nullptr && *m != nullptr; ++m) {
+      passwd* pw = getpwnam(*m);
+      if (pw != nullptr && pw->pw_uid != 0 && pw->pw_gid != g->gr_gid) {
+        uid = pw->pw_uid;
+        primary = pw->pw_gid;
+        extra = g->gr_gid;
+        break;
+      }
+    }
+  }
+  endgrent();
+  if (uid == 0) GTEST_SKIP() << "no user of this host has a supplementary group in /etc/group";
+  ControlOptions control = Control();
+  control.allowed_groups = {std::to_string(extra)};
+  StartScheduler(control);
+  ASSERT_NE(client_, nullptr);
+  OpenSocketToGroup(dir_, socket_, primary);
+  json r = testing::CallAs(uid, primary, socket_, {"{\"verb\":\"list\"}"})[0];
+  EXPECT_TRUE(r.value("ok", false)) << "uid " << uid << " (gid " << primary
+                                    << ") with supplementary group " << extra << ": " << r;
+}
+
+// A submission is validated off the event loop: while one is held in its
+// validation (the before_validation seam), another client's status is
+// answered, and the submitter's reply comes when the validation ends. Past
+// submit_validation_timeout the submitter gets an error naming the bound and
+// nothing is created, even when the validation ends well later.
+TEST_F(ControlTest, StatusIsAnsweredWhileASubmissionIsValidatedAndTheBoundIsNamed) {
+  std::mutex mu;
+  std::condition_variable cv;
+  int entered = 0;
+  bool release = false;
+  ControlOptions control = Control();
+  control.before_validation = [&] {
+    std::unique_lock<std::mutex> lock(mu);
+    ++entered;
+    cv.notify_all();
+    cv.wait(lock, [&] { return release; });
+  };
+  auto wait_entered = [&](int n) {
+    std::unique_lock<std::mutex> lock(mu);
+    return cv.wait_for(lock, std::chrono::seconds(60), [&] { return entered >= n; });
+  };
+  auto set_release = [&](bool r) {
+    std::lock_guard<std::mutex> lock(mu);
+    release = r;
+    cv.notify_all();
+  };
+  StartScheduler(control);
+  ASSERT_NE(client_, nullptr);
+
+  RawClient submitter(socket_);
+  ASSERT_TRUE(submitter.connected());
+  const std::string submit = json{
+      {"verb", "submit"},
+      {"toml", TinyExperiment("slow")},
+      {"origin", "slow.toml"},
+      {"id", 7}}.dump();
+  ASSERT_TRUE(submitter.Send(submit + "\n"));
+  ASSERT_TRUE(wait_entered(1)) << "the validation never started";
+  RawClient other(socket_);
+  json status = other.Call("{\"verb\":\"status\"}");
+  EXPECT_TRUE(status.value("ok", false)) << "status not answered during a validation: " << status;
+  std::string line;
+  EXPECT_EQ(submitter.ReadLine(&line, milliseconds(0)), RawClient::Got::kTimeout) << line;
+  set_release(true);
+  ASSERT_EQ(submitter.ReadLine(&line, milliseconds(60000)), RawClient::Got::kLine);
+  json reply = json::parse(line, nullptr, false);
+  EXPECT_TRUE(reply.value("ok", false)) << line;
+  EXPECT_EQ(reply.value("experiment", ""), "slow") << line;
+  EXPECT_EQ(reply.value("id", 0), 7) << line;
+
+  // The bound: a scheduler whose validations may take 0.2 s.
+  ControlOptions tight = control;
+  tight.submit_validation_timeout = milliseconds(200);
+  ASSERT_TRUE(StopScheduler().ok());
+  StartScheduler(tight, "store2");
+  ASSERT_NE(client_, nullptr);
+  set_release(false);
+  const int before = entered;
+  RawClient late(socket_);
+  ASSERT_TRUE(late.Send(
+      json{{"verb", "submit"}, {"toml", TinyExperiment("late")}, {"origin", "late.toml"}}.dump() +
+      "\n"));
+  ASSERT_TRUE(wait_entered(before + 1));
+  ASSERT_EQ(late.ReadLine(&line, milliseconds(60000)), RawClient::Got::kLine);
+  reply = json::parse(line, nullptr, false);
+  EXPECT_EQ(reply.value("code", ""), "ResourceExhausted") << line;
+  EXPECT_NE(reply.value("error", "")
+                .find("late.toml: validating the experiment and its files took longer than "
+                      "submit_validation_timeout_s (0.2 s)"),
+            std::string::npos)
+      << line;
+  set_release(true);
+  // The connection goes on; the late result created nothing.
+  json list = late.Call("{\"verb\":\"list\"}");
+  EXPECT_TRUE(list.value("ok", false)) << list;
+  EXPECT_TRUE(list["experiments"].empty()) << list;
+}
 
 TEST(ServiceConfigTest, ExampleFileParses) {
   const std::string path = std::string(CKPT_SOURCE_DIR) + "/deploy/scheduler.toml";

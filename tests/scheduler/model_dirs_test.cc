@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "ckpt/format/model_names.h"
+#include "ckpt/records/allowed_paths.h"
 #include "ckpt/records/config.h"
 #include "ckpt/scheduler/service.h"
 
@@ -167,6 +168,72 @@ TEST(ServiceModelDirsTest, DefaultIsTheStoresModelsDirectoryAndEntriesMustBeAbso
   EXPECT_NE(c.status().message().find("allowed_model_dirs (svc.toml line 1)"), std::string::npos)
       << c.status().ToString();
   EXPECT_NE(c.status().message().find("absolute"), std::string::npos) << c.status().ToString();
+}
+
+// allowed_data_dirs: records::CheckDataPathAllowed, the model rule applied to
+// [data] path (a tensor file inside; an IDX directory inside or the directory
+// itself; the built-in data sets always).
+TEST_F(ModelDirsTest, DataPathsFollowTheSameRule) {
+  fs::create_directories(dir_ + "/data/idx");
+  std::ofstream(dir_ + "/data/d.safetensors") << "x";
+  std::ofstream(dir_ + "/secret") << "x";
+  ASSERT_EQ(symlink((dir_ + "/secret").c_str(), (dir_ + "/data/link.safetensors").c_str()), 0);
+  ASSERT_EQ(symlink("d.safetensors", (dir_ + "/data/alias.safetensors").c_str()), 0);
+  const std::vector<std::string> dirs = {dir_ + "/data"};
+  auto check = [&](const std::string& path, format::DatasetFormat f) {
+    records::ExperimentConfig c;
+    c.data_format = f;
+    c.dataset_path = path;
+    return records::CheckDataPathAllowed(c, dirs, "exp.toml");
+  };
+  const auto st = format::DatasetFormat::kSafetensors;
+  const auto idx = format::DatasetFormat::kIdx;
+  EXPECT_TRUE(check(dir_ + "/data/d.safetensors", st).ok());
+  EXPECT_TRUE(check(dir_ + "/data/idx", idx).ok());
+  EXPECT_TRUE(check(dir_ + "/data/", idx).ok()) << check(dir_ + "/data/", idx).ToString();
+  EXPECT_TRUE(check("/usr/share/datasets/fashion-mnist", idx).ok());
+  auto refused = [&](const std::string& path, format::DatasetFormat f, const std::string& why) {
+    Status s = check(path, f);
+    ASSERT_FALSE(s.ok()) << path;
+    EXPECT_TRUE(s.IsInvalidArgument()) << s.ToString();
+    const std::string& m = s.message();
+    EXPECT_NE(m.find("exp.toml: data.path"), std::string::npos) << m;
+    EXPECT_NE(m.find("'" + path + "'"), std::string::npos) << m;
+    EXPECT_NE(m.find("allowed_data_dirs [" + dir_ + "/data]"), std::string::npos) << m;
+    EXPECT_NE(m.find(why), std::string::npos) << m;
+  };
+  refused(dir_ + "/secret", st, "resolves to " + dir_ + "/secret, which is outside them");
+  refused(dir_ + "/data/link.safetensors", st,
+          "resolves to " + dir_ + "/secret, which is outside them");
+  refused(dir_ + "/data/../secret", st, "which is outside them");
+  refused(dir_ + "/data", st, "which is outside them");  // a tensor file is not the directory
+  refused(dir_ + "/data/alias.safetensors", st, "through a symbolic link");
+  refused("data/d.safetensors", st, "relative path");
+  refused("/usr/share/datasets/fashion-mnist", st, "outside them");
+  Status none = records::CheckDataPathAllowed(
+      [&] {
+        records::ExperimentConfig c;
+        c.data_format = st;
+        c.dataset_path = dir_ + "/data/d.safetensors";
+        return c;
+      }(),
+      {}, "exp.toml");
+  EXPECT_NE(none.message().find("allowed_data_dirs [none]"), std::string::npos) << none.ToString();
+}
+
+TEST(ServiceDataDirsTest, DefaultIsTheStoresDataDirectoryAndEntriesMustBeAbsolute) {
+  auto c = ParseServiceConfig("store = \"/var/lib/ckpt/store\"\n", "svc.toml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->allowed_data_dirs, std::vector<std::string>{"/var/lib/ckpt/store/data"});
+  EXPECT_EQ(ControlOptionsFor(*c).allowed_data_dirs,
+            std::vector<std::string>{"/var/lib/ckpt/store/data"});
+  c = ParseServiceConfig("allowed_data_dirs = [\"/srv/data\"]\n", "svc.toml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->allowed_data_dirs, std::vector<std::string>{"/srv/data"});
+  c = ParseServiceConfig("\nallowed_data_dirs = [\"data\"]\n", "svc.toml");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("allowed_data_dirs (svc.toml line 2)"), std::string::npos)
+      << c.status().ToString();
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "../format/tensor_files.h"
 #include "../integration/process_util.h"
 #include "ckpt/records/status.h"
 #include "ckpt/scheduler/control_client.h"
@@ -752,6 +753,74 @@ TEST_F(ServeTest, TorchScriptModelsAreAcceptedOnlyFromAllowedModelDirs) {
       << StatusOf("inside") << "\n"
       << serve->Log();
   EXPECT_NE(serve->Log().find("does not load"), std::string::npos) << serve->Log();
+  client_.reset();
+  Terminate(serve);
+}
+
+// allowed_data_dirs: a submission whose [data] path names the workers'
+// secret, a file outside the allowed directories or a link out of one is
+// refused before anything opens it, naming the path, what it resolves to and
+// the allowed directories, and repeating none of the file's bytes. A tensor
+// file inside is accepted.
+TEST_F(ServeTest, DataFilesAreReadOnlyFromAllowedDataDirs) {
+  const std::string root = std::filesystem::weakly_canonical(dir_).string();
+  const std::string data = root + "/data";
+  std::filesystem::create_directories(data);
+  std::vector<uint8_t> x(20 * 28 * 28, 7);
+  std::vector<int64_t> y;
+  for (int64_t i = 0; i < 20; ++i) y.push_back(i % 10);
+  const std::string file = testing::Safetensors({testing::Make("train.x", "U8", {20, 1, 28, 28}, x),
+                                                 testing::Make("train.y", "I64", {20}, y)});
+  std::ofstream(data + "/good.safetensors", std::ios::binary) << file;
+  std::ofstream(root + "/outside.safetensors", std::ios::binary) << file;
+  ASSERT_EQ(symlink((root + "/outside.safetensors").c_str(), (data + "/link.safetensors").c_str()),
+            0);
+  const std::string secret = root + "/secret";
+  const std::string secret_text =
+      "S3CR3TW0RKERK3Y9QZXVJ8L4HT6YB5NR1PD0GFC2XQ9WZ3KM7JV4LH8TY6BN5RP1";
+  std::ofstream(secret) << secret_text;
+  ASSERT_EQ(chmod(secret.c_str(), 0600), 0);
+  std::string config = WriteConfig("serve.toml", "store", "", "",
+                                   "grace_s = 20\nallowed_data_dirs = [\"" + data + "\"]\n");
+  {
+    std::ifstream in(config);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::string workers = "[workers]\n";
+    text.replace(text.find(workers), workers.size(),
+                 workers + "listen = \"127.0.0.1:0\"\nsecret_file = \"" + secret + "\"\n");
+    std::ofstream(config) << text;
+  }
+  Child* serve = StartServe(config);
+  ASSERT_NE(client_, nullptr);
+  auto with_data = [](const std::string& name, const std::string& path) {
+    std::string toml = Experiment(name, "random");
+    const std::string table = "[data]\n";
+    toml.replace(toml.find(table), table.size(),
+                 table + "format = \"safetensors\"\npath = \"" + path + "\"\nval_size = 4\n");
+    return toml;
+  };
+  const std::vector<std::pair<std::string, std::string>> outside = {
+      {secret, secret},
+      {root + "/outside.safetensors", root + "/outside.safetensors"},
+      {data + "/link.safetensors", root + "/outside.safetensors"},
+      {data + "/../secret", secret}};
+  for (const auto& [path, resolved] : outside) {
+    auto r = client_->Submit(with_data("out", path), "out.toml");
+    ASSERT_FALSE(r.ok()) << path;
+    EXPECT_TRUE(r.status().IsInvalidArgument()) << r.status().ToString();
+    const std::string& m = r.status().message();
+    EXPECT_NE(m.find("out.toml: data.path"), std::string::npos) << m;
+    EXPECT_NE(m.find("'" + path + "' resolves to " + resolved + ", which is outside them"),
+              std::string::npos)
+        << m;
+    EXPECT_NE(m.find("allowed_data_dirs [" + data + "]"), std::string::npos) << m;
+    EXPECT_EQ(m.find(secret_text.substr(0, 4)), std::string::npos) << m;
+  }
+  auto listed = client_->List();
+  ASSERT_TRUE(listed.ok()) << listed.status().ToString();
+  EXPECT_TRUE(listed->empty()) << "a refused submission left an experiment";
+  auto inside = client_->Submit(with_data("inside", data + "/good.safetensors"), "inside.toml");
+  EXPECT_TRUE(inside.ok()) << inside.status().ToString();
   client_.reset();
   Terminate(serve);
 }

@@ -19,6 +19,7 @@
 
 #include "ckpt/format/model_names.h"
 #include "ckpt/format/regular_file.h"
+#include "ckpt/ipc/sha256.h"
 #include "model_internal.h"
 
 #if defined(CKPT_WITH_CUDA)
@@ -694,6 +695,20 @@ Status LoadScript(Context* ctx) {
   CKPT_ASSIGN_OR_RETURN(
       std::string bytes,
       format::ReadRegularFile(path, format::kMaxTorchScriptFileBytes, "TorchScript file"));
+  const std::string& want = ctx->options.model_sha256;
+  if (!want.empty()) {
+    // The scheduler hashed the file it judged when the experiment was
+    // submitted: a file replaced since, or another host's copy, is refused
+    // before any of its code is loaded.
+    const std::string got = ipc::Sha256Hex(bytes);
+    if (got != want) {
+      return Status::InvalidArgument("TorchScript file " + path + " has SHA-256 " + got + ", not " +
+                                     want +
+                                     ", the file the scheduler checked when the experiment was "
+                                     "submitted (it was replaced since, or this host's copy "
+                                     "differs); refused");
+    }
+  }
   try {
     // Read in place: the file's bytes are held once while loading.
     ctx->script =

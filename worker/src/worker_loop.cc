@@ -247,6 +247,7 @@ Status WorkerLoop::HandleConfigure(const ipc::Received& rec) {
   model::TrainerOptions t;
   t.device = options_.device;
   t.model_spec = c->model_spec;
+  t.model_sha256 = c->model_sha256;
   t.optimizer = c->optimizer;
   t.batch_size = c->batch_size;
   t.eval_size = c->eval_size;

@@ -1,7 +1,9 @@
 #include "ckpt/format/regular_file.h"
 
 #include <fcntl.h>
+#include <linux/openat2.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 namespace ckpt::format {
 namespace {
@@ -24,6 +27,48 @@ const char* KindOf(mode_t mode) {
   return "of an unknown type";
 }
 
+constexpr int kFileFlags = O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY;
+
+// RegularFile::Resolver::kWalk: `relative` opened one component at a time
+// beneath `dir_fd`, none of them a symbolic link (checked, then opened with
+// O_NOFOLLOW, so a link swapped in between fails the open), "." and ".."
+// refused. Returns the file's descriptor, or -1 with `*err` set (ELOOP for a
+// link, EXDEV for "." or "..", the open's errno otherwise).
+int WalkBeneath(int dir_fd, const std::string& relative, int* err) {
+  std::vector<std::string> parts;
+  size_t at = 0;
+  while (at <= relative.size()) {
+    const size_t slash = std::min(relative.find('/', at), relative.size());
+    if (slash > at) parts.push_back(relative.substr(at, slash - at));
+    at = slash + 1;
+  }
+  if (parts.empty()) {
+    *err = ENOENT;
+    return -1;
+  }
+  int cur = ::fcntl(dir_fd, F_DUPFD_CLOEXEC, 0);
+  for (size_t i = 0; cur >= 0 && i < parts.size(); ++i) {
+    const std::string& part = parts[i];
+    struct stat st;
+    int next = -1;
+    if (part == "." || part == "..") {
+      *err = EXDEV;
+    } else if (::fstatat(cur, part.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
+      *err = errno;
+    } else if (S_ISLNK(st.st_mode)) {
+      *err = ELOOP;
+    } else {
+      const bool last = i + 1 == parts.size();
+      next = ::openat(cur, part.c_str(),
+                      last ? kFileFlags : (O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+      if (next < 0) *err = errno == ENOTDIR && !last ? ELOOP : errno;
+    }
+    ::close(cur);
+    cur = next;
+  }
+  return cur;
+}
+
 }  // namespace
 
 StatusOr<RegularFile> RegularFile::Open(const std::string& path, uint64_t max_bytes,
@@ -31,10 +76,55 @@ StatusOr<RegularFile> RegularFile::Open(const std::string& path, uint64_t max_by
   const std::string named = std::string(what) + " '" + path + "'";
   int fd;
   do {
-    fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+    fd = ::open(path.c_str(), kFileFlags);
   } while (fd < 0 && errno == EINTR);
-  if (fd < 0) {
+  return Checked(fd, fd < 0 ? errno : 0, path, named, max_bytes, what);
+}
+
+StatusOr<RegularFile> RegularFile::OpenBeneath(const std::string& dir, const std::string& relative,
+                                               uint64_t max_bytes, std::string_view what,
+                                               Resolver resolver) {
+  const std::string named = std::string(what) + " '" + relative + "' beneath " + dir;
+  if (relative.empty() || relative[0] == '/') {
+    return Status::InvalidArgument(named + ": not a relative path");
+  }
+  const int dir_fd = ::open(dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd < 0) {
     const int err = errno;
+    if (err == ENOENT) return Status::NotFound(named + ": no directory " + dir);
+    return Status::IOError(named + ": cannot open the directory: " + std::strerror(err));
+  }
+  int fd = -1;
+  int err = ENOSYS;
+  if (resolver == Resolver::kOpenat2) {
+    open_how how{};
+    how.flags = kFileFlags;
+    how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
+    do {
+      fd = static_cast<int>(::syscall(SYS_openat2, dir_fd, relative.c_str(), &how, sizeof how));
+    } while (fd < 0 && errno == EINTR);
+    err = fd < 0 ? errno : 0;
+  }
+  if (fd < 0 && err == ENOSYS) {
+    fd = WalkBeneath(dir_fd, relative, &err);
+  }
+  ::close(dir_fd);
+  if (fd < 0 && err == ELOOP) {
+    return Status::InvalidArgument(named +
+                                   " is reached through a symbolic link (refused: name "
+                                   "the file itself, with no link on the way)");
+  }
+  if (fd < 0 && err == EXDEV) {
+    return Status::InvalidArgument(named + " leads out of " + dir + " (refused)");
+  }
+  return Checked(fd, err, dir + "/" + relative, named, max_bytes, what);
+}
+
+StatusOr<RegularFile> RegularFile::Checked(int fd, int open_errno, const std::string& path,
+                                           const std::string& named, uint64_t max_bytes,
+                                           std::string_view what) {
+  if (fd < 0) {
+    const int err = open_errno;
     if (err == ENOENT) return Status::NotFound(named + ": no such file");
     if (err == ELOOP) {
       return Status::InvalidArgument(named + " is a symbolic link (refused: name the file itself)");
@@ -118,6 +208,26 @@ StatusOr<std::string> RegularFile::ReadAll() const {
                                    std::to_string(max_bytes_) + " bytes while it was read");
   }
   return bytes;
+}
+
+Status RegularFile::ReadInPieces(const std::function<void(std::string_view)>& sink) const {
+  std::string piece(static_cast<size_t>(std::min<uint64_t>(size_, uint64_t{1} << 20)), '\0');
+  if (piece.empty()) piece.resize(4096);
+  uint64_t at = 0;
+  while (true) {
+    const ssize_t n = ::pread(fd_, piece.data(), piece.size(), static_cast<off_t>(at));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Status::IOError(what_ + " '" + path_ + "': read: " + std::strerror(errno));
+    }
+    if (n == 0) return Status::OK();
+    at += static_cast<uint64_t>(n);
+    if (at > max_bytes_) {
+      return Status::InvalidArgument(what_ + " '" + path_ + "' grew past the limit of " +
+                                     std::to_string(max_bytes_) + " bytes while it was read");
+    }
+    sink(std::string_view(piece.data(), static_cast<size_t>(n)));
+  }
 }
 
 StatusOr<std::string> ReadRegularFile(const std::string& path, uint64_t max_bytes,

@@ -42,11 +42,13 @@ std::string Describe(const Fault& f) {
   switch (f.kind) {
     case Kind::kShortFile:
       return "file of " + to_string(f.count) + " bytes is shorter than 8";
+    // The length is the file's first 8 bytes: not repeated, since the file
+    // may be anything (a secret) rather than safetensors.
     case Kind::kHeaderBeyondFile:
-      return "header length " + to_string(f.count) + " beyond the file of " + to_string(f.limit) +
-             " bytes";
+      return "header length (its first 8 bytes) beyond the file of " + to_string(f.limit) +
+             " bytes: not a safetensors file";
     case Kind::kHeaderAboveCap:
-      return "header length " + to_string(f.count) + " above the cap of " + to_string(f.limit);
+      return "header length (its first 8 bytes) above the cap of " + to_string(f.limit);
     case Kind::kNotJson:
       return "header is not valid JSON";
     case Kind::kNotObject:

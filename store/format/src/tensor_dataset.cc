@@ -710,10 +710,18 @@ StatusOr<std::shared_ptr<const TensorDataset>> TensorDataset::Open(
                                    std::string(DatasetFormatName(options.format)) +
                                    " is not a tensor file (safetensors or npz)");
   }
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // Opened as RegularFile opens a model file: a final symbolic link is
+  // refused, and a FIFO or a device does not block the open.
+  int fd;
+  do {
+    fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+  } while (fd < 0 && errno == EINTR);
   if (fd < 0) {
     const int err = errno;
     if (err == ENOENT) return Status::NotFound(path + ": no such file");
+    if (err == ELOOP) {
+      return Status::InvalidArgument(path + " is a symbolic link (refused: name the file itself)");
+    }
     return Status::IOError(path + ": " + std::strerror(err));
   }
   struct stat st;

@@ -11,6 +11,7 @@
 #include <string_view>
 
 #include "ckpt/base/json_depth.h"
+#include "ckpt/ipc/sha256.h"
 
 namespace ckpt::ipc {
 
@@ -72,6 +73,7 @@ json ToJson(const Configure& m) {
       m.tensor_data.value_or(format::TensorDatasetOptions{});
   return json{{"experiment", m.experiment},
               {"model_spec", m.model_spec},
+              {"model_sha256", m.model_sha256},
               {"optimizer", format::OptimizerKindName(m.optimizer)},
               {"dataset", m.dataset},
               {"dataset_path", m.tensor_data ? tensor.path : m.dataset_path},
@@ -530,6 +532,7 @@ StatusOr<Configure> DecodeConfigure(const uint8_t* p, size_t n) {
     Fields f(j, "CONFIGURE");
     f.Str("experiment", &m.experiment, true);
     f.Str("model_spec", &m.model_spec);
+    f.Str("model_sha256", &m.model_sha256);
     f.Named("optimizer", format::ParseOptimizerKind, &m.optimizer);
     f.Str("dataset", &m.dataset);
     f.Str("dataset_path", &m.dataset_path);
@@ -548,6 +551,10 @@ StatusOr<Configure> DecodeConfigure(const uint8_t* p, size_t n) {
     f.I32("eval_size", &m.eval_size);
     f.U64("seed", &m.seed);
     CKPT_RETURN_IF_ERROR(f.status());
+    if (!m.model_sha256.empty() && !IsSha256Hex(m.model_sha256)) {
+      return Status::Corruption(
+          "CONFIGURE message: field 'model_sha256' is not 64 lowercase hex digits");
+    }
     auto augmentation = format::ParseAugmentation(augment);
     if (!augmentation.ok()) {
       return Status::Corruption("CONFIGURE message: field 'augment': " +

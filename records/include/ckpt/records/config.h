@@ -229,6 +229,11 @@ struct ExperimentConfig {
   // "" = none. A busy port costs a warning, not the run. Default: 127.0.0.1:9464.
   std::string metrics = "127.0.0.1:9464";
   std::string model_spec = "lenet5";
+  // SHA-256 (hex) of a "torchscript:PATH" model's file as the scheduler read
+  // it when the experiment was submitted (records::ModelFileSha256), sent in
+  // CONFIGURE so that every worker loads those bytes or refuses. Not parsed:
+  // the scheduler sets it; "" for other models.
+  std::string model_sha256;
   format::OptimizerKind optimizer = format::OptimizerKind::kSgd;
   std::string dataset = "fashion-mnist";
   std::string dataset_path = "/usr/share/datasets/fashion-mnist";

@@ -11,8 +11,10 @@
 //   final_eval_top = 5
 //   log_progress = true                 # a progress line per experiment every 10 s
 //   allowed_model_dirs = ["/var/lib/ckpt/models"]   # default: ["<store>/models"]
-//   [control]  allowed_users = ["alice"]; allowed_groups = ["ckpt"];
-//              max_request_bytes = 1048576; max_clients = 64; client_idle_timeout_s = 30
+//   allowed_data_dirs = ["/var/lib/ckpt/data"]      # default: ["<store>/data"]
+//   [control]  allowed_users = ["alice"]; allowed_groups = ["ckpt"]; admins = ["bob"];
+//              max_request_bytes = 1048576; max_clients = 64; client_idle_timeout_s = 30;
+//              submit_validation_timeout_s = 20
 //   [workers]  binary = ""; ring_mib = 64; heartbeat_timeout_s = 10; restart_backoff_s = 10;
 //              max_restart_backoff_s = 300; healthy_reset_s = 600; max_restarts = 10;
 //              max_member_failures = 3; listen = ""; secret_file = ""; local = true
@@ -34,6 +36,13 @@
 // every TorchScript model. `ckpt-scheduler run` (the user's own experiment
 // file, no control socket) has no such rule: it loads any file its user can
 // read.
+//
+// allowed_data_dirs: likewise for a submitted experiment's [data] path (a
+// tensor file inside one of them, or an IDX directory that is one of them or
+// inside one; records::CheckDataPathAllowed). The built-in data sets (no
+// path) are always allowed. Without it, any control-socket user could make
+// the service read any file it can read (the workers' secret included).
+// [] allows only the built-in data sets.
 //
 // Thread-safety: ServiceConfig is a value; the functions are reentrant.
 #ifndef CKPT_RECORDS_SERVICE_CONFIG_H_
@@ -63,9 +72,14 @@ struct ServiceConfig {
   // See ControlOptions; the limits and peers of the control socket.
   std::vector<std::string> allowed_users;
   std::vector<std::string> allowed_groups;
+  // [control] admins: who may change any experiment and shut the service
+  // down (ControlOptions::admins). Default: none (root and the service's user).
+  std::vector<std::string> admins;
   size_t max_request_bytes = size_t{1} << 20;
   int max_clients = 64;
   std::chrono::milliseconds client_idle_timeout{30000};
+  // [control] submit_validation_timeout_s (ControlOptions). Default: 20 s.
+  std::chrono::milliseconds submit_validation_timeout{20000};
   // grace_s and [workers]. Defaults: as in SupervisionOptions, except grace 30 s.
   SupervisionOptions supervision = [] {
     SupervisionOptions s;
@@ -83,6 +97,9 @@ struct ServiceConfig {
   // Directories a submitted TorchScript model must lie in (absolute; see
   // above). Default: {"<store>/models"}.
   std::vector<std::string> allowed_model_dirs;
+  // Where a submitted experiment's data must lie (absolute; see above).
+  // Default: {"<store>/data"}.
+  std::vector<std::string> allowed_data_dirs;
   // Where the configuration was read from (for messages and reloads).
   std::string origin;
 };

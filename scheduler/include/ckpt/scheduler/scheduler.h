@@ -59,21 +59,42 @@ struct ControlOptions {
   // Socket path; its directory is created 0750 when missing. Default: "" (no socket).
   std::string socket_path;
   // Users and groups (names or numeric ids) whose processes may connect,
-  // besides the scheduler's own user. Default: none.
+  // besides the scheduler's own user. A group counts as the peer's gid or as
+  // any group of the peer's user in the group database (getgrouplist, looked
+  // up as it connects). Default: none.
   std::vector<std::string> allowed_users;
   std::vector<std::string> allowed_groups;
+  // Users (names or numeric ids) who may change any experiment and shut the
+  // service down; root and the scheduler's own user always may. Any other
+  // allowed user may submit, read everything (status, list) and change
+  // (pause, resume, stop, restore, pin, unpin) only the experiments it
+  // submitted (their records keep the submitter's uid). Default: none.
+  std::vector<std::string> admins;
   // Longest request line accepted. Default: 1 MiB.
   size_t max_request_bytes = size_t{1} << 20;
   // Connections served at once; more are refused with an error. Default: 64.
   int max_clients = 64;
   // A connection idle (or stalled mid-line) this long is closed. Default: 30 s.
   std::chrono::milliseconds client_idle_timeout{30000};
+  // A submission is validated (its TOML parsed, its model file hashed, its
+  // data file mapped and validated whole) on a thread of its own, off the
+  // event loop; past this bound the submitter is answered ResourceExhausted
+  // naming it and nothing is created. At most 2 validations run at once.
+  // Default: 20 s (below the 30 s a ControlClient waits for a reply).
+  std::chrono::milliseconds submit_validation_timeout{20000};
+  // Test seam: called on the validation thread before each submission is
+  // validated (a test holds it there to see the loop answer meanwhile).
+  std::function<void()> before_validation;
   // Test seam: when set, used instead of SO_PEERCRED to get a peer's uid and gid.
   std::function<bool(int fd, uint32_t* uid, uint32_t* gid)> peer_credentials;
   // When set, a submitted experiment's TorchScript model must lie in one of
   // these directories (records::CheckModelFileAllowed); the service sets it
   // from allowed_model_dirs. Default: unset (any file the scheduler can read).
   std::optional<std::vector<std::string>> allowed_model_dirs;
+  // When set, a submitted experiment's [data] path must lie in one of these
+  // directories (records::CheckDataPathAllowed); the service sets it from
+  // allowed_data_dirs. Default: unset (any file the scheduler can read).
+  std::optional<std::vector<std::string>> allowed_data_dirs;
 };
 
 struct SchedulerOptions {

@@ -2,9 +2,10 @@
 // is records::ServiceConfig (ckpt/records/service_config.h: every key, its
 // default, and what allowed_model_dirs allows).
 //
-// SIGHUP re-reads the file: allowed users and groups, allowed_model_dirs and
-// the [control] limits apply at once (to later submissions); a change to
-// anything else is reported (restart to apply).
+// SIGHUP re-reads the file: allowed users and groups, admins,
+// allowed_model_dirs, allowed_data_dirs and the [control] limits apply at
+// once (to later submissions and connections); a change to anything else is
+// reported (restart to apply).
 //
 // Thread-safety: ServiceConfig is a value; RunService runs on the calling thread.
 #ifndef CKPT_SCHEDULER_SERVICE_H_

@@ -69,6 +69,11 @@ struct TrainerOptions {
   std::string device = "cpu";
   // A model spec (ckpt/model/model_spec.h). Default: "lenet5".
   std::string model_spec = "lenet5";
+  // SHA-256 (hex) a TorchScript model's file must have (CONFIGURE's
+  // model_sha256): Create refuses a file whose bytes hash otherwise with
+  // InvalidArgument naming the file and both hashes. "" = not checked.
+  // Default: "".
+  std::string model_sha256;
   // Default: SGD.
   format::OptimizerKind optimizer = format::OptimizerKind::kSgd;
   // Training minibatch per member. Default: 64.

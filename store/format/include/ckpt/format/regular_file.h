@@ -9,7 +9,8 @@
 // Every read goes through that descriptor, never through the path again, so
 // replacing the file after the check changes nothing. Directories above the
 // last component are still followed: a caller that must keep a path inside a
-// directory resolves it first (realpath) and names the result.
+// directory resolves it first (realpath) and names the result, or opens it
+// with OpenBeneath, which follows no symbolic link at all.
 //
 // Thread-safety: a RegularFile is used by one thread at a time; it is
 // move-only and closes its descriptor when destroyed.
@@ -18,6 +19,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -38,6 +40,24 @@ class RegularFile {
   static StatusOr<RegularFile> Open(const std::string& path, uint64_t max_bytes,
                                     std::string_view what = "file");
 
+  // How OpenBeneath resolves: openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS),
+  // falling back to the walk where the kernel lacks openat2 (ENOSYS, before
+  // Linux 5.6); or the walk alone (tests): one openat(O_NOFOLLOW) per
+  // component, refusing a symbolic link, "." and "..".
+  enum class Resolver { kOpenat2, kWalk };
+
+  // Opens `relative` beneath the directory `dir` (itself opened by its path,
+  // links included: it is the caller's trusted root) without following any
+  // symbolic link and without leaving it, so that a link swapped in anywhere
+  // on the way cannot redirect the open; then checks as Open does. Errors as
+  // Open's, each naming `what`, `dir` and `relative`, and InvalidArgument for
+  // a symbolic link on the way (ELOOP), a path leading out of `dir` (EXDEV,
+  // "..") or an absolute `relative`; NotFound / IOError when `dir` cannot be
+  // opened.
+  static StatusOr<RegularFile> OpenBeneath(const std::string& dir, const std::string& relative,
+                                           uint64_t max_bytes, std::string_view what = "file",
+                                           Resolver resolver = Resolver::kOpenat2);
+
   RegularFile(RegularFile&& other) noexcept;
   RegularFile& operator=(RegularFile&& other) noexcept;
   RegularFile(const RegularFile&) = delete;
@@ -56,7 +76,16 @@ class RegularFile {
   // when it grew past the `max_bytes` given to Open; IOError when a read fails.
   StatusOr<std::string> ReadAll() const;
 
+  // Hands the file's bytes to `sink` in order, in pieces of at most 1 MiB,
+  // without holding the whole file. Errors as ReadAll's.
+  Status ReadInPieces(const std::function<void(std::string_view)>& sink) const;
+
  private:
+  // Checks the descriptor an open returned (`fd` >= 0) or reports the open's
+  // `open_errno` (fd < 0); `named` is "<what> '<path>'" for messages.
+  static StatusOr<RegularFile> Checked(int fd, int open_errno, const std::string& path,
+                                       const std::string& named, uint64_t max_bytes,
+                                       std::string_view what);
   RegularFile(int fd, uint64_t size, uint64_t max_bytes, std::string path, std::string what)
       : fd_(fd),
         size_(size),

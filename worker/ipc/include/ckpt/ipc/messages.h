@@ -82,6 +82,11 @@ struct Hello {
 struct Configure {
   std::string experiment;
   std::string model_spec = "lenet5";  // name or JSON list of layers, or "torchscript:PATH"
+  // SHA-256 (64 lowercase hex digits, ckpt/ipc/sha256.h) of the TorchScript
+  // file as the scheduler read it at submission: a worker refuses a file of
+  // that path whose bytes hash otherwise, naming both. "" = not checked (a
+  // model that is no file).
+  std::string model_sha256;
   format::OptimizerKind optimizer = format::OptimizerKind::kSgd;
   // IDX data: the data set's name and its directory ("" = the default one).
   std::string dataset = "fashion-mnist";
