@@ -31,6 +31,7 @@ struct RunFlags {
   std::string listen;       // "" = the file's [workers] listen
   std::string secret_file;  // "" = the file's
   bool no_local_workers = false;
+  bool blob_log = false;
   std::string summary_json;  // "" = none; else the final summary's JSON goes there
 };
 
@@ -59,6 +60,7 @@ int Run(const RunFlags& f) {
   options.worker_binary = f.worker;
   options.progress = f.quiet ? nullptr : stdout;
   options.ring_bytes = static_cast<size_t>(f.ring_mib) << 20;
+  options.blob_log = f.blob_log;
   if (f.backoff_ms >= 0) {
     options.supervision.restart_backoff = std::chrono::milliseconds(f.backoff_ms);
   }
@@ -155,6 +157,9 @@ int Main(int argc, char** argv) {
                   "the secret connecting workers must prove (0600; created when absent)");
   run->add_flag("--no-local-workers", f.no_local_workers,
                 "spawn no local workers: only connected ones train");
+  run->add_flag("--blob-log", f.blob_log,
+                "keep new states in the store's own blob log, written once (store.h "
+                "StoreOptions::blob_log)");
   run->add_option("--summary-json", f.summary_json,
                   "also write the final summary (members best first) as JSON to this file");
   std::string service_config;
