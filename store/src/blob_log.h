@@ -34,6 +34,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "ckpt/base/status.h"
 #include "ckpt/format/checksum.h"
