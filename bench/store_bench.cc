@@ -1,4 +1,4 @@
-// ckpt-bench store [--state-bytes N] [--dir PATH] [--total-bytes N] [--exploits N]
+// ckpt-bench store [--state-bytes N] [--dir PATH] [--total-bytes N] [--exploits N] [--blob-log]
 //
 // The checkpoint store against the approach it replaces (one file per state):
 // commits of real checkpoint blobs (random float tensors written with
@@ -6,7 +6,9 @@
 // metadata-only exploits; then the same bytes written to, fsynced and read
 // from one file per state; and the CRC32C that RocksDB puts on each WAL and
 // blob-file record, ckpt's against the library's own loop. Prints what it
-// measured, then one JSON line.
+// measured, then one JSON line. disk_bytes_per_state[_sync]: the bytes the
+// process wrote to storage (/proc/self/io write_bytes, commits and the flush
+// after them) per committed byte of state.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -74,7 +76,30 @@ struct CommitPhase {
   double seconds = 0;
   size_t bytes = 0;
   size_t commits = 0;
+  // Bytes this process sent to the storage layer (/proc/self/io write_bytes)
+  // from the first commit until the memtables were flushed after the last.
+  uint64_t disk_bytes = 0;
 };
+
+// /proc/self/io write_bytes: bytes this process (every thread, RocksDB's
+// background ones included) caused to be written to storage, counted when
+// the page is dirtied. 0 where the file is missing (it is 0 on tmpfs too).
+uint64_t ProcWriteBytes() {
+  std::FILE* f = std::fopen("/proc/self/io", "re");
+  if (f == nullptr) return 0;
+  char line[128];
+  unsigned long long v = 0;
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    if (std::sscanf(line, "write_bytes: %llu", &v) == 1) break;
+  }
+  std::fclose(f);
+  return v;
+}
+
+// Disk bytes per committed state, as a multiple of the state's size.
+double WriteAmplification(const CommitPhase& p) {
+  return p.bytes == 0 ? 0 : static_cast<double>(p.disk_bytes) / static_cast<double>(p.bytes);
+}
 
 // Commits every state round-robin to the members; REQUIRES: members exist.
 StatusOr<CommitPhase> CommitAll(store::Store* s, const std::vector<std::string>& members,
@@ -223,7 +248,9 @@ struct StoreBenchOptions {
   size_t state_bytes = 500000;
   size_t total_bytes = size_t{256} << 20;
   int exploits = 2000;
-  std::string dir;  // empty: a temporary directory, removed at the end
+  bool blob_log = false;  // StoreOptions::blob_log
+  size_t members = 8;     // the states are committed round-robin to this many
+  std::string dir;        // empty: a temporary directory, removed at the end
 };
 
 // Where and with what the phases run.
@@ -257,7 +284,7 @@ struct StoreFigures {
 
 Status Prepare(const StoreBenchOptions& o, StoreSetup* setup) {
   setup->n_states = std::clamp<size_t>(o.total_bytes / std::max<size_t>(o.state_bytes, 1), 8, 512);
-  setup->n_members = std::min<size_t>(8, setup->n_states);
+  setup->n_members = std::min<size_t>(o.members, setup->n_states);
   setup->dir = o.dir;
   if (setup->dir.empty()) {
     const char* tmp = std::getenv("TMPDIR");
@@ -273,6 +300,7 @@ Status Prepare(const StoreBenchOptions& o, StoreSetup* setup) {
   setup->options.path = setup->dir + "/db";
   setup->options.keep_last_n = 3;
   setup->options.keep_best_k = 5;
+  setup->options.blob_log = o.blob_log;
   return Status::OK();
 }
 
@@ -287,10 +315,15 @@ StatusOr<CommitPhase> CommitUnsynced(store::Store* s, const StoreSetup& setup, s
   CKPT_RETURN_IF_ERROR(s->CreateMembers("bench", hp));
   auto states = MakeStates(setup.n_states, state_bytes, 1);
   *blob_size = states[0].size();
+  const uint64_t written = ProcWriteBytes();
   CKPT_ASSIGN_OR_RETURN(CommitPhase put, CommitAll(s, setup.members, states));
   std::printf("commit unsynced: %zu x %zu B in %.3f s: %.1f MB/s, %.1f commits/s\n", put.commits,
               *blob_size, put.seconds, MBps(put.bytes, put.seconds), put.commits / put.seconds);
   CKPT_RETURN_IF_ERROR(s->Flush());
+  put.disk_bytes = ProcWriteBytes() - written;
+  std::printf(
+      "  written to disk (commits and flush): %.0f B per committed state, %.3f x the state\n",
+      static_cast<double>(put.disk_bytes) / put.commits, WriteAmplification(put));
   return put;
 }
 
@@ -356,9 +389,15 @@ StatusOr<CommitPhase> CommitSyncedAndVerify(const StoreSetup& setup, size_t stat
   sync_options.sync_interval_commits = true;
   CKPT_ASSIGN_OR_RETURN(std::unique_ptr<store::Store> s, store::Store::Open(sync_options));
   auto states = MakeStates(std::max<size_t>(8, setup.n_states / 4), state_bytes, 2);
+  const uint64_t written = ProcWriteBytes();
   CKPT_ASSIGN_OR_RETURN(CommitPhase put_sync, CommitAll(s.get(), setup.members, states));
   std::printf("commit synced: %zu in %.3f s: %.1f MB/s\n", put_sync.commits, put_sync.seconds,
               MBps(put_sync.bytes, put_sync.seconds));
+  CKPT_RETURN_IF_ERROR(s->Flush());
+  put_sync.disk_bytes = ProcWriteBytes() - written;
+  std::printf(
+      "  written to disk (commits and flush): %.0f B per committed state, %.3f x the state\n",
+      static_cast<double>(put_sync.disk_bytes) / put_sync.commits, WriteAmplification(put_sync));
   CKPT_ASSIGN_OR_RETURN(auto report, s->Verify());
   if (!report.ok()) return Status::Corruption(report.problems.front());
   return put_sync;
@@ -401,6 +440,8 @@ void Report(const StoreBenchOptions& o, const StoreSetup& setup, const StoreFigu
   const nlohmann::json out = {
       {"bench", "store"},
       {"state_bytes", o.state_bytes},
+      {"blob_log", o.blob_log},
+      {"members", setup.n_members},
       {"blob_bytes", f.blob_size},
       {"states", setup.n_states},
       {"put_mb_s", MBps(f.put.bytes, f.put.seconds)},
@@ -410,6 +451,8 @@ void Report(const StoreBenchOptions& o, const StoreSetup& setup, const StoreFigu
       {"get_uncached_mb_s", f.uncached.verified},
       {"get_uncached_unverified_mb_s", f.uncached.unverified},
       {"commit_per_s", f.put.commits / f.put.seconds},
+      {"disk_bytes_per_state", WriteAmplification(f.put)},
+      {"disk_bytes_per_state_sync", WriteAmplification(f.put_sync)},
       {"exploit_us", exploit_mean},
       {"exploit_p50_us", pct(0.5)},
       {"exploit_p99_us", pct(0.99)},
@@ -449,6 +492,13 @@ BenchRun StoreFlags(CLI::App& cmd) {
   cmd.add_option("--exploits", o->exploits, "metadata-only exploits timed")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  cmd.add_option("--members", o->members,
+                 "members the states are committed to, round-robin (more members than the "
+                 "blobs memtable holds states: each state outlives the memtable it is in)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd.add_flag("--blob-log", o->blob_log,
+               "the store keeps states in its own blob log (StoreOptions::blob_log)");
   cmd.add_option("--dir", o->dir, "store and files here (default: a temporary directory)");
   return [o] { return StoreBench(*o); };
 }

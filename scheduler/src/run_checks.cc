@@ -54,6 +54,7 @@ StatusOr<CheckedRun> CheckRun(const RunFlags& f) {
   options.worker_binary = f.worker;
   options.progress = f.quiet ? nullptr : stdout;
   options.ring_bytes = static_cast<size_t>(f.ring_mib) << 20;
+  options.blob_log = f.blob_log;
   if (f.backoff_ms >= 0) {
     options.supervision.restart_backoff = std::chrono::milliseconds(f.backoff_ms);
   }

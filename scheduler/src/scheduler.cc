@@ -311,6 +311,7 @@ StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(const SchedulerOptions& g
   store::StoreOptions so;
   so.path = options.store_path;
   so.sync_interval_commits = options.sync_interval_commits;
+  so.blob_log = options.blob_log;
   so.kill_point = options.kill_point;
   CKPT_ASSIGN_OR_RETURN(auto store, store::Store::Open(so));
   std::unique_ptr<metrics::Metrics> m;

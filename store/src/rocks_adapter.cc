@@ -137,9 +137,10 @@ class InfoLog final : public rocksdb::Logger {
 }  // namespace
 
 std::vector<rocksdb::ColumnFamilyDescriptor> Descriptors(
-    const std::shared_ptr<rocksdb::Cache>& blob_cache, size_t blob_memtable_bytes) {
+    const std::shared_ptr<rocksdb::Cache>& blob_cache, size_t blob_memtable_bytes,
+    bool with_blob_log) {
   std::vector<rocksdb::ColumnFamilyDescriptor> d;
-  for (int f = 0; f < kNumFamilies; ++f) {
+  for (int f = 0; f < (with_blob_log ? kNumFamilies : kBlobLog); ++f) {
     d.emplace_back(kFamilyNames[f], FamilyOptions(f, blob_cache, blob_memtable_bytes));
   }
   return d;

@@ -35,10 +35,13 @@ enum Family : int {
   kBlobs,
   kRefs,
   kEvents,
+  // Where each blob of the blob log lies (blob_log.h); opened only when the
+  // store has it or StoreOptions::blob_log creates it.
+  kBlobLog,
   kNumFamilies
 };
 inline constexpr const char* kFamilyNames[kNumFamilies] = {
-    "default", "experiments", "members", "checkpoints", "blobs", "refs", "events"};
+    "default", "experiments", "members", "checkpoints", "blobs", "refs", "events", "blob_log"};
 
 // `s` as a ckpt Status whose message starts with `context`: NoSpace is
 // ResourceExhausted, Busy/TimedOut/TryAgain/Incomplete are Unavailable,
@@ -49,8 +52,10 @@ Status FromRocks(const rocksdb::Status& s, const std::string& context);
 // compression; the blobs family keeps its values in blob files (write buffer
 // `blob_memtable_bytes`, cache `blob_cache` when not null); the refs family
 // counts with the reference-count merge operator.
+// `with_blob_log`: kBlobLog's too (otherwise every family before it).
 std::vector<rocksdb::ColumnFamilyDescriptor> Descriptors(
-    const std::shared_ptr<rocksdb::Cache>& blob_cache, size_t blob_memtable_bytes);
+    const std::shared_ptr<rocksdb::Cache>& blob_cache, size_t blob_memtable_bytes,
+    bool with_blob_log);
 
 // An LRU cache of `bytes` for blobs, or null when `bytes` is 0.
 std::shared_ptr<rocksdb::Cache> NewBlobCache(size_t bytes);

@@ -25,10 +25,12 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "blob_log.h"
 #include "ckpt/base/status.h"
 #include "ckpt/format/checksum.h"
 #include "ckpt/store/store.h"
@@ -55,6 +57,9 @@ struct PendingWrite {
   // The blob the write adds, if its bytes may need storing.
   std::optional<BlobId> new_blob;
   rocksdb::Slice new_blob_bytes;
+  // The write appended the blob's bytes to the blob log (synced before the
+  // batch when the batch is).
+  bool blob_appended = false;
 };
 
 class StoreImpl final : public Store {
@@ -70,6 +75,8 @@ class StoreImpl final : public Store {
   ~StoreImpl() override { CloseDb(); }
 
   Status OpenDb();
+  // Opens the blob log when StoreOptions::blob_log is on or the store has one.
+  Status OpenBlobLog();
   // Loads the retention index and reference counts (writer open).
   Status LoadIndex();
   // Sweeps retention with the current options and writes what it changed.
@@ -82,6 +89,7 @@ class StoreImpl final : public Store {
   }
 
   void CloseDb() {
+    log_.reset();
     if (!db_) return;
     for (auto* h : handles_) db_->DestroyColumnFamilyHandle(h);
     handles_.clear();
@@ -129,7 +137,12 @@ class StoreImpl final : public Store {
   StatusOr<std::vector<Manifest>> Lineage(const std::string& exp,
                                           const std::string& member) override;
 
-  StatusOr<PinnedBlob> ReadBlob(const BlobId& id, bool verify) override;
+  StatusOr<PinnedBlob> ReadBlob(const BlobId& id, bool verify) override {
+    return ReadBlobImpl(id, verify, /*check_record=*/false);
+  }
+  // ReadBlob; `check_record`: a blob in the blob log also has its record's
+  // own checksum checked (Verify).
+  StatusOr<PinnedBlob> ReadBlobImpl(const BlobId& id, bool verify, bool check_record);
   StatusOr<PinnedBlob> ReadHeadBlob(const std::string& exp, const std::string& member,
                                     bool verify) override;
 
@@ -161,7 +174,11 @@ class StoreImpl final : public Store {
   uint64_t blob_memtable_bytes() const override { return blob_memtable_bytes_.load(); }
 
  private:
-  rocksdb::ColumnFamilyHandle* cf(Family f) const { return handles_[f]; }
+  // nullptr for kBlobLog when the store has no blob_log family (a store from
+  // before the blob log, opened without StoreOptions::blob_log).
+  rocksdb::ColumnFamilyHandle* cf(Family f) const {
+    return static_cast<size_t>(f) < handles_.size() ? handles_[f] : nullptr;
+  }
 
   Status CheckWritable() const {
     if (read_only_) {
@@ -187,6 +204,27 @@ class StoreImpl final : public Store {
   Status AddChangesLocked(const std::vector<RetentionChange>& changes, PendingWrite* w);
   // Puts manifests, blob and refs into the batch; updates refcounts_.
   Status FinishLocked(PendingWrite* w);
+  // Stores w->new_blob_bytes as blob `id`: appended to the blob log (the
+  // batch gets its location) when StoreOptions::blob_log, unless its record
+  // there is intact, else put into the blobs family; a copy in the other
+  // place goes.
+  Status PutBlobBytesLocked(PendingWrite* w, const BlobId& id);
+  // Deletes blob `id` from wherever it lives; its record becomes garbage.
+  void DeleteBlobBytesLocked(PendingWrite* w, const BlobId& id);
+  // After an append: when the log rolled past segment `was_active` and no
+  // live record is left there, it is dead.
+  void NoteRolledLocked(uint64_t was_active);
+  // Counts a record of the blob log as garbage.
+  void ReleaseRecordLocked(const BlobLocation& loc);
+  // Deletes the segments with no live record (not the active one) once the
+  // WAL records that dropped their last blob are synced; none while a
+  // Verify holds deletions.
+  Status DropDeadSegmentsLocked(bool wal_synced);
+  // Garbage collection of the blob log (Compact): rewrites the live records
+  // of each segment whose live bytes are below
+  // StoreOptions::blob_log_gc_live_fraction into the active segment, syncs
+  // it, moves their locations in one synced batch, then deletes the segment.
+  Status CollectBlobLogLocked();
   // Writes the batch. On failure the store stops accepting writes (the index
   // may be ahead of the disk): for good, or until the disk has space again
   // when RocksDB ran out of it (ResourceExhausted). `what` names the write in
@@ -232,15 +270,28 @@ class StoreImpl final : public Store {
   std::atomic<bool> blob_cache_fills_{true};
   std::unique_ptr<rocksdb::DB> db_;
   std::vector<rocksdb::ColumnFamilyHandle*> handles_;
+  // The blob log, or null (StoreOptions::blob_log off and none on disk).
+  // Read() from any thread; the rest under mu_.
+  std::unique_ptr<BlobLog> log_;
+  // Segment deletions wait while > 0 (a Verify reads through a view).
+  std::atomic<int> segment_deletions_held_{0};
 
   // Serializes writes. Guards index_, refcounts_ and broken_.
   std::mutex mu_;
   RetentionIndex index_;
   std::map<BlobId, int64_t> refcounts_;
+  // Blobs in the blob log and where; live record bytes per segment; segments
+  // left with none (deleted after the write that emptied them).
+  std::map<BlobId, BlobLocation> locations_;
+  std::map<uint64_t, uint64_t> live_bytes_;
+  std::set<uint64_t> dead_segments_;
   // The first failed write; every later write returns it, unless
   // broken_recoverable_ (no space) and the store could resume.
   Status broken_;
   bool broken_recoverable_ = false;
+  // Bytes of the blob log record whose append found the disk full; writes
+  // wait until that much fits again (0: none).
+  uint64_t blob_space_needed_ = 0;
 };
 
 }  // namespace ckpt::store

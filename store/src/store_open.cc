@@ -8,9 +8,12 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "codec.h"
 #include "keys.h"
@@ -74,6 +77,16 @@ Status StoreImpl::OpenDb() {
   // at close, so a full disk would show up late and go away by itself at
   // random; without it a write fails exactly when its bytes do not fit.
   db_options.allow_fallocate = false;
+  // The blob_log family is opened when the store has it (any open) or the
+  // writer is to create it (StoreOptions::blob_log), so that a store from
+  // before the blob log stays as it was unless the option asks otherwise.
+  bool with_blob_log = options_.blob_log && !read_only_;
+  {
+    std::vector<std::string> names;
+    if (rocksdb::DB::ListColumnFamilies(db_options, path, &names).ok()) {
+      for (const auto& n : names) with_blob_log |= n == kFamilyNames[kBlobLog];
+    }
+  }
   rocksdb::DB* raw = nullptr;
   rocksdb::Status s;
   if (read_only_) {
@@ -88,14 +101,15 @@ Status StoreImpl::OpenDb() {
     // read-only instance: a consistent image of the store as of the open.
     // The writer may delete files under it; opening retries, Refresh() reopens.
     for (int attempt = 0; attempt < 3; ++attempt) {
-      s = rocksdb::DB::OpenForReadOnly(db_options, path,
-                                       Descriptors(blob_cache_, blob_memtable_bytes_), &handles_,
-                                       &raw, /*error_if_wal_file_exists=*/false);
+      s = rocksdb::DB::OpenForReadOnly(
+          db_options, path, Descriptors(blob_cache_, blob_memtable_bytes_, with_blob_log),
+          &handles_, &raw, /*error_if_wal_file_exists=*/false);
       if (s.ok() || !(s.IsIOError() || s.IsCorruption() || s.IsPathNotFound())) break;
     }
   } else {
-    s = rocksdb::DB::Open(db_options, path, Descriptors(blob_cache_, blob_memtable_bytes_),
-                          &handles_, &raw);
+    s = rocksdb::DB::Open(db_options, path,
+                          Descriptors(blob_cache_, blob_memtable_bytes_, with_blob_log), &handles_,
+                          &raw);
   }
   if (!s.ok()) {
     if (!read_only_ && IsLockError(s)) {
@@ -117,6 +131,20 @@ Status StoreImpl::OpenDb() {
   if (!read_only_) {
     std::ofstream owner(path + "/" + kOwnerFile, std::ios::trunc);
     owner << "pid " << getpid() << "\n";
+  }
+  return OpenBlobLog();
+}
+
+Status StoreImpl::OpenBlobLog() {
+  const std::string dir = options_.path + "/" + kBlobLogDir;
+  if (cf(kBlobLog) == nullptr) return Status::OK();
+  if (read_only_ && !std::filesystem::exists(dir)) return Status::OK();
+  CKPT_ASSIGN_OR_RETURN(log_, BlobLog::Open(dir, read_only_, options_.blob_log_segment_bytes));
+  if (log_->truncated_bytes() > 0) {
+    rocksdb::Log(rocksdb::InfoLogLevel::WARN_LEVEL, db_->GetOptions().info_log,
+                 "ckpt: blob log segment %s: cut a torn tail of %llu bytes at open",
+                 log_->SegmentPath(log_->active_segment()).c_str(),
+                 static_cast<unsigned long long>(log_->truncated_bytes()));
   }
   return Status::OK();
 }
@@ -168,6 +196,31 @@ Status StoreImpl::LoadIndex() {
     CKPT_RETURN_IF_ERROR(FromRocks(it->status(), "load manifests"));
   }
   index_.FinishLoad();
+  locations_.clear();
+  live_bytes_.clear();
+  dead_segments_.clear();
+  if (cf(kBlobLog) != nullptr) {
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ro, cf(kBlobLog)));
+    for (it->SeekToFirst(); it->Valid(); it->Next()) {
+      BlobId id;
+      BlobLocation loc;
+      if (!BlobId::FromBytes(it->key().ToStringView(), &id) ||
+          !DecodeLocation(it->value().ToStringView(), &loc)) {
+        return Status::Corruption("store " + options_.path + ": malformed blob_log entry");
+      }
+      live_bytes_[loc.segment] += loc.record_bytes();
+      locations_.emplace(id, loc);
+    }
+    CKPT_RETURN_IF_ERROR(FromRocks(it->status(), "load blob locations"));
+  }
+  if (log_ != nullptr && !read_only_) {
+    // Segments no location names (their last blob dropped before a crash).
+    for (const auto& [segment, bytes] : log_->SegmentBytes()) {
+      if (segment != log_->active_segment() && live_bytes_.count(segment) == 0) {
+        dead_segments_.insert(segment);
+      }
+    }
+  }
   {
     std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ro, cf(kRefs)));
     for (it->SeekToFirst(); it->Valid(); it->Next()) {
@@ -235,13 +288,72 @@ Status StoreImpl::SizeForWorkingSet(uint64_t head_bytes) {
   return Status::OK();
 }
 
+Status StoreImpl::CollectBlobLogLocked() {
+  if (log_ == nullptr || segment_deletions_held_.load() > 0) return Status::OK();
+  const auto below = [this](uint64_t segment, uint64_t bytes) {
+    auto live = live_bytes_.find(segment);
+    const uint64_t live_bytes = live == live_bytes_.end() ? 0 : live->second;
+    return static_cast<double>(live_bytes) < options_.blob_log_gc_live_fraction * bytes;
+  };
+  // The active segment too: a new one takes its place, so that the space of
+  // what was dropped last (a deleted experiment) comes back as well.
+  const std::map<uint64_t, uint64_t> sizes = log_->SegmentBytes();
+  auto active = sizes.find(log_->active_segment());
+  if (active != sizes.end() && active->second > 0 && below(active->first, active->second)) {
+    CKPT_RETURN_IF_ERROR(log_->Roll().WithPrefix("store " + options_.path + ": blob log gc"));
+  }
+  std::set<uint64_t> victims;
+  for (const auto& [segment, bytes] : sizes) {
+    if (segment != log_->active_segment() && below(segment, bytes)) victims.insert(segment);
+  }
+  if (victims.empty()) return Status::OK();
+  rocksdb::WriteBatch batch;
+  std::vector<std::pair<BlobId, BlobLocation>> moved;
+  std::set<uint64_t> kept;  // a live record there fails its checks: Verify names it
+  for (const auto& [id, loc] : locations_) {
+    if (victims.count(loc.segment) == 0) continue;
+    auto record = log_->Read(id, loc, /*verify=*/true);
+    if (!record.ok()) {
+      kept.insert(loc.segment);
+      continue;
+    }
+    const uint64_t was_active = log_->active_segment();
+    CKPT_ASSIGN_OR_RETURN(BlobLocation to, log_->Append(id, (*record)->data(), (*record)->size()));
+    NoteRolledLocked(was_active);
+    batch.Put(cf(kBlobLog), id.Bytes(), EncodeLocation(to));
+    moved.emplace_back(id, to);
+  }
+  // Copies on disk, then their locations (synced), then the old segments go.
+  CKPT_RETURN_IF_ERROR(log_->Sync().WithPrefix("store " + options_.path + ": blob log gc"));
+  rocksdb::WriteOptions wo;
+  wo.sync = true;
+  CKPT_RETURN_IF_ERROR(
+      FromRocks(db_->Write(wo, &batch), "store " + options_.path + ": blob log gc"));
+  for (const auto& [id, to] : moved) {
+    auto it = locations_.find(id);
+    ReleaseRecordLocked(it->second);
+    it->second = to;
+    live_bytes_[to.segment] += to.record_bytes();
+  }
+  for (uint64_t segment : victims) {
+    if (kept.count(segment) == 0) dead_segments_.insert(segment);
+  }
+  return DropDeadSegmentsLocked(/*wal_synced=*/true);
+}
+
 Status StoreImpl::Compact() {
   CKPT_RETURN_IF_ERROR(CheckWritable());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    // A store refusing writes (see "Failed writes") is compacted by RocksDB only.
+    if (WritableLocked().ok()) CKPT_RETURN_IF_ERROR(CollectBlobLogLocked());
+  }
   rocksdb::CompactRangeOptions co;
   co.bottommost_level_compaction = rocksdb::BottommostLevelCompaction::kForce;
   co.blob_garbage_collection_policy = rocksdb::BlobGarbageCollectionPolicy::kForce;
   co.blob_garbage_collection_age_cutoff = 1.0;
   for (int f = kExperiments; f < kNumFamilies; ++f) {
+    if (cf(static_cast<Family>(f)) == nullptr) continue;
     CKPT_RETURN_IF_ERROR(
         FromRocks(db_->CompactRange(co, cf(static_cast<Family>(f)), nullptr, nullptr),
                   std::string("store ") + options_.path + ": compact " + kFamilyNames[f]));

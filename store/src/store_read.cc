@@ -27,6 +27,8 @@ double Manifest::score() const {
 
 struct PinnedBlob::Impl {
   rocksdb::PinnableSlice slice;
+  // Set instead of `slice` for a blob in the blob log.
+  std::unique_ptr<MappedRecord> record;
 };
 
 PinnedBlob::PinnedBlob() = default;
@@ -35,10 +37,15 @@ PinnedBlob::PinnedBlob(PinnedBlob&&) noexcept = default;
 PinnedBlob& PinnedBlob::operator=(PinnedBlob&&) noexcept = default;
 
 const uint8_t* PinnedBlob::data() const {
-  return impl_ ? reinterpret_cast<const uint8_t*>(impl_->slice.data()) : nullptr;
+  if (!impl_) return nullptr;
+  if (impl_->record) return impl_->record->data();
+  return reinterpret_cast<const uint8_t*>(impl_->slice.data());
 }
 
-size_t PinnedBlob::size() const { return impl_ ? impl_->slice.size() : 0; }
+size_t PinnedBlob::size() const {
+  if (!impl_) return 0;
+  return impl_->record ? impl_->record->size() : impl_->slice.size();
+}
 
 namespace {
 
@@ -199,10 +206,30 @@ StatusOr<std::vector<Manifest>> StoreImpl::Lineage(const std::string& exp,
 
 // ---- blobs ----
 
-StatusOr<PinnedBlob> StoreImpl::ReadBlob(const BlobId& id, bool verify) {
+StatusOr<PinnedBlob> StoreImpl::ReadBlobImpl(const BlobId& id, bool verify, bool check_record) {
   PinnedBlob out;
   out.impl_ = std::make_unique<PinnedBlob::Impl>();
   out.id_ = id;
+  // The blob log first; a blob not there is in the blobs family.
+  // A writer's garbage collection may move a record between the lookup and
+  // the read (its old segment is then gone): one more lookup finds it.
+  for (int attempt = 0; log_ != nullptr && attempt < 2; ++attempt) {
+    std::string v;
+    rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), cf(kBlobLog), id.Bytes(), &v);
+    if (s.IsNotFound()) break;
+    CKPT_RETURN_IF_ERROR(FromRocks(s, "blob " + id.Hex()));
+    BlobLocation loc;
+    if (!DecodeLocation(v, &loc)) {
+      return Status::Corruption("blob " + id.Hex() + ": malformed blob_log location");
+    }
+    auto record = log_->Read(id, loc, check_record);
+    if (record.status().IsNotFound() && !read_only_ && attempt == 0) continue;
+    if (record.status().IsNotFound()) return Status::IOError(record.status().message());
+    CKPT_RETURN_IF_ERROR(record.status());
+    out.impl_->record = std::move(*record);
+    if (verify) CKPT_RETURN_IF_ERROR(CheckBlob(id, out.data(), out.size()));
+    return out;
+  }
   rocksdb::ReadOptions ro;
   // The content hash below covers every byte; RocksDB's CRC pass would be a second one.
   ro.verify_checksums = false;

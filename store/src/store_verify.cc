@@ -24,6 +24,7 @@ StatusOr<VerifyReport> StoreImpl::Verify() {
   // The writer keeps every file while the uncached view reads them.
   if (!read_only_) {
     CKPT_RETURN_IF_ERROR(FromRocks(db_->DisableFileDeletions(), "verify: hold files"));
+    segment_deletions_held_.fetch_add(1);
   }
   StatusOr<VerifyReport> report = Status::Internal("verify did not run");
   {
@@ -31,6 +32,7 @@ StatusOr<VerifyReport> StoreImpl::Verify() {
     report = view.ok() ? (*view)->Verify() : StatusOr<VerifyReport>(view.status());
   }
   if (!read_only_) {
+    segment_deletions_held_.fetch_sub(1);
     Status s = FromRocks(db_->EnableFileDeletions(/*force=*/false), "verify: release files");
     if (!s.ok() && report.ok()) return s;
   }
@@ -80,6 +82,19 @@ StatusOr<VerifyReport> StoreImpl::VerifyHere() {
     }
     CKPT_RETURN_IF_ERROR(FromRocks(it->status(), "verify: scan refs"));
   }
+  // Locations in the blob log that no reference count keeps.
+  if (cf(kBlobLog) != nullptr) {
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ro, cf(kBlobLog)));
+    for (it->SeekToFirst(); it->Valid(); it->Next()) {
+      BlobId id;
+      if (!BlobId::FromBytes(it->key().ToStringView(), &id)) {
+        report.problems.push_back("malformed blob_log key");
+      } else if (refs.count(id) == 0 && holders.count(id) == 0) {
+        report.problems.push_back("blob " + id.Hex() + ": in the blob log but not referenced");
+      }
+    }
+    CKPT_RETURN_IF_ERROR(FromRocks(it->status(), "verify: scan blob locations"));
+  }
   // Each blob is read once, by point lookups, so that one unreadable blob
   // does not hide the others.
   std::set<BlobId> all;
@@ -93,7 +108,7 @@ StatusOr<VerifyReport> StoreImpl::VerifyHere() {
                                 std::to_string(counted) + " but " + std::to_string(held) +
                                 " manifests hold it");
     }
-    auto blob = ReadBlob(id, /*verify=*/true);
+    auto blob = ReadBlobImpl(id, /*verify=*/true, /*check_record=*/true);
     if (blob.status().IsNotFound()) {
       report.problems.push_back(
           "blob " + id.Hex() + " is missing" +
@@ -116,7 +131,7 @@ StatusOr<StoreStats> StoreImpl::Stats() {
   rocksdb::ReadOptions ro;
   ro.fill_cache = false;
   std::map<BlobId, uint64_t> blob_sizes;
-  for (int f = kExperiments; f < kNumFamilies; ++f) {
+  for (int f = kExperiments; f <= kEvents; ++f) {
     FamilyStats fs;
     fs.name = kFamilyNames[f];
     uint64_t v = 0;
@@ -156,6 +171,21 @@ StatusOr<StoreStats> StoreImpl::Stats() {
     stats.families.push_back(std::move(fs));
   }
   for (const auto& [id, size] : blob_sizes) stats.blob_bytes += size;
+  if (log_ != nullptr) {
+    for (const auto& [segment, bytes] : log_->SegmentBytes()) {
+      ++stats.blob_log_segments;
+      stats.blob_log_bytes += bytes;
+    }
+    stats.families[kBlobs - kExperiments].blob_file_bytes += stats.blob_log_bytes;
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ro, cf(kBlobLog)));
+    for (it->SeekToFirst(); it->Valid(); it->Next()) {
+      BlobLocation loc;
+      if (DecodeLocation(it->value().ToStringView(), &loc)) {
+        stats.blob_log_live_bytes += loc.record_bytes();
+      }
+    }
+    CKPT_RETURN_IF_ERROR(FromRocks(it->status(), "stats of blob_log"));
+  }
   return stats;
 }
 

@@ -8,6 +8,7 @@
 #include <rocksdb/slice.h>
 #include <rocksdb/write_batch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <memory>
@@ -32,7 +33,8 @@ Status StoreImpl::SweepRetention() {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<RetentionChange> changes;
   index_.SweepAll(&changes);
-  if (changes.empty()) return Status::OK();
+  // Segments found dead at open: the WAL that emptied them was read from disk.
+  if (changes.empty()) return DropDeadSegmentsLocked(/*wal_synced=*/true);
   PendingWrite w;
   CKPT_RETURN_IF_ERROR(AddChangesLocked(changes, &w));
   CKPT_RETURN_IF_ERROR(FinishLocked(&w));
@@ -113,10 +115,10 @@ Status StoreImpl::FinishLocked(PendingWrite* w) {
       if (!w->new_blob || *w->new_blob != id) {
         return Status::Internal("blob " + id.Hex() + " gains a reference but is not stored");
       }
-      w->batch.Put(cf(kBlobs), key, w->new_blob_bytes);
+      CKPT_RETURN_IF_ERROR(PutBlobBytesLocked(w, id));
       w->batch.Put(cf(kRefs), key, keys::EncodeCount(after));
     } else if (after == 0) {
-      w->batch.Delete(cf(kBlobs), key);
+      DeleteBlobBytesLocked(w, id);
       w->batch.Delete(cf(kRefs), key);
     } else {
       // A write that brings the bytes of a blob already stored writes them
@@ -124,7 +126,7 @@ Status StoreImpl::FinishLocked(PendingWrite* w) {
       // (a member that fell back from a damaged head retrains to the very
       // same bytes, and would otherwise get the damaged copy back as its head).
       if (delta > 0 && w->new_blob && *w->new_blob == id) {
-        w->batch.Put(cf(kBlobs), key, w->new_blob_bytes);
+        CKPT_RETURN_IF_ERROR(PutBlobBytesLocked(w, id));
       }
       w->batch.Merge(cf(kRefs), key, keys::EncodeCount(delta));
     }
@@ -137,8 +139,100 @@ Status StoreImpl::FinishLocked(PendingWrite* w) {
   return Status::OK();
 }
 
+Status StoreImpl::PutBlobBytesLocked(PendingWrite* w, const BlobId& id) {
+  const std::string key = id.Bytes();
+  auto old = locations_.find(id);
+  if (!options_.blob_log) {
+    w->batch.Put(cf(kBlobs), key, w->new_blob_bytes);
+    if (old != locations_.end()) {
+      w->batch.Delete(cf(kBlobLog), key);
+      ReleaseRecordLocked(old->second);
+      locations_.erase(old);
+    }
+    return Status::OK();
+  }
+  // The same bytes again (a 0-step interval, a member retraining to the state
+  // it fell back from): the stored record stays unless it fails its checksum,
+  // so a deduplicated commit writes no state bytes.
+  if (old != locations_.end() && log_->Read(id, old->second, /*verify=*/true).ok()) {
+    return Status::OK();
+  }
+  const uint64_t was_active = log_->active_segment();
+  CKPT_ASSIGN_OR_RETURN(BlobLocation loc,
+                        log_->Append(id, w->new_blob_bytes.data(), w->new_blob_bytes.size()));
+  w->blob_appended = true;
+  NoteRolledLocked(was_active);
+  w->batch.Put(cf(kBlobLog), key, EncodeLocation(loc));
+  live_bytes_[loc.segment] += loc.record_bytes();
+  if (old != locations_.end()) {
+    ReleaseRecordLocked(old->second);
+    old->second = loc;
+  } else {
+    // A copy in the blobs family (from before the blob log) goes.
+    if (refcounts_.count(id) != 0) w->batch.Delete(cf(kBlobs), key);
+    locations_.emplace(id, loc);
+  }
+  return Status::OK();
+}
+
+void StoreImpl::DeleteBlobBytesLocked(PendingWrite* w, const BlobId& id) {
+  const std::string key = id.Bytes();
+  auto old = locations_.find(id);
+  if (old == locations_.end()) {
+    w->batch.Delete(cf(kBlobs), key);
+    return;
+  }
+  w->batch.Delete(cf(kBlobLog), key);
+  ReleaseRecordLocked(old->second);
+  locations_.erase(old);
+}
+
+void StoreImpl::NoteRolledLocked(uint64_t was_active) {
+  if (log_->active_segment() == was_active) return;
+  auto live = live_bytes_.find(was_active);
+  if (live == live_bytes_.end() || live->second == 0) dead_segments_.insert(was_active);
+}
+
+void StoreImpl::ReleaseRecordLocked(const BlobLocation& loc) {
+  auto it = live_bytes_.find(loc.segment);
+  if (it == live_bytes_.end()) return;
+  it->second -= std::min(it->second, loc.record_bytes());
+  if (it->second == 0 && loc.segment != log_->active_segment()) dead_segments_.insert(loc.segment);
+}
+
+Status StoreImpl::DropDeadSegmentsLocked(bool wal_synced) {
+  if (dead_segments_.empty() || !log_ || segment_deletions_held_.load() > 0) return Status::OK();
+  // The batch that dropped a segment's last blob must be on disk before the
+  // segment goes: a power loss could otherwise bring back a location into it.
+  if (!wal_synced) {
+    CKPT_RETURN_IF_ERROR(FromRocks(db_->SyncWAL(), "store " + options_.path + ": sync of the WAL"));
+  }
+  for (auto it = dead_segments_.begin(); it != dead_segments_.end();) {
+    auto live = live_bytes_.find(*it);
+    if (*it == log_->active_segment() || (live != live_bytes_.end() && live->second > 0)) {
+      it = dead_segments_.erase(it);
+      continue;
+    }
+    CKPT_RETURN_IF_ERROR(log_->RemoveSegment(*it));
+    if (live != live_bytes_.end()) live_bytes_.erase(live);
+    it = dead_segments_.erase(it);
+  }
+  return Status::OK();
+}
+
 Status StoreImpl::WriteLocked(PendingWrite* w, const std::string& what, bool sync,
                               const char* before, const char* after) {
+  if (w->blob_appended) KillPoint(kp::kBlobBeforeSync);
+  // The bytes reach the disk before the WAL record that names them, and
+  // before a synced WAL makes earlier unsynced commits' locations durable.
+  if (sync && log_ != nullptr && log_->dirty()) {
+    Status s = log_->Sync();
+    if (!s.ok()) {
+      BreakLocked(s.WithPrefix("store " + options_.path + ": blob log of " + what), false);
+      return broken_;
+    }
+  }
+  if (w->blob_appended) KillPoint(kp::kBlobAfterSync);
   KillPoint(before);
   rocksdb::WriteOptions wo;
   wo.sync = sync;
@@ -155,6 +249,11 @@ Status StoreImpl::WriteLocked(PendingWrite* w, const std::string& what, bool syn
     return s;
   }
   KillPoint(after);
+  Status dropped = DropDeadSegmentsLocked(sync);
+  if (!dropped.ok()) {
+    // The write itself is done; a segment left behind is collected later.
+    dead_segments_.clear();
+  }
   return Status::OK();
 }
 
@@ -166,6 +265,13 @@ void StoreImpl::BreakLocked(const Status& s, bool recoverable) {
 Status StoreImpl::WritableLocked() {
   if (broken_.ok()) return Status::OK();
   if (!broken_recoverable_) return broken_;
+  if (blob_space_needed_ > 0 && log_ != nullptr) {
+    Status probe = log_->ProbeSpace(blob_space_needed_);
+    if (!probe.ok()) {
+      return Status::ResourceExhausted("store " + options_.path + ": still no space to write (" +
+                                       probe.message() + "); first failure: " + broken_.message());
+    }
+  }
   // Resume() flushes the memtables (which needs space too) and clears
   // RocksDB's background error; Busy while RocksDB's own recovery
   // (SstFileManager) is at it. The failed batch never reached the memtable,
@@ -182,6 +288,7 @@ Status StoreImpl::WritableLocked() {
   }
   index_ = RetentionIndex(index_.policy());
   refcounts_.clear();
+  // A blob appended by the failed write is garbage: LoadIndex recounts.
   Status loaded = LoadIndex();
   if (!loaded.ok()) {
     BreakLocked(loaded.WithPrefix("store " + options_.path + ": reloading after no space"), false);
@@ -189,6 +296,7 @@ Status StoreImpl::WritableLocked() {
   }
   broken_ = Status::OK();
   broken_recoverable_ = false;
+  blob_space_needed_ = 0;
   return Status::OK();
 }
 
@@ -221,7 +329,15 @@ StatusOr<int64_t> StoreImpl::AddVersionLocked(const std::string& exp, const std:
   Status s = AddChangesLocked(changes, w);
   if (s.ok()) s = FinishLocked(w);
   if (!s.ok()) {
-    BreakLocked(s, /*recoverable=*/false);
+    // A full disk under the blob log's append is recoverable as RocksDB's is;
+    // the store refuses writes until that record fits.
+    if (s.IsResourceExhausted()) {
+      blob_space_needed_ = kBlobRecordHeaderBytes + w->new_blob_bytes.size();
+      s = Status::ResourceExhausted("store " + options_.path +
+                                    ": no space left on the device to write " + manifest_what +
+                                    " (" + s.message() + ")");
+    }
+    BreakLocked(s, /*recoverable=*/s.IsResourceExhausted());
     return s;
   }
   CKPT_RETURN_IF_ERROR(WriteLocked(w, manifest_what, sync, before, after));

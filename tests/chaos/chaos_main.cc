@@ -120,6 +120,10 @@ int Share(int planned) { return planned / 2; }
 namespace kp = base::kill_points;
 const std::vector<std::string> kCommitPoints = {kp::kCommitBeforeWrite, kp::kCommitAfterWrite,
                                                 kp::kSchedulerCommitted};
+// With --blob-log the store also passes the blob log's points on each commit.
+const std::vector<std::string> kBlobLogCommitPoints = {
+    kp::kBlobBeforeSync, kp::kBlobAfterSync, kp::kCommitBeforeWrite, kp::kCommitAfterWrite,
+    kp::kSchedulerCommitted};
 const std::vector<std::string> kExploitPoints = {kp::kSchedulerExploited, kp::kExploitBeforeWrite,
                                                  kp::kExploitAfterWrite};
 const std::vector<std::string> kWorkerPoints(kp::kWorkerPoints.begin(), kp::kWorkerPoints.end());
@@ -404,13 +408,21 @@ std::string DamageAHeadBlob(const std::string& path, const std::string& exp, int
     if (!(*s)->Flush().ok()) return "";
   }
   int damaged = 0;
+  std::vector<std::filesystem::path> files;
   for (const auto& entry : std::filesystem::directory_iterator(path)) {
-    if (entry.path().extension() != ".blob") continue;
-    std::ifstream in(entry.path(), std::ios::binary);
+    if (entry.path().extension() == ".blob") files.push_back(entry.path());
+  }
+  // The blob log's segments (--blob-log).
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(path + "/blob-log", ec)) {
+    if (entry.path().extension() == ".seg") files.push_back(entry.path());
+  }
+  for (const auto& file : files) {
+    std::ifstream in(file, std::ios::binary);
     std::string content((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     for (size_t at = content.find(needle); at != std::string::npos;
          at = content.find(needle, at + 1)) {
-      std::fstream f(entry.path(), std::ios::in | std::ios::out | std::ios::binary);
+      std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
       f.seekp(static_cast<std::streamoff>(at + 17));
       f.put(static_cast<char>(content[at + 17] ^ 0x10));
       if (f.good()) ++damaged;
@@ -500,6 +512,8 @@ struct Options {
   std::string scheduler;
   std::string forging_worker;  // tests/scheduler/forging_worker.cc
   bool keep = false;
+  // The schedulers run with --blob-log (the store's own blob log).
+  bool blob_log = false;
   int population = 6;
   int intervals = 6;
   int workers = 2;
@@ -586,7 +600,10 @@ struct Setup {
   std::map<std::string, Head> calm;
 
   std::vector<std::string> Args(const std::string& store, bool listening = false) const {
-    return {o.scheduler, "run", listening ? config_listening : config, "--store", store, "--quiet"};
+    std::vector<std::string> args = {o.scheduler, "run", listening ? config_listening : config,
+                                     "--store",   store, "--quiet"};
+    if (o.blob_log) args.push_back("--blob-log");
+    return args;
   }
 };
 
@@ -807,7 +824,8 @@ class ChaosRun {
     }
     const int last_barrier = s_.calm_results * (s_.o.intervals - 1) / s_.o.intervals;
     const bool exploit = f.at + 2 < last_barrier && rng_() % 2 == 0;
-    const auto& points = exploit ? kExploitPoints : kCommitPoints;
+    const auto& points =
+        exploit ? kExploitPoints : (s_.o.blob_log ? kBlobLogCommitPoints : kCommitPoints);
     // A commit point's N within the commits left (the last few results are
     // the final evaluation's, which commit nothing).
     const int left = s_.calm_results - results_before_ - results_now_;
@@ -1416,6 +1434,9 @@ int Main(int argc, char** argv) {
   app.add_option("--workers", o.workers, "CPU workers (default 2)")->check(CLI::Range(1, 8));
   app.add_option("--run-timeout-s", o.run_timeout_s, "a run failing after this (default 600)");
   app.add_flag("--keep", o.keep, "keep the stores and logs of runs that checked out");
+  app.add_flag("--blob-log", o.blob_log,
+               "schedulers keep states in the store's blob log (and the blob log's kill "
+               "points join the commit points)");
   CLI11_PARSE(app, argc, argv);
   o.tmpfs_bytes = static_cast<uint64_t>(tmpfs_mib) << 20;
   std::stringstream ks(kinds);

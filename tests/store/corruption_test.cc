@@ -13,11 +13,18 @@
 namespace ckpt::store::testing {
 namespace {
 
-// Finds `needle` in the files named *.blob under `dir`; returns the file and offset.
+// True for RocksDB's blob files and the blob log's segments
+// (StoreOptions::blob_log, which TestOptions turns on with
+// CKPT_STORE_TEST_BLOB_LOG).
+bool HoldsBlobs(const std::filesystem::path& file) {
+  return file.extension() == ".blob" || file.extension() == ".seg";
+}
+
+// Finds `needle` in the files holding blobs under `dir`; returns the file and offset.
 bool FindInBlobFiles(const std::string& dir, const std::string& needle, std::string* file,
                      size_t* offset) {
-  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
-    if (entry.path().extension() != ".blob") continue;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(dir)) {
+    if (!HoldsBlobs(entry.path())) continue;
     std::ifstream in(entry.path(), std::ios::binary);
     std::string content((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     size_t at = content.find(needle);
@@ -150,8 +157,8 @@ TEST(StoreVerifyTest, ReportsAManifestWhoseBlobIsMissing) {
     ASSERT_TRUE((*opened)->CommitResult(req).ok());
     ASSERT_TRUE((*opened)->Flush().ok());
   }
-  for (const auto& entry : std::filesystem::directory_iterator(path)) {
-    if (entry.path().extension() == ".blob") std::filesystem::resize_file(entry.path(), 0);
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(path)) {
+    if (HoldsBlobs(entry.path())) std::filesystem::resize_file(entry.path(), 0);
   }
   auto opened = Store::Open(TestOptions(path));
   ASSERT_TRUE(opened.ok()) << opened.status().ToString();

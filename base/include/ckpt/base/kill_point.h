@@ -41,6 +41,11 @@ inline constexpr char kPinBeforeWrite[] = "pin.before_write";
 inline constexpr char kPinAfterWrite[] = "pin.after_write";
 inline constexpr char kDeleteBeforeWrite[] = "delete.before_write";
 inline constexpr char kDeleteAfterWrite[] = "delete.after_write";
+// The blob log (StoreOptions::blob_log): a write's blob appended, before its
+// fdatasync (taken only when the write is synced), and after it; both come
+// before the write's RocksDB write (its *.before_write).
+inline constexpr char kBlobBeforeSync[] = "blob.before_sync";
+inline constexpr char kBlobAfterSync[] = "blob.after_sync";
 // Retention releases a version's blob (inside the write that causes it).
 inline constexpr char kRetentionRelease[] = "retention.release";
 

@@ -16,6 +16,11 @@
 //                value JSON manifest (see Manifest)
 //   blobs        key 16-byte BlobId (XXH3-128 of the value, big-endian)
 //                value the checkpoint blob, kept in RocksDB's integrated blob files
+//                (with StoreOptions::blob_log: only blobs stored before it)
+//   blob_log     key 16-byte BlobId
+//                value u64le segment, offset, length of its record in the blob
+//                log (<path>/blob-log/*.seg); the family exists once a store was
+//                opened with StoreOptions::blob_log
 //   refs         key 16-byte BlobId
 //                value i64le reference count, merge operator "ckpt.RefCountAdd"
 //   events       key exp 0x00 u64be(seq)
@@ -48,11 +53,22 @@
 // OK (the WAL is in the OS page cache), a power loss may lose the last ones.
 // Control writes (experiments, member creation, Restore, Import, Pin/Unpin,
 // DeleteExperiment) are synced.
+// With StoreOptions::blob_log a write that stores new bytes first appends them
+// to the blob log; a synced write fdatasyncs what the log holds unsynced
+// before its WriteBatch is written (and synced), so that no synced WAL names
+// bytes that are not on disk: an acknowledged synced commit survives a power loss
+// whole, and a crash at any point in between leaves at most an unnamed record
+// (garbage: collected, never read). Unsynced, a process crash loses nothing
+// that returned OK (both are in the page cache); a power loss may lose the
+// last commits, and may leave a recovered one whose record did not reach the
+// disk: reading it fails (Corruption / IOError naming the blob, which Verify
+// reports), as a damaged blob does, and the member falls back to an older
+// version.
 //
 // Thread-safety: every method may be called from any thread (except a
 // read-only view's Refresh). Writes are serialized by one mutex; reads go to
-// RocksDB directly and may run in parallel with a write (they see the state
-// before or after it). One process
+// RocksDB (and map blob log segments) directly and may run in parallel with
+// a write (they see the state before or after it). One process
 // owns a store directory (RocksDB's LOCK file); other processes inspect it with
 // OpenReadOnly.
 //
@@ -143,9 +159,31 @@ struct StoreOptions {
   // this is resident memory of the process. SizeForWorkingSet() lowers it for a
   // small population. REQUIRES: >= 1 MiB. Default: 64 MiB.
   size_t blob_memtable_bytes = size_t{64} << 20;
+  // Keep state bytes in the store's own blob log instead of RocksDB's blob
+  // files: each new blob is appended once to a segment file under
+  // <path>/blob-log (header with length, blob id and XXH3 checksums, then the
+  // bytes), synced before the WAL record that names it when the write is
+  // synced, and the blob_log family keeps its 24-byte location. A state then
+  // goes through the page cache once (RocksDB's blob files take it twice: in
+  // the WAL, then in the blob file at the flush, and copy it into a
+  // memtable). Reads map the record (no copy); the blob cache serves only
+  // blobs from before. A store written without it opens with it (its blobs
+  // stay readable where they are; new ones go to the log), and a store with
+  // a blob log opens without it (its log stays readable; new blobs go to
+  // RocksDB). A binary from before the blob log refuses a store that has one
+  // (RocksDB: "Column families not opened: blob_log"). Default: false.
+  bool blob_log = false;
+  // The size at which the blob log starts a new segment. Default: 64 MiB.
+  uint64_t blob_log_segment_bytes = uint64_t{64} << 20;
+  // Compact() rewrites the live records of each segment (but the active one)
+  // whose live bytes are below this fraction of its size, then deletes it. A
+  // segment with no live record is deleted without waiting for Compact().
+  // Default: 0.5.
+  double blob_log_gc_live_fraction = 0.5;
   // Test seam: called at named points of a write ("commit.before_write",
-  // "commit.after_write", "exploit.before_write", "retention.release"), e.g. to
-  // raise SIGKILL there in a crash test. Default: none.
+  // "commit.after_write", "exploit.before_write", "retention.release",
+  // "blob.before_sync", "blob.after_sync"), e.g. to raise SIGKILL there in a
+  // crash test. Default: none.
   std::function<void(std::string_view point)> kill_point;
 };
 
@@ -230,8 +268,10 @@ struct CommitRequest {
 
 // The bytes of a blob as RocksDB hands them out, not copied again: pinned in
 // the blob cache when the blob is cached, otherwise in the buffer RocksDB read
-// the blob file (or memtable) into. Valid until destroyed, or until Refresh()
-// of the read-only view it came from; movable, not copyable.
+// the blob file (or memtable) into; a blob in the blob log is a read-only
+// mapping of its record (the page cache's pages, no copy), which stays valid
+// after garbage collection deleted its segment. Valid until destroyed, or
+// until Refresh() of the read-only view it came from; movable, not copyable.
 class PinnedBlob {
  public:
   PinnedBlob();
@@ -271,9 +311,10 @@ struct VerifyReport {
 struct FamilyStats {
   std::string name;
   uint64_t keys = 0;
-  uint64_t logical_bytes = 0;    // keys + values as stored (blobs: their sizes)
-  uint64_t sst_bytes = 0;        // "rocksdb.total-sst-files-size"
-  uint64_t blob_file_bytes = 0;  // "rocksdb.total-blob-file-size" (blobs family)
+  uint64_t logical_bytes = 0;  // keys + values as stored (blobs: their sizes)
+  uint64_t sst_bytes = 0;      // "rocksdb.total-sst-files-size"
+  // blobs family: "rocksdb.total-blob-file-size" plus the blob log's segments.
+  uint64_t blob_file_bytes = 0;
 };
 
 struct StoreStats {
@@ -285,6 +326,11 @@ struct StoreStats {
   uint64_t blobs = 0;
   uint64_t blob_bytes = 0;  // sum of distinct blob sizes
   uint64_t events = 0;
+  // The blob log (StoreOptions::blob_log): its segment files, their bytes,
+  // and the bytes of the records that blobs hold (headers included).
+  uint64_t blob_log_segments = 0;
+  uint64_t blob_log_bytes = 0;
+  uint64_t blob_log_live_bytes = 0;
 };
 
 // The store. Create with Store::Open or Store::OpenReadOnly.
@@ -430,7 +476,10 @@ class Store {
 
   // Reads every blob from disk (through a read-only view without blob cache,
   // so cached copies cannot hide a bad file) and re-checks its content hash
-  // and tensor checksums, checks that every manifest holding a blob finds it,
+  // and tensor checksums (a blob in the blob log: its record's header and
+  // payload checksums first; no segment is deleted meanwhile), checks that
+  // every manifest holding a blob finds it, and that every blob_log location
+  // is referenced,
   // and that every reference count equals the number of manifests holding the
   // blob. Problems go into the report; the Status is an error only when the
   // check itself could not run.
@@ -469,6 +518,11 @@ class Store {
   // blobs are not relocated during ordinary compactions (they would be
   // rewritten about once more each), so a file that a few old blobs keep
   // (pinned versions, stopped members' heads) keeps its space until this runs.
+  // The blob log likewise: each segment (but the active one) less than
+  // StoreOptions::blob_log_gc_live_fraction live has its live records copied
+  // to the active segment (synced), their locations moved in one synced
+  // batch, and is deleted; a segment with a live record that fails its
+  // checksum is left as it is (Verify names it). Not while a Verify runs.
   virtual Status Compact() = 0;
   // Makes the store accept writes again after a no-space failure (see "Failed
   // writes" above): OK when writes are accepted (also when nothing had
