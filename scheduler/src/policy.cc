@@ -128,6 +128,7 @@ class PbtPolicy : public Policy {
     const auto ranked = RankByScore(active);
     const size_t n = ranked.size();
     const size_t k = Truncation(config_.policy.quantile, n);
+    if (k == 0) return out;  // n >= 2 makes k >= 1; the donor draw divides by it
     std::map<std::string, size_t> rank;
     for (size_t i = 0; i < n; ++i) rank[ranked[i]->member] = i;
     // PB2: the GP's data up to this generation, and the points chosen for

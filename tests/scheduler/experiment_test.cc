@@ -922,6 +922,7 @@ TEST(ExperimentTest, AsyncTpeProposesTheFirstHyperparametersOfLateStarters) {
   c.policy.resample = records::Resample::kTpe;
   Harness h(c);
   std::vector<WorkItem> first;
+  first.reserve(5);
   for (int i = 0; i < 5; ++i) first.push_back(h.Take());
   for (const auto& w : first) {
     EXPECT_EQ(w.hparams, SampleInitial(c, std::stoi(w.member.substr(1))));  // nothing to model
@@ -931,6 +932,7 @@ TEST(ExperimentTest, AsyncTpeProposesTheFirstHyperparametersOfLateStarters) {
   ASSERT_EQ(late.member, "m005");
   EXPECT_NE(late.hparams, SampleInitial(c, 5));
   std::vector<std::pair<HParams, double>> trials;
+  trials.reserve(first.size());
   for (const auto& w : first) trials.emplace_back(w.hparams, ScoreOf(w.hparams, 1));
   EXPECT_EQ(late.hparams, ProposeTpe(c, trials, MixSeed(c.seed, 0x79E, 5)));
   EXPECT_EQ(h.e().members()[5].hparams, late.hparams);
