@@ -90,6 +90,7 @@ double OnePass(int threads, double seconds, int64_t (*run)(double, float*)) {
   std::vector<float> sinks(static_cast<size_t>(threads));
   std::atomic<int64_t> flops{0};
   std::vector<std::thread> pool;
+  pool.reserve(static_cast<size_t>(threads));
   const auto start = Clock::now();
   for (int t = 0; t < threads; ++t) {
     pool.emplace_back([&, t] { flops += run(seconds, &sinks[static_cast<size_t>(t)]); });
