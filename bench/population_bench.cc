@@ -307,9 +307,10 @@ struct PopulationBenchOptions {
   int null_intervals = 10;
   int null_repeat = 1;
   bool scale = false;
-  std::vector<long long> null_sizes;     // empty: --null-members only
-  std::string barriers = "ahead";        // null runs: ahead, wait, or both (wait first)
-  std::string null_states = "changing";  // null runs: each interval changes one weight, or "same"
+  std::vector<long long> null_sizes;  // empty: --null-members only
+  std::string barriers = "ahead";     // null runs: ahead, wait, or both (wait first)
+  // Null runs: each interval changes one weight ("changing"), or not ("same").
+  std::string null_states = "changing";
 };
 
 // What every pipeline run of the benchmark shares.
