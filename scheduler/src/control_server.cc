@@ -58,7 +58,7 @@ bool AllDigits(const std::string& s) {
 }
 
 std::vector<char> LookupBuffer(int which) {
-  long n = sysconf(which);
+  const int64_t n = sysconf(which);
   return std::vector<char>(n > 0 ? static_cast<size_t>(n) : size_t{16384});
 }
 

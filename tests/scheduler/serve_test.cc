@@ -766,7 +766,7 @@ TEST_F(ServeTest, DataFilesAreReadOnlyFromAllowedDataDirs) {
   const std::string root = std::filesystem::weakly_canonical(dir_).string();
   const std::string data = root + "/data";
   std::filesystem::create_directories(data);
-  std::vector<uint8_t> x(20 * 28 * 28, 7);
+  std::vector<uint8_t> x(size_t{20} * 28 * 28, 7);
   std::vector<int64_t> y;
   for (int64_t i = 0; i < 20; ++i) y.push_back(i % 10);
   const std::string file = testing::Safetensors({testing::Make("train.x", "U8", {20, 1, 28, 28}, x),
@@ -810,9 +810,11 @@ TEST_F(ServeTest, DataFilesAreReadOnlyFromAllowedDataDirs) {
     EXPECT_TRUE(r.status().IsInvalidArgument()) << r.status().ToString();
     const std::string& m = r.status().message();
     EXPECT_NE(m.find("out.toml: data.path"), std::string::npos) << m;
-    EXPECT_NE(m.find("'" + path + "' resolves to " + resolved + ", which is outside them"),
-              std::string::npos)
-        << m;
+    std::string named = "'" + path;
+    named += "' resolves to ";
+    named += resolved;
+    named += ", which is outside them";
+    EXPECT_NE(m.find(named), std::string::npos) << m;
     EXPECT_NE(m.find("allowed_data_dirs [" + data + "]"), std::string::npos) << m;
     EXPECT_EQ(m.find(secret_text.substr(0, 4)), std::string::npos) << m;
   }

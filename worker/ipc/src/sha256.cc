@@ -11,7 +11,7 @@ namespace {
 std::string Hex(const unsigned char* digest, unsigned int size) {
   static constexpr char kHex[] = "0123456789abcdef";
   std::string out;
-  out.reserve(2 * size);
+  out.reserve(size_t{2} * size);
   for (unsigned int i = 0; i < size; ++i) {
     out += kHex[digest[i] >> 4];
     out += kHex[digest[i] & 0xF];
