@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -88,9 +89,9 @@ uint64_t ProcWriteBytes() {
   std::FILE* f = std::fopen("/proc/self/io", "re");
   if (f == nullptr) return 0;
   char line[128];
-  unsigned long long v = 0;
+  uint64_t v = 0;
   while (std::fgets(line, sizeof(line), f) != nullptr) {
-    if (std::sscanf(line, "write_bytes: %llu", &v) == 1) break;
+    if (std::sscanf(line, "write_bytes: %" SCNu64, &v) == 1) break;
   }
   std::fclose(f);
   return v;

@@ -314,7 +314,7 @@ StatusOr<std::unique_ptr<MappedRecord>> BlobLog::Read(const BlobId& id, const Bl
   }
   struct stat st;
   if (::fstat(fd, &st) != 0) {
-    const Status s = Status::IOError(Errno(where));
+    Status s = Status::IOError(Errno(where));
     ::close(fd);
     return s;
   }

@@ -297,7 +297,7 @@ TEST_F(BlobLogTest, AStoreFromBeforeTheLogOpensWithItAndBack) {
     ASSERT_TRUE(report.ok());
     EXPECT_TRUE(report->ok()) << report->problems.front();
   }
-  EXPECT_EQ(Segments(path_).begin()->second, new_blob.size() + old_blob.size() + 2 * 48);
+  EXPECT_EQ(Segments(path_).begin()->second, new_blob.size() + old_blob.size() + size_t{2} * 48);
   {
     auto s = Open(legacy);
     auto a = s->ReadHeadBlob("e", "a");
