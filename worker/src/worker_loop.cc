@@ -57,8 +57,10 @@ const bool kPhases = [] {
 struct Job {
   uint64_t task_id = 0;
   std::string experiment;
-  std::string member;          // the member's name within the experiment
-  std::vector<uint8_t> state;  // copied out of the ring, so the ring is released at once
+  std::string member;  // the member's name within the experiment
+  // Copied out of the ring, so the ring is released at once; empty on a GPU,
+  // where task.uploaded holds the state on the device.
+  std::vector<uint8_t> state;
   model::MemberTask task;
 };
 
@@ -152,7 +154,8 @@ Status WorkerLoop::SendHello(std::optional<ipc::FusionMode> mode) {
   // Capacity: members the scheduler may have outstanding here. A fused slot
   // takes a group of K.
   h.slots = options_.slots * (mode == ipc::FusionMode::kFused ? options_.fusion_width : 1);
-  h.memory_bytes = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
+  // The device's memory (messages.h): the GPU's on a GPU, RAM on the CPU.
+  h.memory_bytes = model::DeviceTotalMemoryBytes(options_.device);
   return SendMessage(ipc::RecordType::kHello, h);
 }
 
@@ -278,6 +281,18 @@ Status WorkerLoop::HandleConfigure(const ipc::Received& rec) {
     }
   }
   if (!(*trainer)->SupportsFusion()) mode = FusionMode::kPlain;
+  if ((*trainer)->device() != "cpu") {
+    // The segment is registered once per process, shared by the experiments'
+    // Trainers: TRAIN states then go from the ring to the device by DMA.
+    const ipc::PayloadPart shm = channel_->SharedMemory();
+    if (shm.data != nullptr) {
+      Status pinned = (*trainer)->PinHostMemory(shm.data, shm.size);
+      if (!pinned.ok()) {
+        Logger().warn("ckpt-worker {}: {}: states are staged through pageable memory: {}", name_,
+                      c->experiment, pinned.ToString());
+      }
+    }
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     experiments_[c->experiment] = Experiment{std::shared_ptr<model::Trainer>(std::move(*trainer)),
@@ -302,9 +317,6 @@ void WorkerLoop::HandleTrain(const ipc::Received& rec) {
   const auto start = Clock::now();
   Job job;
   job.task_id = t->task_id;
-  job.state.assign(t->state.data, t->state.data + t->state.size);
-  channel_->Release();
-  phases_.Add(PhaseTimes::kReceive, Since(start));
   job.experiment = t->experiment;
   job.member = t->member;
   // The trainer names the member in its messages as "exp/member".
@@ -313,6 +325,26 @@ void WorkerLoop::HandleTrain(const ipc::Received& rec) {
   job.task.hparams = t->hparams;
   job.task.steps = t->steps;
   job.task.eval_test = t->eval_test;
+  std::shared_ptr<model::Trainer> trainer;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = experiments_.find(job.experiment);
+    if (it != experiments_.end()) trainer = it->second.trainer;
+  }
+  if (trainer != nullptr && trainer->device() != "cpu" && t->state.size > 0) {
+    // On a GPU the state goes from the ring to the device (a DMA from the
+    // pinned segment), with no host copy; Upload waits for the copies, so
+    // the record can be released after it.
+    job.task.state = t->state.data;
+    job.task.state_size = t->state.size;
+    job.task.uploaded = trainer->Upload(job.task);
+    job.task.state = nullptr;
+    job.task.state_size = 0;
+  } else {
+    job.state.assign(t->state.data, t->state.data + t->state.size);
+  }
+  channel_->Release();
+  phases_.Add(PhaseTimes::kReceive, Since(start));
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (experiments_.count(job.experiment) == 0) {
