@@ -79,7 +79,18 @@ TEST(ConfigTest, ParsesEveryField) {
   EXPECT_DOUBLE_EQ(c->policy.quantile, 0.25);
   ASSERT_EQ(c->devices.size(), 1u);
   EXPECT_EQ(c->devices[0].count, 2);
+  EXPECT_FALSE(c->devices[0].tf32);
   EXPECT_EQ(c->source, kGood);
+}
+
+// TF32 is off unless a device entry asks for it; anything but a boolean is
+// refused, naming the key.
+TEST(ConfigTest, Tf32IsAskedForPerDevice) {
+  auto on = records::ParseExperimentConfig(Replace(kGood, "slots = 2", "slots = 2\ntf32 = true"),
+                                           "exp.toml");
+  ASSERT_TRUE(on.ok()) << on.status().ToString();
+  EXPECT_TRUE(on->devices[0].tf32);
+  ExpectError(Replace(kGood, "slots = 2", "slots = 2\ntf32 = 1"), "devices[0].tf32");
 }
 
 TEST(ConfigTest, UnknownKeyNamesKeyAndLine) {

@@ -745,6 +745,12 @@ Status OpenDevice(Context* ctx) {
 #endif
   }
   ctx->device_name = device;
+#if defined(CKPT_WITH_CUDA)
+  if (ctx->device.is_cuda()) {
+    at::globalContext().setAllowTF32CuDNN(options.allow_tf32);
+    at::globalContext().setAllowTF32CuBLAS(options.allow_tf32);
+  }
+#endif
   return Status::OK();
 }
 

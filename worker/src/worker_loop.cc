@@ -252,6 +252,7 @@ Status WorkerLoop::HandleConfigure(const ipc::Received& rec) {
   t.metric = c->metric;
   t.augment = c->augment;
   t.intra_op_threads = options_.intra_op_threads;
+  t.allow_tf32 = options_.allow_tf32;
   t.seed = c->seed;
   t.cancel = &cancel_;
   auto trainer = model::Trainer::Create(t);

@@ -99,6 +99,15 @@ struct TrainerOptions {
   std::shared_ptr<const DatasetSplits> data;
   // OpenMP threads of each calling thread (see "Threads" above). Default: 1.
   int32_t intra_op_threads = 1;
+  // On a GPU: whether float32 convolutions (cuDNN) and matrix products
+  // (cuBLAS) may run in TF32 (a 10-bit mantissa; PyTorch 2 allows it for
+  // cuDNN by default). Off, a GPU computes in float32 as the CPU does: TF32's
+  // rounding parts a GPU run from the CPU's, and flips the sign of Adam's
+  // first step (+-lr whatever the gradient's size) where a gradient is near
+  // zero. LibTorch's setting is process-wide: Create sets it, so every
+  // Trainer of a process should ask the same (ckpt-worker passes its --tf32
+  // to all). Ignored on the CPU. Default: false.
+  bool allow_tf32 = false;
   // Experiment seed, mixed into each fresh member's data seed. Default: 0.
   uint64_t seed = 0;
   // When set and it becomes true, training stops before the next step and the
