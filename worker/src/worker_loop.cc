@@ -512,22 +512,14 @@ Status WorkerLoop::Run() {
 
 namespace {
 
-// "auto": a GPU when the NVIDIA driver lists one (/proc/driver/nvidia/gpus,
-// or /dev/nvidia0 where /proc/driver is hidden) and CUDA_VISIBLE_DEVICES does
-// not hide them all; the first one CUDA shows this process (a Slurm task is
-// given its own GPU as device 0).
+// "auto": the first GPU CUDA shows this process (a Slurm task is given its
+// own GPU as device 0) when it shows one, counted as the scheduler counts
+// them (base::DriverGpuCount narrowed by CUDA_VISIBLE_DEVICES), else the CPU.
 std::string ResolveDevice(const std::string& device) {
   if (device != "auto") return device;
-  const char* visible = std::getenv(base::kCudaVisibleDevicesVariable);
-  if (visible != nullptr && base::ParseVisibleDevices(visible, /*gpus=*/-1).empty()) {
-    return "cpu";
-  }
-  bool gpu = access("/dev/nvidia0", F_OK) == 0;
-  if (FILE* f = std::fopen("/proc/driver/nvidia/version", "r")) {
-    gpu = true;
-    std::fclose(f);
-  }
-  return gpu ? "cuda:0" : "cpu";
+  const int gpus =
+      base::VisibleGpuCount(base::DriverGpuCount(), std::getenv(base::kCudaVisibleDevicesVariable));
+  return gpus > 0 ? "cuda:0" : "cpu";
 }
 
 // Connects to the scheduler at options.connect, retrying while nothing
