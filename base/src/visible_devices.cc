@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <charconv>
+#include <filesystem>
+#include <system_error>
 #include <utility>
 
 namespace ckpt::base {
@@ -35,6 +37,31 @@ std::vector<VisibleDevice> ParseVisibleDevices(std::string_view visible, int gpu
     pos = comma + 1;
   }
   return out;
+}
+
+int DriverGpuCount(const std::string& proc_gpus, const std::string& dev) {
+  namespace fs = std::filesystem;
+  int gpus = 0;
+  std::error_code ec;
+  for (auto it = fs::directory_iterator(proc_gpus, ec); !ec && it != fs::directory_iterator();
+       it.increment(ec)) {
+    ++gpus;
+  }
+  if (gpus > 0) return gpus;
+  for (auto it = fs::directory_iterator(dev, ec); !ec && it != fs::directory_iterator();
+       it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.size() > 6 && name.compare(0, 6, "nvidia") == 0 &&
+        name.find_first_not_of("0123456789", 6) == std::string::npos) {
+      ++gpus;
+    }
+  }
+  return gpus;
+}
+
+int VisibleGpuCount(int gpus, const char* visible) {
+  if (visible == nullptr) return gpus;
+  return static_cast<int>(ParseVisibleDevices(visible, gpus).size());
 }
 
 }  // namespace ckpt::base

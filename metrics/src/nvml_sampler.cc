@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string_view>
@@ -42,6 +43,7 @@ struct NvmlProcessInfoV2 {
   unsigned int gpu_instance_id;
   unsigned int compute_instance_id;
 };
+static_assert(sizeof(NvmlProcessInfoV2) == 24, "nvmlProcessInfo_v2_t is 24 bytes");
 
 }  // namespace
 
@@ -54,9 +56,11 @@ struct NvmlSampler::Api {
   NvmlReturn (*uuid)(NvmlDevice, char*, unsigned int);
   NvmlReturn (*memory_info)(NvmlDevice, NvmlMemory*);
   NvmlReturn (*utilization)(NvmlDevice, NvmlUtilization*);
-  // Exactly one of these is set: the newest the driver has.
-  NvmlReturn (*processes_v2)(NvmlDevice, unsigned int*, NvmlProcessInfoV2*);
+  // Exactly one of these is set: the newest the driver has; the first
+  // fills entries of process_info_bytes (NvmlProcessInfoV3Bytes for _v3).
+  NvmlReturn (*processes_v2)(NvmlDevice, unsigned int*, void*);
   NvmlReturn (*processes_v1)(NvmlDevice, unsigned int*, NvmlProcessInfoV1*);
+  size_t process_info_bytes = sizeof(NvmlProcessInfoV2);
 };
 
 struct NvmlSampler::Device {
@@ -81,6 +85,15 @@ std::string NvmlError(ErrorStringFn error_string, const char* call, NvmlReturn r
 
 }  // namespace
 
+size_t NvmlProcessInfoV3Bytes(const std::string& driver_version) {
+  int major = 0, minor = 0;
+  if (std::sscanf(driver_version.c_str(), "%d.%d", &major, &minor) == 2 && major == 535 &&
+      minor >= 43 && minor <= 86) {
+    return sizeof(NvmlProcessInfoV2) + sizeof(uint64_t);  // usedGpuCcProtectedMemory
+  }
+  return sizeof(NvmlProcessInfoV2);
+}
+
 StatusOr<std::unique_ptr<NvmlSampler>> NvmlSampler::Open(const std::string& library) {
   void* lib = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (lib == nullptr) {
@@ -100,10 +113,12 @@ StatusOr<std::unique_ptr<NvmlSampler>> NvmlSampler::Open(const std::string& libr
   need("nvmlDeviceGetUUID", &api->uuid);
   need("nvmlDeviceGetMemoryInfo", &api->memory_info);
   need("nvmlDeviceGetUtilizationRates", &api->utilization);
-  if (!Resolve(lib, "nvmlDeviceGetComputeRunningProcesses_v3", &api->processes_v2) &&
-      !Resolve(lib, "nvmlDeviceGetComputeRunningProcesses_v2", &api->processes_v2)) {
+  const bool v3 = Resolve(lib, "nvmlDeviceGetComputeRunningProcesses_v3", &api->processes_v2);
+  if (!v3 && !Resolve(lib, "nvmlDeviceGetComputeRunningProcesses_v2", &api->processes_v2)) {
     need("nvmlDeviceGetComputeRunningProcesses", &api->processes_v1);
   }
+  NvmlReturn (*driver_version)(char*, unsigned int) = nullptr;
+  Resolve(lib, "nvmlSystemGetDriverVersion", &driver_version);
   if (!missing.empty()) {
     dlclose(lib);
     return Status::Unavailable(library + ": no symbol " + missing);
@@ -119,6 +134,12 @@ StatusOr<std::unique_ptr<NvmlSampler>> NvmlSampler::Open(const std::string& libr
     dlclose(lib);
     return Status::Unavailable(std::move(why));
   };
+  if (v3 && driver_version != nullptr) {
+    char version[96] = {};
+    if (driver_version(version, sizeof(version)) == kNvmlSuccess) {
+      api->process_info_bytes = NvmlProcessInfoV3Bytes(version);
+    }
+  }
   unsigned int count = 0;
   if (NvmlReturn rc = api->device_count(&count); rc != kNvmlSuccess) {
     return fail(NvmlError(api->error_string, "nvmlDeviceGetCount", rc));
@@ -189,12 +210,18 @@ std::vector<GpuSample> NvmlSampler::Sample() const {
     for (int attempt = 0; attempt < 3; ++attempt) {
       NvmlReturn rc;
       if (api_->processes_v2 != nullptr) {
-        std::vector<NvmlProcessInfoV2> infos(n);
+        // Entries of the driver's size; pid and used memory at the offsets
+        // of NvmlProcessInfoV2 in either size.
+        const size_t stride = api_->process_info_bytes;
+        const unsigned int room = n;
+        std::vector<unsigned char> infos(room * stride + 1);
         rc = api_->processes_v2(d.handle, &n, infos.data());
         if (rc == kNvmlSuccess) {
-          for (unsigned int i = 0; i < n && i < infos.size(); ++i) {
-            if (infos[i].used_gpu_memory == kNvmlValueNotAvailable) continue;
-            s.processes.push_back({infos[i].pid, infos[i].used_gpu_memory});
+          for (unsigned int i = 0; i < n && i < room; ++i) {
+            NvmlProcessInfoV2 info;
+            std::memcpy(&info, infos.data() + i * stride, sizeof(info));
+            if (info.used_gpu_memory == kNvmlValueNotAvailable) continue;
+            s.processes.push_back({info.pid, info.used_gpu_memory});
           }
         }
       } else {

@@ -38,6 +38,14 @@ struct GpuSample {
   std::vector<GpuProcessSample> processes;  // compute processes and their memory
 };
 
+// Bytes of one entry of nvmlDeviceGetComputeRunningProcesses_v3's array under
+// a driver whose nvmlSystemGetDriverVersion says `driver_version`: 32 for
+// 535.43 up to 535.86, whose nvmlProcessInfo_t carried a fifth field
+// (usedGpuCcProtectedMemory, dropped again in 535.98), else 24 (pid, used
+// memory, GPU and compute instance ids). The pid and the used memory sit at
+// the same offsets in both.
+size_t NvmlProcessInfoV3Bytes(const std::string& driver_version);
+
 class NvmlSampler {
  public:
   // Loads `library` and initialises NVML. Unavailable, with dlopen's or

@@ -174,6 +174,7 @@ Status ReadDevices(TomlTableReader* top, const std::string& origin,
     CKPT_RETURN_IF_ERROR(r.Enum("fusion", ipc::kFusionModes, &ipc::FusionModeName, &d.fusion));
     CKPT_RETURN_IF_ERROR(r.Int("fusion_width", 1, 1024, &d.fusion_width));
     CKPT_RETURN_IF_ERROR(r.Int("intra_op_threads", 1, 256, &d.intra_op_threads));
+    CKPT_RETURN_IF_ERROR(r.Bool("tf32", &d.tf32));
     CKPT_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
     out->push_back(d);
   }

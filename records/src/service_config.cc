@@ -75,7 +75,8 @@ bool SameDevices(const std::vector<DeviceConfig>& a, const std::vector<DeviceCon
     const auto& x = a[i];
     const auto& y = b[i];
     if (x.device != y.device || x.count != y.count || x.slots != y.slots || x.fusion != y.fusion ||
-        x.fusion_width != y.fusion_width || x.intra_op_threads != y.intra_op_threads) {
+        x.fusion_width != y.fusion_width || x.intra_op_threads != y.intra_op_threads ||
+        x.tf32 != y.tf32) {
       return false;
     }
   }

@@ -128,6 +128,7 @@ Status WorkerHandle::Spawn() {
                                    std::to_string(spec_.device.fusion_width),
                                    "--intra-op-threads",
                                    std::to_string(spec_.device.intra_op_threads)};
+  if (spec_.device.tf32) args.push_back("--tf32");
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);

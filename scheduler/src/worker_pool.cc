@@ -99,38 +99,6 @@ class RefusalLog {
   std::string last_why_;
 };
 
-// GPUs the NVIDIA driver lists: /proc/driver/nvidia/gpus/<bus id>, or, where a
-// container hides /proc/driver (gVisor), the /dev/nvidiaN device nodes.
-int DriverGpuCount() {
-  namespace fs = std::filesystem;
-  int gpus = 0;
-  std::error_code ec;
-  for (auto it = fs::directory_iterator("/proc/driver/nvidia/gpus", ec);
-       !ec && it != fs::directory_iterator(); it.increment(ec)) {
-    ++gpus;
-  }
-  if (gpus > 0) return gpus;
-  for (auto it = fs::directory_iterator("/dev", ec); !ec && it != fs::directory_iterator();
-       it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    if (name.size() > 6 && name.compare(0, 6, "nvidia") == 0 &&
-        name.find_first_not_of("0123456789", 6) == std::string::npos) {
-      ++gpus;
-    }
-  }
-  return gpus;
-}
-
-// The number of devices CUDA shows a process whose environment has `visible`
-// (CUDA_VISIBLE_DEVICES) on a host with `gpus` driver GPUs: unset, all of
-// them; else as base::ParseVisibleDevices reads it (a "GPU-" or "MIG-" UUID
-// is taken on trust, so a bad UUID gives a worker that fails at start with
-// Unavailable).
-int VisibleGpuCount(int gpus, const char* visible) {
-  if (visible == nullptr) return gpus;
-  return static_cast<int>(base::ParseVisibleDevices(visible, gpus).size());
-}
-
 // What a remote worker may send before its handle takes it over (a HELLO, say;
 // WorkerHandle::AllowReceive from then on): records without a state.
 ckpt::Status PendingReceiveLimit(ipc::RecordType type, uint64_t bytes) {
@@ -152,8 +120,8 @@ std::vector<records::DeviceConfig> ExpandDevices(const std::vector<records::Devi
       // Counted here, not by asking CUDA: the scheduler links no CUDA and
       // must not create a context. Workers inherit this environment, so
       // "cuda:K" is the K-th device CUDA shows them.
-      const int gpus =
-          VisibleGpuCount(DriverGpuCount(), std::getenv(base::kCudaVisibleDevicesVariable));
+      const int gpus = base::VisibleGpuCount(base::DriverGpuCount(),
+                                             std::getenv(base::kCudaVisibleDevicesVariable));
       if (gpus == 0) names.push_back("cpu");
       for (int g = 0; g < gpus; ++g) names.push_back("cuda:" + std::to_string(g));
     } else {

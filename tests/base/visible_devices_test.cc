@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -53,6 +56,35 @@ TEST(VisibleDevicesTest, UnknownCountLeavesIndicesUnbounded) {
   EXPECT_EQ(Visible("7,3", -1), V({"7", "3"}));
   EXPECT_EQ(Visible("-1", -1), V({}));
   EXPECT_EQ(Visible("", -1), V({}));
+}
+
+// The driver's GPUs: one per /proc/driver/nvidia/gpus entry; where that is
+// hidden, one per /dev/nvidiaN node, every N (a host whose first GPU node is
+// nvidia1 has one), never nvidiactl or nvidia-uvm.
+TEST(DriverGpuCountTest, CountsBusIdsElseEveryNumberedDeviceNode) {
+  namespace fs = std::filesystem;
+  char tmpl[] = "/tmp/ckpt_gpus_XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const fs::path root = tmpl;
+  const fs::path proc = root / "gpus", dev = root / "dev";
+  fs::create_directories(proc);
+  fs::create_directories(dev);
+  auto touch = [](const fs::path& p) { std::ofstream(p).put('\n'); };
+  EXPECT_EQ(DriverGpuCount(proc.string(), dev.string()), 0);
+  for (const char* n : {"nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia", "nvidia1"}) {
+    touch(dev / n);
+  }
+  EXPECT_EQ(DriverGpuCount(proc.string(), dev.string()), 1);
+  touch(dev / "nvidia3");
+  EXPECT_EQ(DriverGpuCount(proc.string(), dev.string()), 2);
+  EXPECT_EQ(DriverGpuCount((root / "absent").string(), dev.string()), 2);
+  fs::create_directories(proc / "0000:3b:00.0");
+  EXPECT_EQ(DriverGpuCount(proc.string(), dev.string()), 1);
+  EXPECT_EQ(VisibleGpuCount(2, nullptr), 2);
+  EXPECT_EQ(VisibleGpuCount(2, "1"), 1);
+  EXPECT_EQ(VisibleGpuCount(2, ""), 0);
+  EXPECT_EQ(VisibleGpuCount(0, "0"), 0);
+  fs::remove_all(root);
 }
 
 }  // namespace

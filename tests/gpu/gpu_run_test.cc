@@ -7,11 +7,14 @@
 //
 // Written and compiled without a GPU: these tests have not run on one yet.
 #include <gtest/gtest.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -20,6 +23,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "../../scheduler/src/trace.h"
 #include "ckpt/model/trainer.h"
@@ -32,6 +36,15 @@ namespace ckpt {
 namespace {
 
 using std::chrono::milliseconds;
+
+// How long a run may take: CKPT_GPU_RUN_WAIT_S (scripts/gpu-check sets it
+// below its own limit for the test, so that a slow run fails here and gtest
+// still writes its report), else 400 s.
+int RunWaitSeconds() {
+  const char* s = std::getenv("CKPT_GPU_RUN_WAIT_S");
+  const int v = s != nullptr ? std::atoi(s) : 0;
+  return v > 0 ? v : 400;
+}
 
 // Why cuda:0 cannot be used here, or "" when it can.
 std::string NoGpuReason() {
@@ -88,11 +101,18 @@ class GpuRunTest : public ::testing::Test {
     const std::string store_dir = dir_ + "/" + tag + "-store";
     const std::string trace_path = dir_ + "/" + tag + "-trace.jsonl";
     setenv(scheduler::trace::kEnv, trace_path.c_str(), 1);
-    testing::Child c({scheduler_, "run", path, "--store", store_dir, "--quiet"},
-                     dir_ + "/" + tag + ".log");
+    std::vector<std::string> env;
+    for (char** e = environ; *e != nullptr; ++e) env.emplace_back(*e);
     unsetenv(scheduler::trace::kEnv);
+    // The scheduler dies with this test (killed at its limit, say), and its
+    // workers with it (they have the same signal): nothing stays on the GPU.
+    const pid_t test_pid = getpid();
+    testing::Child c(
+        {scheduler_, "run", path, "--store", store_dir, "--quiet"}, dir_ + "/" + tag + ".log", env,
+        [test_pid] { return prctl(PR_SET_PDEATHSIG, SIGKILL) == 0 && getppid() == test_pid; });
     int most = 0;
-    const auto until = std::chrono::steady_clock::now() + milliseconds(400000);
+    const int wait_s = RunWaitSeconds();
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(wait_s);
     while (c.Running() && std::chrono::steady_clock::now() < until) {
       most = std::max(most, static_cast<int>(testing::ChildrenOf(c.pid()).size()));
       std::this_thread::sleep_for(milliseconds(20));
@@ -100,7 +120,7 @@ class GpuRunTest : public ::testing::Test {
     if (max_workers != nullptr) *max_workers = most;
     std::map<std::string, store::MemberHead> heads;
     if (!c.WaitFor(milliseconds(1000))) {
-      ADD_FAILURE() << tag << ": scheduler did not finish in 400 s:\n" << c.Log();
+      ADD_FAILURE() << tag << ": scheduler did not finish in " << wait_s << " s:\n" << c.Log();
       return heads;
     }
     const int st = c.Wait();

@@ -160,7 +160,13 @@ TEST(GpuRingTest, PinnedRingHandoffIsBitExact) {
   same.state = rec->payload;
   same.state_size = rec->size;
   same.steps = 0;
-  MemberOutcome back = gpu->TrainPlain(same);
+  // As the worker does: from the ring straight to the device, no staging copy.
+  MemberTask uploaded = same;
+  const int64_t staged = gpu->GetDeviceTraffic().staged_copies;
+  uploaded.uploaded = gpu->Upload(same);
+  EXPECT_EQ(gpu->GetDeviceTraffic().staged_copies, staged)
+      << "a tensor of the pinned ring was staged through another host buffer";
+  MemberOutcome back = gpu->TrainPlain(uploaded);
   ASSERT_TRUE(back.ok()) << back.status.ToString();
   const std::string returned = back.EncodeState();
   ASSERT_EQ(returned.size(), blob.size());

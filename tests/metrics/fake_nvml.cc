@@ -12,7 +12,11 @@
 // Compute processes: 9 unrelated pids on each device (more than a first guess
 // of 8 entries, so the caller must retry on NVML_ERROR_INSUFFICIENT_SIZE), and
 // on device fake_nvml_set_process' device, that pid with its bytes.
+// Driver version "550.54.15", or fake_nvml_set_driver_version's: under
+// 535.43 to 535.86 the _v3 process entries are 32 bytes, as those drivers
+// wrote them (a fifth field, usedGpuCcProtectedMemory), else 24.
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <mutex>
 
@@ -47,6 +51,7 @@ int g_hung_calls = 0;  // calls waiting in the hang now
 unsigned int g_process_pid = 0;
 int g_process_device = -1;
 unsigned long long g_process_bytes = 0;
+char g_driver_version[32] = "550.54.15";
 
 int Index(void* device) {
   for (unsigned int i = 0; i < kDevices; ++i) {
@@ -87,7 +92,19 @@ void fake_nvml_set_process(int device, unsigned int pid, unsigned long long byte
   g_process_bytes = bytes;
 }
 
+void fake_nvml_set_driver_version(const char* version) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  std::snprintf(g_driver_version, sizeof(g_driver_version), "%s", version);
+}
+
 // --- NVML --------------------------------------------------------------------
+
+int nvmlSystemGetDriverVersion(char* version, unsigned int length) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (length < std::strlen(g_driver_version) + 1) return kInsufficientSize;
+  std::snprintf(version, length, "%s", g_driver_version);
+  return kSuccess;
+}
 
 int nvmlInit_v2() { return kSuccess; }
 int nvmlShutdown() { return kSuccess; }
@@ -140,10 +157,18 @@ int nvmlDeviceGetUtilizationRates(void* device, Utilization* utilization) {
   return kSuccess;
 }
 
-int nvmlDeviceGetComputeRunningProcesses_v3(void* device, unsigned int* count, ProcessInfo* infos) {
+int nvmlDeviceGetComputeRunningProcesses_v3(void* device, unsigned int* count, void* out) {
   const int i = Index(device);
   if (i < 0) return kInvalidArgument;
   std::lock_guard<std::mutex> lock(g_mu);
+  int major = 0, minor = 0;
+  std::sscanf(g_driver_version, "%d.%d", &major, &minor);
+  const size_t stride = major == 535 && minor >= 43 && minor <= 86 ? 32 : sizeof(ProcessInfo);
+  auto put = [&](unsigned int k, const ProcessInfo& info) {
+    unsigned char* entry = static_cast<unsigned char*>(out) + k * stride;
+    std::memset(entry, 0xee, stride);  // the fifth field, where there is one
+    std::memcpy(entry, &info, sizeof(info));
+  };
   const bool ours = g_process_device == i && g_process_pid != 0;
   const unsigned int needed = kUnrelated + (ours ? 1 : 0);
   if (*count < needed) {
@@ -152,9 +177,9 @@ int nvmlDeviceGetComputeRunningProcesses_v3(void* device, unsigned int* count, P
   }
   for (unsigned int k = 0; k < kUnrelated; ++k) {
     // Pids no test process has: above the kernel's pid_max limit (2^22).
-    infos[k] = ProcessInfo{(1u << 22) + 100 * static_cast<unsigned int>(i) + k, kGiB / 4, 0, 0};
+    put(k, ProcessInfo{(1u << 22) + 100 * static_cast<unsigned int>(i) + k, kGiB / 4, 0, 0});
   }
-  if (ours) infos[kUnrelated] = ProcessInfo{g_process_pid, g_process_bytes, 0, 0};
+  if (ours) put(kUnrelated, ProcessInfo{g_process_pid, g_process_bytes, 0, 0});
   *count = needed;
   return kSuccess;
 }

@@ -39,16 +39,21 @@ class FakeNvml {
     wait_hung_calls = reinterpret_cast<void (*)(int)>(dlsym(handle_, "fake_nvml_wait_hung_calls"));
     set_process = reinterpret_cast<void (*)(int, unsigned, unsigned long long)>(
         dlsym(handle_, "fake_nvml_set_process"));
+    set_driver_version =
+        reinterpret_cast<void (*)(const char*)>(dlsym(handle_, "fake_nvml_set_driver_version"));
   }
   ~FakeNvml() {
     if (handle_ != nullptr) dlclose(handle_);
   }
-  bool ok() const { return set_hang && hung_calls && wait_hung_calls && set_process; }
+  bool ok() const {
+    return set_hang && hung_calls && wait_hung_calls && set_process && set_driver_version;
+  }
 
   void (*set_hang)(int) = nullptr;
   int (*hung_calls)() = nullptr;
   void (*wait_hung_calls)(int) = nullptr;
   void (*set_process)(int, unsigned, unsigned long long) = nullptr;
+  void (*set_driver_version)(const char*) = nullptr;
 
  private:
   void* handle_ = nullptr;
@@ -132,6 +137,31 @@ TEST(NvmlSamplerTest, GpuFamiliesFollowTheDriver) {
   const Exposition after = Render(**m);
   EXPECT_TRUE(after.at("ckpt_gpu_process_memory_bytes").samples.empty());
   EXPECT_EQ(after.at("ckpt_gpu_memory_used_bytes").samples.size(), 2u);
+  fake.set_process(-1, 0, 0);
+}
+
+// Drivers 535.43 to 535.86 write 32-byte _v3 process entries (a fifth
+// field, later dropped): read with that stride, the worker's process is found
+// with its memory; read as 24-byte entries it would be garbage, and the
+// driver would write past the buffer.
+TEST(NvmlSamplerTest, ProcessEntriesOfDriver535AreReadAtTheirSize) {
+  FakeNvml fake;
+  ASSERT_TRUE(fake.ok());
+  ScopedCudaVisibleDevices all(std::nullopt);
+  for (const char* version : {"535.54.03", "535.86.10", "535.104.05", "550.54.15"}) {
+    fake.set_driver_version(version);
+    fake.set_process(1, static_cast<unsigned>(::getpid()), 77ull << 20);
+    auto m = Metrics::Open(FakeNvmlOptions(""));
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    (*m)->WorkerStarted("w0", "cuda:1", ::getpid());
+    const Exposition e = Render(**m);
+    ASSERT_TRUE(e.count("ckpt_gpu_process_memory_bytes")) << version;
+    const auto& procs = e.at("ckpt_gpu_process_memory_bytes");
+    ASSERT_EQ(procs.samples.size(), 1u) << version;
+    EXPECT_EQ(procs.samples[0].value, 77.0 * 1024 * 1024) << version;
+    (*m)->WorkerExited("w0", "cuda:1");
+  }
+  fake.set_driver_version("550.54.15");
   fake.set_process(-1, 0, 0);
 }
 

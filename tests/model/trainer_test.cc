@@ -7,10 +7,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <thread>
 
@@ -715,6 +717,115 @@ TEST(TrainerTest, ChooseModeMeasuresBoth) {
   EXPECT_NE(choice->mode, ipc::FusionMode::kAuto);  // one of the two it measured
   EXPECT_EQ(trainer->device(), "cpu");
   EXPECT_GT(trainer->GetDeviceMemory().total_bytes, 0);
+}
+
+// A host range (the worker's segment) pinned by several Trainers is one
+// process-wide registration, counted: each Trainer of an experiment takes a
+// reference and the last to go releases it. A range overlapping a pinned one
+// without being the same is refused, naming the overlap.
+TEST(PinHostMemoryTest, TrainersShareOneRegistrationPerRange) {
+  std::vector<char> segment(1 << 16);
+  const void* base = segment.data();
+  auto a = MakeTrainer(BaseOptions("lenet5", "sgd"));
+  auto b = MakeTrainer(BaseOptions("lenet5", "adam"));
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(PinnedHostMemoryReferences(base), 0);
+  ASSERT_TRUE(a->PinHostMemory(base, segment.size()).ok());
+  ASSERT_TRUE(b->PinHostMemory(base, segment.size()).ok());
+  EXPECT_EQ(PinnedHostMemoryReferences(base), 2);
+  Status again = a->PinHostMemory(base, segment.size());
+  EXPECT_TRUE(again.IsInvalidArgument()) << again.ToString();
+  Status overlap = b->PinHostMemory(segment.data() + 4096, 4096);
+  EXPECT_TRUE(overlap.IsInvalidArgument()) << overlap.ToString();
+  EXPECT_NE(overlap.message().find("overlaps"), std::string::npos) << overlap.ToString();
+  EXPECT_EQ(PinnedHostMemoryReferences(segment.data() + 4096), 0);
+  a.reset();
+  EXPECT_EQ(PinnedHostMemoryReferences(base), 1);
+  b.reset();
+  EXPECT_EQ(PinnedHostMemoryReferences(base), 0);
+}
+
+// Upload takes a member's state out of its bytes at once (the worker then
+// releases its ring record): the bytes overwritten afterwards, the uploaded
+// task trains to the same state, bit for bit, as the task trained from its
+// bytes; a state Upload rejects fails the training call with its code.
+TEST(UploadTest, AnUploadedStateTrainsAsItsBytesAndOwesThemNothing) {
+  auto trainer = MakeTrainer(BaseOptions(testing::kLenet5Bn, "adam"));
+  ASSERT_NE(trainer, nullptr);
+  MemberOutcome start = trainer->TrainPlain(Task("m", nullptr, 5, 4, {{"dropout", 0.2}}));
+  ASSERT_TRUE(start.ok()) << start.status.ToString();
+  const std::string blob = start.EncodeState();
+
+  for (const bool fused : {false, true}) {
+    auto train = [&](const MemberTask& t) {
+      return fused ? trainer->TrainFused({t}).front() : trainer->TrainPlain(t);
+    };
+    const MemberOutcome direct = train(Task("m", &blob, 0, 6));
+    ASSERT_TRUE(direct.ok()) << direct.status.ToString();
+    std::string bytes = blob;
+    MemberTask task = Task("m", &bytes, 0, 6);
+    task.uploaded = trainer->Upload(task);
+    ASSERT_NE(task.uploaded, nullptr);
+    std::fill(bytes.begin(), bytes.end(), '\xa5');
+    const MemberOutcome r = train(task);
+    ASSERT_TRUE(r.ok()) << r.status.ToString();
+    EXPECT_TRUE(r.EncodeState() == direct.EncodeState()) << (fused ? "fused" : "plain");
+  }
+
+  std::string damaged = blob;
+  damaged[damaged.size() / 2] ^= 0x40;
+  MemberTask bad = Task("m", &damaged, 0, 6);
+  bad.uploaded = trainer->Upload(bad);
+  const MemberOutcome r = trainer->TrainPlain(bad);
+  EXPECT_EQ(r.fail_code, ipc::FailureCode::kBadState) << r.status.ToString();
+  EXPECT_EQ(trainer->GetDeviceTraffic().staged_copies, 0);  // nothing is staged on the CPU
+}
+
+// The step loop neither copies nor waits: an interval's host <-> device
+// copies and waits (counted on the CPU as a GPU run would make them) are the
+// same for 3 steps as for 40, plain and fused, with augmentation, dropout
+// masks and Adam's per-step columns all in play, and the interval waits for
+// the device a fixed handful of times.
+TEST(DeviceTrafficTest, AnIntervalCopiesAndWaitsAsOftenWhateverItsSteps) {
+  auto o = BaseOptions(testing::kLenet5Bn, "adam");
+  o.eval_size = 64;
+  o.augment.crop_padding = 2;
+  o.augment.hflip = true;
+  auto trainer = MakeTrainer(o);
+  ASSERT_NE(trainer, nullptr);
+  auto delta = [&](const std::function<void()>& train) {
+    const DeviceTraffic before = trainer->GetDeviceTraffic();
+    train();
+    DeviceTraffic after = trainer->GetDeviceTraffic();
+    after.to_device_copies -= before.to_device_copies;
+    after.to_host_copies -= before.to_host_copies;
+    after.waits -= before.waits;
+    after.to_device_bytes -= before.to_device_bytes;
+    return after;
+  };
+  auto plain = [&](int64_t steps) {
+    return delta([&] {
+      MemberOutcome r = trainer->TrainPlain(Task("m", nullptr, 3, steps, {{"dropout", 0.3}}));
+      ASSERT_TRUE(r.ok()) << r.status.ToString();
+    });
+  };
+  auto fused = [&](int64_t steps) {
+    return delta([&] {
+      auto r = trainer->TrainFused({Task("a", nullptr, 3, steps, {{"dropout", 0.3}}),
+                                    Task("b", nullptr, 4, steps, {{"dropout", 0.0}})});
+      for (const auto& m : r) ASSERT_TRUE(m.ok()) << m.status.ToString();
+    });
+  };
+  for (auto& run : {std::function<DeviceTraffic(int64_t)>(plain), {fused}}) {
+    const DeviceTraffic few = run(3), many = run(40);
+    EXPECT_EQ(few.to_device_copies, many.to_device_copies);
+    EXPECT_EQ(few.to_host_copies, many.to_host_copies);
+    EXPECT_EQ(few.waits, many.waits);
+    EXPECT_GT(many.to_device_bytes, few.to_device_bytes);  // the draws of more steps
+    EXPECT_GT(few.to_device_copies, 0);
+    EXPECT_LE(few.waits, 6);
+  }
 }
 
 }  // namespace

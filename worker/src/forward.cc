@@ -59,33 +59,9 @@ at::Tensor Conv2dLayer(const ForwardPass& pass, const LayerSpec& l, const LayerT
 }
 
 // The training pass's dropout of layer `i`: `x` itself where no mask applies.
-at::Tensor DropoutLayer(const Context& ctx, const ForwardPass& pass, const LayerSpec& l, size_t i,
-                        const at::Tensor& x) {
-  if (pass.members == nullptr) {
-    const double p = pass.dropout.value_or(l.p);
-    if (p > 0) return x * DropoutMask(pass.data_seed, pass.step, i, p, x.sizes(), ctx.device);
-    return x;
-  }
-  // Each member's own mask at its own probability, as it would draw it
-  // alone (p = 0: ones, the identity its plain pass skips).
-  bool any = false;
-  for (const MemberTensors* m : *pass.members) any = any || m->hp.dropout.value_or(l.p) > 0;
-  if (!any) return x;
-  std::vector<at::Tensor> masks;
-  masks.reserve(pass.members->size());
-  if (x.dim() == 4) {
-    const int64_t c = x.size(1) / PackedMembers(pass);
-    for (const MemberTensors* m : *pass.members) {
-      masks.push_back(DropoutMask(m->data_seed, m->step, i, m->hp.dropout.value_or(l.p),
-                                  {x.size(0), c, x.size(2), x.size(3)}, ctx.device));
-    }
-    return x * at::cat(masks, 1);
-  }
-  for (const MemberTensors* m : *pass.members) {
-    masks.push_back(DropoutMask(m->data_seed, m->step, i, m->hp.dropout.value_or(l.p),
-                                {x.size(1), x.size(2)}, ctx.device));
-  }
-  return x * at::stack(masks, 0);
+at::Tensor DropoutLayer(const ForwardPass& pass, size_t i, const at::Tensor& x) {
+  if (pass.masks == nullptr || !(*pass.masks)[i].defined()) return x;
+  return x * (*pass.masks)[i];
 }
 
 // Runs layers [begin, end) of the spec (a residual's body or shortcut is a
@@ -144,7 +120,7 @@ at::Tensor RunLayers(const Context& ctx, const ForwardPass& pass, at::Tensor x, 
                            /*cudnn_enabled=*/true);
         break;
       case LayerKind::kDropout:
-        if (pass.train) x = DropoutLayer(ctx, pass, l, i, x);
+        if (pass.train) x = DropoutLayer(pass, i, x);
         break;
       case LayerKind::kFlatten:
         x = fused ? x.reshape({x.size(0), K, -1}).transpose(0, 1) : x.flatten(1);

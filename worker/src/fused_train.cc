@@ -28,26 +28,28 @@ at::Tensor Widen(const at::Tensor& x, int64_t K) {
 }
 
 at::Tensor ForwardFused(const Context& ctx, const std::vector<at::Tensor>& P, const at::Tensor& x,
-                        bool train, const std::vector<MemberTensors*>& members) {
+                        bool train, const std::vector<MemberTensors*>& members,
+                        const std::vector<at::Tensor>* masks = nullptr) {
   ForwardPass pass;
   pass.tensors = &P;
   pass.members = &members;
   pass.train = train;
+  pass.masks = masks;
   return ForwardLayers(ctx, pass, x);  // [K, B, outputs]
 }
 
-at::Tensor Column(const std::vector<double>& v, const at::Device& device) {
-  std::vector<float> f(v.begin(), v.end());
-  at::Tensor t = at::tensor(f, at::kFloat).view({static_cast<int64_t>(f.size()), 1});
-  return device.is_cpu() ? t : t.to(device);
+// A [K, 1] float column on the device.
+at::Tensor Column(const Context& ctx, const std::vector<double>& v) {
+  at::Tensor t = HostTensor(ctx, {static_cast<int64_t>(v.size()), 1}, at::kFloat);
+  std::copy(v.begin(), v.end(), t.data_ptr<float>());
+  return CopyToDevice(ctx, t);
 }
 
-at::Tensor Mask(const std::vector<bool>& v, const at::Device& device) {
-  std::vector<uint8_t> b(v.begin(), v.end());
-  at::Tensor t = at::tensor(at::ArrayRef<uint8_t>(b), at::kByte)
-                     .to(at::kBool)
-                     .view({static_cast<int64_t>(b.size()), 1});
-  return device.is_cpu() ? t : t.to(device);
+// A [K, 1] bool column on the device.
+at::Tensor Mask(const Context& ctx, const std::vector<bool>& v) {
+  at::Tensor t = HostTensor(ctx, {static_cast<int64_t>(v.size()), 1}, at::kBool);
+  std::copy(v.begin(), v.end(), t.data_ptr<bool>());
+  return CopyToDevice(ctx, t);
 }
 
 bool All(const std::vector<bool>& v, bool value) {
@@ -85,18 +87,17 @@ FusedHparams MakeHparams(const Context& ctx, const std::vector<MemberTensors*>& 
     decay.push_back(1 - h.lr * h.weight_decay);
     f.any_weight_decay = f.any_weight_decay || h.weight_decay != 0;
   }
-  const at::Device& d = ctx.device;
-  f.neg_lr = Column(neg_lr, d);
-  f.weight_decay = Column(wd, d);
-  f.momentum = Column(mom, d);
-  f.mom_nonzero = Mask(mom_nz, d);
-  f.nesterov = Mask(nest, d);
-  f.beta1 = Column(b1, d);
-  f.one_minus_beta1 = Column(omb1, d);
-  f.beta2 = Column(b2, d);
-  f.one_minus_beta2 = Column(omb2, d);
-  f.eps = Column(eps, d);
-  f.decoupled_decay = Column(decay, d);
+  f.neg_lr = Column(ctx, neg_lr);
+  f.weight_decay = Column(ctx, wd);
+  f.momentum = Column(ctx, mom);
+  f.mom_nonzero = Mask(ctx, mom_nz);
+  f.nesterov = Mask(ctx, nest);
+  f.beta1 = Column(ctx, b1);
+  f.one_minus_beta1 = Column(ctx, omb1);
+  f.beta2 = Column(ctx, b2);
+  f.one_minus_beta2 = Column(ctx, omb2);
+  f.eps = Column(ctx, eps);
+  f.decoupled_decay = Column(ctx, decay);
   f.all_momentum = All(mom_nz, true);
   f.no_momentum = All(mom_nz, false);
   f.all_nesterov = All(nest, true);
@@ -133,19 +134,12 @@ void FusedSgdStep(const Context& ctx, const FusedHparams& h, std::vector<at::Ten
   }
 }
 
+// `neg_step` and `bc2` [K, 1]: -lr / bias_correction1 and
+// sqrt(bias_correction2) at each member's next step (StepDraws).
 void FusedAdamStep(const Context& ctx, const FusedHparams& h, std::vector<MemberTensors*>& members,
-                   std::vector<at::Tensor>& P) {
+                   std::vector<at::Tensor>& P, const at::Tensor& neg_step, const at::Tensor& bc2) {
   const int64_t K = static_cast<int64_t>(members.size());
-  std::vector<double> neg_step_size, bc2_sqrt;
-  for (MemberTensors* m : members) {
-    m->adam_step += 1;
-    const double bias_correction1 = 1 - std::pow(m->hp.beta1, m->adam_step);
-    const double bias_correction2 = 1 - std::pow(m->hp.beta2, m->adam_step);
-    neg_step_size.push_back(-(m->hp.lr / bias_correction1));
-    bc2_sqrt.push_back(std::sqrt(bias_correction2));
-  }
-  at::Tensor neg_step = Column(neg_step_size, ctx.device);
-  at::Tensor bc2 = Column(bc2_sqrt, ctx.device);
+  for (MemberTensors* m : members) m->adam_step += 1;
   for (const auto& tr : ctx.trainables) {
     at::Tensor p = P[tr.param].view({K, -1});
     at::Tensor g = P[tr.param].grad();
@@ -185,7 +179,7 @@ std::vector<double> EvaluateFused(const Context& ctx, const std::vector<at::Tens
     at::Tensor out = ForwardFused(ctx, P, Widen(x, K), /*train=*/false, members);
     sum.add_(ScoreSum(ctx, out, y));
   }
-  at::Tensor host = sum.to(at::kCPU);
+  at::Tensor host = CopyToHost(ctx, sum);
   return std::vector<double>(host.data_ptr<double>(), host.data_ptr<double>() + K);
 }
 
@@ -243,23 +237,15 @@ Status TrainFusedGroup(const Context& ctx, std::vector<MemberTensors*>& members,
   *pack_s = Seconds(start);
 
   start = std::chrono::steady_clock::now();
-  std::vector<std::vector<int64_t>> idx(members.size());
-  std::vector<std::vector<int32_t>> epoch_cache(members.size());
-  std::vector<int64_t> cached_epoch(members.size(), -1);
-  std::vector<int64_t> all_idx(static_cast<size_t>(K * batch));
+  StepDraws draws(ctx, members, /*fused=*/true, steps);
   result->losses.reserve(static_cast<size_t>(steps));
   for (int64_t s = 0; s < steps; ++s) {
     if (ctx.options.cancel != nullptr && ctx.options.cancel->load(std::memory_order_relaxed)) {
       return Status::Aborted("fused group: training cancelled");
     }
-    for (size_t k = 0; k < members.size(); ++k) {
-      BatchIndices(members[k]->data_seed, members[k]->data_cursor, batch, ctx.train.count, &idx[k],
-                   &epoch_cache[k], &cached_epoch[k]);
-      std::copy(idx[k].begin(), idx[k].end(), all_idx.begin() + static_cast<int64_t>(k) * batch);
-    }
+    draws.Prepare(s);
     at::Tensor x, y;
-    const std::vector<const MemberTensors*> group(members.begin(), members.end());
-    GatherBatch(ctx, ctx.train, all_idx, &x, &y, &group);
+    GatherBatch(ctx, ctx.train, draws.indices(s), draws.offsets(s), &x, &y);
     // Member k's rows are [k*batch, (k+1)*batch) of the gather.
     if (x.dim() == 4) {
       const int64_t c = x.size(1), height = x.size(2), width = x.size(3);
@@ -269,7 +255,8 @@ Status TrainFusedGroup(const Context& ctx, std::vector<MemberTensors*>& members,
     } else {
       x = x.view({K, batch, x.size(1)});
     }
-    at::Tensor out = ForwardFused(ctx, P, x, /*train=*/true, members);  // [K, B, outputs]
+    const std::vector<at::Tensor> masks = draws.masks(s);
+    at::Tensor out = ForwardFused(ctx, P, x, /*train=*/true, members, &masks);  // [K, B, outputs]
     at::Tensor per_member = PerMemberLoss(ctx, out, y, K, batch);
     at::Tensor loss = per_member.sum();
     for (const auto& tr : ctx.trainables) P[tr.param].mutable_grad() = at::Tensor();
@@ -279,7 +266,7 @@ Status TrainFusedGroup(const Context& ctx, std::vector<MemberTensors*>& members,
       if (ctx.optimizer == OptimizerKind::kSgd) {
         FusedSgdStep(ctx, hp, P, K);
       } else {
-        FusedAdamStep(ctx, hp, members, P);
+        FusedAdamStep(ctx, hp, members, P, draws.adam_neg_step(s), draws.adam_bc2_sqrt(s));
       }
     }
     result->losses.push_back(per_member.detach());
@@ -291,7 +278,7 @@ Status TrainFusedGroup(const Context& ctx, std::vector<MemberTensors*>& members,
   for (const auto& tr : ctx.trainables) P[tr.param].mutable_grad() = at::Tensor();
 
   // The time is the device's, not the launches': wait for the last step.
-  if (!ctx.device.is_cpu() && !result->losses.empty()) result->losses.back().sum().item<float>();
+  WaitForDevice(ctx);
   const auto eval_start = std::chrono::steady_clock::now();
   const int64_t val_count = std::min<int64_t>(ctx.options.eval_size, ctx.validation.count);
   if (eval_val && val_count > 0)

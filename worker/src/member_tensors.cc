@@ -166,8 +166,7 @@ std::optional<Failure> InitMember(const MemberLoad& load) {
   std::vector<at::Tensor>& host = *load.host;
   if (auto failure = SetHparams(load, {})) return failure;
   for (size_t i = 0; i < host.size(); ++i) {
-    host[i] = at::zeros(ctx.layout[i].shape,
-                        at::TensorOptions().dtype(ScalarTypeOf(ctx.layout[i].dtype)));
+    host[i] = HostTensor(ctx, ctx.layout[i].shape, ScalarTypeOf(ctx.layout[i].dtype)).zero_();
   }
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(load.task.init_seed);
   if (ctx.spec.is_torchscript()) {
@@ -215,11 +214,18 @@ std::optional<Failure> CopyStoredTensors(const MemberLoad& load,
           Status::Corruption(who + ": tensor " + spec.name + " has shape " +
                              ShapeString(tv->shape) + ", expected " + ShapeString(spec.shape)));
     }
-    host[i] = at::empty(spec.shape, at::TensorOptions().dtype(ScalarTypeOf(spec.dtype)));
-    if (tv->nbytes != host[i].nbytes()) {
+    const at::ScalarType dtype = ScalarTypeOf(spec.dtype);
+    if (tv->nbytes != static_cast<size_t>(spec.numel()) * at::elementSize(dtype)) {
       return Fail(ipc::FailureCode::kBadState,
                   Status::Corruption(who + ": tensor " + spec.name + " byte count mismatch"));
     }
+    if (!ctx.device.is_cpu() && tv->nbytes > 0) {
+      // The blob's bytes themselves: CopyToDevice copies from them (a DMA when
+      // they are pinned), with no host copy of its own.
+      host[i] = at::from_blob(const_cast<uint8_t*>(tv->data), spec.shape, dtype);
+      continue;
+    }
+    host[i] = HostTensor(ctx, spec.shape, dtype);
     if (tv->nbytes > 0) std::memcpy(host[i].data_ptr(), tv->data, tv->nbytes);
   }
   return std::nullopt;
@@ -289,6 +295,12 @@ std::optional<Failure> RestoreMember(const MemberLoad& load) {
 }  // namespace
 
 std::optional<Failure> LoadMember(const Context& ctx, const MemberTask& task, MemberTensors* st) {
+  if (task.uploaded != nullptr) {
+    if (task.uploaded->failure) return task.uploaded->failure;
+    *st = task.uploaded->state;
+    for (const at::Tensor& t : st->tensors) UseOnThisStream(ctx, t);
+    return std::nullopt;
+  }
   st->member = task.member;
   const std::string who = "member " + (task.member.empty() ? std::string("?") : task.member);
   if (task.steps < 0) {
@@ -304,7 +316,7 @@ std::optional<Failure> LoadMember(const Context& ctx, const MemberTask& task, Me
 
   st->tensors.resize(n);
   for (size_t i = 0; i < n; ++i) {
-    at::Tensor t = ctx.device.is_cpu() ? host[i] : host[i].to(ctx.device);
+    at::Tensor t = CopyToDevice(ctx, host[i]);
     if (ctx.layout[i].trainable) t.requires_grad_(true);
     st->tensors[i] = std::move(t);
   }
@@ -363,7 +375,7 @@ Status CheckFinite(const Context& ctx, const MemberTensors& st, const char* when
     which.push_back(i);
   }
   if (flags.empty()) return Status::OK();
-  at::Tensor all = at::stack(flags).to(at::kCPU);
+  at::Tensor all = CopyToHost(ctx, at::stack(flags));
   const bool* ok = all.data_ptr<bool>();
   for (size_t j = 0; j < which.size(); ++j) {
     if (!ok[j]) return fail(which[j]);
@@ -382,26 +394,25 @@ StatusOr<std::shared_ptr<EncodedState>> EncodeMember(const Context& ctx, const M
   enc->meta.extra = st.extra;
   enc->writer.SetMeta(enc->meta);
   enc->host.reserve(st.tensors.size());
+  // All copies queued, then one wait: the writer reads the bytes only after it.
+  for (const at::Tensor& t : st.tensors) enc->host.push_back(CopyToHostAsync(ctx, t.detach()));
+  WaitForDevice(ctx);
   for (size_t i = 0; i < st.tensors.size(); ++i) {
-    at::Tensor t = st.tensors[i].detach();
-    if (!t.device().is_cpu()) t = t.to(at::kCPU);
-    t = t.contiguous();
+    const at::Tensor& t = enc->host[i];
     const TensorSpec& spec = ctx.layout[i];
     CKPT_RETURN_IF_ERROR(
         enc->writer.AddTensor(spec.name, spec.dtype, spec.shape, t.data_ptr(), t.nbytes()));
-    enc->host.push_back(std::move(t));
   }
   enc->size = enc->writer.EncodedSize();
   return enc;
 }
 
-at::Tensor DropoutMask(uint64_t data_seed, int64_t step, size_t layer, double p,
-                       at::IntArrayRef shape, const at::Device& device) {
+void DrawDropoutMask(uint64_t data_seed, int64_t step, size_t layer, double p,
+                     const at::Tensor& out) {
   uint64_t s = data_seed ^ (0xD1B54A32D192ED03ull * (static_cast<uint64_t>(step) + 1)) ^
                (0x8CB92BA72F3D8DD7ull * (static_cast<uint64_t>(layer) + 1));
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(SplitMix64(&s));
-  at::Tensor mask = at::empty(shape, at::kFloat).bernoulli_(1.0 - p, gen).div_(1.0 - p);
-  return device.is_cpu() ? mask : mask.to(device);
+  out.bernoulli_(1.0 - p, gen).div_(1.0 - p);
 }
 
 at::Tensor Normalize(const Context& ctx, const at::Tensor& raw) {
@@ -411,30 +422,10 @@ at::Tensor Normalize(const Context& ctx, const at::Tensor& raw) {
   return x.mul_(ctx.scale_t).add_(ctx.shift_t);
 }
 
-at::Tensor Augment(const Context& ctx, const at::Tensor& raw,
-                   const std::vector<const MemberTensors*>& members) {
-  const format::Augmentation& a = ctx.options.augment;
-  const int64_t rows = raw.size(0), per = rows / static_cast<int64_t>(members.size());
-  const int64_t h = raw.size(2), w = raw.size(3), p = a.crop_padding;
-  // Per row: row offset, column offset, flip; from SplitMix64 of the member's
-  // (data seed, step), drawn in that order row by row.
-  std::vector<int64_t> dy(rows, p), dx(rows, p), flip(rows, 0);
-  for (size_t k = 0; k < members.size(); ++k) {
-    uint64_t s = members[k]->data_seed ^
-                 (0xA24BAED4963EE407ull * (static_cast<uint64_t>(members[k]->step) + 1));
-    for (int64_t r = static_cast<int64_t>(k) * per; r < static_cast<int64_t>(k + 1) * per; ++r) {
-      if (p > 0) {
-        dy[r] = static_cast<int64_t>(SplitMix64(&s) % static_cast<uint64_t>(2 * p + 1));
-        dx[r] = static_cast<int64_t>(SplitMix64(&s) % static_cast<uint64_t>(2 * p + 1));
-      }
-      if (a.hflip) flip[r] = static_cast<int64_t>(SplitMix64(&s) & 1);
-    }
-  }
-  auto column = [&](std::vector<int64_t>& v) {
-    at::Tensor t = at::from_blob(v.data(), {rows, 1}, at::kLong).clone();
-    return ctx.device.is_cpu() ? t : t.to(ctx.device);
-  };
-  at::Tensor oy = column(dy), ox = column(dx), fl = column(flip);
+at::Tensor Augment(const Context& ctx, const at::Tensor& raw, const at::Tensor& offsets) {
+  const int64_t rows = raw.size(0);
+  const int64_t h = raw.size(2), w = raw.size(3), p = ctx.options.augment.crop_padding;
+  const at::Tensor oy = offsets[0], ox = offsets[1], fl = offsets[2];  // [rows, 1] each
   const auto longs = at::TensorOptions().dtype(at::kLong).device(ctx.device);
   // Source row and column of each output pixel in the zero-padded image.
   at::Tensor ys = oy + at::arange(h, longs).view({1, h});  // [rows, h]
@@ -447,15 +438,12 @@ at::Tensor Augment(const Context& ctx, const at::Tensor& raw,
   return by_row.gather(3, xs.view({rows, 1, 1, w}).expand({rows, c, h, w}));
 }
 
-void GatherBatch(const Context& ctx, const DeviceSplit& split, const std::vector<int64_t>& idx,
-                 at::Tensor* x, at::Tensor* y, const std::vector<const MemberTensors*>* members) {
-  at::Tensor i = at::from_blob(const_cast<int64_t*>(idx.data()), {static_cast<int64_t>(idx.size())},
-                               at::kLong);
-  if (!ctx.device.is_cpu()) i = i.to(ctx.device);
-  at::Tensor raw = split.x.index_select(0, i);
-  if (members != nullptr && ctx.options.augment.any()) raw = Augment(ctx, raw, *members);
+void GatherBatch(const Context& ctx, const DeviceSplit& split, const at::Tensor& idx,
+                 const at::Tensor& offsets, at::Tensor* x, at::Tensor* y) {
+  at::Tensor raw = split.x.index_select(0, idx);
+  if (offsets.defined()) raw = Augment(ctx, raw, offsets);
   *x = Normalize(ctx, raw);
-  *y = split.y.index_select(0, i);
+  *y = split.y.index_select(0, idx);
 }
 
 at::Tensor ScoreSum(const Context& ctx, const at::Tensor& out, const at::Tensor& y) {
@@ -479,7 +467,8 @@ double Score(const Context& ctx, const DeviceSplit& split, double sum, int64_t c
     case format::MetricKind::kR2: {
       // SST about each output's mean over the same rows (format/task.h).
       at::Tensor y = split.y.narrow(0, 0, count).to(at::kDouble).reshape({count, -1});
-      const double sst = (y - y.mean(0, /*keepdim=*/true)).pow(2).sum().item<double>();
+      const double sst =
+          CopyToHost(ctx, (y - y.mean(0, /*keepdim=*/true)).pow(2).sum()).item<double>();
       if (sst > 0) return 1 - sum / sst;
       return sum == 0 ? 1 : 0;
     }

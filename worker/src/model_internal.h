@@ -12,6 +12,7 @@
 #include <torch/torch.h>
 #include <torch/version.h>
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -61,6 +62,21 @@ struct DeviceSplit {
   int64_t count = 0;
 };
 
+// Host <-> device traffic of one Trainer (Trainer::GetDeviceTraffic). Every
+// copy between the host and ctx.device after Create (which places the
+// dataset once, uncounted) and every wait for the device goes
+// through CopyToDevice, CopyToHostAsync, CopyToHost and WaitForDevice, which
+// count it here; on the CPU they copy and wait for nothing but count what a
+// GPU run would do, so a CPU test can check how often training would wait.
+struct TrafficCounters {
+  std::atomic<int64_t> to_device_copies{0};
+  std::atomic<int64_t> to_device_bytes{0};
+  std::atomic<int64_t> to_host_copies{0};
+  std::atomic<int64_t> to_host_bytes{0};
+  std::atomic<int64_t> waits{0};
+  std::atomic<int64_t> staged_copies{0};
+};
+
 // Everything a Trainer shares between calls. Immutable after Create, except
 // the TorchScript template, which is cloned under script_mu.
 struct Context {
@@ -88,7 +104,35 @@ struct Context {
 
   mutable std::mutex script_mu;
   std::optional<torch::jit::Module> script;  // the loaded TorchScript module
+
+  mutable TrafficCounters traffic;
 };
+
+// An empty host tensor to fill and hand to CopyToDevice, or to receive a
+// CopyToHostAsync: page-locked (LibTorch's caching host allocator) when
+// ctx.device is a GPU, so that the copy is a DMA queued on the calling
+// thread's stream; ordinary memory on the CPU.
+at::Tensor HostTensor(const Context& ctx, at::IntArrayRef shape, at::ScalarType dtype);
+
+// `host` on ctx.device: queued on the calling thread's stream without waiting
+// (non_blocking) from page-locked memory (`host` itself when pinned, else a
+// page-locked staging copy of it); `host` itself on the CPU. The caching host
+// allocator records an event with each copy from one of its blocks and hands
+// the block out again only after the copy has ended, so `host` may be dropped
+// at once; a pinned `host` kept by the caller must not be written before the
+// next WaitForDevice.
+at::Tensor CopyToDevice(const Context& ctx, const at::Tensor& host);
+
+// A host copy of `t` (contiguous), queued on the calling thread's stream
+// without waiting: valid only after the next WaitForDevice. `t` itself
+// (contiguous) on the CPU.
+at::Tensor CopyToHostAsync(const Context& ctx, const at::Tensor& t);
+
+// CopyToHostAsync and WaitForDevice: `t`'s values on the host.
+at::Tensor CopyToHost(const Context& ctx, const at::Tensor& t);
+
+// Waits until the calling thread's stream has run everything queued on it.
+void WaitForDevice(const Context& ctx);
 
 // A member's state on the device, in layout order.
 struct MemberTensors {
@@ -108,10 +152,25 @@ struct Failure {
   ipc::FailureCode code = ipc::FailureCode::kInternal;
 };
 
-// Builds `state` from `task`: parses and validates the blob or initialises a
-// fresh member; tensors end on ctx.device. Returns a failure (bad-request,
-// bad-state, non-finite) or std::nullopt on success.
+// A member's state on the device before its training call (Trainer::Upload).
+class UploadedState {
+ public:
+  MemberTensors state;
+  std::optional<Failure> failure;
+};
+
+// Builds `state` from `task`: takes task.uploaded's, or parses and validates
+// the blob or initialises a fresh member; tensors end on ctx.device (copies
+// possibly still queued: a GPU copies straight from the blob's bytes, which
+// must stay valid until the next WaitForDevice). Returns a failure
+// (bad-request, bad-state, non-finite) or std::nullopt on success.
 std::optional<Failure> LoadMember(const Context& ctx, const MemberTask& task, MemberTensors* state);
+
+// Marks `t` (on ctx.device) as used by the calling thread's stream, so that
+// the caching allocator does not reuse its memory for another stream's
+// allocations before this stream's work on it is done: for a tensor made on
+// another thread (Upload). Nothing on the CPU.
+void UseOnThisStream(const Context& ctx, const at::Tensor& t);
 
 // Non-finite check of every tensor: Aborted naming the member and tensor.
 Status CheckFinite(const Context& ctx, const MemberTensors& state, const char* when);
@@ -127,41 +186,92 @@ struct OutcomeAccess {
   }
 };
 
-// Dropout masks: a CPU generator seeded from (data seed, step, layer), so a
-// member's masks are the same plain or fused, and after a restore.
-at::Tensor DropoutMask(uint64_t data_seed, int64_t step, size_t layer, double p,
-                       at::IntArrayRef shape, const at::Device& device);
+// Fills `out` (a contiguous float CPU tensor) with a dropout mask: 0 or
+// 1 / (1 - p), from a CPU generator seeded from (data seed, step, layer), so
+// a member's masks are the same plain or fused, on any device, and after a
+// restore.
+void DrawDropoutMask(uint64_t data_seed, int64_t step, size_t layer, double p,
+                     const at::Tensor& out);
+
+// The random inputs of a run of training steps of K members (K = 1 plain),
+// drawn on the host before the steps that use them from each member's data
+// seed, cursor and step (so a member draws the same numbers plain or fused, on
+// the CPU or a GPU), and copied to the device with one transfer per kind and
+// chunk of steps, so that the step loop neither copies nor waits: batch
+// indices, augmentation offsets, dropout masks and (fused Adam) the per-step
+// step size and bias correction columns. A chunk holds as many steps as fit
+// kMaxStepDrawBytes (at least one); LeNet-5-sized intervals are one chunk.
+class StepDraws {
+ public:
+  static constexpr int64_t kMaxStepDrawBytes = int64_t{64} << 20;
+
+  // `members` stand at the first step of the run; fused draws masks for every
+  // member where one member's dropout is > 0 (a mask of ones where it is 0).
+  StepDraws(const Context& ctx, const std::vector<MemberTensors*>& members, bool fused,
+            int64_t steps);
+
+  // Makes step `s` of the run available, drawing the chunk that starts there
+  // when it is past the current one.
+  // REQUIRES: the members stand at step `s` of the run (step, cursor and
+  // adam_step advanced by the caller).
+  void Prepare(int64_t s);
+
+  // Step s's batch indices [K * batch] on the device; member k's at k * batch.
+  at::Tensor indices(int64_t s) const { return indices_.select(0, s - begin_); }
+  // Step s's crop offsets and flips [3, K * batch, 1] (rows, columns, flip);
+  // undefined without augmentation.
+  at::Tensor offsets(int64_t s) const {
+    return offsets_.defined() ? offsets_.select(0, s - begin_) : at::Tensor();
+  }
+  // Step s's dropout masks per spec layer (undefined where none): plain the
+  // activation's shape; fused [B, K*C, H, W] or [K, B, F].
+  std::vector<at::Tensor> masks(int64_t s) const;
+  // Step s's fused Adam columns [K, 1]: -lr / bias_correction1 and
+  // sqrt(bias_correction2) at each member's next Adam step.
+  at::Tensor adam_neg_step(int64_t s) const { return adam_.select(0, s - begin_).select(0, 0); }
+  at::Tensor adam_bc2_sqrt(int64_t s) const { return adam_.select(0, s - begin_).select(0, 1); }
+
+ private:
+  void Draw(int64_t n);
+
+  const Context& ctx_;
+  const std::vector<MemberTensors*>& members_;
+  const bool fused_;
+  const int64_t steps_;
+  std::vector<size_t> mask_layers_;  // spec layers that draw a mask
+  std::vector<double> mask_p_;       // [mask layer * K + k]
+  int64_t step_bytes_ = 0;           // host bytes drawn per step
+  int64_t begin_ = 0, end_ = 0;      // steps of the current chunk
+  std::vector<std::vector<int32_t>> epoch_cache_;
+  std::vector<int64_t> cached_epoch_;
+  at::Tensor indices_, offsets_, adam_;  // [n, ...] on the device
+  std::vector<at::Tensor> mask_chunks_;  // per mask layer: [n, K, B, ...] on the device
+};
 
 // One forward pass of a spec model: plain (`members` null: one member's
-// tensors, dropout drawn from data_seed and step) or fused (`tensors` packed
-// [K, ...] for the K `members`, each drawing its own dropout).
+// tensors) or fused (`tensors` packed [K, ...] for the K `members`).
 struct ForwardPass {
   const std::vector<at::Tensor>* tensors = nullptr;  // layout order
   const std::vector<MemberTensors*>* members = nullptr;
   bool train = false;
-  uint64_t data_seed = 0;
-  int64_t step = 0;
-  // Plain: the member's dropout hyperparameter (each layer's p when unset);
-  // fused passes read each member's own (MemberTensors::hp).
-  std::optional<double> dropout;
+  // Training: the step's dropout masks per spec layer (StepDraws::masks);
+  // null or an undefined mask: no dropout at that layer.
+  const std::vector<at::Tensor>* masks = nullptr;
 };
 
 // Runs every layer of ctx.spec on `x`: plain [B, C, H, W] / [B, F] to
 // [B, outputs]; fused [B, K*C, H, W] / [K, B, F] to [K, B, outputs].
 at::Tensor ForwardLayers(const Context& ctx, const ForwardPass& pass, const at::Tensor& x);
 
-// The normalized inputs and targets of the samples `idx` of `split`;
-// augmented (Augment) when `members` is given.
-void GatherBatch(const Context& ctx, const DeviceSplit& split, const std::vector<int64_t>& idx,
-                 at::Tensor* x, at::Tensor* y,
-                 const std::vector<const MemberTensors*>* members = nullptr);
+// The normalized inputs and targets of the samples `idx` (on the device) of
+// `split`; augmented (Augment) when `offsets` is defined.
+void GatherBatch(const Context& ctx, const DeviceSplit& split, const at::Tensor& idx,
+                 const at::Tensor& offsets, at::Tensor* x, at::Tensor* y);
 
 // Applies ctx.options.augment to a training batch of raw images [M, C, H, W]
-// (before Normalize): rows [k * B, (k + 1) * B) belong to `members[k]`, whose
-// crop offsets and flips are drawn from its data seed and step alone, so a
-// member's batch is augmented the same plain or fused.
-at::Tensor Augment(const Context& ctx, const at::Tensor& raw,
-                   const std::vector<const MemberTensors*>& members);
+// (before Normalize) by StepDraws::offsets [3, M, 1]: row and column offsets
+// into the zero-padded image and a flip per row.
+at::Tensor Augment(const Context& ctx, const at::Tensor& raw, const at::Tensor& offsets);
 
 // Float32 model input of raw rows of a split's x (never writes to `raw`).
 at::Tensor Normalize(const Context& ctx, const at::Tensor& raw);

@@ -10,7 +10,8 @@ namespace ckpt::model::internal {
 namespace {
 
 at::Tensor Forward(const Context& ctx, const MemberTensors& m, torch::jit::Module* script,
-                   const at::Tensor& x, bool train) {
+                   const at::Tensor& x, bool train,
+                   const std::vector<at::Tensor>* masks = nullptr) {
   if (script != nullptr) {
     script->train(train);
     return script->forward({x}).toTensor();
@@ -18,9 +19,7 @@ at::Tensor Forward(const Context& ctx, const MemberTensors& m, torch::jit::Modul
   ForwardPass pass;
   pass.tensors = &m.tensors;
   pass.train = train;
-  pass.data_seed = m.data_seed;
-  pass.step = m.step;
-  pass.dropout = m.hp.dropout;
+  pass.masks = masks;
   return ForwardLayers(ctx, pass, x);
 }
 
@@ -103,21 +102,19 @@ StatusOr<torch::jit::Module> BindScript(const Context& ctx, const MemberTensors&
 Status TrainPlainSteps(const Context& ctx, MemberTensors* m, torch::jit::Module* script,
                        int64_t steps, std::vector<at::Tensor>* losses) {
   const int64_t batch = ctx.options.batch_size;
-  std::vector<int64_t> idx;
-  std::vector<int32_t> epoch_cache;
-  int64_t cached_epoch = -1;
+  const std::vector<MemberTensors*> self = {m};
+  StepDraws draws(ctx, self, /*fused=*/false, steps);
   losses->reserve(static_cast<size_t>(steps));
   for (int64_t s = 0; s < steps; ++s) {
     if (ctx.options.cancel != nullptr && ctx.options.cancel->load(std::memory_order_relaxed)) {
       return Status::Aborted("member " + m->member + ": training cancelled at step " +
                              std::to_string(m->step));
     }
-    BatchIndices(m->data_seed, m->data_cursor, batch, ctx.train.count, &idx, &epoch_cache,
-                 &cached_epoch);
+    draws.Prepare(s);
     at::Tensor x, y;
-    const std::vector<const MemberTensors*> self = {m};
-    GatherBatch(ctx, ctx.train, idx, &x, &y, &self);
-    at::Tensor logits = Forward(ctx, *m, script, x, /*train=*/true);
+    GatherBatch(ctx, ctx.train, draws.indices(s), draws.offsets(s), &x, &y);
+    const std::vector<at::Tensor> masks = draws.masks(s);
+    at::Tensor logits = Forward(ctx, *m, script, x, /*train=*/true, &masks);
     at::Tensor loss = ctx.loss == format::LossKind::kCrossEntropy
                           ? at::cross_entropy_loss(logits, y)
                           : at::mse_loss(logits, y);
@@ -135,8 +132,10 @@ Status TrainPlainSteps(const Context& ctx, MemberTensors* m, torch::jit::Module*
     m->data_cursor += static_cast<uint64_t>(batch);
     m->step += 1;
     // A member that has gone non-finite is not trained further; the caller
-    // finds the step from `losses`.
-    if ((s + 1) % 32 == 0 && !std::isfinite(loss.item<float>())) break;
+    // finds the step from `losses`. Not on a GPU, where reading the loss
+    // would wait for the device every 32 steps: there it trains on to the
+    // interval's end and fails the same.
+    if (ctx.device.is_cpu() && (s + 1) % 32 == 0 && !std::isfinite(loss.item<float>())) break;
   }
   for (const auto& tr : ctx.trainables) m->tensors[tr.param].mutable_grad() = at::Tensor();
   return Status::OK();
@@ -155,7 +154,7 @@ double EvaluatePlain(const Context& ctx, const MemberTensors& m, torch::jit::Mod
     sum.add_(ScoreSum(ctx, out, y));
   }
   if (script != nullptr) script->train(true);
-  return sum.item<double>();
+  return CopyToHost(ctx, sum).item<double>();
 }
 
 }  // namespace ckpt::model::internal

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <list>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -155,15 +156,20 @@ void FinishMember(const Context& ctx, MemberTensors* m, const at::Tensor& host_l
   out->step = m->step;
 }
 
-at::Tensor StackLosses(const std::vector<at::Tensor>& losses) {
+at::Tensor StackLosses(const Context& ctx, const std::vector<at::Tensor>& losses) {
   if (losses.empty()) return at::zeros({0}, at::kFloat);
-  return at::stack(losses).to(at::kCPU, at::kFloat).contiguous();
+  return CopyToHost(ctx, at::stack(losses).to(at::kFloat));
 }
 
 class TrainerImpl final : public Trainer {
  public:
   explicit TrainerImpl(std::unique_ptr<Context> ctx) : ctx_(std::move(ctx)) {}
-  ~TrainerImpl() override { UnpinAll(); }
+  ~TrainerImpl() override {
+    // Work a failed call left queued (an exception skips its interval's
+    // final wait) may still read the tensors and pinned ranges freed below.
+    SynchronizeDevice();
+    UnpinAll();
+  }
 
   MemberOutcome TrainPlain(const MemberTask& task) override { return Plain(task, true); }
 
@@ -181,6 +187,8 @@ class TrainerImpl final : public Trainer {
   StatusOr<ModeChoice> ChooseMode(const ModeProbe& probe) override;
 
   Status PinHostMemory(const void* base, size_t bytes) override;
+
+  std::shared_ptr<const UploadedState> Upload(const MemberTask& task) override;
 
   DeviceMemory GetDeviceMemory() const override {
     DeviceMemory m;
@@ -201,6 +209,18 @@ class TrainerImpl final : public Trainer {
 #endif
     m.total_bytes = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
     return m;
+  }
+
+  DeviceTraffic GetDeviceTraffic() const override {
+    const TrafficCounters& c = ctx_->traffic;
+    DeviceTraffic t;
+    t.to_device_copies = c.to_device_copies.load(std::memory_order_relaxed);
+    t.to_device_bytes = c.to_device_bytes.load(std::memory_order_relaxed);
+    t.to_host_copies = c.to_host_copies.load(std::memory_order_relaxed);
+    t.to_host_bytes = c.to_host_bytes.load(std::memory_order_relaxed);
+    t.waits = c.waits.load(std::memory_order_relaxed);
+    t.staged_copies = c.staged_copies.load(std::memory_order_relaxed);
+    return t;
   }
 
   const std::string& device() const override { return ctx_->device_name; }
@@ -227,13 +247,120 @@ class TrainerImpl final : public Trainer {
                  const std::function<int64_t(int slot, int round)>& body);
 
   void UnpinAll();
+  // Waits for everything queued on ctx_->device, errors ignored; nothing on the CPU.
+  void SynchronizeDevice();
 
   std::unique_ptr<Context> ctx_;
   std::mutex pinned_mu_;
   std::vector<std::pair<const char*, size_t>> pinned_;  // GUARDED_BY(pinned_mu_)
 };
 
-// Not run on a GPU yet: written and compiled (CKPT_WITH_CUDA) without one.
+// The host ranges registered with CUDA, process-wide: cudaHostRegister is
+// the process's (a second registration of the same pages fails "already
+// registered"), while every Trainer of an experiment pins the worker's one
+// segment. A range is registered by its first holder that trains on a GPU and
+// unregistered when its last holder lets go.
+class PinnedRanges {
+ public:
+  static PinnedRanges& Get() {
+    static PinnedRanges* ranges = new PinnedRanges();  // never destroyed: Trainers may outlive exit
+    return *ranges;
+  }
+
+  // Takes a reference to [begin, begin + bytes) for a Trainer on `device`.
+  Status Acquire(const char* begin, size_t bytes, const at::Device& device) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Range* range = nullptr;
+    for (Range& r : ranges_) {
+      if (r.begin == begin && r.bytes == bytes) {
+        range = &r;
+      } else if (begin < r.begin + r.bytes && r.begin < begin + bytes) {
+        return Status::InvalidArgument(
+            "PinHostMemory: range overlaps another one registered in this process");
+      }
+    }
+    if (range == nullptr) {
+      ranges_.push_back(Range{begin, bytes});
+      range = &ranges_.back();
+    }
+    if (device.is_cuda() && !range->registered) {
+      Status s = Register(begin, bytes, device);
+      if (!s.ok()) {
+        if (range->references == 0) ranges_.pop_back();
+        return s;
+      }
+      range->registered = true;
+      range->device = device.index();
+    }
+    ++range->references;
+    return Status::OK();
+  }
+
+  // Drops a reference; the last one unregisters the range.
+  // REQUIRES: nothing queued on any device still copies from or to it.
+  void Release(const char* begin) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = ranges_.begin(); it != ranges_.end(); ++it) {
+      if (it->begin != begin || --it->references > 0) continue;
+      if (it->registered) Unregister(it->begin, it->device);
+      ranges_.erase(it);
+      return;
+    }
+  }
+
+  int References(const void* begin) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const Range& r : ranges_) {
+      if (r.begin == begin) return r.references;
+    }
+    return 0;
+  }
+
+ private:
+  struct Range {
+    const char* begin;
+    size_t bytes;
+    int references = 0;
+    bool registered = false;      // with cudaHostRegister
+    c10::DeviceIndex device = 0;  // the device current when it was registered
+  };
+
+  // Not run on a GPU yet: written and compiled (CKPT_WITH_CUDA) without one.
+  static Status Register(const char* begin, size_t bytes, const at::Device& device) {
+#if defined(CKPT_WITH_CUDA)
+    c10::cuda::CUDAGuard guard(device.index());
+    // Portable: pinned for every CUDA context of the process, not only the
+    // current device's. The segment is a MAP_SHARED file mapping, which
+    // cudaHostRegister accepts (it locks the pages it maps).
+    cudaError_t rc = cudaHostRegister(const_cast<char*>(begin), bytes, cudaHostRegisterPortable);
+    if (rc != cudaSuccess) {
+      (void)cudaGetLastError();  // so that a later check does not see this error again
+      return Status::Unavailable(std::string("cudaHostRegister of ") + std::to_string(bytes) +
+                                 " bytes: " + cudaGetErrorString(rc));
+    }
+    return Status::OK();
+#else
+    (void)begin;
+    (void)bytes;
+    (void)device;
+    return Status::Unavailable("this build's LibTorch has no CUDA");
+#endif
+  }
+
+  static void Unregister(const char* begin, c10::DeviceIndex device) {
+#if defined(CKPT_WITH_CUDA)
+    c10::cuda::CUDAGuard guard(device);
+    if (cudaHostUnregister(const_cast<char*>(begin)) != cudaSuccess) (void)cudaGetLastError();
+#else
+    (void)begin;
+    (void)device;
+#endif
+  }
+
+  mutable std::mutex mu_;
+  std::list<Range> ranges_;  // GUARDED_BY(mu_); a list: Acquire keeps a pointer across push_back
+};
+
 Status TrainerImpl::PinHostMemory(const void* base, size_t bytes) {
   if (base == nullptr || bytes == 0) {
     return Status::InvalidArgument("PinHostMemory: empty range");
@@ -242,38 +369,51 @@ Status TrainerImpl::PinHostMemory(const void* base, size_t bytes) {
   std::lock_guard<std::mutex> lock(pinned_mu_);
   for (const auto& [b, n] : pinned_) {
     if (begin < b + n && b < begin + bytes) {
-      return Status::InvalidArgument("PinHostMemory: range overlaps one already registered");
+      return Status::InvalidArgument("PinHostMemory: range overlaps one this Trainer pinned");
     }
   }
-  if (!ctx_->device.is_cuda()) return Status::OK();
-#if defined(CKPT_WITH_CUDA)
-  c10::cuda::CUDAGuard guard(ctx_->device.index());
-  // Portable: pinned for every CUDA context of the process, not only the
-  // current device's. The segment is a MAP_SHARED file mapping, which
-  // cudaHostRegister accepts (it locks the pages it maps).
-  cudaError_t rc = cudaHostRegister(const_cast<char*>(begin), bytes, cudaHostRegisterPortable);
-  if (rc != cudaSuccess) {
-    (void)cudaGetLastError();  // so that a later check does not see this error again
-    return Status::Unavailable(std::string("cudaHostRegister of ") + std::to_string(bytes) +
-                               " bytes: " + cudaGetErrorString(rc));
-  }
+  CKPT_RETURN_IF_ERROR(PinnedRanges::Get().Acquire(begin, bytes, ctx_->device));
   pinned_.emplace_back(begin, bytes);
   return Status::OK();
-#else
-  return Status::Unavailable("this build's LibTorch has no CUDA");
+}
+
+void TrainerImpl::SynchronizeDevice() {
+#if defined(CKPT_WITH_CUDA)
+  if (!ctx_->device.is_cuda()) return;
+  c10::cuda::CUDAGuard guard(ctx_->device.index());
+  if (cudaDeviceSynchronize() != cudaSuccess) (void)cudaGetLastError();
 #endif
 }
 
 void TrainerImpl::UnpinAll() {
-#if defined(CKPT_WITH_CUDA)
   std::lock_guard<std::mutex> lock(pinned_mu_);
-  for (const auto& [b, n] : pinned_) {
-    // Pending copies from the range must finish before it is unregistered.
-    cudaDeviceSynchronize();
-    cudaHostUnregister(const_cast<char*>(b));
-  }
+  // The caller synchronized the device: no copy from a range is pending.
+  for (const auto& [b, n] : pinned_) PinnedRanges::Get().Release(b);
   pinned_.clear();
-#endif
+}
+
+std::shared_ptr<const UploadedState> TrainerImpl::Upload(const MemberTask& task) {
+  const Context& ctx = *ctx_;
+  auto up = std::make_shared<UploadedState>();
+  const std::string who = "member " + task.member;
+  try {
+    ThreadScope scope(ctx);
+    MemberTask plain = task;
+    plain.uploaded = nullptr;
+    up->failure = LoadMember(ctx, plain, &up->state);
+    WaitForDevice(ctx);  // the copies read task.state: done before the caller lets it go
+  } catch (const c10::OutOfMemoryError& e) {
+    up->failure =
+        Failure{Status::ResourceExhausted(who + ": " + Brief(e)), ipc::FailureCode::kOutOfMemory};
+  } catch (const std::exception& e) {
+    up->failure =
+        Failure{Status::Internal(who + ": upload: " + Brief(e)), ipc::FailureCode::kInternal};
+  }
+  if (up->failure) {
+    up->state = MemberTensors();
+    SynchronizeDevice();  // copies queued before the failure may still read task.state
+  }
+  return up;
 }
 
 MemberOutcome TrainerImpl::Plain(const MemberTask& task, bool evaluate) {
@@ -310,7 +450,7 @@ MemberOutcome TrainerImpl::Plain(const MemberTask& task, bool evaluate) {
                  trained);
       return out;
     }
-    at::Tensor host_losses = StackLosses(losses);
+    at::Tensor host_losses = StackLosses(ctx, losses);
     const bool finite_loss = FirstNonFinite(host_losses, 0) < 0;
     const auto eval_start = Clock::now();
     if (evaluate && finite_loss) {
@@ -417,7 +557,7 @@ void TrainerImpl::FusedGroup(std::vector<MemberTensors>& states, const std::vect
     }
     return;
   }
-  at::Tensor host_losses = StackLosses(result.losses);
+  at::Tensor host_losses = StackLosses(ctx, result.losses);
   for (size_t j = 0; j < which.size(); ++j) {
     MemberOutcome& o = (*out)[which[j]];
     auto t1 = Clock::now();
@@ -619,6 +759,12 @@ Status OpenDevice(Context* ctx) {
 #endif
   }
   ctx->device_name = device;
+#if defined(CKPT_WITH_CUDA)
+  if (ctx->device.is_cuda()) {
+    at::globalContext().setAllowTF32CuDNN(options.allow_tf32);
+    at::globalContext().setAllowTF32CuBLAS(options.allow_tf32);
+  }
+#endif
   return Status::OK();
 }
 
@@ -803,6 +949,36 @@ StatusOr<std::unique_ptr<Trainer>> Create(const TrainerOptions& options) {
 
 }  // namespace
 }  // namespace internal
+
+int64_t DeviceTotalMemoryBytes(const std::string& device) {
+  if (device == "cpu") {
+    return static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
+  }
+#if defined(CKPT_WITH_CUDA)
+  try {
+    const at::Device d(device == "cuda" ? std::string("cuda:0") : device);
+    if (!d.is_cuda() || !torch::cuda::is_available() ||
+        d.index() >= static_cast<int>(torch::cuda::device_count())) {
+      return 0;
+    }
+    c10::cuda::CUDAGuard guard(d.index());
+    size_t free_bytes = 0, total_bytes = 0;
+    if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    return static_cast<int64_t>(total_bytes);
+  } catch (const std::exception&) {
+    return 0;
+  }
+#else
+  return 0;
+#endif
+}
+
+int PinnedHostMemoryReferences(const void* base) {
+  return internal::PinnedRanges::Get().References(base);
+}
 
 StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& options) {
   return internal::Create(options);

@@ -65,8 +65,10 @@ const bool kTouchNullIntervals = [] {
 struct Job {
   uint64_t task_id = 0;
   std::string experiment;
-  std::string member;          // the member's name within the experiment
-  std::vector<uint8_t> state;  // copied out of the ring, so the ring is released at once
+  std::string member;  // the member's name within the experiment
+  // Copied out of the ring, so the ring is released at once; empty on a GPU,
+  // where task.uploaded holds the state on the device.
+  std::vector<uint8_t> state;
   model::MemberTask task;
 };
 
@@ -160,7 +162,8 @@ Status WorkerLoop::SendHello(std::optional<ipc::FusionMode> mode) {
   // Capacity: members the scheduler may have outstanding here. A fused slot
   // takes a group of K.
   h.slots = options_.slots * (mode == ipc::FusionMode::kFused ? options_.fusion_width : 1);
-  h.memory_bytes = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
+  // The device's memory (messages.h): the GPU's on a GPU, RAM on the CPU.
+  h.memory_bytes = model::DeviceTotalMemoryBytes(options_.device);
   return SendMessage(ipc::RecordType::kHello, h);
 }
 
@@ -258,6 +261,7 @@ Status WorkerLoop::HandleConfigure(const ipc::Received& rec) {
   t.metric = c->metric;
   t.augment = c->augment;
   t.intra_op_threads = options_.intra_op_threads;
+  t.allow_tf32 = options_.allow_tf32;
   t.seed = c->seed;
   t.cancel = &cancel_;
   t.touch_null_intervals = kTouchNullIntervals;
@@ -288,6 +292,18 @@ Status WorkerLoop::HandleConfigure(const ipc::Received& rec) {
     }
   }
   if (!(*trainer)->SupportsFusion()) mode = FusionMode::kPlain;
+  if ((*trainer)->device() != "cpu") {
+    // The segment is registered once per process, shared by the experiments'
+    // Trainers: TRAIN states then go from the ring to the device by DMA.
+    const ipc::PayloadPart shm = channel_->SharedMemory();
+    if (shm.data != nullptr) {
+      Status pinned = (*trainer)->PinHostMemory(shm.data, shm.size);
+      if (!pinned.ok()) {
+        Logger().warn("ckpt-worker {}: {}: states are staged through pageable memory: {}", name_,
+                      c->experiment, pinned.ToString());
+      }
+    }
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     experiments_[c->experiment] = Experiment{std::shared_ptr<model::Trainer>(std::move(*trainer)),
@@ -312,9 +328,6 @@ void WorkerLoop::HandleTrain(const ipc::Received& rec) {
   const auto start = Clock::now();
   Job job;
   job.task_id = t->task_id;
-  job.state.assign(t->state.data, t->state.data + t->state.size);
-  channel_->Release();
-  phases_.Add(PhaseTimes::kReceive, Since(start));
   job.experiment = t->experiment;
   job.member = t->member;
   // The trainer names the member in its messages as "exp/member".
@@ -323,6 +336,26 @@ void WorkerLoop::HandleTrain(const ipc::Received& rec) {
   job.task.hparams = t->hparams;
   job.task.steps = t->steps;
   job.task.eval_test = t->eval_test;
+  std::shared_ptr<model::Trainer> trainer;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = experiments_.find(job.experiment);
+    if (it != experiments_.end()) trainer = it->second.trainer;
+  }
+  if (trainer != nullptr && trainer->device() != "cpu" && t->state.size > 0) {
+    // On a GPU the state goes from the ring to the device (a DMA from the
+    // pinned segment), with no host copy; Upload waits for the copies, so
+    // the record can be released after it.
+    job.task.state = t->state.data;
+    job.task.state_size = t->state.size;
+    job.task.uploaded = trainer->Upload(job.task);
+    job.task.state = nullptr;
+    job.task.state_size = 0;
+  } else {
+    job.state.assign(t->state.data, t->state.data + t->state.size);
+  }
+  channel_->Release();
+  phases_.Add(PhaseTimes::kReceive, Since(start));
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (experiments_.count(job.experiment) == 0) {
@@ -489,22 +522,14 @@ Status WorkerLoop::Run() {
 
 namespace {
 
-// "auto": a GPU when the NVIDIA driver lists one (/proc/driver/nvidia/gpus,
-// or /dev/nvidia0 where /proc/driver is hidden) and CUDA_VISIBLE_DEVICES does
-// not hide them all; the first one CUDA shows this process (a Slurm task is
-// given its own GPU as device 0).
+// "auto": the first GPU CUDA shows this process (a Slurm task is given its
+// own GPU as device 0) when it shows one, counted as the scheduler counts
+// them (base::DriverGpuCount narrowed by CUDA_VISIBLE_DEVICES), else the CPU.
 std::string ResolveDevice(const std::string& device) {
   if (device != "auto") return device;
-  const char* visible = std::getenv(base::kCudaVisibleDevicesVariable);
-  if (visible != nullptr && base::ParseVisibleDevices(visible, /*gpus=*/-1).empty()) {
-    return "cpu";
-  }
-  bool gpu = access("/dev/nvidia0", F_OK) == 0;
-  if (FILE* f = std::fopen("/proc/driver/nvidia/version", "r")) {
-    gpu = true;
-    std::fclose(f);
-  }
-  return gpu ? "cuda:0" : "cpu";
+  const int gpus =
+      base::VisibleGpuCount(base::DriverGpuCount(), std::getenv(base::kCudaVisibleDevicesVariable));
+  return gpus > 0 ? "cuda:0" : "cpu";
 }
 
 // Connects to the scheduler at options.connect, retrying while nothing

@@ -62,6 +62,8 @@ int main(int argc, char** argv) {
   app.add_option("--intra-op-threads", o.intra_op_threads, "threads per slot")
       ->check(CLI::Range(1, 256));
   app.add_option("--probe-seconds", o.probe_seconds, "plain-vs-fused measurement per mode");
+  app.add_flag("--tf32", o.allow_tf32,
+               "on a GPU, let float32 convolutions and matrix products run in TF32");
   bool print_blas = false;
   app.add_flag(
       "--blas-kernels", print_blas,

@@ -318,6 +318,10 @@ class ChannelImpl final : public Channel {
     internal::FutexBumpAndWake(&reader_.header()->head_wake);
   }
 
+  PayloadPart SharedMemory() const override {
+    return {segment_->data(), static_cast<size_t>(segment_->size())};
+  }
+
   ChannelStats Stats() const override {
     ChannelStats s;
     s.records_sent = records_sent_.load(std::memory_order_relaxed);

@@ -35,6 +35,19 @@ struct VisibleDevice {
 // variable means (all devices).
 std::vector<VisibleDevice> ParseVisibleDevices(std::string_view visible, int gpus);
 
+// GPUs the NVIDIA driver lists: the entries of `proc_gpus` (one per bus id),
+// or, where a container hides /proc/driver (gVisor), the device nodes
+// nvidiaN of `dev` (every N, not only nvidia0; nvidiactl and nvidia-uvm are
+// no GPUs). 0 when neither shows one. The scheduler (counting workers for
+// "auto") and the worker (resolving "auto") both count by this.
+int DriverGpuCount(const std::string& proc_gpus = "/proc/driver/nvidia/gpus",
+                   const std::string& dev = "/dev");
+
+// The number of devices CUDA shows a process whose CUDA_VISIBLE_DEVICES is
+// `visible` (nullptr: unset, all of them) on a host with `gpus` driver GPUs,
+// as ParseVisibleDevices reads it (a "GPU-" or "MIG-" UUID is taken on trust).
+int VisibleGpuCount(int gpus, const char* visible);
+
 }  // namespace ckpt::base
 
 #endif  // CKPT_BASE_VISIBLE_DEVICES_H_

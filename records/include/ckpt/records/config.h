@@ -26,7 +26,7 @@
 //                "pb2"; README "Search policies"; "pb2" searches continuous
 //                dimensions only, and takes PBT's quantile and ready_intervals)
 //   [[devices]]  device = "cpu"; slots = 2; fusion = "auto"; fusion_width = 8;
-//                intra_op_threads = 1; count = 1
+//                intra_op_threads = 1; count = 1; tf32 = false
 //   (model.spec = "torchscript:PATH": the file must exist and be a TorchScript
 //    archive; checked here, before anything starts)
 //   [supervision] restart_backoff_s = 10; max_restart_backoff_s = 300;
@@ -138,6 +138,9 @@ struct DeviceConfig {
   int fusion_width = 8;
   // Intra-op threads per slot. Default: 1.
   int intra_op_threads = 1;
+  // On a GPU: float32 convolutions and matrix products may run in TF32
+  // (model::TrainerOptions::allow_tf32). Default: false.
+  bool tf32 = false;
 };
 
 // Bytes of each shared-memory ring (request and result) per worker when

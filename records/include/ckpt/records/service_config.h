@@ -20,7 +20,7 @@
 //              max_member_failures = 3; listen = ""; secret_file = ""; local = true
 //              (workers on other hosts; RemoteWorkersConfig in config.h)
 //   [[devices]] device = "auto"; count = 1; slots = 4; fusion = "auto"; fusion_width = 8;
-//               intra_op_threads = 1              (as in experiment files)
+//               intra_op_threads = 1; tf32 = false  (as in experiment files)
 //
 // Every key is checked: an unknown key, a wrong type or a bad value is an
 // InvalidArgument naming the key and its line ("control.max_clients

@@ -104,6 +104,15 @@ struct TrainerOptions {
   std::shared_ptr<const DatasetSplits> data;
   // OpenMP threads of each calling thread (see "Threads" above). Default: 1.
   int32_t intra_op_threads = 1;
+  // On a GPU: whether float32 convolutions (cuDNN) and matrix products
+  // (cuBLAS) may run in TF32 (a 10-bit mantissa; PyTorch 2 allows it for
+  // cuDNN by default). Off, a GPU computes in float32 as the CPU does: TF32's
+  // rounding parts a GPU run from the CPU's, and flips the sign of Adam's
+  // first step (+-lr whatever the gradient's size) where a gradient is near
+  // zero. LibTorch's setting is process-wide: Create sets it, so every
+  // Trainer of a process should ask the same (ckpt-worker passes its --tf32
+  // to all). Ignored on the CPU. Default: false.
+  bool allow_tf32 = false;
   // Experiment seed, mixed into each fresh member's data seed. Default: 0.
   uint64_t seed = 0;
   // When set and it becomes true, training stops before the next step and the
@@ -116,6 +125,12 @@ struct TrainerOptions {
   // and the store writes it rather than deduplicating it. Default: false.
   bool touch_null_intervals = false;
 };
+
+namespace internal {
+class EncodedState;
+class UploadedState;
+struct OutcomeAccess;
+}  // namespace internal
 
 // One member's interval.
 struct MemberTask {
@@ -133,12 +148,11 @@ struct MemberTask {
   int64_t steps = 0;
   // Also evaluate on the whole test split.
   bool eval_test = false;
+  // The state parsed and already on the device (Trainer::Upload of this
+  // task), read instead of `state`; a failure Upload found is this task's.
+  // Single use: training updates its tensors in place. Default: none.
+  std::shared_ptr<const internal::UploadedState> uploaded;
 };
-
-namespace internal {
-class EncodedState;
-struct OutcomeAccess;
-}  // namespace internal
 
 // The result of one member's interval: metrics and the new state, or why not.
 class MemberOutcome {
@@ -213,6 +227,31 @@ struct DeviceMemory {
   int64_t allocated_bytes = 0;  // held by LibTorch's CUDA allocator; 0 on the CPU
 };
 
+// Host <-> device traffic of a Trainer since Create, all calls together. On
+// a CPU device nothing is copied or waited for; the counts are those a GPU
+// run would make (the same code path counts them), so that a CPU test can
+// check how often training would wait for the device.
+struct DeviceTraffic {
+  int64_t to_device_copies = 0;  // host -> device copies (queued, non-blocking)
+  int64_t to_device_bytes = 0;
+  int64_t to_host_copies = 0;  // device -> host copies
+  int64_t to_host_bytes = 0;
+  int64_t waits = 0;  // waits of the host for the device (stream synchronizations)
+  // Host copies into a page-locked staging buffer ahead of a device copy:
+  // the source was not pinned (PinHostMemory). Always 0 on the CPU.
+  int64_t staged_copies = 0;
+};
+
+// How many Trainers of this process hold [base, ...) pinned
+// (Trainer::PinHostMemory); 0 when none.
+int PinnedHostMemoryReferences(const void* base);
+
+// Total memory of `device` ("cpu", "cuda", "cuda:N"): the GPU's (asking CUDA,
+// which creates the process's context on it) or, on the CPU, physical RAM;
+// 0 when it cannot be told (a GPU this build or process cannot use, a
+// malformed name).
+int64_t DeviceTotalMemoryBytes(const std::string& device);
+
 class Trainer {
  public:
   // Loads the dataset (unless options.data is set) onto the device, parses the
@@ -254,16 +293,37 @@ class Trainer {
   // Registers [base, base + bytes) of host memory the caller owns (the
   // worker's shared-memory segment) as page-locked with CUDA
   // (cudaHostRegister), so that copies between it and the device run as DMA,
-  // asynchronously on the calling slot's stream, without a staging copy. A
-  // no-op returning OK on the CPU. Returns InvalidArgument for an empty range
-  // or one that overlaps a registered range, Unavailable when CUDA refuses
-  // (the message says why; training still works, with pageable copies).
-  // The Trainer unregisters every range when it is destroyed.
+  // asynchronously on the calling slot's stream, without a staging copy.
+  // Registration is the process's: the Trainers that pin the same range share
+  // one registration (PinnedHostMemoryReferences counts them), made by the
+  // first on a GPU and undone when the last is destroyed; on the CPU the
+  // range is only counted. Returns InvalidArgument for an empty range, one
+  // that overlaps a range this Trainer pinned, or one that overlaps another
+  // range pinned in the process without being the same; Unavailable when
+  // CUDA refuses (the message says why; training still works, with pageable
+  // copies).
   // REQUIRES: the memory stays mapped until the Trainer is destroyed.
   // Not verified on a GPU yet (no GPU was available when it was written).
   virtual Status PinHostMemory(const void* base, size_t bytes) = 0;
 
+  // Parses and checks `task`'s state (and hyperparameters) and copies its
+  // tensors to the device straight from the state's bytes, then waits for
+  // the copies: the bytes may be released as soon as it returns (the worker
+  // releases its ring record). On a GPU a copy is a DMA from the bytes
+  // themselves when they lie in a range pinned with PinHostMemory, else from
+  // one page-locked staging copy (DeviceTraffic::staged_copies); on the CPU
+  // the tensors are copied out of the bytes as TrainPlain would. Set the
+  // result as the task's `uploaded`: TrainPlain / TrainFused then train it
+  // without reading `state`, and report a failure found here (bad-request,
+  // bad-state, non-finite, out-of-memory, internal) as their own. Never
+  // throws; never null. Not run on a GPU yet.
+  virtual std::shared_ptr<const internal::UploadedState> Upload(const MemberTask& task) = 0;
+
   virtual DeviceMemory GetDeviceMemory() const = 0;
+  // Training of an interval copies a constant number of times per chunk of
+  // steps (tensor loads, the interval's random draws, results) and waits for
+  // the device only at its end, never per step. Thread-safe.
+  virtual DeviceTraffic GetDeviceTraffic() const = 0;
   // The canonical device ("cpu", "cuda:0").
   virtual const std::string& device() const = 0;
   virtual const TrainerOptions& options() const = 0;

@@ -50,6 +50,9 @@ struct WorkerOptions {
   int fusion_width = 8;
   // Intra-op threads of each slot. Default: 1.
   int intra_op_threads = 1;
+  // On a GPU: TF32 convolutions and matrix products for every experiment
+  // (model::TrainerOptions::allow_tf32). Default: false.
+  bool allow_tf32 = false;
   // Seconds ChooseMode measures each mode for, with fusion "auto". Default: 1.
   double probe_seconds = 1.0;
   // A scheduler silent this long is treated as dead. Default: 10 s.

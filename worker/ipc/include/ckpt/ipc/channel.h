@@ -221,6 +221,12 @@ class Channel {
 
   virtual ChannelStats Stats() const = 0;
   virtual const std::string& name() const = 0;
+
+  // The shared memory records are received in place from (the segment's
+  // mapping, for the worker to register with CUDA); {nullptr, 0} for a
+  // channel without one (TCP). A payload up to half the ring lies in it, a
+  // larger one in a reassembly buffer of the channel's own.
+  virtual PayloadPart SharedMemory() const { return {}; }
 };
 
 }  // namespace ckpt::ipc
