@@ -47,7 +47,7 @@ class CheckCommandTest : public ::testing::Test {
   void TearDown() override { fs::remove_all(dir_); }
 
   std::string Write(const std::string& file, const std::string& text) {
-    const std::string path = dir_ + "/" + file;
+    std::string path = dir_ + "/" + file;
     std::ofstream(path) << text;
     return path;
   }
@@ -116,7 +116,7 @@ class CheckCommandTest : public ::testing::Test {
 
 // A tensor file of 20 [1, 2, 2] images labelled 0..3.
 std::string WriteTensorFile(const std::string& path) {
-  std::vector<uint8_t> x(20 * 4);
+  std::vector<uint8_t> x(size_t{20} * 4);
   for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<uint8_t>(i);
   std::vector<int64_t> labels(20);
   for (int i = 0; i < 20; ++i) labels[i] = i % 4;
