@@ -121,6 +121,7 @@ TEST_F(HostilePeerTest, AttackingPeersKeepTheSchedulerWithinTheRemoteMemoryBudge
   // Eight connections at once, each answering a task with a RESULT of 40 MiB
   // (zeros, which no decoder takes): the budget holds one at a time.
   std::vector<std::unique_ptr<Child>> senders;
+  senders.reserve(8);
   for (int i = 0; i < 8; ++i) {
     senders.push_back(Forger({"claim", "result", "40"}, "result" + std::to_string(i) + ".log"));
   }

@@ -179,9 +179,9 @@ class TcpChannelImpl final : public Channel, private ReceiveClaims {
     ReleaseCurrentLocked();
   }
 
-  void SetReceiveLimit(ReceiveLimit limit) override {
+  void SetReceiveLimit(const ReceiveLimit& limit) override {
     std::lock_guard<std::mutex> lock(limit_mu_);
-    limit_ = std::move(limit);
+    limit_ = limit;
   }
 
   bool PeerAlive() const override { return !dead_.load() && !closed_.load(); }

@@ -217,7 +217,7 @@ class Channel {
   // message type up to max_message_bytes. Once it returns, the previous
   // limit is no longer called. The shared-memory channel ignores it (its
   // rings bound what a peer can make it hold). Any thread.
-  virtual void SetReceiveLimit(ReceiveLimit /*limit*/) {}
+  virtual void SetReceiveLimit(const ReceiveLimit& limit) {}
 
   virtual ChannelStats Stats() const = 0;
   virtual const std::string& name() const = 0;
