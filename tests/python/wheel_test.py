@@ -74,8 +74,11 @@ class WheelTest(unittest.TestCase):
                                     "print(sysconfig.get_paths()['purelib'])"]).stdout.strip()
         with open(os.path.join(purelib, "ckpt-test-deps.pth"), "w") as f:
             f.write(sysconfig.get_paths()["purelib"] + "\n")
+        # --ignore-installed: the project venv seen through the .pth may hold
+        # the same version (setup-deps installs python/ there), which pip would
+        # call satisfied and leave the fresh venv without the wheel.
         self.run_checked([python, "-m", "pip", "install", "-q", "--no-deps", "--no-index",
-                          os.path.join(wheels, built[0])])
+                          "--ignore-installed", os.path.join(wheels, built[0])])
 
         work = os.path.join(self.dir, "work")
         os.mkdir(work)
