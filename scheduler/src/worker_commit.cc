@@ -12,6 +12,30 @@
 #include "worker_handle.h"
 
 namespace ckpt::scheduler {
+namespace {
+
+// The score twice: as the store ranks versions by it, and under the metric's
+// own name ("val_accuracy") for whoever reads the checkpoint.
+std::map<std::string, double> CommitMetrics(const Task& task, const ipc::Result& r) {
+  return {{store::kScoreMetric, r.val_score},
+          {format::SplitMetricName("val", task.rules.metric), r.val_score},
+          {"train_loss", r.train_loss},
+          {"interval", task.interval_after},
+          {"samples", static_cast<double>(r.samples)},
+          {"compute_s", r.compute_s}};
+}
+
+// The commit's "trained" event: the score under the experiment's metric's
+// name ("val_neg_mse"), and the hyperparameters trained with (the policies'
+// history, LoadHistory).
+std::string TrainedEventJson(const Task& task, double val_score, int worker) {
+  records::TrainedEvent trained{task.interval_after, val_score, worker, "", 0};
+  trained.hparams = task.hparams;
+  trained.metric = task.rules.metric;
+  return records::EncodeEvent(trained);
+}
+
+}  // namespace
 
 void WorkerHandle::HandleResult(const ipc::Received& rec) {
   auto r = ipc::DecodeResult(rec.payload, rec.size);
@@ -58,21 +82,9 @@ void WorkerHandle::HandleResult(const ipc::Received& rec) {
   c.blob = r->state.data;
   c.blob_size = r->state.size;
   c.step = r->step;
-  // The score twice: as the store ranks versions by it, and under the
-  // metric's own name ("val_accuracy") for whoever reads the checkpoint.
-  c.metrics = {{store::kScoreMetric, r->val_score},
-               {format::SplitMetricName("val", e.task.rules.metric), r->val_score},
-               {"train_loss", r->train_loss},
-               {"interval", e.task.interval_after},
-               {"samples", static_cast<double>(r->samples)},
-               {"compute_s", r->compute_s}};
+  c.metrics = CommitMetrics(e.task, *r);
   c.hparams = e.task.hparams;
-  records::TrainedEvent trained{e.task.interval_after, r->val_score, spec_.index, "", 0};
-  trained.hparams = e.task.hparams;  // the policies' history (LoadHistory)
-  // The score under the experiment's metric's name ("val_neg_mse"), not the
-  // default accuracy's.
-  trained.metric = e.task.rules.metric;
-  c.event_json = records::EncodeEvent(trained);
+  c.event_json = TrainedEventJson(e.task, r->val_score, spec_.index);
   c.verified = view ? &*view : nullptr;
   BlobId committed;
   c.committed_blob = &committed;

@@ -79,6 +79,8 @@ class StoreImpl final : public Store {
   Status OpenBlobLog();
   // Loads the retention index and reference counts (writer open).
   Status LoadIndex();
+  // LoadIndex's part for the blob log (StoreOptions::blob_log).
+  Status LoadBlobLocations(const rocksdb::ReadOptions& ro);
   // Sweeps retention with the current options and writes what it changed.
   Status SweepRetention();
 

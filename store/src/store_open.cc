@@ -149,6 +149,37 @@ Status StoreImpl::OpenBlobLog() {
   return Status::OK();
 }
 
+// The blob log's locations, the live bytes of each segment, and the segments
+// no location names (their last blob dropped before a crash).
+Status StoreImpl::LoadBlobLocations(const rocksdb::ReadOptions& ro) {
+  locations_.clear();
+  live_bytes_.clear();
+  dead_segments_.clear();
+  if (cf(kBlobLog) != nullptr) {
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ro, cf(kBlobLog)));
+    for (it->SeekToFirst(); it->Valid(); it->Next()) {
+      BlobId id;
+      BlobLocation loc;
+      if (!BlobId::FromBytes(it->key().ToStringView(), &id) ||
+          !DecodeLocation(it->value().ToStringView(), &loc)) {
+        return Status::Corruption("store " + options_.path + ": malformed blob_log entry");
+      }
+      live_bytes_[loc.segment] += loc.record_bytes();
+      locations_.emplace(id, loc);
+    }
+    CKPT_RETURN_IF_ERROR(FromRocks(it->status(), "load blob locations"));
+  }
+  if (log_ != nullptr && !read_only_) {
+    // Segments no location names (their last blob dropped before a crash).
+    for (const auto& [segment, bytes] : log_->SegmentBytes()) {
+      if (segment != log_->active_segment() && live_bytes_.count(segment) == 0) {
+        dead_segments_.insert(segment);
+      }
+    }
+  }
+  return Status::OK();
+}
+
 Status StoreImpl::LoadIndex() {
   rocksdb::ReadOptions ro;
   ro.fill_cache = false;
@@ -196,31 +227,7 @@ Status StoreImpl::LoadIndex() {
     CKPT_RETURN_IF_ERROR(FromRocks(it->status(), "load manifests"));
   }
   index_.FinishLoad();
-  locations_.clear();
-  live_bytes_.clear();
-  dead_segments_.clear();
-  if (cf(kBlobLog) != nullptr) {
-    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ro, cf(kBlobLog)));
-    for (it->SeekToFirst(); it->Valid(); it->Next()) {
-      BlobId id;
-      BlobLocation loc;
-      if (!BlobId::FromBytes(it->key().ToStringView(), &id) ||
-          !DecodeLocation(it->value().ToStringView(), &loc)) {
-        return Status::Corruption("store " + options_.path + ": malformed blob_log entry");
-      }
-      live_bytes_[loc.segment] += loc.record_bytes();
-      locations_.emplace(id, loc);
-    }
-    CKPT_RETURN_IF_ERROR(FromRocks(it->status(), "load blob locations"));
-  }
-  if (log_ != nullptr && !read_only_) {
-    // Segments no location names (their last blob dropped before a crash).
-    for (const auto& [segment, bytes] : log_->SegmentBytes()) {
-      if (segment != log_->active_segment() && live_bytes_.count(segment) == 0) {
-        dead_segments_.insert(segment);
-      }
-    }
-  }
+  CKPT_RETURN_IF_ERROR(LoadBlobLocations(ro));
   {
     std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ro, cf(kRefs)));
     for (it->SeekToFirst(); it->Valid(); it->Next()) {
