@@ -66,10 +66,22 @@ def main():
         + frame(FRAGMENT, 3, msg[10:20], 0, 30, RESULT, 10)
         + frame(FRAGMENT, 4, msg[:15], FIRST, 30, TRAIN, 0)
         + frame(FRAGMENT, 5, msg[15:], LAST, 30, TRAIN, 15),
-        # A 2 GiB message claim: under the default limit (16 GiB) it starts
-        # a message whose memory grows only with what arrives; under a 4 MiB
-        # limit (mode bits 3-4 = 1) it ends the stream.
+        # A 2 GiB message claim: over the TCP default limit (1 GiB + 1 MiB)
+        # and over a 4 MiB limit (mode bits 3-4 = 1) it ends the stream.
         "claim_2gib_message": b"\x00" + frame(FRAGMENT, 1, b"a" * 16, FIRST, 2 << 30, RESULT, 0),
+        # A 1 GiB claim within the limit and no budget (a worker's channel):
+        # the buffer is claimed and reserved whole, its pages resident only
+        # as payloads arrive; with a 64 MiB budget (mode bit 5) it is refused
+        # before anything is allocated.
+        "claim_1gib_message": b"\x00" + frame(FRAGMENT, 1, b"a" * 16, FIRST, 1 << 30, RESULT, 0),
+        "claim_1gib_message_over_budget": b"\x20"
+        + frame(FRAGMENT, 1, b"a" * 16, FIRST, 1 << 30, RESULT, 0),
+        # Within the budget: a message assembled from two fragments, then a
+        # single-frame one, each claim given back as it is delivered.
+        "budget_fragments": b"\x20"
+        + frame(FRAGMENT, 1, msg[:10], FIRST, 30, RESULT, 0)
+        + frame(FRAGMENT, 2, msg[10:], LAST, 30, RESULT, 10)
+        + frame(HELLO, 3, b"hello"),
         "claim_2gib_message_over_limit": b"\x08"
         + frame(FRAGMENT, 1, b"a" * 16, FIRST, 2 << 30, RESULT, 0),
         # A single frame claiming a 2 GiB payload (the frame limit is 1 MiB).
