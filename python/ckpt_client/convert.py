@@ -16,8 +16,10 @@ The equivalents:
 - ``AdaptiveAvgPool2d(1)`` / ``F.adaptive_avg_pool2d(x, 1)`` /
   ``x.mean((2, 3))`` as ``globalavgpool``;
 - ``x + f(x)`` as ``residual``: an identity shortcut, or a 1x1 convolution
-  without bias and a ``BatchNorm2d`` named ``<block>.shortcut.conv1`` /
-  ``<block>.shortcut.bn1`` (ckpt's parser gives that shortcut those names).
+  without bias and a ``BatchNorm2d`` (a projection shortcut, torchvision's
+  ``downsample``), which keep the module's names: ckpt's default
+  ``<block>.shortcut.conv1`` / ``<block>.shortcut.bn1``, else given as the
+  residual's ``"shortcut_names"`` (e.g. ``layer2.0.downsample.0`` / ``.1``).
 
 The conversion is then checked: the layer list, run by a small PyTorch
 interpreter of its semantics on the module's own weights, must compute what
@@ -180,6 +182,12 @@ def _check_name(name: str) -> None:
                            "(letters, digits, '_' and '.', not starting with 'optim')")
 
 
+def _shortcut_names(layer) -> Tuple[str, str]:
+    """A conv1x1 residual's shortcut conv2d and batchnorm2d names, as ckpt's parser gives them."""
+    return tuple(layer.get("shortcut_names") or
+                 (layer["name"] + ".shortcut.conv1", layer["name"] + ".shortcut.bn1"))
+
+
 def _state_names(layers) -> List[str]:
     """The state_dict names ckpt gives a layer list (ModelSpec::ModelTensors)."""
     out = []
@@ -195,9 +203,10 @@ def _state_names(layers) -> List[str]:
         elif kind == "residual":
             out += _state_names(layer["layers"])
             if layer.get("shortcut") == "conv1x1":
-                out += [f"{name}.shortcut.conv1.weight"]
-                out += [f"{name}.shortcut.bn1{s}" for s in (".weight", ".bias", ".running_mean",
-                                                            ".running_var", ".num_batches_tracked")]
+                conv, bn = _shortcut_names(layer)
+                out += [conv + ".weight"]
+                out += [bn + s for s in (".weight", ".bias", ".running_mean", ".running_var",
+                                         ".num_batches_tracked")]
     return out
 
 
@@ -210,7 +219,7 @@ def _layer_names(layers) -> List[str]:
         if layer["type"] == "residual":
             out += _layer_names(layer["layers"])
             if layer.get("shortcut") == "conv1x1":
-                out += [layer["name"] + ".shortcut.conv1", layer["name"] + ".shortcut.bn1"]
+                out += list(_shortcut_names(layer))
     return out
 
 
@@ -641,14 +650,16 @@ class _Converter:
                     f"bias, stride {stride}, then a batchnorm2d with eps 1e-5, momentum 0.1)")
             conv_name, bn_name = conv["name"], bn["name"]
             block = conv_name[:-len(".shortcut.conv1")]
-            if not conv_name.endswith(".shortcut.conv1") or bn_name != block + ".shortcut.bn1" \
-                    or not block or block in self.taken:
-                raise _Unsupported(
-                    f"{where}: a conv1x1 shortcut named '{conv_name}' / '{bn_name}': ckpt's "
-                    "parser names a residual's shortcut layers <block>.shortcut.conv1 / "
-                    "<block>.shortcut.bn1 and takes no other names (worker/src/model_spec.cc, "
-                    "ParseConv1x1Shortcut)")
-            return {"type": "residual", "name": block, "layers": body, "shortcut": "conv1x1"}
+            if conv_name.endswith(".shortcut.conv1") and bn_name == block + ".shortcut.bn1" \
+                    and block and block not in self.taken:
+                # ckpt's default names for the shortcut: the block is all it needs.
+                return {"type": "residual", "name": block, "layers": body,
+                        "shortcut": "conv1x1"}
+            # The module's own names (torchvision's downsample.0 / .1, a CIFAR
+            # shortcut.0 / .1), given to the parser as "shortcut_names".
+            return {"type": "residual", "name": self.residual_name(body + shortcut),
+                    "layers": body, "shortcut": "conv1x1",
+                    "shortcut_names": [conv_name, bn_name]}
         raise _Unsupported(f"{where}: neither branch is an identity or a conv1x1 + batchnorm2d "
                            "shortcut")
 
@@ -716,8 +727,9 @@ def _run_layers(layers, state, x, train: bool):
             body = _run_layers(layer["layers"], state, x, train)
             if layer["shortcut"] == "conv1x1":
                 stride = _shortcut_stride(tuple(x.shape[1:]), tuple(body.shape[1:]))
-                sc = F.conv2d(x, state[name + ".shortcut.conv1.weight"], None, stride=stride)
-                sc = _batchnorm(sc, state, name + ".shortcut.bn1", _BN_EPS, _BN_MOMENTUM, train)
+                conv, bn = _shortcut_names(layer)
+                sc = F.conv2d(x, state[conv + ".weight"], None, stride=stride)
+                sc = _batchnorm(sc, state, bn, _BN_EPS, _BN_MOMENTUM, train)
             else:
                 sc = x
             x = body + sc

@@ -104,6 +104,64 @@ class CifarResNet(nn.Module):
         return self.fc(torch.flatten(self.pool(x), 1))
 
 
+class DownsampleBlock(nn.Module):
+    """torchvision's BasicBlock as users copy it: one ReLU module called twice, and a
+    projection shortcut passed in as `downsample` (nn.Sequential(conv1x1, bn))."""
+
+    def __init__(self, inplanes, planes, stride=1, downsample=None):
+        super().__init__()
+        self.conv1 = nn.Conv2d(inplanes, planes, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.relu = nn.ReLU(inplace=True)
+        self.conv2 = nn.Conv2d(planes, planes, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.downsample = downsample
+
+    def forward(self, x):
+        identity = x
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        if self.downsample is not None:
+            identity = self.downsample(x)
+        out += identity
+        return self.relu(out)
+
+
+class ResNet20(nn.Module):
+    """A user-written CIFAR ResNet-(6n+2) (n = 3: ResNet-20) in torchvision's shape:
+    three stages of `n` blocks, the second and third halving the size through a
+    `downsample` shortcut."""
+
+    def __init__(self, channels=3, width=16, classes=10, n=3, downsample_bias=False):
+        super().__init__()
+        self.inplanes = width
+        self.conv1 = nn.Conv2d(channels, width, 3, 1, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(width)
+        self.relu = nn.ReLU(inplace=True)
+        self.downsample_bias = downsample_bias
+        self.layer1 = self._make_layer(width, n, 1)
+        self.layer2 = self._make_layer(2 * width, n, 2)
+        self.layer3 = self._make_layer(4 * width, n, 2)
+        self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
+        self.fc = nn.Linear(4 * width, classes)
+
+    def _make_layer(self, planes, blocks, stride):
+        downsample = None
+        if stride != 1 or self.inplanes != planes:
+            downsample = nn.Sequential(
+                nn.Conv2d(self.inplanes, planes, 1, stride, bias=self.downsample_bias),
+                nn.BatchNorm2d(planes))
+        layers = [DownsampleBlock(self.inplanes, planes, stride, downsample)]
+        self.inplanes = planes
+        layers += [DownsampleBlock(planes, planes) for _ in range(1, blocks)]
+        return nn.Sequential(*layers)
+
+    def forward(self, x):
+        x = self.relu(self.bn1(self.conv1(x)))
+        x = self.layer3(self.layer2(self.layer1(x)))
+        return self.fc(torch.flatten(self.avgpool(x), 1))
+
+
 class MLP(nn.Module):
     def __init__(self, features=64, classes=10):
         super().__init__()
@@ -170,6 +228,12 @@ def spec_layers(converted):
     return doc["input"], doc["layers"]
 
 
+def spec_shortcut(l):
+    """A conv1x1 residual's shortcut conv2d and batchnorm2d names (ckpt's default, or
+    "shortcut_names")."""
+    return l.get("shortcut_names", [l["name"] + ".shortcut.conv1", l["name"] + ".shortcut.bn1"])
+
+
 def spec_state_names(layers):
     names = []
     for l in layers:
@@ -183,8 +247,9 @@ def spec_state_names(layers):
         elif l["type"] == "residual":
             names += spec_state_names(l["layers"])
             if l.get("shortcut") == "conv1x1":
-                names.append(l["name"] + ".shortcut.conv1.weight")
-                names += [l["name"] + ".shortcut.bn1." + s for s in
+                conv, bn = spec_shortcut(l)
+                names.append(conv + ".weight")
+                names += [bn + "." + s for s in
                           ("weight", "bias", "running_mean", "running_var",
                            "num_batches_tracked")]
     return names
@@ -220,8 +285,8 @@ def spec_forward(layers, state, x):
             body = spec_forward(l["layers"], state, x)
             if l.get("shortcut") == "conv1x1":
                 stride = x.shape[2] // body.shape[2]
-                sc = F.conv2d(x, state[l["name"] + ".shortcut.conv1.weight"], None, stride)
-                n = l["name"] + ".shortcut.bn1"
+                conv, n = spec_shortcut(l)
+                sc = F.conv2d(x, state[conv + ".weight"], None, stride)
                 sc = F.batch_norm(sc, state[n + ".running_mean"], state[n + ".running_var"],
                                   state[n + ".weight"], state[n + ".bias"], False, 0.0, 1e-5)
             else:
@@ -309,13 +374,42 @@ class ConvertTest(unittest.TestCase):
         self.assertEqual(blocks[2]["layers"][0]["stride"], 2)
         self.assertEqual([l["type"] for l in layers[-3:]], ["relu", "globalavgpool", "linear"])
 
-    def test_cifar_residual_net_with_other_shortcut_names_falls_back(self):
-        out, caught = self.convert(CifarResNet(ckpt_names=False), [3, 16, 16])
+    def test_cifar_residual_net_with_its_own_shortcut_names(self):
+        # nn.Sequential(conv, bn): shortcut.0 / shortcut.1, given as "shortcut_names".
+        module = CifarResNet(ckpt_names=False)
+        randomize_batchnorm(module)
+        layers = self.assert_fused(module, [3, 16, 16])
+        block = [l for l in layers if l["type"] == "residual"][2]
+        self.assertEqual((block["name"], block["shortcut"], block["shortcut_names"]),
+                         ("layer2.0", "conv1x1", ["layer2.0.shortcut.0", "layer2.0.shortcut.1"]))
+
+    def test_resnet20_with_downsample_shortcuts(self):
+        module = ResNet20()
+        randomize_batchnorm(module)
+        layers = self.assert_fused(module, [3, 32, 32])
+        blocks = [l for l in layers if l["type"] == "residual"]
+        self.assertEqual([b["name"] for b in blocks],
+                         [f"layer{s}.{i}" for s in (1, 2, 3) for i in range(3)])
+        self.assertEqual([(b["name"], b.get("shortcut_names")) for b in blocks
+                          if b["shortcut"] == "conv1x1"],
+                         [("layer2.0", ["layer2.0.downsample.0", "layer2.0.downsample.1"]),
+                          ("layer3.0", ["layer3.0.downsample.0", "layer3.0.downsample.1"])])
+        self.assertNotIn("shortcut_names", blocks[0])
+        # The layer list's state, named as ckpt names it, loads into a fresh
+        # module strictly and computes the same function there.
+        state = {n: module.state_dict()[n] for n in spec_state_names(layers)}
+        fresh = load_state(ResNet20(), state).eval()
+        module.eval()
+        x = torch.randn(2, 3, 32, 32)
+        with torch.no_grad():
+            torch.testing.assert_close(fresh(x), module(x), rtol=0, atol=0)
+
+    def test_a_downsample_with_a_bias_falls_back(self):
+        # ckpt's conv1x1 shortcut has no bias: the name alone does not make it fuse.
+        out, caught = self.convert(ResNet20(n=1, downsample_bias=True), [3, 16, 16])
         self.assertFalse(out.fused)
         self.assertEqual(len(caught), 1)
-        self.assertIn("layer2.0.shortcut.0", out.reason)
-        self.assertIn("<block>.shortcut.conv1", out.reason)
-        self.assertTrue(out.spec.startswith("torchscript:"))
+        self.assertIn("the shortcut is not ckpt's conv1x1", out.reason)
         self.assertTrue(os.path.isfile(out.spec[len("torchscript:"):]))
 
     def test_mlp(self):
@@ -597,6 +691,18 @@ eval_size = 1000""")
         self.assertIn("layer2.0.shortcut.bn1.num_batches_tracked", state)
         x, y = self.digits_test_split()
         self.check_round_trip(CifarResNet(channels=1, width=8), state, meta, best, x, y)
+
+    def test_resnet20_with_downsample_shortcuts_on_digits(self):
+        torch.manual_seed(7)
+        converted = convert_module(ResNet20(channels=1, width=8), [1, 8, 8],
+                                   os.path.join(self.dir, "models"))
+        self.assertTrue(converted.fused, converted.reason)
+        state, meta, best = self.run_experiment("cvt-resnet20", converted.spec,
+                                                self.digits_toml())
+        self.assertIn("layer3.0.downsample.1.num_batches_tracked", state)
+        self.assertEqual([k for k in state if ".shortcut." in k], [])
+        x, y = self.digits_test_split()
+        self.check_round_trip(ResNet20(channels=1, width=8), state, meta, best, x, y)
 
     def test_mlp_with_a_residual_on_digit_features(self):
         torch.manual_seed(6)
