@@ -27,6 +27,13 @@
 //           to ckpt are api_vs_ckpt and api_torchscript_vs_ckpt; their time
 //           includes Python's start, importing torch, the conversion and
 //           writing the arrays to the store's data folder once per run.
+//   python_api_builtin (with the API contenders): the same script with the
+//           built-in name "lenet5" in place of the module: everything but the
+//           model as python_api's, so api_vs_api_builtin is the conversion's
+//           cost alone (api_vs_ckpt also differs in the data's format, the
+//           metrics endpoint and the worker's phase log).
+// --only NAME,... runs those contenders alone (a ratio is reported when both
+// of its contenders ran), e.g. --only python_api,python_api_builtin.
 // Each contender is timed from spawn to exit (samples/s = training samples /
 // that wall time) while a sampler thread sums the PSS of its process tree
 // from /proc/PID/smaps_rollup every --sample-ms; the peak of the sum counts.
@@ -42,7 +49,7 @@
 //       [--fusion plain] [--seed 2026]
 //       [--final-eval-top 5] [--scheduler PATH] [--python /usr/bin/python3]
 //       [--script bench/seed_approach.py] [--dataset-path DIR] [--sample-ms 1000]
-//       [--skip-bare] [--skip-api] [--api-python PATH]
+//       [--skip-bare] [--skip-api] [--api-python PATH] [--only NAME,...]
 //       [--ckpt-args="--flag value ..."] [--rows 6000]
 //
 // --ckpt-args: extra arguments of `ckpt-scheduler run`, split at spaces (give
@@ -430,7 +437,7 @@ double Mean(const std::vector<double>& v) {
   return s / static_cast<double>(v.size());
 }
 
-enum class ContenderKind { kCkpt, kPython, kBare, kApi, kApiTorchScript };
+enum class ContenderKind { kCkpt, kPython, kBare, kApi, kApiTorchScript, kApiBuiltin };
 
 struct Contender {
   Contender(ContenderKind k, std::string n) : kind(k), name(std::move(n)) {}
@@ -447,6 +454,12 @@ struct Contenders {
   Contender bare{ContenderKind::kBare, "bare"};
   Contender api{ContenderKind::kApi, "python_api"};
   Contender api_script{ContenderKind::kApiTorchScript, "python_api_torchscript"};
+  Contender api_builtin{ContenderKind::kApiBuiltin, "python_api_builtin"};
+
+  std::vector<Contender*> All() { return {&ckpt, &python, &bare, &api, &api_script, &api_builtin}; }
+  std::vector<const Contender*> All() const {
+    return {&ckpt, &python, &bare, &api, &api_script, &api_builtin};
+  }
 };
 
 // The ratios of each round: ckpt's rate over Python's, ckpt's peak PSS over
@@ -454,8 +467,9 @@ struct Contenders {
 // loop only).
 struct RoundRatios {
   std::vector<double> speedup, pss_ratio, overhead;
-  // The Python API's rate over ckpt's (--skip-api: empty).
-  std::vector<double> api_vs_ckpt, api_torchscript_vs_ckpt;
+  // The Python API's rate over ckpt's (--skip-api: empty), and the converted
+  // module's over the built-in's, both through the API.
+  std::vector<double> api_vs_ckpt, api_torchscript_vs_ckpt, api_vs_api_builtin;
 };
 
 // The JSON of the worker's "ckpt-worker phases: {...}" stderr line (CKPT_WORKER_PHASES=1).
@@ -481,6 +495,7 @@ struct SeedBenchOptions {
   bool skip_api = false;
   std::string api_python;  // empty: the project venv's, else /usr/bin/python3
   std::string ckpt_args;
+  std::vector<std::string> only;  // empty: every contender the options allow
 };
 
 // What the contenders run, resolved from the options once.
@@ -497,6 +512,7 @@ struct SeedRun {
   bool with_api = false;
   std::string api_python;
   std::string bin_dir;  // this build's bin/, the API's CKPT_BIN
+  std::vector<std::string> only;
 };
 
 SeedRun ResolveRun(const SeedBenchOptions& o) {
@@ -518,6 +534,7 @@ SeedRun ResolveRun(const SeedBenchOptions& o) {
     s.api_python = fs::exists(venv) ? venv : "/usr/bin/python3";
   }
   s.ckpt_args = o.ckpt_args;
+  s.only = o.only;
   s.sample_ms = o.sample_ms;
   s.root = fs::temp_directory_path() / ("ckpt-bench-seed-" + std::to_string(getpid()));
   return s;
@@ -590,7 +607,7 @@ std::vector<std::string> BareCommand(const SeedRun& s) {
 }
 
 // The seed workload through the Python API, in `dir`.
-std::vector<std::string> ApiCommand(const SeedRun& s, const std::string& dir, bool torchscript) {
+std::vector<std::string> ApiCommand(const SeedRun& s, const std::string& dir, ContenderKind kind) {
   const Workload& w = s.w;
   std::vector<std::string> cmd = {
       s.api_python,   std::string(CKPT_SOURCE_DIR) + "/bench/seed_python_api.py",
@@ -604,7 +621,8 @@ std::vector<std::string> ApiCommand(const SeedRun& s, const std::string& dir, bo
       "--seed",       std::to_string(w.seed),
       "--dataset",    w.dataset_path,
       "--store",      dir + "/store"};
-  if (torchscript) cmd.emplace_back("--torchscript");
+  if (kind == ContenderKind::kApiTorchScript) cmd.emplace_back("--torchscript");
+  if (kind == ContenderKind::kApiBuiltin) cmd.emplace_back("--builtin");
   return cmd;
 }
 
@@ -619,9 +637,9 @@ std::vector<std::string> ContenderCommand(const Contender& c, const SeedRun& s,
     case ContenderKind::kBare:
       return BareCommand(s);
     case ContenderKind::kApi:
-      return ApiCommand(s, dir, /*torchscript=*/false);
     case ContenderKind::kApiTorchScript:
-      return ApiCommand(s, dir, /*torchscript=*/true);
+    case ContenderKind::kApiBuiltin:
+      return ApiCommand(s, dir, c.kind);
   }
   return {};
 }
@@ -675,7 +693,8 @@ int RunContender(const SeedRun& s, int round, Contender* c, RoundFigures* round_
   std::fprintf(stderr, "round %d: %s...\n", round + 1, who.c_str());
   std::vector<std::string> env;
   if (c->kind == ContenderKind::kCkpt) env.push_back("CKPT_WORKER_PHASES=1");
-  if (c->kind == ContenderKind::kApi || c->kind == ContenderKind::kApiTorchScript) {
+  if (c->kind == ContenderKind::kApi || c->kind == ContenderKind::kApiTorchScript ||
+      c->kind == ContenderKind::kApiBuiltin) {
     // The package from this checkout, driving this build's binaries.
     env.push_back("CKPT_BIN=" + s.bin_dir);
     env.push_back("PYTHONPATH=" + std::string(CKPT_SOURCE_DIR) + "/python");
@@ -707,12 +726,53 @@ int RunContender(const SeedRun& s, int round, Contender* c, RoundFigures* round_
 
 // The rounds, each running the contenders in an order rotated by one; 0, or
 // the exit status that ends the benchmark.
-int RunRounds(const SeedRun& s, int rounds, Contenders* all, RoundRatios* ratios) {
+// The contenders that run: those the options allow, cut to --only.
+std::vector<Contender*> RunOrder(const SeedRun& s, Contenders* all) {
   std::vector<Contender*> order = {&all->ckpt, &all->python};
   if (s.with_bare) order.push_back(&all->bare);
   if (s.with_api) {
     order.push_back(&all->api);
     order.push_back(&all->api_script);
+    order.push_back(&all->api_builtin);
+  }
+  if (s.only.empty()) return order;
+  std::vector<Contender*> kept;
+  for (Contender* c : order) {
+    if (std::find(s.only.begin(), s.only.end(), c->name) != s.only.end()) kept.push_back(c);
+  }
+  return kept;
+}
+
+// Appends a / b of this round's rates to `out` when both contenders ran.
+void AddRatio(const std::map<std::string, double>& rate, const std::string& a, const std::string& b,
+              std::vector<double>* out) {
+  const auto x = rate.find(a);
+  const auto y = rate.find(b);
+  if (x != rate.end() && y != rate.end()) out->push_back(x->second / y->second);
+}
+
+void AddRoundRatios(const RoundFigures& f, RoundRatios* ratios) {
+  AddRatio(f.rate, "ckpt", "python", &ratios->speedup);
+  const auto ckpt_pss = f.pss.find("ckpt");
+  const auto python_pss = f.pss.find("python");
+  if (ckpt_pss != f.pss.end() && python_pss != f.pss.end()) {
+    ratios->pss_ratio.push_back(python_pss->second > 0 ? static_cast<double>(ckpt_pss->second) /
+                                                             static_cast<double>(python_pss->second)
+                                                       : NAN);
+  }
+  std::vector<double> bare_share;
+  AddRatio(f.rate, "ckpt", "bare", &bare_share);
+  for (double r : bare_share) ratios->overhead.push_back(1.0 - r);
+  AddRatio(f.rate, "python_api", "ckpt", &ratios->api_vs_ckpt);
+  AddRatio(f.rate, "python_api_torchscript", "ckpt", &ratios->api_torchscript_vs_ckpt);
+  AddRatio(f.rate, "python_api", "python_api_builtin", &ratios->api_vs_api_builtin);
+}
+
+int RunRounds(const SeedRun& s, int rounds, Contenders* all, RoundRatios* ratios) {
+  const std::vector<Contender*> order = RunOrder(s, all);
+  if (order.empty()) {
+    std::fprintf(stderr, "seed: --only names no contender that runs here\n");
+    return 2;
   }
   for (int round = 0; round < rounds; ++round) {
     RoundFigures f;
@@ -720,15 +780,7 @@ int RunRounds(const SeedRun& s, int rounds, Contenders* all, RoundRatios* ratios
       Contender* c = order[(k + static_cast<size_t>(round)) % order.size()];
       if (int rc = RunContender(s, round, c, &f); rc != 0) return rc;
     }
-    ratios->speedup.push_back(f.rate["ckpt"] / f.rate["python"]);
-    ratios->pss_ratio.push_back(f.pss["python"] > 0 ? static_cast<double>(f.pss["ckpt"]) /
-                                                          static_cast<double>(f.pss["python"])
-                                                    : NAN);
-    if (s.with_bare) ratios->overhead.push_back(1.0 - f.rate["ckpt"] / f.rate["bare"]);
-    if (s.with_api) {
-      ratios->api_vs_ckpt.push_back(f.rate["python_api"] / f.rate["ckpt"]);
-      ratios->api_torchscript_vs_ckpt.push_back(f.rate["python_api_torchscript"] / f.rate["ckpt"]);
-    }
+    AddRoundRatios(f, ratios);
   }
   return 0;
 }
@@ -747,7 +799,7 @@ void Report(const SeedRun& s, int rounds, const Contenders& all, const RoundRati
            {"fusion", w.fusion},
            {"train_samples", w.TrainSamples()},
            {"cpu", CpuDescription()}};
-  for (const Contender* c : {&all.ckpt, &all.python, &all.bare, &all.api, &all.api_script}) {
+  for (const Contender* c : all.All()) {
     if (c->wall_s.empty()) continue;
     out[c->name + "_samples_per_s"] = Median(c->samples_per_s);
     out[c->name + "_wall_s"] = c->wall_s;
@@ -757,19 +809,17 @@ void Report(const SeedRun& s, int rounds, const Contenders& all, const RoundRati
     out[c->name + "_pss_bytes_by_process"] = c->pss_by_process;
     if (!c->phases.empty()) out[c->name + "_phases_s"] = c->phases;
   }
-  out["speedup"] = Median(ratios.speedup);
-  out["speedup_per_round"] = ratios.speedup;
-  out["pss_ratio"] = Median(ratios.pss_ratio);
-  out["pss_ratio_per_round"] = ratios.pss_ratio;
-  if (s.with_bare) {
-    out["overhead_share"] = Median(ratios.overhead);
-    out["overhead_share_per_round"] = ratios.overhead;
-  }
-  if (s.with_api) {
-    out["api_vs_ckpt"] = Median(ratios.api_vs_ckpt);
-    out["api_vs_ckpt_per_round"] = ratios.api_vs_ckpt;
-    out["api_torchscript_vs_ckpt"] = Median(ratios.api_torchscript_vs_ckpt);
-    out["api_torchscript_vs_ckpt_per_round"] = ratios.api_torchscript_vs_ckpt;
+  const std::pair<const char*, const std::vector<double>*> reported[] = {
+      {"speedup", &ratios.speedup},
+      {"pss_ratio", &ratios.pss_ratio},
+      {"overhead_share", &ratios.overhead},
+      {"api_vs_ckpt", &ratios.api_vs_ckpt},
+      {"api_torchscript_vs_ckpt", &ratios.api_torchscript_vs_ckpt},
+      {"api_vs_api_builtin", &ratios.api_vs_api_builtin}};
+  for (const auto& [name, per_round] : reported) {
+    if (per_round->empty()) continue;
+    out[name] = Median(*per_round);
+    out[std::string(name) + "_per_round"] = *per_round;
   }
   out["device"] = "cpu";
   PrintJsonLine(out);
@@ -836,6 +886,12 @@ BenchRun SeedFlags(CLI::App& cmd) {
       ->capture_default_str();
   cmd.add_flag("--skip-bare", o->skip_bare, "no bare-loop contender");
   cmd.add_flag("--skip-api", o->skip_api, "no Python API contenders");
+  cmd.add_option("--only", o->only,
+                 "run only these contenders: ckpt, python, bare, python_api, "
+                 "python_api_torchscript, python_api_builtin")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"ckpt", "python", "bare", "python_api", "python_api_torchscript",
+                             "python_api_builtin"}));
   cmd.add_option("--api-python", o->api_python,
                  "Python of the API contenders (default: the project venv's)");
   cmd.add_flag("--bare-only", o->bare_only, "run the bare loop alone (internal)");

@@ -6,10 +6,13 @@ IDX files, ckpt's splits: train = the first 50,000 train images, val = the
 last 10,000, test = t10k) go through ckpt_client.Experiment(...).run(): the
 module is converted to a layer list by torch.fx (the fused path), or with
 --torchscript saved with torch.jit.script and given as a TorchScript file
-(what the API falls back to for a module it cannot convert). The experiment
+(what the API falls back to for a module it cannot convert), or with
+--builtin replaced by the built-in name "lenet5" (the same network as ckpt's
+own layer list: the A/B of the conversion against the built-in, everything
+else equal). The experiment
 is ckpt-bench seed's own (bench/seed_bench.cc ExperimentToml): the same
 search space, PBT step, devices and seed. Prints one JSON line last:
-{"best_val_acc", "test_acc", "model": "layers" | "torchscript"}.
+{"best_val_acc", "test_acc", "model": "layers" | "torchscript" | "builtin"}.
 """
 import argparse
 import gzip
@@ -64,6 +67,8 @@ def main():
     p.add_argument("--name", default="seed")
     p.add_argument("--torchscript", action="store_true",
                    help="give the module as a TorchScript file instead of converting it")
+    p.add_argument("--builtin", action="store_true",
+                   help='give the built-in "lenet5" instead of the module')
     a = p.parse_args()
 
     x = idx(a.dataset, "train-images-idx3", 16).reshape(-1, 1, 28, 28)
@@ -74,7 +79,9 @@ def main():
 
     torch.manual_seed(a.seed)
     model = LeNet5()
-    if a.torchscript:
+    if a.builtin:
+        model = "lenet5"
+    elif a.torchscript:
         os.makedirs(a.store, exist_ok=True)
         model_path = os.path.join(a.store, "lenet5-scripted.pt")
         torch.jit.script(model).save(model_path)
@@ -99,7 +106,8 @@ def main():
     print(json.dumps({
         "best_val_acc": float(best[f"val_{metric}"]),
         "test_acc": float(best[f"test_{metric}"]),
-        "model": "torchscript" if a.torchscript or (converted and not converted.fused)
+        "model": "builtin" if a.builtin
+                 else "torchscript" if a.torchscript or (converted and not converted.fused)
                  else "layers"}))
     return 0
 
