@@ -33,11 +33,12 @@
 //       for each, until dropped: a hoarder)
 //   forging_worker HOST:PORT SECRET_FILE cycle N       (N connections, one
 //       after the other, each closed right after its handshake)
-//   forging_worker HOST:PORT SECRET_FILE claim TYPE MIB  (a HELLO, then, for
-//       TYPE "result" once a TRAIN came, one message of TYPE ("result",
-//       "train", "stats", "empty": N empty STATS) of MIB MiB, read from
-//       untouched anonymous memory so that this process holds none of it;
-//       prints "claim sent" or "claim failed: ..." and exits once dropped)
+//   forging_worker HOST:PORT SECRET_FILE claim TYPE MIB  (a HELLO, then, once
+//       the scheduler sent a record (for TYPE "result" a TRAIN), one message
+//       of TYPE ("result", "train", "stats", "empty": N empty STATS) of MIB
+//       MiB, read from untouched anonymous memory so that this process holds
+//       none of it; prints "claim sent" or "claim failed: ..." and exits once
+//       dropped)
 //
 // The dispatcher hands a task to the worker with the most free capacity, so a
 // forger that offers more slots than the honest worker is offered every task
@@ -315,18 +316,23 @@ int Claim(const std::string& addr, const std::string& secret, const std::string&
   }
   Channel* channel = ch->get();
   if (!SayHello(channel, 1)) return 2;
-  if (type == "result") {
-    // Answered as if it were the task's, so that a cap by the task applies.
-    while (true) {
-      auto rec = channel->Receive(DeadlineIn(milliseconds(60000)));
-      if (!rec.ok()) {
-        std::printf("no TRAIN: %s\n", rec.status().ToString().c_str());
-        return 1;
-      }
-      const bool train = rec->type == ckpt::ipc::RecordType::kTrain;
-      channel->Release();
-      if (train) break;
+  // The claim waits for the scheduler's first record (a RESULT for a TRAIN,
+  // answered as if it were the task's, so that a cap by the task applies):
+  // the scheduler sends only once its worker handle has taken the connection
+  // on, so the claim meets the handle's limits. Sent at once, it could meet
+  // the listener's limit for a connection not yet taken on, and be refused
+  // for that instead (HostilePeerTest's memory test failed so under
+  // ctest -j2 on a loaded 2-core machine).
+  while (true) {
+    auto rec = channel->Receive(DeadlineIn(milliseconds(60000)));
+    if (!rec.ok()) {
+      std::printf("no %s: %s\n", type == "result" ? "TRAIN" : "record",
+                  rec.status().ToString().c_str());
+      return 1;
     }
+    const bool train = rec->type == ckpt::ipc::RecordType::kTrain;
+    channel->Release();
+    if (train || type != "result") break;
   }
   Status s;
   if (type == "empty") {

@@ -233,7 +233,8 @@ class ClientTest : public ::testing::Test {
     EXPECT_NE(r.out.find(" MiB"), std::string::npos) << "no resident memory shown:\n" << r.out;
   }
 
-  // Pause: no new intervals start; resume: they do again.
+  // Pause: no new intervals start (while another experiment trains); resume:
+  // they do again.
   void CheckPauseAndResume() {
     Result r = Tool({"pause", "live"});
     ASSERT_EQ(r.code, 0) << r.err;
@@ -243,8 +244,12 @@ class ClientTest : public ::testing::Test {
     // count and the experiment's interval count change in one event).
     ASSERT_TRUE(WaitUntil([&] { return BusyTasks() == 0; }, milliseconds(120000))) << serve_->Log();
     const int64_t paused_at = MemberIntervals("live");
-    // Nothing starts while paused: a span with nothing to wait for but time.
-    std::this_thread::sleep_for(milliseconds(3000));
+    // Nothing starts while paused, though the worker is free and the
+    // dispatcher runs: another experiment is trained from start to end on the
+    // same worker meanwhile (a condition to wait on, not a span of time).
+    r = Tool({"submit", "--wait", Write("probe.toml", ExperimentToml("probe", 2))});
+    ASSERT_EQ(r.code, 0) << r.out << r.err;
+    EXPECT_NE(r.out.find("experiment probe: done, 2 members"), std::string::npos) << r.out;
     EXPECT_EQ(MemberIntervals("live"), paused_at) << "a paused experiment trained";
     EXPECT_EQ(BusyTasks(), 0) << "a paused experiment dispatched";
     r = Tool({"resume", "live", "--json"});
@@ -261,7 +266,8 @@ class ClientTest : public ::testing::Test {
       Result r = Tool({verb, "nope"});
       EXPECT_EQ(r.code, 1) << verb << ": " << r.err;
       EXPECT_EQ(Lines(r.err), 1u) << r.err;
-      EXPECT_NE(r.err.find("experiment 'nope' not found (experiments: live)"), std::string::npos)
+      EXPECT_NE(r.err.find("experiment 'nope' not found (experiments: live, probe)"),
+                std::string::npos)
           << verb << ": " << r.err;
     }
   }
@@ -466,7 +472,7 @@ TEST_F(ClientTest, TopAndWatchInARealTerminal) {
   // It refreshes: the uptime moves.
   const std::string first = screen.substr(0, screen.find('\n'));
   ASSERT_TRUE(WaitUntil([&] { return tmux.Screen().substr(0, first.size()) != first; },
-                        milliseconds(10000)))
+                        milliseconds(60000)))
       << first;
   // q quits and the terminal is given back.
   ASSERT_EQ(tmux.Run({"send-keys", "-t", "t", "q"}).code, 0);
@@ -485,8 +491,25 @@ TEST_F(ClientTest, TopAndWatchInARealTerminal) {
       },
       milliseconds(30000)))
       << screen;
-  std::this_thread::sleep_for(milliseconds(3500));
-  screen = watch_tmux.Screen();
+  // The last progress line on the screen; it changes with each redraw that
+  // has new figures (the rate moves with the wall time).
+  const auto last_progress = [](const std::string& s) {
+    const size_t at = s.rfind("live: training");
+    return at == std::string::npos ? std::string() : s.substr(at, s.find('\n', at) - at);
+  };
+  // Redrawn at least once since (no span of time stands in for a refresh:
+  // on a loaded machine 3.5 s may hold none, and the check below would pass
+  // on a watch that appends).
+  const std::string first_progress = last_progress(screen);
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        screen = watch_tmux.Screen();
+        const std::string now = last_progress(screen);
+        return !now.empty() && now != first_progress;
+      },
+      milliseconds(60000)))
+      << first_progress << "\n"
+      << screen;
   size_t progress_lines = 0;
   for (size_t at = screen.find("live: training"); at != std::string::npos;
        at = screen.find("live: training", at + 1)) {
