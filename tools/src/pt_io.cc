@@ -173,7 +173,9 @@ StatusOr<PyRef> ReadPt(const std::string& path, size_t max_bytes) {
     }
     return std::string_view(static_cast<const char*>(it->second.first.get()), it->second.second);
   };
-  CKPT_RETURN_IF_ERROR(FillTensorData(value->get(), storage, path));
+  // Bounded by the file: every byte of it viewed twice at most (a tied pair
+  // of parameters shares one storage), whatever the views claim.
+  CKPT_RETURN_IF_ERROR(FillTensorData(value->get(), storage, path, kPtViewBytesPerFileByte * size));
   return *value;
 }
 
