@@ -37,7 +37,7 @@ bench: build
 # each one's committed corpus, then fuzzes each for FUZZ_SECONDS, one after
 # the other (tests/fuzz/run.sh; crashes land in build-fuzz/fuzz-work/NAME/artifacts).
 FUZZERS := checkpoint record tcp_frame control_request experiment_config service_config pickle \
-           safetensors tool_args tensor_dataset
+           pt_archive safetensors tool_args tensor_dataset
 FUZZ_SECONDS ?= 60
 FUZZ_JOBS ?= $(JOBS)
 

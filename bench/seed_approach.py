@@ -121,7 +121,7 @@ class BasicBlock(nn.Module):
 
 
 class ResNet20(nn.Module):
-    """ckpt's built-in "resnet20" (worker/src/model_spec.cc Resnet20())."""
+    """ckpt's built-in "resnet20" (worker/spec/src/model_spec.cc Resnet20())."""
 
     def __init__(self):
         super().__init__()

@@ -2,7 +2,7 @@
 
 ``convert_module(module, input_shape, model_dir)`` traces the module with
 ``torch.fx``. When every op has a layer-list equivalent (ckpt's model spec,
-``worker/include/ckpt/model/model_spec.h``) it returns that layer list, each
+``worker/spec/include/ckpt/model/model_spec.h``) it returns that layer list, each
 layer with state named by the module's own parameter prefix (``"conv1"``,
 ``"layer1.0.bn2"``), so that ckpt trains it fused on its own kernels and a
 state it exports loads into the module with ``load_state_dict(strict=True)``.
@@ -175,7 +175,7 @@ def _shortcut_stride(shape, body_shape) -> int:
 
 
 def _check_name(name: str) -> None:
-    """ckpt's rule for a layer name (LayerReader::Name in worker/src/model_spec.cc)."""
+    """ckpt's rule for a layer name (LayerReader::Name in worker/spec/src/model_spec.cc)."""
     ok = all(c.isascii() and (c.isalnum() or c in "_.") for c in name)
     if not name or not ok or name[0] == "." or name[-1] == "." or name.startswith("optim"):
         raise _Unsupported(f"the parameter prefix '{name}' is not a ckpt layer name "

@@ -17,7 +17,7 @@ __all__ = ["LeNet5"]
 
 
 class LeNet5(nn.Module):
-    """ckpt's built-in model spec "lenet5" (worker/src/model_spec.cc).
+    """ckpt's built-in model spec "lenet5" (worker/spec/src/model_spec.cc).
 
     conv 5x5 6 (padding 2), ReLU, max-pool 2; conv 5x5 16, ReLU, max-pool 2;
     flatten; linear 400->120, ReLU; linear 120->84, ReLU; linear 84->classes.

@@ -17,7 +17,9 @@
 #include "ckpt/format/model_names.h"
 #include "ckpt/format/optimizer.h"
 #include "ckpt/format/regular_file.h"
+#include "ckpt/model/model_spec.h"
 #include "config_tables.h"
+#include "idx_shape.h"
 #include "toml_reader.h"
 #include "workers_table.h"
 
@@ -75,25 +77,36 @@ Status ParseSearchSpace(const toml::table& space, const std::string& origin,
   return Status::OK();
 }
 
-// What can be known of a model spec without LibTorch (the worker parses it
-// fully at CONFIGURE, and a refusal there ends the experiment): a TorchScript
-// file must be readable and be a zip archive (torch.jit.save writes one); a
-// layer list must be JSON.
+// What a tensor file gives a model: a sample's shape ([C, H, W] or [F]) and
+// the outputs per sample it must have (classes, or targets per row); 0
+// outputs while the file is unchecked.
+struct DataShape {
+  std::vector<int64_t> sample_shape;
+  int64_t outputs = 0;
+};
+
 // Maps and checks the tensor file of [data] (ckpt/format/tensor_dataset.h)
 // now, so that a bad file stops the run before anything starts.
-Status CheckTensorData(TomlTableReader* r, ExperimentConfig* c) {
+Status CheckTensorData(TomlTableReader* r, ExperimentConfig* c, DataShape* shape) {
   std::error_code ec;
   const std::filesystem::path abs = std::filesystem::absolute(c->dataset_path, ec);
   if (!ec) c->dataset_path = abs.string();
   auto d = format::TensorDataset::Open(c->TensorData());
   if (!d.ok()) return r->Error("path", d.status().message());
   c->target = (*d)->target();
+  shape->sample_shape = (*d)->sample_shape();
+  shape->outputs = (*d)->num_outputs();
   if (c->augment.any() && (*d)->sample_shape().size() != 3) {
     return r->Error("augment", "needs [N, C, H, W] images; the file holds [N, F] features");
   }
   return Status::OK();
 }
 
+// What can be known of a model spec before the data is read (the worker
+// parses it fully at CONFIGURE, and a refusal there ends the experiment): a
+// TorchScript file must be readable and be a zip archive (torch.jit.save
+// writes one); a layer list must be JSON (CheckModelFitsData parses it
+// against the data).
 Status CheckModelSpec(TomlTableReader* r, const std::string& spec, bool check_files) {
   if (spec.empty()) return r->Error("spec", "must not be empty");
   // The spec travels to every worker in CONFIGURE, whose JSON is bounded.
@@ -253,6 +266,8 @@ struct ParseContext {
   const std::string& origin;
   // FileChecks::kCheck: the model and data files are opened and checked now.
   bool check_files;
+  // Filled by [data]'s checks, for the model's.
+  DataShape* data;
 };
 
 // Reads one part of the document (the top-level keys or one table) into *c.
@@ -305,7 +320,7 @@ Status CheckDataSource(const toml::table& data, TomlTableReader* r, const ParseC
                        ExperimentConfig* c) {
   if (c->data_format != format::DatasetFormat::kIdx) {
     if (data.get("path") == nullptr) return r->Error("format", "needs path = the tensor file");
-    if (ctx.check_files) CKPT_RETURN_IF_ERROR(CheckTensorData(r, c));
+    if (ctx.check_files) CKPT_RETURN_IF_ERROR(CheckTensorData(r, c, ctx.data));
     return Status::OK();
   }
   if (data.get("val_size") || data.get("classes") || data.get("mean") || data.get("std")) {
@@ -356,6 +371,42 @@ Status ReadDataTable(TomlTableReader* top, const ParseContext& ctx, ExperimentCo
     c->dataset_path = "/usr/share/datasets/mnist";
   }
   return CheckDataSource(*data, &r, ctx, c);
+}
+
+// A layer list (or built-in model) parsed for the data's sample shape, and
+// its output size against the data's classes or targets per sample: the
+// worker's own checks at CONFIGURE, made here so that a mismatch is refused
+// before a store or an experiment exists. Data the parser cannot read (an
+// IDX directory with a missing or malformed file) is left to the worker,
+// whose reader names the problem.
+Status CheckModelFitsData(TomlTableReader* top, const ParseContext& ctx, ExperimentConfig* c) {
+  const bool torchscript =
+      c->model_spec.compare(0, format::kTorchScriptPrefix.size(), format::kTorchScriptPrefix) == 0;
+  // A TorchScript module's outputs are known once LibTorch loads it.
+  if (!ctx.check_files || torchscript) return Status::OK();
+  if (c->data_format == format::DatasetFormat::kIdx) {
+    auto idx = ReadIdxShape(c->dataset_path);
+    if (!idx.ok()) return Status::OK();
+    *ctx.data = DataShape{idx->sample_shape, idx->classes};
+  }
+  if (ctx.data->outputs == 0) return Status::OK();
+  auto spec = model::ModelSpec::Parse(c->model_spec, ctx.data->sample_shape);
+  std::string what;
+  if (!spec.ok()) {
+    what = spec.status().message();
+  } else if (spec->num_outputs() != ctx.data->outputs) {
+    what = "the model's last layer has " + std::to_string(spec->num_outputs()) + " outputs, but " +
+           c->dataset_path + " has " + std::to_string(ctx.data->outputs) +
+           (c->target == format::TargetKind::kClasses ? " classes" : " targets per sample");
+  } else {
+    return Status::OK();
+  }
+  CKPT_ASSIGN_OR_RETURN(const toml::table* model, top->Table("model"));
+  if (model == nullptr) {
+    return Status::InvalidArgument("model.spec (" + ctx.origin + "): the default, " +
+                                   c->model_spec + ": " + what);
+  }
+  return TomlTableReader(*model, "model", ctx.origin).Error("spec", what);
 }
 
 Status ReadTaskTable(TomlTableReader* top, const ParseContext& ctx, ExperimentConfig* c) {
@@ -574,6 +625,7 @@ constexpr PartReader kPartReaders[] = {
     ReadModelTable,               // [model]
     ReadDataTable,                // [data]
     ReadTaskTable,                // [task]
+    CheckModelFitsData,           // [model] against [data]
     ReadPopulationTable,          // [population]
     ReadSearchSpaceTable,         // [search_space]
     ReadHparamsTable,             // [hparams]
@@ -588,7 +640,8 @@ constexpr PartReader kPartReaders[] = {
 
 StatusOr<ExperimentConfig> ParseExperimentConfig(const std::string& toml_text,
                                                  const std::string& origin, FileChecks files) {
-  const ParseContext ctx{origin, files == FileChecks::kCheck};
+  DataShape data;
+  const ParseContext ctx{origin, files == FileChecks::kCheck, &data};
   CKPT_ASSIGN_OR_RETURN(toml::table doc, ParseToml(toml_text, origin));
   ExperimentConfig c;
   c.source = toml_text;

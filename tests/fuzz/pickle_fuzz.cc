@@ -52,7 +52,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const size_t n = 8 * key.size() + (key.empty() ? 0 : static_cast<uint8_t>(key[0]));
     return std::string_view(kPattern.data(), n);
   };
-  ckpt::Status filled = ckpt::tool::FillTensorData(value->get(), storage, "fuzz.pt");
+  // ReadPt's cap, twice the file; here the file is the pickle and the
+  // pattern its storages are cut from.
+  const uint64_t cap = 2 * (uint64_t{size} + kPattern.size());
+  ckpt::Status filled = ckpt::tool::FillTensorData(value->get(), storage, "fuzz.pt", cap);
   if (!filled.ok()) {
     if (!filled.IsCorruption()) std::abort();
     return 0;

@@ -169,6 +169,19 @@ TEST_F(CheckCommandTest, BadFilesExitTwoWithTheMessageRunGives) {
                                                       "format = \"npz\"\npath = \"" + dir_ +
                                                           "/none.npz\"\nval_size = 4\n")),
                             dir_ + "/none.npz");
+  // A layer list whose outputs are not the data's classes: `run` created the
+  // store and the experiment before a worker refused it at CONFIGURE.
+  ExpectRefusedAsRunRefuses(
+      Write("outputs.toml",
+            Toml("outputs",
+                 "spec = '[{\"type\": \"flatten\"}, {\"type\": \"linear\", \"out\": 3}]'\n")),
+      "model.spec (" + dir_ +
+          "/outputs.toml line 5): the model's last layer has 3 outputs, but "
+          "/usr/share/datasets/fashion-mnist has 10 classes");
+  ExpectRefusedAsRunRefuses(Write("shape.toml", Toml("shape", "spec = \"lenet5\"\n",
+                                                     "format = \"safetensors\"\npath = \"" + data +
+                                                         "\"\nval_size = 4\n")),
+                            "model.spec (" + dir_ + "/shape.toml line 5): model spec layer");
   // Model files: missing, and not a TorchScript archive.
   ExpectRefusedAsRunRefuses(
       Write("nomodel.toml", Toml("nomodel", "spec = \"torchscript:" + dir_ + "/missing.pt\"\n")),

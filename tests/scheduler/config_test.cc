@@ -254,7 +254,7 @@ TEST(ConfigLimitsTest, PopulationAtAndPastTheLimit) {
 
 TEST(ConfigLimitsTest, ModelSpecAtAndPastTheLimit) {
   // A JSON layer list of exactly 64 KiB (padded with spaces, which JSON allows).
-  std::string spec = "[{\"type\": \"flatten\"}]";
+  std::string spec = "[{\"type\": \"flatten\"}, {\"type\": \"linear\", \"out\": 10}]";
   spec += std::string(records::kMaxModelSpecBytes - spec.size(), ' ');
   auto c = records::ParseExperimentConfig(
       Replace(kGood, "spec = \"lenet5\"", "spec = '" + spec + "'"), "exp.toml");
@@ -329,19 +329,22 @@ TEST(ConfigLimitsTest, TorchScriptSpecNamingAFifoIsRefusedWithoutReadingIt) {
 }
 
 // A tensor dataset written with the checkpoint writer (its metadata is
-// ignored by the dataset reader): 20 [1, 2, 2] U8 images, labels 0..3, or
-// F32 targets.
-std::string WriteTensorData(const std::string& name, bool regression) {
-  std::vector<uint8_t> x(20 * 4);
+// ignored by the dataset reader): 20 U8 images of `sample` ([1, 2, 2] unless
+// said), labels 0..classes-1, or F32 targets.
+std::string WriteTensorData(const std::string& name, bool regression,
+                            const std::vector<int64_t>& sample = {1, 2, 2}, int classes = 4) {
+  std::vector<uint8_t> x(20 * static_cast<size_t>(sample[0] * sample[1] * sample[2]));
   for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<uint8_t>(i);
   std::vector<int64_t> labels(20);
   std::vector<float> targets(20);
   for (int i = 0; i < 20; ++i) {
-    labels[i] = i % 4;
+    labels[i] = i % classes;
     targets[i] = 0.5f * static_cast<float>(i);
   }
   format::CheckpointWriter w;
-  EXPECT_TRUE(w.AddTensor("train.x", format::DType::kU8, {20, 1, 2, 2}, x.data(), x.size()).ok());
+  EXPECT_TRUE(w.AddTensor("train.x", format::DType::kU8, {20, sample[0], sample[1], sample[2]},
+                          x.data(), x.size())
+                  .ok());
   if (regression) {
     EXPECT_TRUE(w.AddTensor("train.y", format::DType::kF32, {20}, targets.data(), 80).ok());
   } else {
@@ -352,12 +355,19 @@ std::string WriteTensorData(const std::string& name, bool regression) {
   return path;
 }
 
+// kGood with a layer list of `outputs` outputs, for [1, 2, 2] data.
+std::string WithLinearModel(const std::string& text, int outputs) {
+  return Replace(text, "spec = \"lenet5\"",
+                 "spec = '[{\"type\": \"flatten\"}, {\"type\": \"linear\", \"out\": " +
+                     std::to_string(outputs) + "}]'");
+}
+
 TEST(ConfigTest, TensorDataAndTask) {
   const std::string file = WriteTensorData("cfg_data.safetensors", false);
   const std::string data =
       "[data]\nformat = \"safetensors\"\npath = \"" + file +
       "\"\nval_size = 4\nclasses = 5\naugment = [\"random_crop:2\", \"hflip\"]\n";
-  std::string text = Replace(kGood, "[data]\n", data);
+  std::string text = Replace(WithLinearModel(kGood, 5), "[data]\n", data);
   auto c = records::ParseExperimentConfig(text + "[task]\nloss = \"cross_entropy\"\n", "exp.toml");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_EQ(c->data_format, format::DatasetFormat::kSafetensors);
@@ -379,7 +389,7 @@ TEST(ConfigTest, TensorDataAndTask) {
   ExpectError(Replace(kGood, "[data]\n", "[data]\nformat = \"csv\"\n"), "data.format");
 
   const std::string reg = WriteTensorData("cfg_reg.safetensors", true);
-  text = Replace(kGood, "[data]\n",
+  text = Replace(WithLinearModel(kGood, 1), "[data]\n",
                  "[data]\nformat = \"safetensors\"\npath = \"" + reg + "\"\nval_size = 4\n");
   c = records::ParseExperimentConfig(text + "[task]\nmetric = \"neg_mse\"\n", "exp.toml");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
@@ -436,7 +446,7 @@ TEST(ConfigTest, TheCifarExampleParses) {
   ASSERT_TRUE(in.good());
   std::stringstream text;
   text << in.rdbuf();
-  const std::string file = WriteTensorData("cfg_cifar.safetensors", false);
+  const std::string file = WriteTensorData("cfg_cifar.safetensors", false, {3, 32, 32}, 10);
   std::string toml = Replace(text.str(), "\"cifar10.safetensors\"", "\"" + file + "\"");
   toml = Replace(toml, "val_size = 5000", "val_size = 4");
   auto c = records::ParseExperimentConfig(toml, "cifar10-resnet20-pbt.toml");
@@ -467,6 +477,85 @@ TEST(ConfigTest, FileChecksCanBeSkippedByAReader) {
   EXPECT_FALSE(records::ParseExperimentConfig(Replace(text, "val_size = 4", "val_size = -1"),
                                               "exp.toml", records::FileChecks::kSkip)
                    .ok());
+}
+
+// A layer list whose output size is not the data's classes (or targets per
+// sample) is refused when parsing, naming model.spec and its line, as the
+// worker refused it at CONFIGURE (after the store and the experiment were
+// created); a layer list that does not fit the data's shape is refused too.
+// Read without the file checks (a stored experiment), nothing is judged.
+TEST(ConfigTest, AModelWhoseOutputsDisagreeWithTheDataIsRefused) {
+  const std::string file = WriteTensorData("cfg_outputs.safetensors", false);
+  const std::string data =
+      "[data]\nformat = \"safetensors\"\npath = \"" + file + "\"\nval_size = 4\n";
+  EXPECT_TRUE(
+      records::ParseExperimentConfig(Replace(WithLinearModel(kGood, 4), "[data]\n", data), "e.toml")
+          .ok());
+  const std::string three = Replace(WithLinearModel(kGood, 3), "[data]\n", data);
+  ExpectError(three, "model.spec (exp.toml line 4): the model's last layer has 3 outputs, but " +
+                         file + " has 4 classes");
+  EXPECT_TRUE(records::ParseExperimentConfig(three, "exp.toml", records::FileChecks::kSkip).ok());
+  // [data] classes widens the classes past the labels.
+  ExpectError(Replace(Replace(WithLinearModel(kGood, 4), "[data]\n", data), "val_size = 4\n",
+                      "val_size = 4\nclasses = 6\n"),
+              "has 4 outputs, but " + file + " has 6 classes");
+  // Regression targets: one per sample.
+  const std::string reg = WriteTensorData("cfg_outputs_reg.safetensors", true);
+  const std::string reg_data =
+      "[data]\nformat = \"safetensors\"\npath = \"" + reg + "\"\nval_size = 4\n";
+  ExpectError(
+      Replace(WithLinearModel(kGood, 2), "[data]\n", reg_data) + "[task]\nmetric = \"neg_mse\"\n",
+      "has 2 outputs, but " + reg + " has 1 targets per sample");
+  // The built-in models against data they do not fit: lenet5's 28x28
+  // convolutions on [1, 2, 2] images.
+  ExpectError(Replace(kGood, "[data]\n", data), "model.spec (exp.toml line 4): model spec layer");
+  // Fashion-MNIST's IDX files: [1, 28, 28], 10 classes.
+  ExpectError(WithLinearModel(kGood, 9),
+              "has 9 outputs, but /usr/share/datasets/fashion-mnist has 10 classes");
+  EXPECT_TRUE(records::ParseExperimentConfig(WithLinearModel(kGood, 10), "exp.toml").ok());
+  std::string no_model = Replace(kGood, "[model]\nspec = \"lenet5\"\noptimizer = \"sgd\"\n", "");
+  ExpectError(Replace(no_model, "[data]\n", data), "model.spec (exp.toml): the default, lenet5: ");
+}
+
+// An IDX file of u8: its header of `dims`, then `bytes`.
+void WriteIdx(const std::string& path, const std::vector<uint32_t>& dims,
+              const std::vector<uint8_t>& bytes) {
+  std::string out = {0, 0, 0x08, static_cast<char>(dims.size())};
+  for (uint32_t d : dims) {
+    for (int shift : {24, 16, 8, 0}) out.push_back(static_cast<char>((d >> shift) & 0xff));
+  }
+  out.append(bytes.begin(), bytes.end());
+  std::ofstream(path, std::ios::binary) << out;
+}
+
+// An IDX directory other than Fashion-MNIST's (as EMNIST's are): the model is
+// checked against what its files hold, the train images' [H, W] and 1 + the
+// largest label of the train and t10k labels, as the worker reads them.
+TEST(ConfigTest, AModelIsCheckedAgainstWhatAnIdxDirectoryHolds) {
+  const std::string dir = ::testing::TempDir() + "/cfg_idx_" + std::to_string(getpid());
+  ASSERT_EQ(mkdir(dir.c_str(), 0700), 0);
+  WriteIdx(dir + "/train-images-idx3-ubyte", {3, 2, 2}, std::vector<uint8_t>(12, 1));
+  WriteIdx(dir + "/train-labels-idx1-ubyte", {3}, {0, 1, 4});
+  WriteIdx(dir + "/t10k-labels-idx1-ubyte", {2}, {6, 2});
+  const std::string data = "[data]\npath = \"" + dir + "\"\n";
+  EXPECT_TRUE(
+      records::ParseExperimentConfig(Replace(WithLinearModel(kGood, 7), "[data]\n", data), "e.toml")
+          .ok());
+  ExpectError(Replace(WithLinearModel(kGood, 10), "[data]\n", data),
+              "model.spec (exp.toml line 4): the model's last layer has 10 outputs, but " + dir +
+                  " has 7 classes");
+  // lenet5's 28x28 convolutions on 2x2 images.
+  ExpectError(Replace(kGood, "[data]\n", data), "model.spec (exp.toml line 4): model spec layer");
+  // A label file the parser cannot read is left to the worker, which names it.
+  WriteIdx(dir + "/t10k-labels-idx1-ubyte", {5}, {6, 2});
+  EXPECT_TRUE(records::ParseExperimentConfig(Replace(WithLinearModel(kGood, 10), "[data]\n", data),
+                                             "e.toml")
+                  .ok());
+  for (const char* f :
+       {"train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-labels-idx1-ubyte"}) {
+    unlink((dir + "/" + f).c_str());
+  }
+  rmdir(dir.c_str());
 }
 
 // dataset = "mnist" without a path reads MNIST's directory, not the default

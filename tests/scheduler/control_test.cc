@@ -147,6 +147,23 @@ TEST_F(ControlTest, EveryVerbAnswersAndErrorsNameTheProblem) {
   EXPECT_NE(bad.status().message().find("population.size (bad.toml line 3)"), std::string::npos)
       << bad.status().ToString();
 
+  // A layer list whose outputs are not Fashion-MNIST's 10 classes is refused
+  // at submit and creates no experiment (a worker's CONFIGURE refused it once
+  // the experiment was in the store).
+  std::string wide = TinyExperiment("wide");
+  wide.replace(wide.find("spec = \"lenet5\""), std::string("spec = \"lenet5\"").size(),
+               "spec = '[{\"type\": \"flatten\"}, {\"type\": \"linear\", \"out\": 3}]'");
+  auto refused = client_->Submit(wide, "wide.toml");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_TRUE(refused.status().IsInvalidArgument()) << refused.status().ToString();
+  EXPECT_NE(refused.status().message().find(
+                "model.spec (wide.toml line 4): the model's last layer has 3 outputs, but "
+                "/usr/share/datasets/fashion-mnist has 10 classes"),
+            std::string::npos)
+      << refused.status().ToString();
+  EXPECT_TRUE(client_->List()->empty());
+  EXPECT_TRUE(client_->ExperimentStatus("wide").status().IsNotFound());
+
   auto id = client_->Submit(TinyExperiment("ctl"), "ctl.toml");
   ASSERT_TRUE(id.ok()) << id.status().ToString();
   EXPECT_EQ(*id, "ctl");

@@ -6,7 +6,9 @@
 
 #include <gtest/gtest.h>
 #include <unistd.h>
+#include <zlib.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -150,6 +152,101 @@ TEST_F(DatasetStatsTest, AMissingIdxFileIsNamed) {
   ASSERT_FALSE(n.ok());
   EXPECT_TRUE(n.status().IsNotFound()) << n.status().ToString();
   EXPECT_NE(n.status().message().find("train-images-idx3-ubyte"), std::string::npos)
+      << n.status().ToString();
+}
+
+// The process's peak resident set (VmHWM), in bytes.
+int64_t PeakRssBytes() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  }
+  return -1;
+}
+
+// A gzipped file: an IDX header of `dims` (none when empty), then `zeros`
+// zero bytes (however many the dimensions say), streamed through zlib
+// without holding them.
+void WriteGzIdx(const std::string& path, const std::vector<uint32_t>& dims, size_t zeros) {
+  gzFile f = gzopen(path.c_str(), "wb1");
+  ASSERT_NE(f, nullptr);
+  std::string header;
+  if (!dims.empty()) header = {0, 0, 0x08, static_cast<char>(dims.size())};
+  for (uint32_t d : dims) {
+    for (int shift : {24, 16, 8, 0}) header.push_back(static_cast<char>((d >> shift) & 0xff));
+  }
+  ASSERT_EQ(gzwrite(f, header.data(), static_cast<unsigned>(header.size())),
+            static_cast<int>(header.size()));
+  const std::string block(1 << 20, '\0');
+  for (size_t left = zeros; left > 0;) {
+    const size_t n = std::min(left, block.size());
+    ASSERT_EQ(gzwrite(f, block.data(), static_cast<unsigned>(n)), static_cast<int>(n));
+    left -= n;
+  }
+  ASSERT_EQ(gzclose(f), Z_OK);
+}
+
+// The normalization of `dir`'s IDX files under `cap`, with how much the
+// process's peak resident set grew meanwhile.
+StatusOr<InputNormalization> NormalizeMeasured(const std::filesystem::path& dir, size_t cap,
+                                               int64_t* grown) {
+  records::ExperimentConfig c;
+  c.dataset_path = dir.string();
+  const int64_t before = PeakRssBytes();
+  auto n = ComputeInputNormalization(c, cap);
+  *grown = PeakRssBytes() - before;
+  return n;
+}
+
+constexpr size_t kTestCap = size_t{4} << 20;
+
+// A gzip bomb with no IDX header to bound it: refused once the stream passes
+// the cap, and memory never holds what the stream expands to (64 times the
+// cap; `ckpt-tool export` used to read it whole).
+TEST_F(DatasetStatsTest, AGzipBombIsRefusedAtTheCapWhileStreaming) {
+  WriteGzIdx((dir_ / "train-images-idx3-ubyte.gz").string(), {}, 64 * kTestCap);
+  int64_t grown = 0;
+  auto n = NormalizeMeasured(dir_, kTestCap, &grown);
+  ASSERT_FALSE(n.ok());
+  EXPECT_TRUE(n.status().IsInvalidArgument()) << n.status().ToString();
+  EXPECT_NE(n.status().message().find((dir_ / "train-images-idx3-ubyte.gz").string() +
+                                      ": holds more than 4194304 bytes, the cap of an IDX file"),
+            std::string::npos)
+      << n.status().ToString();
+  EXPECT_LT(grown, static_cast<int64_t>(4 * kTestCap)) << "the bomb expands to " << 64 * kTestCap;
+}
+
+// A gzip bomb behind an IDX header that claims less than the cap: refused
+// once the stream passes the claim, memory bounded as above.
+TEST_F(DatasetStatsTest, AGzipBombPastItsHeadersClaimIsRefusedWhileStreaming) {
+  WriteGzIdx((dir_ / "train-images-idx3-ubyte.gz").string(), {10001, 20, 20}, 64 * kTestCap);
+  int64_t grown = 0;
+  auto n = NormalizeMeasured(dir_, kTestCap, &grown);
+  ASSERT_FALSE(n.ok());
+  EXPECT_TRUE(n.status().IsCorruption()) << n.status().ToString();
+  EXPECT_NE(n.status().message().find("train-images-idx3-ubyte.gz: holds more than the " +
+                                      std::to_string(10001 * 20 * 20 + 16) +
+                                      " bytes its IDX header claims"),
+            std::string::npos)
+      << n.status().ToString();
+  EXPECT_LT(grown, static_cast<int64_t>(4 * kTestCap)) << "the bomb expands to " << 64 * kTestCap;
+}
+
+// A 40-byte file whose header claims 2^40 bytes: refused by what it claims,
+// under the real cap, before anything is allocated for it.
+TEST_F(DatasetStatsTest, AnIdxHeaderClaimingPastTheCapIsRefused) {
+  WriteGzIdx((dir_ / "train-images-idx3-ubyte.gz").string(), {1u << 20, 1u << 10, 1u << 10}, 0);
+  records::ExperimentConfig c;
+  c.dataset_path = dir_.string();
+  auto n = ComputeInputNormalization(c);
+  ASSERT_FALSE(n.ok());
+  EXPECT_TRUE(n.status().IsInvalidArgument()) << n.status().ToString();
+  EXPECT_NE(n.status().message().find("train-images-idx3-ubyte.gz: its IDX dimensions claim " +
+                                      std::to_string((uint64_t{1} << 40) + 16) +
+                                      " bytes, more than " + std::to_string(kMaxIdxFileBytes) +
+                                      " bytes, the cap of an IDX file"),
+            std::string::npos)
       << n.status().ToString();
 }
 

@@ -33,7 +33,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-# ckpt's built-in "lenet5" (worker/src/model_spec.cc), in plain PyTorch.
+# ckpt's built-in "lenet5" (worker/spec/src/model_spec.cc), in plain PyTorch.
 try:
     from ckpt_client.models import LeNet5
 except ImportError:

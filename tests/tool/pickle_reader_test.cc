@@ -222,20 +222,20 @@ TEST(PickleReaderTest, FillTensorDataChecksLayoutAndBounds) {
   };
   auto t = tensor("K\x02K\x03", "K\x03K\x01", "K\x00"s);
   ASSERT_TRUE(t.ok()) << t.status().ToString();
-  ASSERT_TRUE(FillTensorData(t->get(), bytes, "f.pt").ok());
+  ASSERT_TRUE(FillTensorData(t->get(), bytes, "f.pt", 1 << 20).ok());
   EXPECT_EQ((*t)->data.size(), 24u);
 
   // One element past the storage.
   t = tensor("K\x02K\x03", "K\x03K\x01", "K\x01");
   ASSERT_TRUE(t.ok());
-  Status s = FillTensorData(t->get(), bytes, "f.pt");
+  Status s = FillTensorData(t->get(), bytes, "f.pt", 1 << 20);
   EXPECT_TRUE(s.IsCorruption()) << s.ToString();
   EXPECT_NE(s.message().find("reaches past its storage"), std::string::npos) << s.ToString();
 
   // Transposed: not contiguous.
   t = tensor("K\x02K\x03", "K\x01K\x02", "K\x00"s);
   ASSERT_TRUE(t.ok());
-  s = FillTensorData(t->get(), bytes, "f.pt");
+  s = FillTensorData(t->get(), bytes, "f.pt", 1 << 20);
   EXPECT_NE(s.message().find("not contiguous"), std::string::npos) << s.ToString();
 
   // No elements, other sizes of 2^32 each: their product does not fit in 64
@@ -243,7 +243,7 @@ TEST(PickleReaderTest, FillTensorDataChecksLayoutAndBounds) {
   const std::string big = "\x8a\x05"s + std::string("\x00\x00\x00\x00\x01", 5);
   t = tensor("K\x00"s + big + big, "K\x01" + big + "K\x01", "K\x00"s);
   ASSERT_TRUE(t.ok()) << t.status().ToString();
-  s = FillTensorData(t->get(), bytes, "f.pt");
+  s = FillTensorData(t->get(), bytes, "f.pt", 1 << 20);
   EXPECT_TRUE(s.ok()) << s.ToString();
   EXPECT_TRUE((*t)->data.empty());
 
@@ -253,9 +253,43 @@ TEST(PickleReaderTest, FillTensorDataChecksLayoutAndBounds) {
   t = Unpickle(P({"ctorch._utils\n_rebuild_tensor_v2\n(", pid, "K\x00"s, "(K\x01t", "(K\x01t",
                   "\x89", "}", "tR"}));
   ASSERT_TRUE(t.ok()) << t.status().ToString();
-  s = FillTensorData(t->get(), bytes, "f.pt");
+  s = FillTensorData(t->get(), bytes, "f.pt", 1 << 20);
   EXPECT_NE(s.message().find("f.pt: storage record data/x is missing"), std::string::npos)
       << s.ToString();
+}
+
+// Views that claim more than the file: many tensors over one storage each
+// copy it, and together they are refused past the cap before the copy that
+// would pass it (`.pt` import used to copy every view, however many).
+TEST(PickleReaderTest, TensorsViewingMoreThanTheCapAreRefused) {
+  const std::string pid =
+      "(" + Str("storage") + "ctorch\nFloatStorage\n" + Str("s") + Str("cpu") + "K\x06tQ";
+  const std::string tensor =
+      "ctorch._utils\n_rebuild_tensor_v2\n(" + pid + "K\x00(K\x06t(K\x01t\x89}tR"s;
+  std::string views = "\x80\x02](";
+  for (int i = 0; i < 1000; ++i) views += tensor;
+  views += "e.";
+  const std::string storage(24, '\x01');  // six floats, viewed 1000 times
+  auto bytes = [&](const std::string& key) -> StatusOr<std::string_view> {
+    if (key != "s") return Status::NotFound(key);
+    return std::string_view(storage);
+  };
+  auto t = Unpickle(views);
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  ASSERT_EQ((*t)->items.size(), 1000u);
+  EXPECT_TRUE(FillTensorData(t->get(), bytes, "f.pt", 24000).ok());
+  t = Unpickle(views);
+  ASSERT_TRUE(t.ok());
+  Status s = FillTensorData(t->get(), bytes, "f.pt", 23999);
+  EXPECT_TRUE(s.IsCorruption()) << s.ToString();
+  EXPECT_NE(s.message().find("f.pt: its tensors hold more than 23999 bytes together, the cap for "
+                             "this file"),
+            std::string::npos)
+      << s.ToString();
+  // The copies stop at the cap: the tensor that would pass it holds nothing.
+  size_t held = 0;
+  for (const auto& v : (*t)->items) held += v->data.size();
+  EXPECT_EQ(held, 23976u);
 }
 
 }  // namespace

@@ -16,22 +16,64 @@ namespace {
 
 constexpr int64_t kValidationSize = 10000;
 
-StatusOr<std::string> ReadMaybeGz(const std::string& dir, const std::string& name) {
+// What an IDX header (the first bytes of `bytes`) says the whole file holds;
+// 0 while too few bytes are in or the header is not an IDX one of u8 (for
+// ParseIdx to name).
+uint64_t IdxClaimedBytes(const std::string& bytes) {
+  if (bytes.size() < 4 || bytes[0] != 0 || bytes[1] != 0 || bytes[2] != 0x08) return 0;
+  const int rank = static_cast<uint8_t>(bytes[3]);
+  const size_t header = 4 + 4 * static_cast<size_t>(rank);
+  if (rank < 1 || rank > 4 || bytes.size() < header) return 0;
+  uint64_t count = 1;
+  for (int i = 0; i < rank; ++i) {
+    const auto* p =
+        reinterpret_cast<const uint8_t*>(bytes.data() + 4 + size_t{4} * static_cast<size_t>(i));
+    count *= (uint64_t{p[0]} << 24) | (uint64_t{p[1]} << 16) | (uint64_t{p[2]} << 8) | p[3];
+    if (count > (uint64_t{1} << 40)) break;  // past any cap; no overflow
+  }
+  return header + count;
+}
+
+// Reads a file, gunzipping it when it is gzipped. What it holds (after
+// decompression) is checked while streaming against `cap` and, once its IDX
+// header is in, against what the header claims (which must itself be under
+// the cap): the string grows with what the stream yields, never by a claim,
+// and stops at the smaller bound, whatever a gzip stream expands to.
+StatusOr<std::string> ReadMaybeGz(const std::string& dir, const std::string& name, size_t cap) {
   std::string path = dir + "/" + name;
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) path += ".gz";
   if (!std::filesystem::exists(path, ec)) {
     return Status::NotFound("dataset file " + dir + "/" + name + "[.gz] not found");
   }
-  gzFile f = gzopen(path.c_str(), "rb");  // reads plain files as they are
+  std::unique_ptr<gzFile_s, int (*)(gzFile)> f(gzopen(path.c_str(), "rb"), &gzclose);
   if (f == nullptr) return Status::IOError(path + ": " + std::strerror(errno));
+  const std::string limit = std::to_string(cap) + " bytes, the cap of an IDX file (docs/LIMITS.md)";
   std::string out;
+  uint64_t claimed = 0;
+  auto past_claim = [&] {
+    return Status::Corruption(path + ": holds more than the " + std::to_string(claimed) +
+                              " bytes its IDX header claims; refused while reading");
+  };
   char buf[1 << 16];
   int n;
-  while ((n = gzread(f, buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
+  while ((n = gzread(f.get(), buf, sizeof(buf))) > 0) {
+    if (out.size() + static_cast<size_t>(n) > cap) {
+      return Status::InvalidArgument(path + ": holds more than " + limit +
+                                     "; refused while reading");
+    }
+    if (claimed != 0 && out.size() + static_cast<size_t>(n) > claimed) return past_claim();
+    out.append(buf, static_cast<size_t>(n));
+    if (claimed == 0 && (claimed = IdxClaimedBytes(out)) != 0) {
+      if (claimed > cap) {
+        return Status::InvalidArgument(path + ": its IDX dimensions claim " +
+                                       std::to_string(claimed) + " bytes, more than " + limit);
+      }
+      if (out.size() > claimed) return past_claim();
+    }
+  }
   int errnum = 0;
-  std::string err = n < 0 ? gzerror(f, &errnum) : "";
-  gzclose(f);
+  const std::string err = n < 0 ? gzerror(f.get(), &errnum) : "";
   if (n < 0) return Status::IOError(path + ": " + err);
   return out;
 }
@@ -68,10 +110,10 @@ StatusOr<Idx> ParseIdx(const std::string& bytes, const std::string& what) {
   return idx;
 }
 
-StatusOr<InputNormalization> IdxNormalization(const std::string& dir) {
-  CKPT_ASSIGN_OR_RETURN(std::string images, ReadMaybeGz(dir, "train-images-idx3-ubyte"));
-  CKPT_ASSIGN_OR_RETURN(std::string labels, ReadMaybeGz(dir, "train-labels-idx1-ubyte"));
-  CKPT_ASSIGN_OR_RETURN(std::string test_labels, ReadMaybeGz(dir, "t10k-labels-idx1-ubyte"));
+StatusOr<InputNormalization> IdxNormalization(const std::string& dir, size_t cap) {
+  CKPT_ASSIGN_OR_RETURN(std::string images, ReadMaybeGz(dir, "train-images-idx3-ubyte", cap));
+  CKPT_ASSIGN_OR_RETURN(std::string labels, ReadMaybeGz(dir, "train-labels-idx1-ubyte", cap));
+  CKPT_ASSIGN_OR_RETURN(std::string test_labels, ReadMaybeGz(dir, "t10k-labels-idx1-ubyte", cap));
   CKPT_ASSIGN_OR_RETURN(Idx x, ParseIdx(images, dir + "/train-images-idx3-ubyte"));
   CKPT_ASSIGN_OR_RETURN(Idx y, ParseIdx(labels, dir + "/train-labels-idx1-ubyte"));
   CKPT_ASSIGN_OR_RETURN(Idx ty, ParseIdx(test_labels, dir + "/t10k-labels-idx1-ubyte"));
@@ -124,9 +166,10 @@ std::string InputDTypeName(format::DType dtype) {
 
 }  // namespace
 
-StatusOr<InputNormalization> ComputeInputNormalization(const records::ExperimentConfig& config) {
+StatusOr<InputNormalization> ComputeInputNormalization(const records::ExperimentConfig& config,
+                                                       size_t max_idx_file_bytes) {
   if (config.data_format == format::DatasetFormat::kIdx) {
-    return IdxNormalization(config.dataset_path);
+    return IdxNormalization(config.dataset_path, max_idx_file_bytes);
   }
   CKPT_ASSIGN_OR_RETURN(std::shared_ptr<const format::TensorDataset> data,
                         format::TensorDataset::Open(config.TensorData()));

@@ -13,6 +13,7 @@
 #ifndef CKPT_TOOLS_SRC_DATASET_STATS_H_
 #define CKPT_TOOLS_SRC_DATASET_STATS_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -35,12 +36,21 @@ struct InputNormalization {
   int64_t num_outputs = 0;  // classes, or the regression target's width
 };
 
+// The most an IDX file holds, after gunzipping (docs/LIMITS.md): 1 GiB of
+// elements, the worker's own cap (kMaxIdxBytes, worker/src/dataset.cc), and
+// the largest header.
+inline constexpr size_t kMaxIdxFileBytes = (size_t{1} << 30) + 4 + size_t{4} * 4;
+
 // The normalization of `config`'s data. IDX: reads train-images-idx3-ubyte,
 // train-labels-idx1-ubyte and t10k-labels-idx1-ubyte (each plain or ".gz") of
-// dataset_path; NotFound naming a missing file, Corruption naming one that is
-// not an IDX file of u8. A tensor file: TensorDataset::Open's errors, naming
-// the file and tensor.
-StatusOr<InputNormalization> ComputeInputNormalization(const records::ExperimentConfig& config);
+// dataset_path; NotFound naming a missing file; Corruption naming one that is
+// not an IDX file of u8 or holds more than its header claims; InvalidArgument
+// naming a file (or a gzip stream) that holds, or whose header claims, more
+// than `max_idx_file_bytes`. Both bounds are checked while reading, so memory
+// grows with what the stream yields and stops at the smaller. A tensor file:
+// TensorDataset::Open's errors, naming the file and tensor.
+StatusOr<InputNormalization> ComputeInputNormalization(
+    const records::ExperimentConfig& config, size_t max_idx_file_bytes = kMaxIdxFileBytes);
 
 }  // namespace ckpt::tool
 

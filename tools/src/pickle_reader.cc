@@ -637,16 +637,25 @@ int64_t Numel(const std::vector<int64_t>& shape) {
   return n;
 }
 
-Status Fill(PyValue* v, const StorageBytes& storage, const std::string& origin, int depth) {
+// What Fill copies into tensors, against its cap.
+struct CopyBudget {
+  uint64_t cap = 0;
+  uint64_t used = 0;
+};
+
+Status Fill(PyValue* v, const StorageBytes& storage, const std::string& origin, int depth,
+            CopyBudget* budget) {
   using K = PyValue::Kind;
   if (depth > kMaxPickleNesting)
     return Status::Corruption(origin + ": the saved object nests too deep");
-  for (auto& x : v->items) CKPT_RETURN_IF_ERROR(Fill(x.get(), storage, origin, depth + 1));
+  for (auto& x : v->items) {
+    CKPT_RETURN_IF_ERROR(Fill(x.get(), storage, origin, depth + 1, budget));
+  }
   // Keys too: a pickle may use a tensor as a dict key (torch hashes tensors
   // by identity), and a tensor left unfilled would have a shape and no data.
   for (auto& [k, x] : v->dict) {
-    CKPT_RETURN_IF_ERROR(Fill(k.get(), storage, origin, depth + 1));
-    CKPT_RETURN_IF_ERROR(Fill(x.get(), storage, origin, depth + 1));
+    CKPT_RETURN_IF_ERROR(Fill(k.get(), storage, origin, depth + 1, budget));
+    CKPT_RETURN_IF_ERROR(Fill(x.get(), storage, origin, depth + 1, budget));
   }
   if (v->kind != K::kTensor) return Status::OK();
   auto bytes = storage(v->storage_key);
@@ -680,16 +689,27 @@ Status Fill(PyValue* v, const StorageBytes& storage, const std::string& origin, 
                               " reaches past its storage (" + std::to_string(storage_elems) +
                               " elements)");
   }
+  const uint64_t copy = static_cast<uint64_t>(numel) * elem;
+  if (copy > budget->cap - budget->used) {
+    return Status::Corruption(origin + ": its tensors hold more than " +
+                              std::to_string(budget->cap) +
+                              " bytes together, the cap for this file (docs/LIMITS.md); tensor "
+                              "with storage " +
+                              v->storage_key + " passes it");
+  }
+  budget->used += copy;
   v->data.assign(bytes->data() + static_cast<size_t>(v->storage_offset) * elem,
-                 static_cast<size_t>(numel) * elem);
+                 static_cast<size_t>(copy));
   return Status::OK();
 }
 
 }  // namespace
 
-Status FillTensorData(PyValue* root, const StorageBytes& storage, const std::string& origin) {
+Status FillTensorData(PyValue* root, const StorageBytes& storage, const std::string& origin,
+                      uint64_t max_tensor_bytes) {
   if (root == nullptr) return Status::Corruption(origin + ": holds nothing");
-  return Fill(root, storage, origin, 0);
+  CopyBudget budget{max_tensor_bytes, 0};
+  return Fill(root, storage, origin, 0, &budget);
 }
 
 }  // namespace ckpt::tool

@@ -96,6 +96,10 @@ StatusOr<format::DType> StorageDType(std::string_view name);
 inline constexpr int kMaxPickleNesting = 64;
 inline constexpr size_t kMaxPickleStack = 8192;
 inline constexpr size_t kMaxPickleDictItems = size_t{1} << 20;
+// A .pt file's tensors hold at most this many bytes per byte of the file
+// (docs/LIMITS.md): each tensor copies its view of a storage, and a tied pair
+// of parameters views one storage twice; more views are refused.
+inline constexpr uint64_t kPtViewBytesPerFileByte = 2;
 
 // Reads a pickle. Returns the object; its tensors have storage_key, offset,
 // shape and stride filled but no data. The result is a tree (no value
@@ -113,8 +117,11 @@ using StorageBytes = std::function<StatusOr<std::string_view>(const std::string&
 // have any stride) and lie inside its storage. Corruption naming `origin` for
 // a missing storage ("storage record data/<key> is missing"), a tensor that
 // is not contiguous or reaches past its storage, a size that overflows, or
-// nesting deeper than kMaxPickleNesting; `storage`'s other errors as they are.
-Status FillTensorData(PyValue* root, const StorageBytes& storage, const std::string& origin);
+// nesting deeper than kMaxPickleNesting, or tensors whose bytes together pass
+// `max_tensor_bytes` (checked before each copy: several tensors may view one
+// storage, and each holds its own copy); `storage`'s other errors as they are.
+Status FillTensorData(PyValue* root, const StorageBytes& storage, const std::string& origin,
+                      uint64_t max_tensor_bytes);
 
 }  // namespace ckpt::tool
 

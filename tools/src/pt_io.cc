@@ -11,6 +11,8 @@
 #include <map>
 #include <string_view>
 
+#include "pt_archive.h"
+
 namespace ckpt::tool {
 namespace {
 
@@ -154,6 +156,9 @@ StatusOr<PyRef> ReadPt(const std::string& path, size_t max_bytes) {
     return Status::InvalidArgument(path + " is " + std::to_string(size) + " bytes, above the " +
                                    std::to_string(max_bytes) + " accepted");
   }
+  // The reader allocates what a record's entry claims: every record must be
+  // stored, so that the file bounds each (pt_archive.h).
+  CKPT_RETURN_IF_ERROR(CheckPtRecordsStored(path));
   caffe2::serialize::PyTorchStreamReader reader(path);
   if (!reader.hasRecord("data.pkl")) {
     return Status::Corruption(path + ": no data.pkl (not a torch.save archive)");
@@ -173,7 +178,9 @@ StatusOr<PyRef> ReadPt(const std::string& path, size_t max_bytes) {
     }
     return std::string_view(static_cast<const char*>(it->second.first.get()), it->second.second);
   };
-  CKPT_RETURN_IF_ERROR(FillTensorData(value->get(), storage, path));
+  // Bounded by the file: every byte of it viewed twice at most (a tied pair
+  // of parameters shares one storage), whatever the views claim.
+  CKPT_RETURN_IF_ERROR(FillTensorData(value->get(), storage, path, kPtViewBytesPerFileByte * size));
   return *value;
 }
 

@@ -39,8 +39,10 @@ Status WritePtFile(const std::string& path, const PyValue& value,
 // Reads `path` (at most `max_bytes`). Returns the saved object with every
 // tensor's `data` filled (contiguous, row-major). NotFound / IOError naming the
 // path; Corruption naming it for a file that is not a readable archive, a
-// missing or short storage record, a tensor outside its storage or not
-// contiguous; FailedPrecondition for pickled code (pickle_reader.h).
+// compressed record or one larger than the file (pt_archive.h), a missing or
+// short storage record, a tensor outside its storage or not contiguous,
+// tensors holding more than kPtViewBytesPerFileByte times the file;
+// FailedPrecondition for pickled code (pickle_reader.h).
 StatusOr<PyRef> ReadPtFile(const std::string& path, size_t max_bytes);
 
 }  // namespace ckpt::tool

@@ -283,8 +283,11 @@ struct ExperimentConfig {
 
 // Whether parsing also checks the files a configuration names (the IDX
 // directory, the tensor file, mapped and validated whole, and a TorchScript
-// file): the scheduler does, before anything starts; a reader of a stored
-// configuration (ckpt-tool, perhaps on another host) does not.
+// file) and a layer list or built-in model against the data (the shapes
+// through it, and its outputs against the classes or targets per sample, as
+// the worker checks them): the scheduler does, before anything starts; a
+// reader of a stored configuration (ckpt-tool, perhaps on another host) does
+// not.
 enum class FileChecks { kCheck, kSkip };
 
 // Parses and validates a TOML document. `origin` names it in errors. With
