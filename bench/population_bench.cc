@@ -7,7 +7,7 @@
 //       [--workers W] [--null-members N] [--null-intervals I] [--skip-train]
 //       [--ring-mb M] [--null-sizes 30,10000] [--null-repeat R]
 //       [--barriers ahead|wait|both] [--null-states changing|same]
-//       [--transport ring|tcp [--repeat N] [--tcp-first]]
+//       [--transport ring|tcp [--repeat N] [--tcp-first]] [--blob-log on|off|both]
 //
 // --transport tcp: the same runs with the workers connected over TCP on
 // loopback (ckpt-worker --connect processes this program starts; the
@@ -40,6 +40,12 @@
 // waiting at every synchronous barrier, then with members running ahead of
 // barriers they cannot be exploited at (the default): the ratio is
 // null_run_ahead_speedup_N.
+// --blob-log: where the null runs' store keeps states: its blob log (on, the
+// default), RocksDB's blob files (off), or both: each size runs with the blob
+// log, then without it, one after the other in the same invocation; the
+// second run's figures are under "rocksdb_blob_files", and
+// blob_log_vs_rocksdb_written_N and blob_log_vs_rocksdb_per_s_N are the
+// ratios of the two (bytes written per member-interval; member-intervals/s).
 #include <spawn.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -168,10 +174,11 @@ std::vector<pid_t> ConnectWorkers(const std::string& store, const std::string& s
 
 StatusOr<RunResult> RunPipeline(records::ExperimentConfig config, const std::string& store,
                                 int workers, int slots, size_t ring_bytes, bool tcp = false,
-                                bool run_ahead = true) {
+                                bool run_ahead = true, bool blob_log = true) {
   scheduler::SchedulerOptions o;
   o.store_path = store;
   o.run_ahead = run_ahead;
+  o.blob_log = blob_log;
   if (tcp) {
     std::filesystem::create_directories(store);
     o.remote.listen = "127.0.0.1:0";
@@ -311,6 +318,9 @@ struct PopulationBenchOptions {
   std::string barriers = "ahead";     // null runs: ahead, wait, or both (wait first)
   // Null runs: each interval changes one weight ("changing"), or not ("same").
   std::string null_states = "changing";
+  // Null runs: the store's blob log ("on"), RocksDB's blob files ("off"), or
+  // each size with both ("both").
+  std::string blob_log = "on";
 };
 
 // What every pipeline run of the benchmark shares.
@@ -489,6 +499,7 @@ int MeasureTraining(const PopulationRun& run, Figures* f) {
 struct NullPlan {
   std::vector<int64_t> sizes;
   std::vector<bool> modes;
+  bool blob_log = true;  // the store of these runs keeps states in its blob log
   int intervals = 0;
   int repeat = 0;
   double per_s_first = 0;    // the first size's figure, running ahead
@@ -563,8 +574,8 @@ int RunNullRepeats(const PopulationRun& run, const NullPlan& plan, int64_t n, bo
     std::string store = run.root;
     store.append("/null-").append(nn);
     const uint64_t written_before = WrittenBytes();
-    auto r =
-        RunPipeline(z, store, run.workers, run.slots, run.ring_bytes, /*tcp=*/false, run_ahead);
+    auto r = RunPipeline(z, store, run.workers, run.slots, run.ring_bytes, /*tcp=*/false, run_ahead,
+                         plan.blob_log);
     out->written = WrittenBytes() - written_before;
     if (!r.ok()) {
       std::fprintf(stderr, "population (null): %s\n", r.status().ToString().c_str());
@@ -590,9 +601,10 @@ int RunNullRepeats(const PopulationRun& run, const NullPlan& plan, int64_t n, bo
     out->member_intervals = ns.member_intervals;
     std::fprintf(stderr,
                  "null run, %" PRId64
-                 " members%s: %.0f member-intervals/s, scheduler peak RSS %.0f "
+                 " members%s%s: %.0f member-intervals/s, scheduler peak RSS %.0f "
                  "MB, store %.0f MB, %.0f MB written\n",
-                 n, run_ahead ? "" : " (waiting at every barrier)", out->per_s.back(),
+                 n, run_ahead ? "" : " (waiting at every barrier)",
+                 plan.blob_log ? "" : " (RocksDB's blob files)", out->per_s.back(),
                  PeakRssBytes() / 1e6, out->store_bytes / 1e6, out->written / 1e6);
     f->peak_workers = std::max(f->peak_workers, r->workers_peak_rss);
   }
@@ -652,26 +664,54 @@ double AddNullFigures(const NullRepeats& nr, int64_t n, bool run_ahead, NullPlan
   return per_s;
 }
 
-// The null runs of every size, in every barrier mode; 0, or the exit status
-// that ends the benchmark.
+// The null runs of every size, in every barrier mode, with each store of
+// --blob-log (both: the blob log's figures in `f`, RocksDB's blob files' in
+// f->out["rocksdb_blob_files"]); 0, or the exit status that ends the benchmark.
 int MeasureNullRuns(const PopulationRun& run, const PopulationBenchOptions& o, Figures* f) {
-  NullPlan plan = MakeNullPlan(o);
-  plan.state_bytes = StateTensorBytes(run.c);
-  f->Add("state_tensor_bytes", static_cast<double>(plan.state_bytes));
+  std::vector<NullPlan> plans;  // one per store kind
+  Figures rocksdb;              // --blob-log both: the second kind's figures
+  for (const bool blob_log : {true, false}) {
+    if (o.blob_log != "both" && (o.blob_log == "on") != blob_log) continue;
+    plans.push_back(MakeNullPlan(o));
+    plans.back().blob_log = blob_log;
+    plans.back().state_bytes = StateTensorBytes(run.c);
+  }
+  f->Add("state_tensor_bytes", static_cast<double>(plans.front().state_bytes));
   f->out["null_states"] = o.null_states;
+  f->out["blob_log"] = o.blob_log;
   SetNullStates(o.null_states);
-  for (int64_t n : plan.sizes) {
-    std::map<bool, double> per_s_by_mode;
-    for (const bool run_ahead : plan.modes) {
-      NullRepeats nr;
-      if (int rc = RunNullRepeats(run, plan, n, run_ahead, &nr, f); rc != 0) return rc;
-      per_s_by_mode[run_ahead] = AddNullFigures(nr, n, run_ahead, &plan, f);
+  for (int64_t n : plans.front().sizes) {
+    const std::string nn = std::to_string(n);
+    std::map<bool, NullRepeats> ahead_by_store;
+    for (NullPlan& plan : plans) {
+      Figures* out = plans.size() == 2 && !plan.blob_log ? &rocksdb : f;
+      std::map<bool, double> per_s_by_mode;
+      for (const bool run_ahead : plan.modes) {
+        NullRepeats nr;
+        if (int rc = RunNullRepeats(run, plan, n, run_ahead, &nr, out); rc != 0) return rc;
+        per_s_by_mode[run_ahead] = AddNullFigures(nr, n, run_ahead, &plan, out);
+        if (run_ahead) ahead_by_store[plan.blob_log] = nr;
+      }
+      if (per_s_by_mode.size() == 2 && per_s_by_mode[false] > 0) {
+        out->Add("null_run_ahead_speedup_" + nn, per_s_by_mode[true] / per_s_by_mode[false]);
+      }
+      f->peak_workers = std::max(f->peak_workers, rocksdb.peak_workers);
     }
-    if (per_s_by_mode.size() == 2 && per_s_by_mode[false] > 0) {
-      f->Add("null_run_ahead_speedup_" + std::to_string(n),
-             per_s_by_mode[true] / per_s_by_mode[false]);
+    if (ahead_by_store.size() == 2) {
+      const NullRepeats& log = ahead_by_store[true];
+      const NullRepeats& files = ahead_by_store[false];
+      const auto per_interval = [](const NullRepeats& r) {
+        return static_cast<double>(r.written) /
+               static_cast<double>(std::max<int64_t>(1, r.member_intervals));
+      };
+      f->Add("blob_log_vs_rocksdb_written_" + nn,
+             per_interval(files) > 0 ? per_interval(log) / per_interval(files) : NAN);
+      const double files_per_s = Median(files.per_s);
+      f->Add("blob_log_vs_rocksdb_per_s_" + nn,
+             files_per_s > 0 ? Median(log.per_s) / files_per_s : NAN);
     }
   }
+  if (plans.size() == 2) f->out["rocksdb_blob_files"] = rocksdb.out;
   return 0;
 }
 
@@ -760,6 +800,11 @@ BenchRun PopulationFlags(CLI::App& cmd) {
                  "bytes (changing), or returns the state unchanged, which the store deduplicates "
                  "(same)")
       ->check(CLI::IsMember({"changing", "same"}))
+      ->capture_default_str();
+  cmd.add_option("--blob-log", o->blob_log,
+                 "null runs: the store keeps states in its blob log (on, the default), in "
+                 "RocksDB's blob files (off), or each size runs with both, in this order (both)")
+      ->check(CLI::IsMember({"on", "off", "both"}))
       ->capture_default_str();
   cmd.add_option("--null-sizes", o->null_sizes, "null runs of these populations, e.g. 30,10000")
       ->delimiter(',')

@@ -108,6 +108,7 @@ StatusOr<ServiceConfig> ParseServiceConfig(const std::string& toml_text,
   }
   CKPT_RETURN_IF_ERROR(top.Seconds("grace_s", 0, 86400, &c.supervision.grace));
   CKPT_RETURN_IF_ERROR(top.Bool("sync_interval_commits", &c.sync_interval_commits));
+  CKPT_RETURN_IF_ERROR(top.Bool("blob_log", &c.blob_log));
   CKPT_RETURN_IF_ERROR(top.Int("final_eval_top", 0, 1000000, &c.final_eval_top));
   CKPT_RETURN_IF_ERROR(top.Bool("log_progress", &c.log_progress));
   if (doc.get("allowed_model_dirs") == nullptr) {
@@ -199,6 +200,7 @@ std::string SettingsNeedingRestart(const ServiceConfig& a, const ServiceConfig& 
   if (a.sync_interval_commits != b.sync_interval_commits) {
     changed.push_back("sync_interval_commits");
   }
+  if (a.blob_log != b.blob_log) changed.push_back("blob_log");
   if (a.final_eval_top != b.final_eval_top) changed.push_back("final_eval_top");
   if (a.log_progress != b.log_progress) changed.push_back("log_progress");
   const SupervisionOptions& x = a.supervision;

@@ -123,9 +123,10 @@ int Main(int argc, char** argv) {
                   "the secret connecting workers must prove (0600; created when absent)");
   run->add_flag("--no-local-workers", f.no_local_workers,
                 "spawn no local workers: only connected ones train");
-  run->add_flag("--blob-log", f.blob_log,
-                "keep new states in the store's own blob log, written once (store.h "
-                "StoreOptions::blob_log)");
+  run->add_flag("--blob-log,!--no-blob-log", f.blob_log,
+                "keep new states in the store's own blob log, written once (the default; "
+                "store.h StoreOptions::blob_log); --no-blob-log or --blob-log=false keeps "
+                "them in RocksDB's blob files");
   run->add_option("--summary-json", f.summary_json,
                   "also write the final summary (members best first) as JSON to this file");
   RunFlags c;

@@ -27,7 +27,7 @@ struct RunFlags {
   std::string listen;       // "" = the file's [workers] listen
   std::string secret_file;  // "" = the file's
   bool no_local_workers = false;
-  bool blob_log = false;     // StoreOptions::blob_log
+  bool blob_log = true;      // StoreOptions::blob_log
   std::string summary_json;  // "" = none; else the final summary's JSON goes there
 };
 

@@ -45,6 +45,7 @@ SchedulerOptions SchedulerOptionsFor(const ServiceConfig& c) {
   o.final_eval_top = c.final_eval_top;
   o.progress = c.log_progress ? stdout : nullptr;
   o.sync_interval_commits = c.sync_interval_commits;
+  o.blob_log = c.blob_log;
   o.serve = true;
   o.control = ControlOptionsFor(c);
   return o;

@@ -120,7 +120,7 @@ int Share(int planned) { return planned / 2; }
 namespace kp = base::kill_points;
 const std::vector<std::string> kCommitPoints = {kp::kCommitBeforeWrite, kp::kCommitAfterWrite,
                                                 kp::kSchedulerCommitted};
-// With --blob-log the store also passes the blob log's points on each commit.
+// With the blob log (the default) the store also passes its points on each commit.
 const std::vector<std::string> kBlobLogCommitPoints = {
     kp::kBlobBeforeSync, kp::kBlobAfterSync, kp::kCommitBeforeWrite, kp::kCommitAfterWrite,
     kp::kSchedulerCommitted};
@@ -412,7 +412,7 @@ std::string DamageAHeadBlob(const std::string& path, const std::string& exp, int
   for (const auto& entry : std::filesystem::directory_iterator(path)) {
     if (entry.path().extension() == ".blob") files.push_back(entry.path());
   }
-  // The blob log's segments (--blob-log).
+  // The blob log's segments (the default; RocksDB's blob files: --no-blob-log).
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator(path + "/blob-log", ec)) {
     if (entry.path().extension() == ".seg") files.push_back(entry.path());
@@ -512,8 +512,9 @@ struct Options {
   std::string scheduler;
   std::string forging_worker;  // tests/scheduler/forging_worker.cc
   bool keep = false;
-  // The schedulers run with --blob-log (the store's own blob log).
-  bool blob_log = false;
+  // The schedulers keep states in the store's own blob log (their default);
+  // false: --no-blob-log, RocksDB's blob files.
+  bool blob_log = true;
   int population = 6;
   int intervals = 6;
   int workers = 2;
@@ -602,7 +603,7 @@ struct Setup {
   std::vector<std::string> Args(const std::string& store, bool listening = false) const {
     std::vector<std::string> args = {o.scheduler, "run", listening ? config_listening : config,
                                      "--store",   store, "--quiet"};
-    if (o.blob_log) args.push_back("--blob-log");
+    if (!o.blob_log) args.push_back("--no-blob-log");
     return args;
   }
 };
@@ -1434,9 +1435,10 @@ int Main(int argc, char** argv) {
   app.add_option("--workers", o.workers, "CPU workers (default 2)")->check(CLI::Range(1, 8));
   app.add_option("--run-timeout-s", o.run_timeout_s, "a run failing after this (default 600)");
   app.add_flag("--keep", o.keep, "keep the stores and logs of runs that checked out");
-  app.add_flag("--blob-log", o.blob_log,
-               "schedulers keep states in the store's blob log (and the blob log's kill "
-               "points join the commit points)");
+  app.add_flag("--blob-log,!--no-blob-log", o.blob_log,
+               "schedulers keep states in the store's blob log, and the blob log's kill "
+               "points join the commit points (the default); --no-blob-log: RocksDB's blob "
+               "files");
   CLI11_PARSE(app, argc, argv);
   o.tmpfs_bytes = static_cast<uint64_t>(tmpfs_mib) << 20;
   std::stringstream ks(kinds);

@@ -197,6 +197,25 @@ TEST(ConfigTest, BadValuesAreRefused) {
   ExpectError("name = \"x\"\n[population]\nsize = [", "exp.toml line 3");
 }
 
+// The service's blob_log key (store::StoreOptions::blob_log): on unless the
+// file turns it off, handed to the scheduler, and a change needs a restart.
+TEST(ConfigTest, ServiceBlobLogIsOnByDefaultAndTheFileTurnsItOff) {
+  auto on = ParseServiceConfig("store = \"/s\"\n", "svc.toml");
+  ASSERT_TRUE(on.ok()) << on.status().ToString();
+  EXPECT_TRUE(on->blob_log);
+  EXPECT_TRUE(SchedulerOptionsFor(*on).blob_log);
+  auto off = ParseServiceConfig("store = \"/s\"\nblob_log = false\n", "svc.toml");
+  ASSERT_TRUE(off.ok()) << off.status().ToString();
+  EXPECT_FALSE(off->blob_log);
+  EXPECT_FALSE(SchedulerOptionsFor(*off).blob_log);
+  EXPECT_EQ(records::SettingsNeedingRestart(*on, *off), "blob_log");
+  auto bad = ParseServiceConfig("store = \"/s\"\nblob_log = \"no\"\n", "svc.toml");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().ToString().find("blob_log (svc.toml line 2): must be true or false"),
+            std::string::npos)
+      << bad.status().ToString();
+}
+
 TEST(ConfigTest, RemoteWorkerBoundsAreReadWithTheirDefaultsAndRanges) {
   auto plain = records::ParseExperimentConfig(kGood, "exp.toml");
   ASSERT_TRUE(plain.ok()) << plain.status().ToString();

@@ -1031,11 +1031,13 @@ TEST(ExperimentTest, CommitRefusedBecauseTheHeadMovedCountsNoFailure) {
   EXPECT_EQ(h.e().members()[h.e().Find(w.member)].state.status, records::MemberStatus::kQueued);
 }
 
-// Flips one byte of `needle`'s copy in the store's blob files on disk; false
-// when no blob file holds it.
+// Flips one byte of `needle`'s copy on disk, in the blob log's segments
+// (<store>/blob-log/*.seg) or RocksDB's blob files (*.blob); false when no
+// such file holds it.
 bool DamageInBlobFiles(const std::string& dir, const std::string& needle, size_t at) {
-  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
-    if (entry.path().extension() != ".blob") continue;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(dir)) {
+    const auto ext = entry.path().extension();
+    if (ext != ".seg" && ext != ".blob") continue;
     std::ifstream in(entry.path(), std::ios::binary);
     std::string content((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     const size_t base = content.find(needle);
@@ -1053,7 +1055,7 @@ TEST(ExperimentTest, DamagedHeadBlobFallsBackToTheNewestIntactVersionAndRetrains
   TempDir dir;
   store::StoreOptions so;
   so.path = dir.Sub("s");
-  so.blob_cache_bytes = 0;  // every read goes to the blob files
+  so.blob_cache_bytes = 0;  // every read goes to the disk
   auto st = store::Store::Open(so);
   ASSERT_TRUE(st.ok()) << st.status().ToString();
   Harness h(BaseConfig(4, 4), {}, st->get());

@@ -1,7 +1,8 @@
 // The store's blob log (StoreOptions::blob_log): a torn tail cut at open,
 // Verify finding a damaged record, garbage collection returning a dropped
-// version's bytes, stores from before the blob log, and SIGKILL at the blob
-// log's kill points.
+// version's bytes and keeping a damaged one, the blob cache left to RocksDB's
+// blob files, stores from before the blob log, and SIGKILL at the blob log's
+// kill points.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -13,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ckpt/store/store.h"
@@ -264,6 +266,90 @@ TEST_F(BlobLogTest, DroppedVersionsBytesAreReclaimed) {
   EXPECT_EQ(reopened->blob_log_live_bytes, after->blob_log_live_bytes);
 }
 
+// The blob cache serves RocksDB's blob files: a state in the blob log is read
+// from its mapped record, so committing and reading states leaves the cache
+// empty even when it could hold them all (RocksDB's blob files:
+// StoreTest.ACacheThatCannotHoldTheHeadsIsNotFilled).
+TEST_F(BlobLogTest, StatesInTheLogStayOutOfTheBlobCache) {
+  auto s = Open(LogOptions(path_));
+  Populate(s.get(), {"a", "b", "c"});
+  ASSERT_TRUE(s->SizeForWorkingSet(uint64_t{1} << 20).ok());
+  ASSERT_GT(s->blob_cache_capacity(), uint64_t{1} << 20);
+  std::map<std::string, std::string> blobs;
+  uint64_t seed = 1;
+  for (const char* m : {"a", "b", "c"}) {
+    blobs[m] = MakeBlob(seed++, 4096);
+    Commit(s.get(), m, blobs[m]);
+  }
+  ASSERT_TRUE(s->Flush().ok());
+  for (int round = 0; round < 2; ++round) {
+    for (const auto& [m, bytes] : blobs) {
+      auto read = s->ReadHeadBlob("e", m);
+      ASSERT_TRUE(read.ok()) << read.status().ToString();
+      EXPECT_EQ(std::string(reinterpret_cast<const char*>(read->data()), read->size()), bytes);
+    }
+  }
+  EXPECT_EQ(s->blob_cache_usage(), 0u) << "a state of the blob log went into the blob cache";
+}
+
+// A live record that fails its checksum when garbage collection would copy it
+// (for RocksDB's blob files:
+// StoreCorruptionTest.DamagedBlobInCompactionDoesNotStopWrites): Compact()
+// moves the intact records, keeps the segment with the damaged one, and succeeds; writes go on,
+// Verify names the blob and its version, the member falls back to an intact version, and once
+// retention drops the damaged record its segment goes and the store verifies clean.
+TEST_F(BlobLogTest, DamagedRecordInGarbageCollectionIsKeptAndWritesGoOn) {
+  StoreOptions o = LogOptions(path_);
+  o.keep_last_n = 2;
+  o.blob_log_gc_live_fraction = 0.9;
+  // About 16 KiB each: three to a 64 KiB segment. The first holds a v1, a v2
+  // and b v1; b v1 goes when b reaches v3.
+  const std::string damaged = MakeBlob(2, 4096);
+  {
+    auto s = Open(o);
+    Populate(s.get(), {"a", "b"});
+    Commit(s.get(), "a", MakeBlob(1, 4096));
+    Commit(s.get(), "a", damaged);
+    for (uint64_t seed = 3; seed <= 6; ++seed) Commit(s.get(), "b", MakeBlob(seed, 4096));
+  }
+  const auto segments = Segments(path_);
+  ASSERT_GE(segments.size(), 2u);
+  const std::string first = path_ + "/blob-log/" + segments.begin()->first;
+  std::string bytes = ReadAll(first);
+  const size_t at = bytes.find(damaged);
+  ASSERT_NE(at, std::string::npos) << "a v2 is not in the first segment";
+  bytes[at + damaged.size() / 2] ^= 0x20;
+  WriteAll(first, bytes);
+
+  auto s = Open(o);
+  Status compacted = s->Compact();
+  EXPECT_TRUE(compacted.ok()) << compacted.ToString();
+  EXPECT_TRUE(fs::exists(first)) << "the segment of a damaged record was deleted";
+  Commit(s.get(), "b", MakeBlob(7, 4096));
+  auto report = s->Verify();
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  ASSERT_EQ(report->problems.size(), 1u);
+  const std::string id = BlobId::Of(damaged.data(), damaged.size()).Hex();
+  EXPECT_NE(report->problems[0].find(id), std::string::npos) << report->problems[0];
+  EXPECT_NE(report->problems[0].find("e/a v2"), std::string::npos) << report->problems[0];
+  EXPECT_TRUE(s->ReadHeadBlob("e", "a").status().IsCorruption());
+
+  auto restored = s->Restore("e", "a", 1, "");
+  ASSERT_TRUE(restored.ok()) << restored.status().ToString();
+  ASSERT_TRUE(s->ReadHeadBlob("e", "a").ok());
+  Commit(s.get(), "a", MakeBlob(8, 4096));
+  Commit(s.get(), "a", MakeBlob(9, 4096));
+  auto released = s->GetManifest("e", "a", 2);
+  EXPECT_TRUE(!released.ok() || !released->holds_blob);
+  compacted = s->Compact();
+  EXPECT_TRUE(compacted.ok()) << compacted.ToString();
+  EXPECT_FALSE(fs::exists(first)) << "the segment stayed once its damaged record was dropped";
+  report = s->Verify();
+  ASSERT_TRUE(report.ok());
+  EXPECT_TRUE(report->ok()) << report->problems.front();
+  for (const char* m : {"a", "b"}) EXPECT_TRUE(s->ReadHeadBlob("e", m).ok()) << m;
+}
+
 TEST_F(BlobLogTest, AStoreFromBeforeTheLogOpensWithItAndBack) {
   const std::string old_blob = MakeBlob(1, 4096);
   StoreOptions legacy = LogOptions(path_);
@@ -308,6 +394,156 @@ TEST_F(BlobLogTest, AStoreFromBeforeTheLogOpensWithItAndBack) {
     ASSERT_TRUE(report.ok());
     EXPECT_TRUE(report->ok()) << report->problems.front();
   }
+}
+
+// A store written before the blob log was the default: states in RocksDB's
+// blob files, no blob_log family (StoreOptions::blob_log = false, the old
+// default), three members of three versions each, a's first pinned.
+class LegacyStoreTest : public BlobLogTest {
+ protected:
+  void SetUp() override {
+    BlobLogTest::SetUp();
+    StoreOptions legacy;
+    legacy.path = path_;
+    legacy.blob_log = false;
+    legacy.keep_last_n = 3;
+    {
+      auto s = Open(legacy);
+      ASSERT_NE(s, nullptr);
+      Populate(s.get(), {"a", "b", "c"});
+      for (int round = 0; round < 3; ++round) {
+        for (const char* m : {"a", "b", "c"}) CommitNew(s.get(), m);
+      }
+      ASSERT_TRUE(s->Pin("e", "a", 1).ok());
+      ASSERT_TRUE(s->Flush().ok());
+    }
+    ASSERT_FALSE(fs::exists(path_ + "/blob-log"));
+    ASSERT_GT(BlobFileBytes(), 0u) << "the legacy store put no state in RocksDB's blob files";
+    defaults_.path = path_;  // the blob log, as every binary now opens a store
+    defaults_.keep_last_n = 3;
+  }
+
+  // Commits a new state as member's next version; returns its size.
+  uint64_t CommitNew(Store* s, const std::string& member) {
+    const std::string blob = MakeBlob(seed_++, 4096);
+    states_[{member, Commit(s, member, blob)}] = blob;
+    return blob.size();
+  }
+
+  // The bytes of RocksDB's blob files.
+  uint64_t BlobFileBytes() const {
+    uint64_t bytes = 0;
+    for (const auto& e : fs::directory_iterator(path_)) {
+      if (e.path().extension() == ".blob") bytes += fs::file_size(e.path());
+    }
+    return bytes;
+  }
+
+  // Reads every version committed that still holds its blob and compares its
+  // bytes; returns how many.
+  int ReadEvery(Store* s) {
+    int held = 0;
+    for (const auto& [key, bytes] : states_) {
+      auto m = s->GetManifest("e", key.first, key.second);
+      if (!m.ok() || !m->holds_blob) continue;
+      auto read = s->ReadBlob(m->blob);
+      EXPECT_TRUE(read.ok()) << key.first << " v" << key.second << ": " << read.status().ToString();
+      if (!read.ok()) continue;
+      EXPECT_EQ(std::string(reinterpret_cast<const char*>(read->data()), read->size()), bytes)
+          << key.first << " v" << key.second;
+      ++held;
+    }
+    return held;
+  }
+
+  static void ExpectVerifiesClean(Store* s) {
+    auto report = s->Verify();
+    ASSERT_TRUE(report.ok()) << report.status().ToString();
+    EXPECT_TRUE(report->ok()) << report->problems.front();
+  }
+
+  StoreOptions defaults_;
+  // Every version committed, and its bytes.
+  std::map<std::pair<std::string, int64_t>, std::string> states_;
+  uint64_t seed_ = 1;
+};
+
+// Opened with the default options, every state the legacy store holds reads
+// back, an exploit shares an old state, retention releases old states, new
+// states go to the blob log, and after a reopen, and in a read-only view, all
+// of it still reads and verifies.
+TEST_F(LegacyStoreTest, OpensWithTheDefaultAndReadsEveryState) {
+  {
+    auto s = Open(defaults_);
+    ASSERT_NE(s, nullptr);
+    EXPECT_EQ(ReadEvery(s.get()), 9);
+    // c takes a's head, a state from before: metadata only.
+    auto exploited = s->Exploit("e", "c", "a", {{"lr", 0.2}}, "");
+    ASSERT_TRUE(exploited.ok()) << exploited.status().ToString();
+    states_[{"c", *exploited}] = states_[{"a", 3}];
+    // Two new states each for a and b: they go to the log, and retention
+    // releases a's v2 and b's v1 and v2 (a's v1 is pinned).
+    uint64_t new_bytes = 0;
+    for (int round = 0; round < 2; ++round) {
+      for (const char* m : {"a", "b"}) new_bytes += CommitNew(s.get(), m) + 48;
+    }
+    const auto segments = Segments(path_);
+    ASSERT_EQ(segments.size(), 1u) << "new states did not go to the blob log";
+    EXPECT_EQ(segments.begin()->second, new_bytes);
+    EXPECT_FALSE(s->GetManifest("e", "b", 1).ok() && s->GetManifest("e", "b", 1)->holds_blob);
+    // a v1 (pinned) and v3-v5, b v3-v5, c v2-v4 (v4: the exploit).
+    EXPECT_EQ(ReadEvery(s.get()), 10);
+    ExpectVerifiesClean(s.get());
+  }
+  {
+    auto s = Open(defaults_);
+    ASSERT_NE(s, nullptr);
+    EXPECT_EQ(ReadEvery(s.get()), 10);
+    CommitNew(s.get(), "c");  // c v5, releasing c v2
+    ExpectVerifiesClean(s.get());
+  }
+  auto view = Store::OpenReadOnly(defaults_);
+  ASSERT_TRUE(view.ok()) << view.status().ToString();
+  EXPECT_EQ(ReadEvery(view->get()), 10);
+}
+
+// Opened with the default options, an old state is restored (metadata only,
+// the restored version reads the old bytes), and once retention releases the
+// other old states, Compact() takes their space out of RocksDB's blob files
+// while the pinned and restored one stays readable and the store verifies.
+TEST_F(LegacyStoreTest, RestoresAndCollectsItsOldStatesWithTheDefault) {
+  auto s = Open(defaults_);
+  ASSERT_NE(s, nullptr);
+  auto restored = s->Restore("e", "b", 2, "");
+  ASSERT_TRUE(restored.ok()) << restored.status().ToString();
+  const std::string old_state = states_[{"b", 2}];
+  states_[{"b", *restored}] = old_state;
+  {
+    auto head = s->ReadHeadBlob("e", "b");  // released before the store closes
+    ASSERT_TRUE(head.ok()) << head.status().ToString();
+    EXPECT_EQ(std::string(reinterpret_cast<const char*>(head->data()), head->size()), old_state);
+  }
+  // Three new states each: every old state but a v1 (pinned) and b v2 (b's
+  // restored head, one of its last three) is released.
+  for (int round = 0; round < 3; ++round) {
+    for (const char* m : {"a", "c"}) CommitNew(s.get(), m);
+  }
+  CommitNew(s.get(), "b");
+  CommitNew(s.get(), "b");
+  EXPECT_FALSE(Segments(path_).empty()) << "new states did not go to the blob log";
+  // a v1 (pinned), v4-v6; b v4 (b v2's state), v5, v6; c v4-v6.
+  EXPECT_EQ(ReadEvery(s.get()), 10);
+  const uint64_t before = BlobFileBytes();
+  ASSERT_TRUE(s->Compact().ok());
+  // Nine old states were in the blob files; two stay.
+  EXPECT_LT(BlobFileBytes(), before / 2) << "Compact() left the released old states' space";
+  EXPECT_EQ(ReadEvery(s.get()), 10);
+  ExpectVerifiesClean(s.get());
+  s.reset();
+  s = Open(defaults_);
+  ASSERT_NE(s, nullptr);
+  EXPECT_EQ(ReadEvery(s.get()), 10);
+  ExpectVerifiesClean(s.get());
 }
 
 // The blob log's kill points, in the process tests' child: the store, opened

@@ -1,5 +1,6 @@
-// Single-byte flips in a stored blob, made in the RocksDB blob file on disk,
-// are caught by Verify and by every verified read.
+// Single-byte flips in a stored blob, made on disk in the blob log's segment
+// or the RocksDB blob file that holds it, are caught by Verify and by every
+// verified read.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -14,8 +15,8 @@ namespace ckpt::store::testing {
 namespace {
 
 // True for RocksDB's blob files and the blob log's segments
-// (StoreOptions::blob_log, which TestOptions turns on with
-// CKPT_STORE_TEST_BLOB_LOG).
+// (StoreOptions::blob_log, TestOptions' default unless
+// CKPT_STORE_TEST_BLOB_LOG=off).
 bool HoldsBlobs(const std::filesystem::path& file) {
   return file.extension() == ".blob" || file.extension() == ".seg";
 }
@@ -175,10 +176,13 @@ TEST(StoreVerifyTest, ReportsAManifestWhoseBlobIsMissing) {
 // commits go on, Verify names the damaged blob, the member falls back to its
 // newest intact version, and once retention releases the damaged blob the
 // compaction drops it without reading it: the store verifies clean again.
+// RocksDB's blob files only; a damaged record in the blob log's garbage
+// collection: BlobLogTest.DamagedRecordInGarbageCollectionIsKeptAndWritesGoOn.
 TEST(StoreCorruptionTest, DamagedBlobInCompactionDoesNotStopWrites) {
   TempDir dir;
   const std::string path = dir.Sub("db");
   StoreOptions options = TestOptions(path);
+  options.blob_log = false;
   options.blob_cache_bytes = 0;
   options.keep_last_n = 2;
   options.keep_best_k = 0;

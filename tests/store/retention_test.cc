@@ -18,9 +18,12 @@ namespace {
 
 class RetentionTest : public ::testing::Test {
  protected:
-  void Open(int keep_last_n, int keep_best_k, bool keep_lineage = true) {
+  // `blob_log`: false pins the store to RocksDB's blob files, whatever
+  // TestOptions chose.
+  void Open(int keep_last_n, int keep_best_k, bool keep_lineage = true, bool blob_log = true) {
     store_.reset();
     options_ = TestOptions(dir_.Sub("db"));
+    options_.blob_log = options_.blob_log && blob_log;
     options_.keep_last_n = keep_last_n;
     options_.keep_best_k = keep_best_k;
     options_.keep_lineage = keep_lineage;
@@ -199,8 +202,10 @@ TEST_F(RetentionTest, DeletingTheExperimentFreesEveryBlobAndItsSpace) {
 // Live blobs are not relocated by ordinary compactions (store.h, Compact):
 // blob files whose blobs all died go by themselves, one that an old pinned
 // blob keeps holds its dead neighbours' space until Compact() moves it.
+// RocksDB's blob files only; the blob log's segments:
+// BlobLogTest.DroppedVersionsBytesAreReclaimed.
 TEST_F(RetentionTest, DeadBlobFilesGoByThemselvesAndCompactReclaimsOnesAPinKeeps) {
-  Open(1, 0);
+  Open(1, 0, /*keep_lineage=*/true, /*blob_log=*/false);
   const std::vector<std::string> members = {"a", "b", "c", "d", "e"};
   Population(members);
   // The first flush writes one blob file with five blobs; a's is pinned.

@@ -551,8 +551,12 @@ TEST_F(StoreTest, SizeForWorkingSetBoundsTheCacheAndTheMemtable) {
 
 // Past the cache's ceiling new blobs stay out of the cache, neither put in at
 // the flush that writes them nor on a read that misses; back under it, the
-// flush fills it again.
+// flush fills it again. The cache serves RocksDB's blob files only (the blob
+// log maps its records: BlobLogTest.StatesInTheLogStayOutOfTheBlobCache).
 TEST_F(StoreTest, ACacheThatCannotHoldTheHeadsIsNotFilled) {
+  StoreOptions rocksdb_blob_files = TestOptions(dir_.Sub("rocksdb"));
+  rocksdb_blob_files.blob_log = false;
+  Reopen(rocksdb_blob_files);
   Population({"a", "b", "c"});
   ASSERT_TRUE(store_->SizeForWorkingSet(uint64_t{10} << 30).ok());
   std::map<std::string, std::string> blobs;

@@ -72,21 +72,22 @@ inline std::string MakeBlob(uint64_t seed, size_t floats = 256, int64_t step = 0
   return writer.Encode();
 }
 
-// Names the environment variable that makes TestOptions turn on the blob log
-// (StoreOptions::blob_log), for the store tests and their child processes:
-// "1" on, with small segments; "sync" also with synced interval commits.
+// Names the environment variable that chooses where TestOptions keeps states,
+// for the store tests and their child processes: unset (or "1") the blob log
+// (StoreOptions::blob_log, the default), with small segments; "sync" the same
+// with synced interval commits; "off" RocksDB's integrated blob files, as a
+// store from before the blob log has them.
 inline constexpr char kBlobLogVariable[] = "CKPT_STORE_TEST_BLOB_LOG";
 
 inline StoreOptions TestOptions(const std::string& path) {
   StoreOptions o;
   o.path = path;
   const char* log = std::getenv(kBlobLogVariable);
-  if (log != nullptr && *log != '\0') {
-    o.blob_log = true;
-    // Small segments, so that a test's few blobs fill several of them.
-    o.blob_log_segment_bytes = uint64_t{256} << 10;
-    o.sync_interval_commits = std::string(log) == "sync";
-  }
+  const std::string mode = log != nullptr ? log : "";
+  o.blob_log = mode != "off";
+  // Small segments, so that a test's few blobs fill several of them.
+  o.blob_log_segment_bytes = uint64_t{256} << 10;
+  o.sync_interval_commits = mode == "sync";
   return o;
 }
 

@@ -560,14 +560,15 @@ TEST_F(ToolTest, VerifyPassesOnAGoodStore) {
 
 TEST_F(ToolTest, VerifyNamesABlobCorruptedOnDisk) {
   const std::string copy = CopyStore(store_, tmp_);
-  // Flip one byte inside the tensor data of m002's head blob in its blob file.
+  // Flip one byte inside the tensor data of m002's head blob where it lies:
+  // the blob log's segment (the default), or a RocksDB blob file.
   const store::MemberHead head = *reader_->GetMember("tiny", "m002");
   auto blob = reader_->ReadBlob(*head.blob);
   ASSERT_TRUE(blob.ok());
   const std::string bytes(reinterpret_cast<const char*>(blob->data()), blob->size());
   bool flipped = false;
-  for (const auto& entry : fs::directory_iterator(copy)) {
-    if (entry.path().extension() != ".blob") continue;
+  for (const auto& entry : fs::recursive_directory_iterator(copy)) {
+    if (entry.path().extension() != ".seg" && entry.path().extension() != ".blob") continue;
     std::string file = Slurp(entry.path().string());
     size_t at = file.find(bytes);
     if (at == std::string::npos) continue;
@@ -575,7 +576,7 @@ TEST_F(ToolTest, VerifyNamesABlobCorruptedOnDisk) {
     WriteFile(entry.path().string(), file);
     flipped = true;
   }
-  ASSERT_TRUE(flipped) << "m002's blob is not stored verbatim in a blob file";
+  ASSERT_TRUE(flipped) << "m002's blob is not stored verbatim in a segment or blob file";
   const std::string before = Snapshot(copy);
   for (const std::vector<std::string>& args :
        {std::vector<std::string>{"--store", copy, "verify"},
@@ -914,6 +915,73 @@ TEST_F(ToolTest, GcDryRunPredictsWhatGcReleases) {
     }
   }
   EXPECT_EQ(Tool({"--store", copy, "verify"}).code, 0);
+}
+
+// ---- a store from before the blob log ----
+
+// The bytes of the files under `dir` whose name ends in `ext`.
+uint64_t BytesOfFiles(const std::string& dir, const std::string& ext) {
+  uint64_t bytes = 0;
+  std::error_code ec;
+  for (const auto& e : fs::recursive_directory_iterator(dir, ec)) {
+    if (e.path().extension() == ext) bytes += fs::file_size(e.path());
+  }
+  return bytes;
+}
+
+// A store written by `ckpt-scheduler run --no-blob-log` (states in RocksDB's
+// blob files, as every store was before the blob log became the default)
+// stays usable by ckpt-tool, which opens it with the default: verify,
+// export, restore, import (whose new state goes to the blob log) and gc, and
+// every head reads back afterwards.
+TEST_F(ToolTest, AStoreWrittenWithoutTheBlobLogWorksWithTheDefault) {
+  const std::string store = tmp_ + "/old";
+  WriteFile(tmp_ + "/old.toml", ExperimentToml("old", 2, "pbt"));
+  Result run = RunProcess({CKPT_SCHEDULER_BIN, "run", tmp_ + "/old.toml", "--store", store,
+                           "--quiet", "--no-blob-log"});
+  ASSERT_EQ(run.code, 0) << Show(run);
+  ASSERT_FALSE(fs::exists(store + "/blob-log")) << "--no-blob-log made a blob log";
+  Result verify = Tool({"--store", store, "verify"});
+  EXPECT_EQ(verify.code, 0) << Show(verify);
+  ASSERT_EQ(Tool({"--store", store, "export", "old/m000", "-o", tmp_ + "/m0.safetensors"}).code, 0);
+  // m001's oldest version that still holds its state, restored as its head.
+  int64_t kept = -1;
+  for (const auto& m : Get(OpenReadOnly(store)->ListVersions("old", "m001"))) {
+    if (m.holds_blob && kept < 0) kept = m.version;
+  }
+  ASSERT_GE(kept, 0);
+  Result restore =
+      Tool({"--store", store, "restore", "old/m001@" + std::to_string(kept), "--json"});
+  ASSERT_EQ(restore.code, 0) << Show(restore);
+  Result import =
+      Tool({"--store", store, "import", tmp_ + "/m0.safetensors", "--to", "old/m003", "--json"});
+  ASSERT_EQ(import.code, 0) << Show(import);
+  EXPECT_GT(BytesOfFiles(store + "/blob-log", ".seg"), 0u)
+      << "the import's state is not in the log";
+  {
+    auto s = OpenReadOnly(store);
+    ASSERT_NE(s, nullptr);
+    auto exported = s->ReadHeadBlob("old", "m000");
+    auto imported = s->ReadHeadBlob("old", "m003");
+    ASSERT_TRUE(exported.ok() && imported.ok());
+    auto a = format::ParseCheckpoint(exported->data(), exported->size());
+    auto b = format::ParseCheckpoint(imported->data(), imported->size());
+    ASSERT_TRUE(a.ok() && b.ok());
+    for (const auto& t : a->tensors()) EXPECT_EQ(b->Find(t.name)->checksum, t.checksum) << t.name;
+    auto restored = s->GetMember("old", "m001");
+    ASSERT_TRUE(restored.ok() && restored->blob.has_value());
+    EXPECT_TRUE(*restored->blob == s->GetManifest("old", "m001", kept)->blob);
+  }
+  Result gc = Tool({"--store", store, "gc", "--keep-last", "1", "--keep-best", "1", "--json"});
+  ASSERT_EQ(gc.code, 0) << Show(gc);
+  EXPECT_GT(ParseJson(gc)["released"].size(), 0u);
+  verify = Tool({"--store", store, "verify"});
+  EXPECT_EQ(verify.code, 0) << Show(verify);
+  auto s = OpenReadOnly(store);
+  ASSERT_NE(s, nullptr);
+  for (const auto& h : Get(s->ListMembers("old"))) {
+    EXPECT_TRUE(s->ReadHeadBlob("old", h.member).ok()) << h.member;
+  }
 }
 
 // ---- a running scheduler ----

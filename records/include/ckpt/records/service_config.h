@@ -8,6 +8,7 @@
 //   metrics = "127.0.0.1:9464"          # host:port of the Prometheus endpoint, "" = none
 //   grace_s = 30                        # SIGTERM: wait this long for in-flight intervals
 //   sync_interval_commits = false
+//   blob_log = true                     # new states in the store's own blob log
 //   final_eval_top = 5
 //   log_progress = true                 # a progress line per experiment every 10 s
 //   allowed_model_dirs = ["/var/lib/ckpt/models"]   # default: ["<store>/models"]
@@ -88,6 +89,9 @@ struct ServiceConfig {
   }();
   // See SchedulerOptions for these.
   bool sync_interval_commits = false;
+  // New states go to the store's own blob log, written once
+  // (store::StoreOptions::blob_log); false: RocksDB's blob files. Default: true.
+  bool blob_log = true;
   int final_eval_top = 5;
   bool log_progress = true;
   std::string worker_binary;

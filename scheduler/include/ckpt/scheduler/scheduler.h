@@ -141,9 +141,10 @@ struct SchedulerOptions {
   FILE* progress = stdout;
   // Sync writes of interval results. Default: false.
   bool sync_interval_commits = false;
-  // The store keeps states in its own blob log (store::StoreOptions::blob_log).
-  // Default: false.
-  bool blob_log = false;
+  // The store keeps new states in its own blob log
+  // (store::StoreOptions::blob_log); false keeps them in RocksDB's blob files.
+  // Default: true.
+  bool blob_log = true;
   // Service mode: keep running when every experiment has ended, resume every
   // unfinished experiment of the store at start, serve the control socket.
   // Default: false (`run`: stop when the submitted experiments end).

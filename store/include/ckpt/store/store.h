@@ -16,7 +16,8 @@
 //                value JSON manifest (see Manifest)
 //   blobs        key 16-byte BlobId (XXH3-128 of the value, big-endian)
 //                value the checkpoint blob, kept in RocksDB's integrated blob files
-//                (with StoreOptions::blob_log: only blobs stored before it)
+//                (with StoreOptions::blob_log, the default: only blobs stored
+//                before it, or while it was off)
 //   blob_log     key 16-byte BlobId
 //                value u64le segment, offset, length of its record in the blob
 //                log (<path>/blob-log/*.seg); the family exists once a store was
@@ -64,6 +65,17 @@
 // disk: reading it fails (Corruption / IOError naming the blob, which Verify
 // reports), as a damaged blob does, and the member falls back to an older
 // version.
+//
+// Stores from before the blob log (states in RocksDB's blob files, no
+// blob_log family) open with the default StoreOptions::blob_log as they are:
+// every state they hold stays readable where it lies, keeps its reference
+// count, can be exploited, restored, exported, released by retention and
+// collected like any other, and Verify checks it; new states go to the blob
+// log (a state committed again with the same bytes moves there). The first
+// writer open adds the empty blob_log family, from then on a ckpt built before
+// the blob log refuses the store ("Column families not opened: blob_log"); a
+// read-only view changes nothing. Opened with blob_log = false, a store with a
+// blob log keeps reading it and puts new states in RocksDB's blob files.
 //
 // Thread-safety: every method may be called from any thread (except a
 // read-only view's Refresh). Writes are serialized by one mutex; reads go to
@@ -170,9 +182,10 @@ struct StoreOptions {
   // blobs from before. A store written without it opens with it (its blobs
   // stay readable where they are; new ones go to the log), and a store with
   // a blob log opens without it (its log stays readable; new blobs go to
-  // RocksDB). A binary from before the blob log refuses a store that has one
-  // (RocksDB: "Column families not opened: blob_log"). Default: false.
-  bool blob_log = false;
+  // RocksDB): see "Stores from before the blob log" above. A binary from
+  // before the blob log refuses a store that has one (RocksDB: "Column
+  // families not opened: blob_log"). Default: true.
+  bool blob_log = true;
   // The size at which the blob log starts a new segment. Default: 64 MiB.
   uint64_t blob_log_segment_bytes = uint64_t{64} << 20;
   // Compact() rewrites the live records of each segment (but the active one)
