@@ -26,6 +26,7 @@ Experiment::Experiment(records::ExperimentConfig config, std::unique_ptr<Policy>
       options_(options),
       io_(io),
       members_(std::move(members)),
+      index_(members_),
       history_(std::move(history)),
       status_(status),
       start_(now) {
@@ -53,7 +54,7 @@ MemberProgress Experiment::Progress(const Member& m) const {
 }
 
 void Experiment::Enqueue(int member, bool eval, bool front) {
-  Member& m = members_[member];
+  Member& m = Edit(member);
   if (!eval) m.state.status = records::MemberStatus::kQueued;
   if (front) {
     ready_.push_front(Pending{member, eval});
@@ -66,7 +67,7 @@ WorkItem Experiment::TakeNext(Clock::time_point now) {
   CKPT_CHECK(Runnable());
   const Pending p = ready_.front();
   ready_.pop_front();
-  Member& m = members_[p.member];
+  Member& m = Edit(p.member);
   if (!p.eval && m.version == 0) {
     // Its first interval: the policy may propose from the results so far.
     if (auto proposed = policy_->Propose(Progress(m), history_)) m.hparams = std::move(*proposed);
@@ -95,7 +96,7 @@ void Experiment::OnCommitted(const WorkItem& item, int64_t version, int64_t step
   --in_flight_;
   const int i = Find(item.member);
   if (i < 0) return;
-  Member* m = &members_[i];
+  Member* m = &Edit(i);
   if (!records::Finished(m->state.status)) m->state.status = records::MemberStatus::kIdle;
   m->state.interval = item.interval_after;
   m->state.score = score;
@@ -149,82 +150,67 @@ void Experiment::AfterInterval(Member* m, Clock::time_point now) {
   MaybeAdvance();
 }
 
+void Experiment::Flush() {
+  for (int i : dirty_) index_.Update(i, members_[static_cast<size_t>(i)]);
+  dirty_.clear();
+}
+
 void Experiment::MaybeAdvance() {
   if (phase_ != Phase::kTraining) return;
   const auto& c = config_;
   if (!training_closed_) {
     if (policy_->synchronous()) {
-      const int gen = SyncGeneration();
-      // A member running ahead of this barrier neither holds it nor is past it.
-      auto runs_ahead = [gen](const Member& m) { return m.state.ahead_of == gen; };
-      bool busy = false;
-      // A member past the generation (only in a resumed run) means its barrier
-      // was already applied: deciding it again would rank the laggards against
-      // newer scores and exploit them a second time. Finished members count:
-      // they are the usual case when a run is killed in its last generation.
-      bool ahead = false;
-      for (const auto& m : members_) {
-        if (!m.active() || runs_ahead(m)) continue;
-        busy = busy || m.state.status == records::MemberStatus::kRunning ||
-               m.state.status == records::MemberStatus::kQueued;
-        ahead = ahead || m.state.interval > gen;
-      }
-      // Once gen is decided, its idle members are queued even while others
-      // run (those that ran ahead of it, when a decision was deferred).
-      if ((!busy || gen == generation_) && gen < c.intervals) {
-        if (!busy && !ahead && gen > 0 && gen != generation_) {
-          std::vector<MemberProgress> all, at_gen;
-          for (const auto& o : members_) {
-            all.push_back(BarrierProgress(o, gen));
-            if (all.back().active && all.back().intervals_done == gen) at_gen.push_back(all.back());
-          }
-          // Decided once: a refused exploit is retried from deferred_, never
-          // decided again (the policy would see the ones already applied).
-          generation_ = gen;
-          ApplyDecisions(policy_->Decide(gen, at_gen, all, history_));
-          for (auto& o : members_) {
-            if (runs_ahead(o)) o.state.ahead_of = -1;  // ranked at gen: done
-          }
-        }
-        if (!deferred_.empty()) return;  // the generation waits for the store
-        generation_ = gen;
-        // Members ahead of the generation (a resumed run) wait; those at it run.
-        for (size_t i = 0; i < members_.size(); ++i) {
-          Member& m = members_[i];
-          if (m.active() && m.state.status == records::MemberStatus::kIdle &&
-              m.state.interval == gen) {
-            Enqueue(static_cast<int>(i), false);
-          }
-        }
-      }
+      if (!AdvanceSync()) return;  // the generation waits for the store
       RunAheadOfBarrier();
     } else {
-      for (size_t i = 0; i < members_.size(); ++i) {
-        Member& m = members_[i];
-        if (m.state.status == records::MemberStatus::kIdle && m.state.interval < c.intervals &&
-            !deferred_.count(m.name)) {
-          Enqueue(static_cast<int>(i), false);
-        }
+      Flush();
+      for (int i : index_.Idle()) {
+        const Member& m = members_[static_cast<size_t>(i)];
+        if (m.state.interval < c.intervals && !deferred_.count(m.name)) Enqueue(i, false);
       }
-      int gen = c.intervals;
-      for (const auto& m : members_) {
-        if (m.active()) gen = std::min(gen, m.state.interval);
-      }
-      generation_ = gen;
+      Flush();
+      generation_ = index_.LowestActiveInterval(c.intervals);
     }
   }
-  bool open = false;
-  for (const auto& m : members_) {
-    if (m.state.status == records::MemberStatus::kRunning ||
-        m.state.status == records::MemberStatus::kQueued) {
-      open = true;
-    }
-    if (!training_closed_ && m.state.status == records::MemberStatus::kIdle &&
-        m.state.interval < c.intervals) {
-      open = true;
-    }
-  }
+  Flush();
+  const bool open = index_.AnyBusy() || (!training_closed_ && index_.AnyIdleBelow(c.intervals));
   if (!open && in_flight_ == 0) StartFinalEval();
+}
+
+bool Experiment::AdvanceSync() {
+  const int gen = SyncGeneration();
+  // A member running ahead of this barrier neither holds it nor is past it.
+  const bool busy = index_.BusyExcept(gen);
+  // A member past the generation (only in a resumed run) means its barrier
+  // was already applied: deciding it again would rank the laggards against
+  // newer scores and exploit them a second time. Finished members count:
+  // they are the usual case when a run is killed in its last generation.
+  const bool ahead = index_.PastExcept(gen);
+  // Once gen is decided, its idle members are queued even while others
+  // run (those that ran ahead of it, when a decision was deferred).
+  if ((busy && gen != generation_) || gen >= config_.intervals) return true;
+  if (!busy && !ahead && gen > 0 && gen != generation_) DecideBarrier(gen);
+  if (!deferred_.empty()) return false;
+  generation_ = gen;
+  // Members ahead of the generation (a resumed run) wait; those at it run.
+  Flush();
+  for (int i : index_.IdleAt(gen)) Enqueue(i, false);
+  return true;
+}
+
+void Experiment::DecideBarrier(int gen) {
+  std::vector<MemberProgress> all, at_gen;
+  all.reserve(members_.size());
+  for (const auto& o : members_) {
+    all.push_back(BarrierProgress(o, gen));
+    if (all.back().active && all.back().intervals_done == gen) at_gen.push_back(all.back());
+  }
+  // Decided once: a refused exploit is retried from deferred_, never
+  // decided again (the policy would see the ones already applied).
+  generation_ = gen;
+  ApplyDecisions(policy_->Decide(gen, at_gen, all, history_));
+  Flush();
+  for (int i : index_.MarkedAt(gen)) Edit(i).state.ahead_of = -1;  // ranked at gen: done
 }
 
 int Experiment::SyncGeneration() {
@@ -234,20 +220,11 @@ int Experiment::SyncGeneration() {
   // a barrier decided since is dropped: left in a record by a resumed run
   // (the record written after a commit carries the mark the interval was
   // given with), it would hold the generation at a barrier already decided.
-  int decided = -1;
-  for (const auto& m : members_) {
-    if (m.state.ahead()) {
-      decided = std::max(decided, m.state.ahead_of - 1);
-    } else if (m.active()) {
-      decided = std::max(decided, m.state.interval - 1);
-    }
-  }
-  int gen = config_.intervals;
-  for (auto& m : members_) {
-    if (m.state.ahead() && m.state.ahead_of <= decided) m.state.ahead_of = -1;
-    if (m.active()) gen = std::min(gen, m.state.ahead() ? m.state.ahead_of : m.state.interval);
-  }
-  return gen;
+  Flush();
+  const int decided = index_.Decided();
+  for (int i : index_.MarkedUpTo(decided)) Edit(i).state.ahead_of = -1;
+  Flush();
+  return index_.LowestBarrier(config_.intervals);
 }
 
 MemberProgress Experiment::BarrierProgress(const Member& m, int gen) const {
@@ -265,60 +242,29 @@ void Experiment::RunAheadOfBarrier() {
   const int g = generation_ + 1;  // the barrier not decided yet
   if (g <= 0 || g >= config_.intervals) return;
   // The members ranked at g: those that finished it (or run ahead of it) and
-  // those still running towards it, whose scores are unknown.
-  struct Finished {
-    double score;
-    const std::string* name;
-  };
-  std::vector<Finished> finished;
-  finished.reserve(members_.size());
-  std::vector<int> waiting;
-  int running = 0;
-  for (size_t i = 0; i < members_.size(); ++i) {
-    const Member& m = members_[i];
-    if (m.state.ahead_of == g) {
-      finished.push_back({m.state.ahead_score, &m.name});
-    } else if (!m.active()) {
-      continue;
-    } else if (m.state.interval < g) {
-      ++running;
-    } else if (m.state.interval == g) {
-      finished.push_back({m.state.score, &m.name});
-      if (m.state.status == records::MemberStatus::kIdle) waiting.push_back(static_cast<int>(i));
-    }
-  }
+  // those still running towards it, whose scores are unknown (the index
+  // keeps them; a new barrier is filed once).
+  Flush();
+  if (index_.barrier() != g) index_.SetBarrier(g, members_);
+  const int f = index_.finished();
+  const int running = index_.running();
+  const auto classes = index_.WaitingClasses();
   // With nothing running the barrier is decided as soon as it may be.
-  if (waiting.empty() || running == 0) return;
-  const int active = static_cast<int>(finished.size()) + running;
-  const auto before = [](const Finished& a, const Finished& b) {
-    return RanksBefore(a.score, *a.name, b.score, *b.name);
-  };
-  // The finished member ranked `n`-th from the top (1-based), found once per n.
-  std::map<int, Finished> nth_cache;
-  const auto nth = [&](int n) -> const Finished& {
-    auto it = nth_cache.find(n);
-    if (it != nth_cache.end()) return it->second;
-    std::nth_element(finished.begin(), finished.begin() + (n - 1), finished.end(), before);
-    return nth_cache.emplace(n, finished[static_cast<size_t>(n - 1)]).first->second;
-  };
-  const int f = static_cast<int>(finished.size());
+  if (classes.empty() || running == 0) return;
   // The policies' margins depend on a member's place in the schedule, not on
-  // its name or hyperparameters: asked once per (interval, last exploit).
-  std::map<std::pair<int, int>, std::optional<RunAheadMargins>> margins_cache;
-  for (int i : waiting) {
-    Member& m = members_[i];
-    const std::pair<int, int> key{m.state.interval, m.state.last_exploit};
-    auto cached = margins_cache.find(key);
-    if (cached == margins_cache.end()) {
-      cached = margins_cache.emplace(key, policy_->RunAhead(g, Progress(m), active)).first;
-    }
-    const std::optional<RunAheadMargins>& margins = cached->second;
+  // its name or hyperparameters: asked once per last exploit (the waiting
+  // members are all at g). `above` members rank before the member and
+  // `below` after it, among those finished.
+  std::vector<int> sure;
+  for (const auto& [last_exploit, example] : classes) {
+    const std::optional<RunAheadMargins> margins =
+        policy_->RunAhead(g, Progress(members_[static_cast<size_t>(example)]), f + running);
     if (!margins || margins->above + margins->below >= f) continue;
-    const Finished self{m.state.score, &m.name};
-    // `above` members rank before it: it ranks after the above-th; `below`
-    // after it: it ranks before the (below)-th from the bottom.
-    if (margins->above > 0 && !before(nth(margins->above), self)) continue;
-    if (margins->below > 0 && !before(self, nth(f - margins->below + 1))) continue;
+    index_.AppendWaitingWithin(last_exploit, margins->above, margins->below, &sure);
+  }
+  std::sort(sure.begin(), sure.end());  // queued in population order
+  for (int i : sure) {
+    Member& m = Edit(i);
     // The mark is stored before the interval is given: its result may be
     // committed and the scheduler killed before the record after it is
     // written, and the record reconciled from that head must still say that
@@ -340,7 +286,7 @@ bool Experiment::ApplyDecisions(const std::map<std::string, Decision>& decisions
     const auto& [name, d] = *it;
     const int i = Find(name);
     if (i < 0) continue;
-    Member& m = members_[i];
+    Member& m = Edit(i);
     if (d.kind == Decision::Kind::kExploit) {
       const int donor_index = Find(d.donor);
       if (donor_index < 0 || donor_index == i) continue;
@@ -392,7 +338,7 @@ void Experiment::OnEvaluated(const WorkItem& item, double test_score) {
   --in_flight_;
   const int i = Find(item.member);
   if (i < 0 || phase_ != Phase::kFinalEval) return;
-  members_[i].state.test_score = test_score;
+  Edit(i).state.test_score = test_score;
   if (--evals_pending_ == 0) Finish();
 }
 
@@ -401,7 +347,7 @@ void Experiment::OnFailed(const WorkItem& item, ipc::FailureCode code, const std
   --in_flight_;
   const int i = Find(item.member);
   if (i < 0) return;
-  Member* m = &members_[i];
+  Member* m = &Edit(i);
   if (!item.eval_only && !records::Finished(m->state.status)) {
     m->state.status = records::MemberStatus::kIdle;
   }
@@ -446,7 +392,7 @@ void Experiment::OnFailed(const WorkItem& item, ipc::FailureCode code, const std
 
 bool Experiment::FallBackFromCorruptHead(int member, const WorkItem& item,
                                          const std::string& reason) {
-  Member& m = members_[member];
+  Member& m = Edit(member);
   auto good = io_->NewestGoodVersion(m.name, item.head_version);
   if (!good.ok()) {
     if (!good.status().IsNotFound()) {
@@ -499,7 +445,7 @@ void Experiment::OnReturned(const WorkItem& item) {
   --in_flight_;
   const int i = Find(item.member);
   if (i < 0) return;
-  Member& m = members_[i];
+  Member& m = Edit(i);
   if (!item.eval_only && !records::Finished(m.state.status)) {
     m.state.status = records::MemberStatus::kIdle;
   }
@@ -517,7 +463,7 @@ void Experiment::OnConfigureRefused(const std::string& reason) {
 
 void Experiment::End(records::ExperimentStatus status) {
   for (const auto& p : ready_) {
-    Member& m = members_[p.member];
+    Member& m = Edit(p.member);
     if (m.state.status == records::MemberStatus::kQueued)
       m.state.status = records::MemberStatus::kIdle;
   }
@@ -526,8 +472,9 @@ void Experiment::End(records::ExperimentStatus status) {
   // that had not finished ends failed, in its record too, rather than
   // reading as running for ever.
   if (status == records::ExperimentStatus::kFailed) {
-    for (Member& m : members_) {
-      if (records::Finished(m.state.status)) continue;
+    for (size_t i = 0; i < members_.size(); ++i) {
+      if (records::Finished(members_[i].state.status)) continue;
+      Member& m = Edit(static_cast<int>(i));
       m.state.status = records::MemberStatus::kFailed;
       (void)SaveRecord(m);
     }
@@ -646,7 +593,7 @@ Status Experiment::OnRestored(const std::string& member, int64_t version, const 
   if (i < 0) return Status::NotFound("member " + member + " of experiment " + id());
   // A task in flight was sent the old head: its commit is refused (the head
   // moved) and the member reruns from this version.
-  Member& m = members_[i];
+  Member& m = Edit(i);
   m.version = version;
   m.hparams = hparams;
   m.step = step;

@@ -32,6 +32,13 @@
 // not ready again; scores at g do not change).
 // Async mode: each member is decided on as soon as its own interval ends.
 //
+// Cost: what the decisions read of the members (the next barrier, who is busy
+// or past it, the idle members, the ranking of who may run ahead) is kept in
+// a PopulationIndex as members change, so an event costs O(log population),
+// not a pass over it, and rankings compare integers, not names. What still
+// passes over the population: deciding a sync barrier (once per generation)
+// and deciding for one async member (the policy's view of its peers).
+//
 // Ownership: the caller owns the ExperimentIo, which must outlive this.
 // Thread-safety: none; one thread (the scheduler's event loop) calls it.
 #ifndef CKPT_SCHEDULER_EXPERIMENT_H_
@@ -45,6 +52,7 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "ckpt/base/status.h"
@@ -55,6 +63,7 @@
 #include "ckpt/records/status.h"
 #include "ckpt/scheduler/policy.h"
 #include "ckpt/scheduler/summary.h"
+#include "population_index.h"
 
 namespace ckpt::scheduler {
 
@@ -246,12 +255,36 @@ class Experiment {
   // Member position by name, -1 when unknown.
   int Find(const std::string& member) const;
 
+  // For tests: compares what the incremental bookkeeping (PopulationIndex)
+  // answers with scans of the whole population, as the experiment made them
+  // before it kept an index (the barrier, who is busy or past it, the idle
+  // members, who may run ahead), and the index with one built afresh. Returns
+  // the differences; empty when none.
+  std::string CheckIndex();
+
  private:
   void AfterInterval(Member* m, Clock::time_point now);
   // The corrupt-head fallback of OnFailed; false when it does not apply or
   // could not be made (the failure is then counted as usual).
   bool FallBackFromCorruptHead(int member, const WorkItem& item, const std::string& reason);
   void MaybeAdvance();
+  // Sync mode's part of MaybeAdvance: decides the next barrier when it may
+  // be and queues its members. False when a decision waits for the store
+  // (nothing more is queued).
+  bool AdvanceSync();
+  // Decides barrier `gen` (REQUIRES: no member busy at or past it).
+  void DecideBarrier(int gen);
+  // `members_[i]` to change: filed again in index_ at the next Flush.
+  Member& Edit(int i) {
+    dirty_.push_back(i);
+    return members_[static_cast<size_t>(i)];
+  }
+  // Files the members changed since the last Flush; before index_ is read.
+  void Flush();
+  // CheckIndex's two ways to choose who runs ahead of a barrier: scanning
+  // the members (as RunAheadOfBarrier did) and from index_ (at its barrier).
+  std::vector<int> ScanRunAhead(int g) const;
+  std::vector<int> IndexRunAhead() const;
   // Sync mode: the generation whose barrier is next (the lowest interval of
   // an active member, one running ahead counted at the barrier it ran ahead
   // of); drops marks of barriers already decided (left in records by a
@@ -290,7 +323,10 @@ class Experiment {
   const ExperimentOptions options_;
   ExperimentIo* const io_;
   std::vector<Member> members_;
-  std::map<std::string, int> by_name_;
+  // What the decisions read of members_, kept as they change (Edit, Flush).
+  PopulationIndex index_;
+  std::vector<int> dirty_;  // members changed since the last Flush
+  std::unordered_map<std::string, int> by_name_;
   History history_;
   std::deque<Pending> ready_;
   records::ExperimentStatus status_ = records::ExperimentStatus::kRunning;

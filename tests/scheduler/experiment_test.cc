@@ -1656,9 +1656,13 @@ class RandomEvents {
 };
 
 // What must hold after every event: each interval trained once, each
-// barrier decided once, no member past the last interval, and the
-// experiment's count of work in flight the workers'.
+// barrier decided once, no member past the last interval, the
+// experiment's count of work in flight the workers', and its incremental
+// bookkeeping (PopulationIndex) answering as scans of the whole population
+// do (the barrier, who is busy or past it, the idle members, who may run
+// ahead of the barrier, ranked by nth_element as before).
 void CheckInvariants(Harness& h, const std::vector<WorkItem>& in_flight, int seq, int intervals) {
+  ASSERT_EQ(h.e().CheckIndex(), "") << "seq " << seq;
   for (const auto& [key, times] : h.trained()) {
     ASSERT_EQ(times, 1) << "seq " << seq << ": " << key.first << " trained interval " << key.second
                         << " " << times << " times";
