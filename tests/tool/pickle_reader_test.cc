@@ -272,7 +272,7 @@ TEST(PickleReaderTest, TensorsViewingMoreThanTheCapAreRefused) {
   const std::string storage(24, '\x01');  // six floats, viewed 1000 times
   auto bytes = [&](const std::string& key) -> StatusOr<std::string_view> {
     if (key != "s") return Status::NotFound(key);
-    return std::string_view(storage);
+    return std::string_view{storage};
   };
   auto t = Unpickle(views);
   ASSERT_TRUE(t.ok()) << t.status().ToString();

@@ -113,7 +113,7 @@ std::string Zip(const std::vector<Entry>& entries) {
 class PtArchiveTest : public ::testing::Test {
  protected:
   std::string Write(const std::string& name, const std::string& bytes) {
-    const std::string path =
+    std::string path =
         ::testing::TempDir() + "/pt_archive_" + std::to_string(getpid()) + "_" + name;
     std::ofstream(path, std::ios::binary) << bytes;
     paths_.push_back(path);

@@ -51,6 +51,14 @@ StatusOr<std::string> ReadMaybeGz(const std::string& dir, const std::string& nam
   const std::string limit = std::to_string(cap) + " bytes, the cap of an IDX file (docs/LIMITS.md)";
   std::string out;
   uint64_t claimed = 0;
+  // The refusals, built only when one is returned.
+  auto past_cap = [&] {
+    return Status::InvalidArgument(path + ": holds more than " + limit + "; refused while reading");
+  };
+  auto claim_past_cap = [&] {
+    return Status::InvalidArgument(path + ": its IDX dimensions claim " + std::to_string(claimed) +
+                                   " bytes, more than " + limit);
+  };
   auto past_claim = [&] {
     return Status::Corruption(path + ": holds more than the " + std::to_string(claimed) +
                               " bytes its IDX header claims; refused while reading");
@@ -58,17 +66,11 @@ StatusOr<std::string> ReadMaybeGz(const std::string& dir, const std::string& nam
   char buf[1 << 16];
   int n;
   while ((n = gzread(f.get(), buf, sizeof(buf))) > 0) {
-    if (out.size() + static_cast<size_t>(n) > cap) {
-      return Status::InvalidArgument(path + ": holds more than " + limit +
-                                     "; refused while reading");
-    }
+    if (out.size() + static_cast<size_t>(n) > cap) return past_cap();
     if (claimed != 0 && out.size() + static_cast<size_t>(n) > claimed) return past_claim();
     out.append(buf, static_cast<size_t>(n));
     if (claimed == 0 && (claimed = IdxClaimedBytes(out)) != 0) {
-      if (claimed > cap) {
-        return Status::InvalidArgument(path + ": its IDX dimensions claim " +
-                                       std::to_string(claimed) + " bytes, more than " + limit);
-      }
+      if (claimed > cap) return claim_past_cap();
       if (out.size() > claimed) return past_claim();
     }
   }

@@ -88,14 +88,14 @@ struct Directory {
 // The central directory's place, from the end record (and the ZIP64 record
 // when its locator precedes the end record, as miniz reads it).
 StatusOr<Directory> FindDirectory(const File& f) {
-  const Status bad = NotAnArchive(f.path(), "no end of a zip directory");
-  if (f.size() < kEndSize) return bad;
+  auto bad = [&] { return NotAnArchive(f.path(), "no end of a zip directory"); };
+  if (f.size() < kEndSize) return bad();
   const uint64_t tail_size = std::min<uint64_t>(f.size(), kEndSize + 0xffff);
   CKPT_ASSIGN_OR_RETURN(std::string tail,
                         f.Read(f.size() - tail_size, static_cast<size_t>(tail_size)));
   size_t at = tail.size() - kEndSize;
   while (LoadLe(tail, at, 4) != kEndSignature) {
-    if (at == 0) return bad;
+    if (at == 0) return bad();
     --at;
   }
   const uint64_t end_offset = f.size() - tail_size + at;
@@ -159,7 +159,9 @@ Status CheckPtRecordsStored(const std::string& path) {
                                     " of " + std::to_string(d.entries));
     }
     const std::string name = dir.substr(at + kEntrySize, name_len);
-    const std::string what = path + ": record " + name;
+    std::string what = path;
+    what += ": record ";
+    what += name;
     const uint64_t method = LoadLe(dir, at + 10, 2);
     if (method != 0) {
       return Status::Corruption(what + " is compressed (zip method " + std::to_string(method) +
