@@ -15,8 +15,10 @@
 // TRAIN that carries a state (an initialised member has no layout to flatten
 // yet; an evaluation's state is not read), a final evaluation gets a score
 // forgery. Once every forgery has been sent where the scheduler reads it it
-// prints "forged all" and exits: the tasks it still holds go back to the
-// queue as a lost worker's. A TRAIN that comes while only state forgeries
+// prints "forged all", then holds every TRAIN that comes and answers none
+// until it is dropped or killed (the test kills it once the scheduler has
+// logged each refusal: the tasks it holds go back to the queue as a lost
+// worker's). A TRAIN that comes while only state forgeries
 // remain gets a score forgery again, 200 ms late. The scheduler drops a
 // worker after kMaxBadResultsInRow refused RESULTs (worker_pool.h) and reads
 // none after them; dropped, it connects again ("reconnecting", 50 ms later,
@@ -170,6 +172,27 @@ std::string Forge(const std::string& forgery, const std::string& sent,
   return state;
 }
 
+// Waits until the scheduler closes `channel`, printing each TRAIN it sends
+// (never answered).
+void SitUntilDropped(Channel* channel) {
+  while (true) {
+    auto rec = channel->Receive(DeadlineIn(milliseconds(500)));
+    if (!rec.ok()) {
+      if (rec.status().IsResourceExhausted()) continue;
+      std::printf("channel closed: %s\n", rec.status().ToString().c_str());
+      std::fflush(stdout);
+      return;
+    }
+    if (rec->type == ckpt::ipc::RecordType::kTrain) {
+      auto train = ckpt::ipc::DecodeTrain(rec->payload, rec->size);
+      std::printf("got TRAIN task %llu\n",
+                  train.ok() ? static_cast<unsigned long long>(train->task_id) : 0ull);
+      std::fflush(stdout);
+    }
+    channel->Release();
+  }
+}
+
 // The scheduler drops a worker whose RESULTs fail this many times in a row
 // (kMaxBadResultsInRow of scheduler/src/worker_pool.h).
 constexpr size_t kMaxBadResultsInRow = 3;
@@ -249,31 +272,13 @@ Ended Connection(const std::string& addr, const std::string& secret, const std::
     if (plain.empty() && stateful.empty() && sent_here.size() <= kMaxBadResultsInRow) {
       std::printf("forged all\n");
       std::fflush(stdout);
-      // Give the scheduler the last RESULT before the connection goes.
-      std::this_thread::sleep_for(milliseconds(500));
+      // The connection stays until the scheduler has read the last RESULT:
+      // closed now, with TRAINs unread here, it would reset, and the
+      // scheduler could lose the RESULT it had not read yet. The test kills
+      // this process once the scheduler has logged every refusal.
+      SitUntilDropped(channel);
       return Ended::kDone;
     }
-  }
-}
-
-// Waits until the scheduler closes `channel`, printing each TRAIN it sends
-// (never answered).
-void SitUntilDropped(Channel* channel) {
-  while (true) {
-    auto rec = channel->Receive(DeadlineIn(milliseconds(500)));
-    if (!rec.ok()) {
-      if (rec.status().IsResourceExhausted()) continue;
-      std::printf("channel closed: %s\n", rec.status().ToString().c_str());
-      std::fflush(stdout);
-      return;
-    }
-    if (rec->type == ckpt::ipc::RecordType::kTrain) {
-      auto train = ckpt::ipc::DecodeTrain(rec->payload, rec->size);
-      std::printf("got TRAIN task %llu\n",
-                  train.ok() ? static_cast<unsigned long long>(train->task_id) : 0ull);
-      std::fflush(stdout);
-    }
-    channel->Release();
   }
 }
 
