@@ -1094,6 +1094,7 @@ class ChaosRun {
     for (const auto& e : PollTrace(trace_.get())) OnTrace(e);
     StopForger();
     results_before_ += results_now_;
+    const bool refused_open = RefusedToOpenOnTheFullDisk(st);
     if (ballast_in_) {
       // Another fault (or the run's end) came first: the full disk later.
       std::printf("  disk full: the scheduler ended before a write was refused; ballast removed\n");
@@ -1121,7 +1122,7 @@ class ChaosRun {
       // stored the end (a fault held back by a full disk until the final
       // evaluation's writes went through, due at that moment).
       finished_ = ended_done_ || StoredAsDone(view_, "chaos");
-    } else if (!killed) {
+    } else if (!killed && !refused_open) {
       std::printf("  incarnation %d: exit status %d; log %s\n", incarnation_,
                   WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), log_.c_str());
       failed_ = true;
@@ -1133,6 +1134,28 @@ class ChaosRun {
     }
     child_.reset();
     CheckLedger("after incarnation " + std::to_string(incarnation_));
+  }
+
+  // An incarnation started while the ballast still fills the disk (a kill
+  // came before the store refused a write) may fail to open its store:
+  // RocksDB appends to its MANIFEST at open. That is the store refusing a
+  // write for want of space, a clear error and nothing lost: the fault is met,
+  // the ballast removed, and the next incarnation's first result its
+  // recovery. True when `st` and the incarnation's log say so.
+  bool RefusedToOpenOnTheFullDisk(int st) {
+    if (!ballast_in_ || !WIFEXITED(st) || WEXITSTATUS(st) == 0) return false;
+    std::ifstream in(log_);
+    const std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (log.find("ResourceExhausted: store") == std::string::npos ||
+        log.find("No space left on device") == std::string::npos) {
+      return false;
+    }
+    RemoveBallast();
+    Injected(Kind::kDiskFull);
+    if (!scheduler_fault_.active) scheduler_fault_ = Pending{true, ballast_since_, Kind::kDiskFull};
+    std::printf("  disk full: the store refused to open after %.1f s; ballast removed\n",
+                SecondsSince(ballast_since_));
+    return true;
   }
 
   void CheckLedger(const std::string& when) {
@@ -1412,6 +1435,55 @@ std::string DefaultForgingWorker() {
 #endif
 }
 
+// Prints the totals as a JSON line (and why they fail, above it); the exit
+// status: 0 when every check held, 1 otherwise.
+int Report(const Options& o, const Totals& t) {
+  json faults = json::object(), planned = json::object();
+  int total = 0;
+  // Every kind that was planned must have landed at least its share.
+  std::vector<std::string> short_of_share;
+  for (Kind k : kAllKinds) {
+    const auto count = [k](const std::map<std::string, int>& m) {
+      const auto it = m.find(KindName(k));
+      return it == m.end() ? 0 : it->second;
+    };
+    const int p = count(t.planned), n = count(t.faults);
+    faults[KindName(k)] = n;
+    planned[KindName(k)] = p;
+    total += n;
+    if (p > 0 && n < Share(p)) {
+      short_of_share.push_back(std::string(KindName(k)) + ": " + std::to_string(n) + " of " +
+                               std::to_string(p) + " planned, at least " +
+                               std::to_string(Share(p)) + " needed");
+    }
+  }
+  json out{{"seed", o.seed},
+           {"runs", t.runs},
+           {"faults_planned", planned},
+           {"faults_injected", faults},
+           {"faults_total", total},
+           {"commits_acknowledged", t.commits_acknowledged},
+           {"committed_lost", t.committed_lost},
+           {"runs_diverged", t.runs_diverged},
+           {"verify_failures", t.verify_failures},
+           {"trained_twice", t.trained_twice},
+           {"intervals_missing", t.intervals_missing},
+           {"members_lost", t.members_lost},
+           {"hostile_commits", t.hostile_commits},
+           {"max_recovery_s", t.max_recovery_s},
+           {"max_recovery_kind", t.max_recovery_kind}};
+  for (const auto& s : short_of_share) {
+    std::printf("ckpt-chaos: FAILED: too few faults injected of %s\n", s.c_str());
+  }
+  if (total == 0) std::printf("ckpt-chaos: FAILED: no fault was injected\n");
+  std::printf("%s\n", out.dump().c_str());
+  const bool ok = t.committed_lost == 0 && t.runs_diverged == 0 && t.verify_failures == 0 &&
+                  t.trained_twice == 0 && t.intervals_missing == 0 && t.members_lost == 0 &&
+                  t.hostile_commits == 0 && short_of_share.empty() && total > 0;
+  if (ok && !o.keep) std::filesystem::remove_all(o.dir);
+  return ok ? 0 : 1;
+}
+
 int Main(int argc, char** argv) {
   CLI::App app{"ckpt-chaos: fault injection against real ckpt-scheduler runs"};
   Options o;
@@ -1474,46 +1546,7 @@ int Main(int argc, char** argv) {
   std::mt19937_64 rng(o.seed);
   Totals t;
   for (int r = 0; r < o.runs; ++r) runner.Run(r, rng, &t);
-  json faults = json::object(), planned = json::object();
-  int total = 0;
-  // Every kind that was planned must have landed at least its share.
-  std::vector<std::string> short_of_share;
-  for (Kind k : kAllKinds) {
-    const int p = t.planned[KindName(k)], n = t.faults[KindName(k)];
-    faults[KindName(k)] = n;
-    planned[KindName(k)] = p;
-    total += n;
-    if (p > 0 && n < Share(p)) {
-      short_of_share.push_back(std::string(KindName(k)) + ": " + std::to_string(n) + " of " +
-                               std::to_string(p) + " planned, at least " +
-                               std::to_string(Share(p)) + " needed");
-    }
-  }
-  json out{{"seed", o.seed},
-           {"runs", t.runs},
-           {"faults_planned", planned},
-           {"faults_injected", faults},
-           {"faults_total", total},
-           {"commits_acknowledged", t.commits_acknowledged},
-           {"committed_lost", t.committed_lost},
-           {"runs_diverged", t.runs_diverged},
-           {"verify_failures", t.verify_failures},
-           {"trained_twice", t.trained_twice},
-           {"intervals_missing", t.intervals_missing},
-           {"members_lost", t.members_lost},
-           {"hostile_commits", t.hostile_commits},
-           {"max_recovery_s", t.max_recovery_s},
-           {"max_recovery_kind", t.max_recovery_kind}};
-  for (const auto& s : short_of_share) {
-    std::printf("ckpt-chaos: FAILED: too few faults injected of %s\n", s.c_str());
-  }
-  if (total == 0) std::printf("ckpt-chaos: FAILED: no fault was injected\n");
-  std::printf("%s\n", out.dump().c_str());
-  const bool ok = t.committed_lost == 0 && t.runs_diverged == 0 && t.verify_failures == 0 &&
-                  t.trained_twice == 0 && t.intervals_missing == 0 && t.members_lost == 0 &&
-                  t.hostile_commits == 0 && short_of_share.empty() && total > 0;
-  if (ok && !o.keep) std::filesystem::remove_all(o.dir);
-  return ok ? 0 : 1;
+  return Report(o, t);
 }
 
 }  // namespace
