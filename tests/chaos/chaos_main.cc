@@ -823,8 +823,13 @@ class ChaosRun {
     if (f.kind == Kind::kWorkerKillPoint) {
       return kWorkerPoints[rng_() % kWorkerPoints.size()] + ":" + std::to_string(1 + rng_() % 4);
     }
-    const int last_barrier = s_.calm_results * (s_.o.intervals - 1) / s_.o.intervals;
-    const bool exploit = f.at + 2 < last_barrier && rng_() % 2 == 0;
+    // The last barrier's result: the commits (not the final evaluation's
+    // results) of every interval but the last. An exploit point is drawn only
+    // with a barrier still ahead of the results so far (a fault may come
+    // later than planned).
+    const int commits = std::min(s_.calm_results, s_.o.population * s_.o.intervals);
+    const int last_barrier = commits * (s_.o.intervals - 1) / s_.o.intervals;
+    const bool exploit = std::max(f.at, results_before_) + 2 < last_barrier && rng_() % 2 == 0;
     const auto& points =
         exploit ? kExploitPoints : (s_.o.blob_log ? kBlobLogCommitPoints : kCommitPoints);
     // A commit point's N within the commits left (the last few results are
@@ -847,6 +852,16 @@ class ChaosRun {
       if (ballast_in_ && SecondsSince(ballast_since_) > 60) {
         std::printf("  disk full: no write refused within 60 s; ballast removed\n");
         RemoveBallast();
+      }
+      // Faults wait while the ballast is in: on a fast machine a store that
+      // writes its next commits into pages its files already hold could let
+      // the run end first, and every fault planned after it would be lost.
+      // Past a few results the disk is filled again later.
+      if (ballast_in_ && results_before_ + results_now_ >= ballast_results_ + kDiskFullResults) {
+        std::printf("  disk full: no write refused within %d results; ballast removed\n",
+                    kDiskFullResults);
+        RemoveBallast();
+        PlanAgain(Kind::kDiskFull, results_before_ + results_now_ + 2, "disk full: not met");
       }
       if (!paused_.empty() && SecondsSince(hostile_.since) > kMaxPauseS) {
         std::printf("  hostile worker: no hello within %.1f s; local workers resumed\n",
@@ -971,6 +986,7 @@ class ChaosRun {
         const uint64_t bytes = FillWithBallast(ballast_);
         ballast_in_ = true;
         ballast_since_ = ballast_refilled_ = Clock::now();
+        ballast_results_ = results_before_ + results_now_;
         std::printf("  disk full: %.1f MB of ballast\n", static_cast<double>(bytes) / 1e6);
         ++next_;
         return true;
@@ -1106,6 +1122,14 @@ class ChaosRun {
     if (we_killed_ && WIFSIGNALED(st) && WTERMSIG(st) == SIGTERM) {
       // Not expected: SIGTERM stops it gracefully.
       std::printf("  incarnation %d: died of SIGTERM instead of stopping\n", incarnation_);
+    }
+    if (we_killed_ && armed_scheduler_point_) {
+      // The harness ended the incarnation (the next fault was due) before
+      // the scheduler reached its armed point (an exploit point while the
+      // run-ahead results kept a barrier open, on a loaded machine): arm one
+      // again, as a disk that did not fill is planned again.
+      PlanAgain(Kind::kSchedulerKillPoint, results_before_ + 1,
+                "scheduler kill point: not reached");
     }
     if (killed && !we_killed_) {
       if (armed_scheduler_point_) {
@@ -1312,6 +1336,8 @@ class ChaosRun {
   std::set<std::string> damaged_;  // blob ids damaged on purpose
   bool ballast_in_ = false;
   Clock::time_point ballast_since_;
+  int ballast_results_ = 0;  // results before the ballast went in
+  static constexpr int kDiskFullResults = 4;
   Clock::time_point ballast_refilled_;
   // Hostile workers: whether the run's schedulers listen for remote workers
   // (a hostile_worker fault is planned), the forger of this incarnation, and
