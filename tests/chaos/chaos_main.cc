@@ -853,16 +853,6 @@ class ChaosRun {
         std::printf("  disk full: no write refused within 60 s; ballast removed\n");
         RemoveBallast();
       }
-      // Faults wait while the ballast is in: on a fast machine a store that
-      // writes its next commits into pages its files already hold could let
-      // the run end first, and every fault planned after it would be lost.
-      // Past a few results the disk is filled again later.
-      if (ballast_in_ && results_before_ + results_now_ >= ballast_results_ + kDiskFullResults) {
-        std::printf("  disk full: no write refused within %d results; ballast removed\n",
-                    kDiskFullResults);
-        RemoveBallast();
-        PlanAgain(Kind::kDiskFull, results_before_ + results_now_ + 2, "disk full: not met");
-      }
       if (!paused_.empty() && SecondsSince(hostile_.since) > kMaxPauseS) {
         std::printf("  hostile worker: no hello within %.1f s; local workers resumed\n",
                     kMaxPauseS);
@@ -986,7 +976,6 @@ class ChaosRun {
         const uint64_t bytes = FillWithBallast(ballast_);
         ballast_in_ = true;
         ballast_since_ = ballast_refilled_ = Clock::now();
-        ballast_results_ = results_before_ + results_now_;
         std::printf("  disk full: %.1f MB of ballast\n", static_cast<double>(bytes) / 1e6);
         ++next_;
         return true;
@@ -1336,8 +1325,6 @@ class ChaosRun {
   std::set<std::string> damaged_;  // blob ids damaged on purpose
   bool ballast_in_ = false;
   Clock::time_point ballast_since_;
-  int ballast_results_ = 0;  // results before the ballast went in
-  static constexpr int kDiskFullResults = 4;
   Clock::time_point ballast_refilled_;
   // Hostile workers: whether the run's schedulers listen for remote workers
   // (a hostile_worker fault is planned), the forger of this incarnation, and
