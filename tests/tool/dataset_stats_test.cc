@@ -17,6 +17,7 @@
 
 #include "ckpt/format/tensor_dataset.h"
 #include "format/tensor_files.h"
+#include "peak_rss.h"
 
 namespace ckpt::tool {
 namespace {
@@ -155,15 +156,7 @@ TEST_F(DatasetStatsTest, AMissingIdxFileIsNamed) {
       << n.status().ToString();
 }
 
-// The process's peak resident set (VmHWM), in bytes.
-int64_t PeakRssBytes() {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
-  }
-  return -1;
-}
+using ckpt::tool::test_support::PeakRssBytes;
 
 // A gzipped file: an IDX header of `dims` (none when empty), then `zeros`
 // zero bytes (however many the dimensions say), streamed through zlib

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "peak_rss.h"
 #include "pt_io.h"
 
 namespace ckpt::tool {
@@ -180,15 +181,7 @@ TEST_F(PtArchiveTest, ADamagedDirectoryIsNotAReadableArchive) {
 }
 
 #ifdef CKPT_TOOL_PT_MODULE_PATH
-// The process's peak resident set (VmHWM), in bytes.
-int64_t PeakRssBytes() {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
-  }
-  return -1;
-}
+using ckpt::tool::test_support::PeakRssBytes;
 
 // Through the .pt module, as `ckpt-tool import` reads: a file torch.save's
 // writer made passes the check (ZIP64 end records included), and the bomb is
