@@ -845,7 +845,7 @@ class ChaosRun {
       // The store frees space as retention's dead blob files are deleted, and
       // its next writes may fit there: the ballast takes it back as it
       // appears, so that the disk stays full until a write is refused.
-      if (ballast_in_ && SecondsSince(ballast_refilled_) > 0.05) {
+      if (ballast_in_ && SecondsSince(ballast_refilled_) > 0.005) {
         FillWithBallast(ballast_);
         ballast_refilled_ = Clock::now();
       }
